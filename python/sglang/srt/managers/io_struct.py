@@ -1,0 +1,95 @@
+"""Typed messages between the stages of the runtime.
+
+    API (Engine.generate / HTTP)          GenerateReqInput        text or ids, sampling params as a dict
+        -> tokenizer (main process)      TokenizedGenerateReqInput  ids + validated SamplingParams
+        -> Scheduler (same process for the offline Engine, its own process behind ZMQ for the server)
+        -> per step                      ReqOutput               the new tokens/text of one request since last time
+    control:                             AbortReq, FlushCacheReq, GetInfoReq (+ their replies as plain dicts)
+
+Every message is a plain dataclass so it pickles cheaply over ZMQ.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class GenerateReqInput:
+    text: Optional[Union[str, List[str]]] = None
+    input_ids: Optional[Union[List[int], List[List[int]]]] = None
+    sampling_params: Optional[Union[dict, List[dict]]] = None
+    rid: Optional[Union[str, List[str]]] = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    image_data: Optional[Any] = None
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: Optional[str]
+    input_ids: List[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # multimodal: preprocessed image inputs (filled by the multimodal processor), opaque to text models
+    mm_inputs: Optional[Any] = None
+
+
+@dataclass
+class ReqOutput:
+    """What one request produced since its previous ReqOutput (deltas), plus running totals."""
+
+    rid: str
+    new_token_ids: List[int]
+    new_text: str
+    finished: bool
+    # upstream shape: {"type": "stop", "matched": int|str} | {"type": "length", "length": int}
+    #                 | {"type": "abort", "message": str}
+    finish_reason: Optional[Dict[str, Any]] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # per new token: logprob of the sampled token; and the top-k (token_id, logprob) pairs if asked
+    new_token_logprobs: Optional[List[float]] = None
+    new_top_logprobs: Optional[List[List[tuple]]] = None
+
+
+@dataclass
+class BatchReqOutput:
+    outputs: List[ReqOutput] = field(default_factory=list)
+
+
+@dataclass
+class AbortReq:
+    rid: str
+    message: str = "Request aborted"
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class GetInfoReq:
+    """Ask the scheduler for its limits, memory plan and live stats; the reply is a dict."""
+
+    pass
+
+
+@dataclass
+class RpcReply:
+    kind: str
+    payload: Any = None

@@ -1,0 +1,123 @@
+"""Device memory pools: the request-to-token table and the per-layer K/V token pool.
+
+ReqToTokenPool.req_to_token: int64[size + 1, max_context_len]; row 0 is a dummy row, rows 1..size are request slots.
+MHATokenToKVPool.k_buffer / v_buffer: [layer_num, size + page_size, head_num, head_dim]; slots [0, page_size) are the
+dummy page that is never handed out, so real slots are [page_size, size + page_size).
+The pools only hold memory; which slots are free is the allocator's business (allocator.py).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device: str = "cpu"):
+        if size <= 0:
+            raise ValueError(f"ReqToTokenPool needs at least one request slot, got {size}.")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int64, device=device)
+        self.free_slots: List[int] = list(range(1, size + 1))
+
+    @staticmethod
+    def bytes_for(size: int, max_context_len: int) -> int:
+        return (size + 1) * max_context_len * 8
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self) -> Optional[int]:
+        if not self.free_slots:
+            return None
+        return self.free_slots.pop()
+
+    def free(self, slot: int) -> None:
+        assert 1 <= slot <= self.size and slot not in self.free_slots, f"bad request slot free: {slot}"
+        self.free_slots.append(slot)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(1, self.size + 1))
+
+    def check_integrity(self, num_used: int) -> None:
+        assert len(set(self.free_slots)) == len(self.free_slots), "duplicate free request slots"
+        assert len(self.free_slots) + num_used == self.size, (
+            f"request slots leak: free {len(self.free_slots)} + used {num_used} != {self.size}"
+        )
+
+
+class KVCache:
+    """Base of token-indexed KV pools; backends read k_buffer/v_buffer per layer."""
+
+    size: int
+    page_size: int
+    dtype: torch.dtype
+    layer_num: int
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class MHATokenToKVPool(KVCache):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str = "cpu",
+        v_head_dim: Optional[int] = None,
+    ):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.layer_num = layer_num
+        self.device = device
+        # fp8 KV is stored as uint8 views and cast on read/write
+        self.store_dtype = torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
+        rows = size + page_size
+        self.k_buffer = torch.zeros((layer_num, rows, head_num, head_dim), dtype=self.store_dtype, device=device)
+        self.v_buffer = torch.zeros((layer_num, rows, head_num, self.v_head_dim), dtype=self.store_dtype, device=device)
+
+    @staticmethod
+    def cell_size_bytes(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, v_head_dim: Optional[int] = None) -> int:
+        """Bytes of K+V for one token across all layers (upstream's `cell_size`)."""
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return head_num * (head_dim + (v_head_dim or head_dim)) * layer_num * elem
+
+    def mem_usage_bytes(self) -> int:
+        return self.k_buffer.numel() * self.k_buffer.element_size() + self.v_buffer.numel() * self.v_buffer.element_size()
+
+    def _view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[layer_id])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.v_buffer[layer_id])
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # k: [N, head_num, head_dim], v: [N, head_num, v_head_dim]
+        if k.dtype != self.dtype:
+            k = k.to(self.dtype)
+            v = v.to(self.dtype)
+        if self.store_dtype != self.dtype:
+            k = k.view(self.store_dtype)
+            v = v.view(self.store_dtype)
+        self.k_buffer[layer_id].index_copy_(0, loc, k)
+        self.v_buffer[layer_id].index_copy_(0, loc, v)

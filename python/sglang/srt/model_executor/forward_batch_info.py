@@ -1,0 +1,61 @@
+"""ForwardBatch: what one model forward needs, built by the scheduler, read by the model and attention backend.
+
+Index conventions (shared by the scheduler, the pools and every attention backend):
+  * B requests, N new tokens in total (N == B in decode).
+  * Request b owns row `req_pool_indices[b]` of `req_to_token_pool.req_to_token`;
+    `req_to_token[row, 0:seq_lens[b]]` are the KV slots of its tokens after this forward.
+  * EXTEND: request b contributes tokens [extend_prefix_lens[b], seq_lens[b]) of its sequence;
+    `extend_seq_lens[b] = seq_lens[b] - extend_prefix_lens[b]`; tokens are concatenated in request order.
+  * DECODE: one new token per request, at position seq_lens[b] - 1.
+  * `out_cache_loc[i]` is the KV slot the i-th new token is written to (already recorded in req_to_token).
+  * Slot 0 of the KV pool is a dummy slot that is never handed out.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1  # prefill, possibly of a chunk, possibly after a cached prefix
+    DECODE = 2
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64, lengths after this forward
+    out_cache_loc: torch.Tensor  # [N] int64
+    # CPU copies, for backends that plan on the host
+    seq_lens_cpu: List[int] = field(default_factory=list)
+    extend_prefix_lens_cpu: List[int] = field(default_factory=list)
+    extend_seq_lens_cpu: List[int] = field(default_factory=list)
+    extend_prefix_lens: Optional[torch.Tensor] = None  # [B] int64 (EXTEND only)
+    extend_seq_lens: Optional[torch.Tensor] = None  # [B] int64 (EXTEND only)
+    # which hidden rows the logits are computed for: the last token of each request ([B] int64 into [0, N))
+    logits_indices: Optional[torch.Tensor] = None
+
+    req_to_token_pool: Optional["ReqToTokenPool"] = None
+    token_to_kv_pool: Optional["KVCache"] = None
+    attn_backend: Optional["AttentionBackend"] = None
+
+    # multimodal: per-batch input embeddings overrides (see the multimodal model), opaque here
+    mm_inputs: Optional[List[Any]] = None

