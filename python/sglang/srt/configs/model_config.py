@@ -1,0 +1,215 @@
+"""ModelConfig: what the runtime needs to know about a model, read once from a Hugging Face directory.
+
+Resolved here (and nowhere else): the architecture, the layer/head geometry, the context length (with the
+--context-length override), the weight dtype and KV-cache dtype ("auto" rules below), and the set of EOS ids.
+
+dtype "auto":  CPU -> bfloat16 (avx512_bf16 GEMMs are fast; fp16 is unusable on CPU).
+               GPU -> the checkpoint's dtype when it is bf16/fp16, else bfloat16.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Set
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+_DTYPE_NAMES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+# Architectures whose checkpoints carry a vision/audio tower.
+_MULTIMODAL_ARCH_HINTS = ("VL", "Vision", "Llava", "ForConditionalGeneration", "Mllama", "Audio")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return "cuda" if device == "hip" else device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _checkpoint_dtype(config_dict: dict) -> Optional[torch.dtype]:
+    name = config_dict.get("torch_dtype") or config_dict.get("dtype")
+    if isinstance(name, str):
+        return _DTYPE_NAMES.get(name.replace("torch.", ""))
+    return None
+
+
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: Optional[torch.dtype]) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"--dtype={dtype!r} is not allowed; choose one of auto, {', '.join(_DTYPE_NAMES)}.")
+        return _DTYPE_NAMES[dtype]
+    if device == "cpu":
+        return torch.bfloat16
+    if checkpoint_dtype in (torch.bfloat16, torch.float16):
+        return checkpoint_dtype
+    return torch.bfloat16
+
+
+def get_rope_parameters(hf_config: Any) -> dict:
+    """Rope settings as one dict {"rope_type", "rope_theta", ...scaling keys}.
+
+    Accepts transformers-5 `rope_parameters` and the older top-level `rope_theta` + `rope_scaling`.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        for key, value in scaling.items():
+            params.setdefault(key, value)
+    if "rope_theta" not in params:
+        params["rope_theta"] = getattr(hf_config, "rope_theta", 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    params["rope_type"] = rope_type
+    return params
+
+
+def _as_id_set(value: Any) -> Set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+@dataclass
+class ModelConfig:
+    model_path: str
+    hf_config: Any
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    context_len: int
+    dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
+    device: str
+    tie_word_embeddings: bool
+    is_multimodal: bool
+    eos_token_ids: Set[int] = field(default_factory=set)
+    rope_parameters: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_server_args(cls, server_args: "ServerArgs", model_path: Optional[str] = None) -> "ModelConfig":
+        """model_path: the resolved local HF directory (see model_loader.resolve_model_path)."""
+        path = model_path or server_args.model_path
+        if path is None:
+            raise ValueError("ModelConfig needs a local model directory; call model_loader.resolve_model_path first.")
+        return cls.from_pretrained(
+            path,
+            dtype=server_args.dtype,
+            kv_cache_dtype=server_args.kv_cache_dtype,
+            context_length=server_args.context_length,
+            device=server_args.device,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        context_length: Optional[int] = None,
+        device: str = "auto",
+    ) -> "ModelConfig":
+        config_file = os.path.join(model_path, "config.json")
+        if not os.path.isfile(config_file):
+            raise FileNotFoundError(f"{model_path!r} is not a Hugging Face model directory (no config.json).")
+        with open(config_file) as f:
+            config_dict = json.load(f)
+        hf_config = _load_hf_config(model_path)
+        text_config = getattr(hf_config, "text_config", None) or hf_config
+        architectures = config_dict.get("architectures") or []
+        if not architectures:
+            raise ValueError(f"{config_file} lists no 'architectures'.")
+        architecture = architectures[0]
+
+        num_heads = text_config.num_attention_heads
+        hidden_size = text_config.hidden_size
+        head_dim = getattr(text_config, "head_dim", None) or hidden_size // num_heads
+        max_pos = getattr(text_config, "max_position_embeddings", None) or 2048
+        context_len = _resolve_context_len(context_length, max_pos)
+
+        device = resolve_device(device)
+        resolved_dtype = resolve_dtype(dtype, device, _checkpoint_dtype(config_dict))
+        resolved_kv = resolved_dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, device, None)
+
+        eos = _as_id_set(getattr(text_config, "eos_token_id", None)) | _as_id_set(config_dict.get("eos_token_id"))
+        gen_file = os.path.join(model_path, "generation_config.json")
+        if os.path.isfile(gen_file):
+            with open(gen_file) as f:
+                eos |= _as_id_set(json.load(f).get("eos_token_id"))
+
+        return cls(
+            model_path=model_path,
+            hf_config=hf_config,
+            architecture=architecture,
+            num_hidden_layers=text_config.num_hidden_layers,
+            hidden_size=hidden_size,
+            num_attention_heads=num_heads,
+            num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            vocab_size=text_config.vocab_size,
+            context_len=context_len,
+            dtype=resolved_dtype,
+            kv_cache_dtype=resolved_kv,
+            device=device,
+            tie_word_embeddings=bool(
+                config_dict.get("tie_word_embeddings", getattr(text_config, "tie_word_embeddings", False))
+            ),
+            is_multimodal=hasattr(hf_config, "vision_config") or any(h in architecture for h in _MULTIMODAL_ARCH_HINTS),
+            eos_token_ids=eos,
+            rope_parameters=get_rope_parameters(text_config),
+        )
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def num_params_estimate(self) -> int:
+        """Rough parameter count from the config (exact counts come from building the model on 'meta')."""
+        c = self.hf_config
+        inter = getattr(c, "intermediate_size", 4 * self.hidden_size)
+        attn = self.hidden_size * self.head_dim * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        per_layer = attn + 3 * self.hidden_size * inter + 2 * self.hidden_size
+        emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * per_layer + emb + self.hidden_size
+
+
+def _resolve_context_len(override: Optional[int], max_position_embeddings: int) -> int:
+    if override is None:
+        return max_position_embeddings
+    if override > max_position_embeddings and os.environ.get(ALLOW_LONGER_CONTEXT_ENV, "0") not in ("1", "true"):
+        raise ValueError(
+            f"--context-length={override} exceeds the model's max_position_embeddings={max_position_embeddings}. "
+            f"Use a value <= {max_position_embeddings}, or set {ALLOW_LONGER_CONTEXT_ENV}=1 to allow it "
+            "(outputs past the trained length may be garbage)."
+        )
+    return override
+
+
+def _load_hf_config(model_path: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path, trust_remote_code=False)

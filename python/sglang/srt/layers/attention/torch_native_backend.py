@@ -1,0 +1,153 @@
+"""TorchNativeAttnBackend: attention over the paged KV pool with torch's scaled_dot_product_attention.
+
+Runs on CPU and GPU. Per forward, `init_forward_metadata` gathers each request's KV slots from req_to_token into
+one padded index tensor [B, max_seq_len] and builds the masks; each layer then writes its new K/V to the pool,
+gathers K/V for the whole batch with one index op, and runs a single batched SDPA call.
+
+Query layouts:
+  decode   q [B, H, D] is viewed as [B, KV, G, D] (G = H / KV query heads per KV head); the G heads of a group
+           act as G queries against that group's keys, so no KV expansion is needed.
+  extend   q [N, H, D] is scattered into [B, max_extend_len, H, D] (no copy when B == 1); query i of request b
+           sits at position prefix_len[b] + i and attends to keys j <= prefix_len[b] + i.
+  A single request without a cached prefix takes SDPA's is_causal path on the new K/V directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass
+class TorchNativeMetadata:
+    kv_indices: Optional[torch.Tensor]  # [B, max_seq_len] KV slots; rows past seq_len are masked out
+    attn_mask: Optional[torch.Tensor]  # bool, True = attend; decode [B, 1, 1, Lk], extend [B, 1, Lq, Lk]
+    is_causal: bool = False  # extend of one request with no cached prefix: plain causal SDPA on the new K/V
+    q_batch_idx: Optional[torch.Tensor] = None  # [N] request of each new token (extend, B > 1)
+    q_pos_idx: Optional[torch.Tensor] = None  # [N] index of each new token within its request's extend
+    max_extend_len: int = 0
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.forward_metadata: Optional[TorchNativeMetadata] = None
+
+    # ------------------------------------------------------------------ metadata (once per forward)
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        fb = forward_batch
+        seq_lens_cpu: List[int] = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        bs = fb.batch_size
+        device = fb.seq_lens.device
+        if fb.forward_mode.is_extend():
+            extend_lens = fb.extend_seq_lens_cpu or (fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else None)
+            prefix_lens = fb.extend_prefix_lens_cpu or (
+                fb.extend_prefix_lens.tolist() if fb.extend_prefix_lens is not None else None
+            )
+            if prefix_lens is None:
+                prefix_lens = [s - e for s, e in zip(seq_lens_cpu, extend_lens)]
+            if extend_lens is None:
+                extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
+            if bs == 1 and prefix_lens[0] == 0:
+                self.forward_metadata = TorchNativeMetadata(None, None, is_causal=True, max_extend_len=extend_lens[0])
+                return
+            self.forward_metadata = self._extend_metadata(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
+            return
+
+        max_len = max(seq_lens_cpu)
+        kv_indices = self._kv_indices(fb, max_len)
+        mask = None
+        if min(seq_lens_cpu) != max_len:
+            key_pos = torch.arange(max_len, device=device)
+            mask = (key_pos[None, :] < fb.seq_lens[:, None]).view(bs, 1, 1, max_len)
+        self.forward_metadata = TorchNativeMetadata(kv_indices, mask)
+
+    def _kv_indices(self, fb: "ForwardBatch", max_len: int) -> torch.Tensor:
+        # [B, max_len]; entries past a request's seq_len are stale but valid slots (masked out)
+        return self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]
+
+    def _extend_metadata(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> TorchNativeMetadata:
+        bs = fb.batch_size
+        max_len = max(seq_lens_cpu)
+        max_q = max(extend_lens)
+        seq_lens = torch.tensor(seq_lens_cpu, dtype=torch.int64, device=device)
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+        key_pos = torch.arange(max_len, device=device)  # [Lk]
+        q_pos = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, Lq] sequence position of query i
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < seq_lens[:, None, None])
+        q_batch_idx = q_pos_idx = None
+        if bs > 1:
+            lens = torch.tensor(extend_lens, dtype=torch.int64, device=device)
+            q_batch_idx = torch.repeat_interleave(torch.arange(bs, device=device), lens)  # [N]
+            starts = torch.cumsum(lens, 0) - lens
+            q_pos_idx = torch.arange(int(sum(extend_lens)), device=device) - starts[q_batch_idx]  # [N]
+        return TorchNativeMetadata(
+            kv_indices=self._kv_indices(fb, max_len),
+            attn_mask=mask.unsqueeze(1),  # [B, 1, Lq, Lk]
+            q_batch_idx=q_batch_idx,
+            q_pos_idx=q_pos_idx,
+            max_extend_len=max_q,
+        )
+
+    # ------------------------------------------------------------------ per layer
+    def _gather_kv(self, layer: "RadixAttention", dtype: torch.dtype):
+        # -> k, v: [B, KV, Lk, D]
+        idx = self.forward_metadata.kv_indices
+        pool = self.token_to_kv_pool
+        k = pool.get_key_buffer(layer.layer_id)[idx]  # [B, Lk, KV, D]
+        v = pool.get_value_buffer(layer.layer_id)[idx]
+        if k.dtype != dtype:
+            k, v = k.to(dtype), v.to(dtype)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        md = self.forward_metadata
+        n, num_heads = q.shape[0], q.shape[1]
+        if md.is_causal:
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),  # [1, H, N, D]
+                k.transpose(0, 1).unsqueeze(0),  # [1, KV, N, D]
+                v.transpose(0, 1).unsqueeze(0),
+                is_causal=True,
+                scale=layer.scaling,
+                enable_gqa=True,
+            )  # [1, H, N, Dv]
+            return out[0].transpose(0, 1).reshape(n, num_heads * layer.v_head_dim)
+
+        k_all, v_all = self._gather_kv(layer, q.dtype)
+        bs = forward_batch.batch_size
+        if bs == 1:
+            q_pad = q.unsqueeze(0)  # [1, N, H, D]
+        else:
+            q_pad = q.new_zeros((bs, md.max_extend_len, num_heads, q.shape[2]))
+            q_pad[md.q_batch_idx, md.q_pos_idx] = q
+        out = F.scaled_dot_product_attention(
+            q_pad.transpose(1, 2), k_all, v_all, attn_mask=md.attn_mask, scale=layer.scaling, enable_gqa=True
+        ).transpose(1, 2)  # [B, Lq, H, Dv]
+        out = out[0] if bs == 1 else out[md.q_batch_idx, md.q_pos_idx]  # [N, H, Dv]
+        return out.reshape(n, num_heads * layer.v_head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        k_all, v_all = self._gather_kv(layer, q.dtype)  # [B, KV, Lk, D]
+        bs, num_heads, head_dim = q.shape
+        num_kv_heads = k_all.shape[1]
+        q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]
+        out = F.scaled_dot_product_attention(
+            q_grouped, k_all, v_all, attn_mask=self.forward_metadata.attn_mask, scale=layer.scaling
+        )  # [B, KV, G, Dv]
+        return out.reshape(bs, num_heads * layer.v_head_dim)

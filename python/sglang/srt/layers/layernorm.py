@@ -1,0 +1,34 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        self.variance_epsilon = eps
+        self.hidden_size = hidden_size
+
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """x: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = self._norm(x)
+        return out if residual is None else (out, residual)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
+        # Low precision: normalise in float32, round once, then scale in the model dtype (HF's order of rounding).
+        y = F.rms_norm(x.float(), (self.hidden_size,), None, self.variance_epsilon)
+        return self.weight * y.to(x.dtype)

@@ -1,0 +1,97 @@
+"""Linear layers with upstream's names. Single rank: no tensor parallelism, but the merged layouts are kept.
+
+QKVParallelLinear holds q, k and v as one weight [(H + 2*KV) * D, hidden]; MergedColumnParallelLinear holds
+[gate; up] as one weight [2 * I, hidden]. Checkpoint shards are copied into their row ranges at load time
+(`weight_loader(param, loaded, shard_id)`), so one GEMM replaces three (or two) per layer.
+forward returns the output tensor only (upstream also returns an output bias, always None here).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"weight shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded_weight.shape)}")
+    with torch.no_grad():
+        param.copy_(loaded_weight)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool):
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
+        default_weight_loader(param, loaded_weight)
+
+
+class ReplicatedLinear(LinearBase):
+    pass
+
+
+class ColumnParallelLinear(LinearBase):
+    pass
+
+
+class RowParallelLinear(LinearBase):
+    pass
+
+
+class MergedColumnParallelLinear(LinearBase):
+    """Several column projections of the same input, stacked on the output dim (e.g. gate_proj, up_proj)."""
+
+    def __init__(self, input_size: int, output_sizes: List[int], bias: bool = False):
+        super().__init__(input_size, sum(output_sizes), bias)
+        self.output_sizes = output_sizes
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        if shard_id is None:
+            return default_weight_loader(param, loaded_weight)
+        start = sum(self.output_sizes[:shard_id])
+        default_weight_loader(param.data[start : start + self.output_sizes[shard_id]], loaded_weight)
+
+
+class QKVParallelLinear(LinearBase):
+    """q, k, v projections stacked on the output dim: rows [0, H*D) q, [H*D, (H+KV)*D) k, then v."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: Optional[int] = None,
+        bias: bool = False,
+    ):
+        self.head_size = head_size
+        self.num_heads = total_num_heads
+        self.num_kv_heads = total_num_kv_heads or total_num_heads
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Union[str, None] = None) -> None:
+        if shard_id is None:
+            return default_weight_loader(param, loaded_weight)
+        offset, size = {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }[shard_id]
+        default_weight_loader(param.data[offset : offset + size], loaded_weight)

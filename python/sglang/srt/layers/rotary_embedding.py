@@ -1,0 +1,98 @@
+"""Rotary position embedding (neox / half-split layout, as in Hugging Face checkpoints).
+
+The cos/sin table [max_position, rotary_dim] is computed once in float32 (then cast to the model dtype) and
+indexed by position. Supported rope_type: default, linear, llama3 (dynamic NTK and yarn are not implemented).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+
+def _default_inv_freq(rotary_dim: int, base: float, device) -> torch.Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / rotary_dim
+    return 1.0 / (base**exponents)  # [rotary_dim / 2]
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    factor = params["factor"]
+    low_freq_factor = params.get("low_freq_factor", 1.0)
+    high_freq_factor = params.get("high_freq_factor", 4.0)
+    old_context_len = params["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths are slowed by `factor`, short ones kept, the band between interpolated smoothly
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        dtype: torch.dtype,
+        rope_parameters: Optional[dict] = None,
+    ):
+        super().__init__()
+        params = dict(rope_parameters or {})
+        rope_type = params.get("rope_type") or params.get("type") or "default"
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        device = torch.empty(0).device  # honours an enclosing `with torch.device(...)`
+        inv_freq = _default_inv_freq(rotary_dim, base, device)
+        if rope_type == "linear":
+            inv_freq = inv_freq / params["factor"]
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, params)
+        elif rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, linear, llama3.")
+        t = torch.arange(max_position_embeddings, dtype=torch.int64, device=device).to(torch.float32)
+        freqs = torch.outer(t, inv_freq)  # [P, rotary_dim / 2]
+        # [P, rotary_dim]: cos of each half-frequency, then sin
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """positions: [N]; query: [N, Hq * D] or [N, Hq, D]; key likewise or None. Returns new tensors, shaped like the inputs."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).unsqueeze(-2).chunk(2, dim=-1)  # [N, 1, rd/2] each
+        q = self._apply(query, cos, sin)
+        k = self._apply(key, cos, sin) if key is not None else None
+        return q, k
+
+    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_size)  # [N, h, D]
+        rd = self.rotary_dim
+        x_rot = x[..., :rd] if rd < self.head_size else x
+        x1, x2 = x_rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        if rd < self.head_size:
+            out = torch.cat((out, x[..., rd:]), dim=-1)
+        return out.view(shape)
+
+
+def get_rope(
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_parameters: Optional[dict] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> RotaryEmbedding:
+    return RotaryEmbedding(
+        head_size, rotary_dim, max_position, base, dtype or torch.get_default_dtype(), rope_parameters
+    )

@@ -1,0 +1,233 @@
+"""Convert a GGUF file into a Hugging Face directory (config, tokenizer, float32 safetensors).
+
+Weights are dequantized with the `gguf` package and stored as float32, so the fp32 reference path sees exactly
+the values llama.cpp would compute with. llama.cpp stores the q/k projections of `llama` models with their rows
+permuted for its interleaved rope; we undo that so the checkpoint uses the Hugging Face (neox, half-split) layout.
+
+The tokenizer is rebuilt from `tokenizer.ggml.*` metadata with the `tokenizers` library (byte-level BPE), and the
+chat template is copied from `tokenizer.chat_template`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, Iterator, List, Tuple
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+# GGUF architecture -> (HF architecture, HF model_type, rows of q/k are rope-permuted)
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama", True),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
+}
+
+# GGUF tensor name (after "blk.{i}.") -> HF name (after "model.layers.{i}.")
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+# GGUF token types (llama.cpp's llama_token_type)
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+# Pre-tokenizer split patterns, by `tokenizer.ggml.pre`. Byte-level BPE then runs on each piece.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class GGUFMetadata:
+    """Typed access to a GGUFReader's key/value fields."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.arch = self.get("general.architecture")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        return field.contents()
+
+    def arch_get(self, key: str, default: Any = None) -> Any:
+        return self.get(f"{self.arch}.{key}", default)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: interleaved rope pairs -> HF's [first half | second half]."""
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def iter_dequantized_tensors(reader, meta: GGUFMetadata) -> Iterator[Tuple[str, np.ndarray]]:
+    """Yield (hf_name, float32 array in HF layout) for every tensor of the file."""
+    from gguf.quants import dequantize
+
+    permuted = _ARCHS[meta.arch][2]
+    n_head = meta.arch_get("attention.head_count")
+    n_kv_head = meta.arch_get("attention.head_count_kv", n_head)
+    for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
+        name = _hf_tensor_name(t.name)
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        if permuted and name.endswith("self_attn.q_proj.weight"):
+            w = unpermute_rope_rows(w, n_head)
+        elif permuted and name.endswith("self_attn.k_proj.weight"):
+            w = unpermute_rope_rows(w, n_kv_head)
+        w = np.ascontiguousarray(w)
+        yield name, (w if w.flags.writeable else w.copy())
+
+
+def _hf_tensor_name(gguf_name: str) -> str:
+    base, _, suffix = gguf_name.rpartition(".")  # suffix: weight | bias
+    if base.startswith("blk."):
+        _, layer, rest = base.split(".", 2)
+        if rest not in _LAYER_TENSORS:
+            raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in this converter.")
+        return f"model.layers.{layer}.{_LAYER_TENSORS[rest]}.{suffix}"
+    if base not in _GLOBAL_TENSORS:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in this converter.")
+    return f"{_GLOBAL_TENSORS[base]}.{suffix}"
+
+
+def build_hf_config(meta: GGUFMetadata, tensor_names: List[str]) -> Tuple[dict, dict]:
+    """(config.json dict, generation_config.json dict) from GGUF metadata."""
+    if meta.arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture {meta.arch!r} is not supported; supported: {sorted(_ARCHS)}.")
+    if any(n == "rope_freqs.weight" for n in tensor_names):
+        raise ValueError("GGUF files with rope_freqs (Llama-3.1 style rope scaling) are not supported yet.")
+    architecture, model_type, _ = _ARCHS[meta.arch]
+    hidden = int(meta.arch_get("embedding_length"))
+    n_head = int(meta.arch_get("attention.head_count"))
+    head_dim = int(meta.arch_get("attention.key_length", hidden // n_head))
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    vocab_size = meta.arch_get("vocab_size") or len(meta.reader.fields["tokenizer.ggml.tokens"].data)
+    rope_theta = float(meta.arch_get("rope.freq_base", 10000.0))
+    config = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": int(meta.arch_get("feed_forward_length")),
+        "num_hidden_layers": int(meta.arch_get("block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(meta.arch_get("attention.head_count_kv", n_head)),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(meta.arch_get("context_length", 2048)),
+        # float32 keeps the exact (more than 7-bit) float32 value llama.cpp reads
+        "rms_norm_eps": float(np.float32(meta.arch_get("attention.layer_norm_rms_epsilon", 1e-6))),
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "vocab_size": int(vocab_size),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "hidden_act": "silu",
+        "attention_bias": any(n.endswith("attn_q.bias") for n in tensor_names),
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}
+    return config, generation
+
+
+def build_tokenizer_files(meta: GGUFMetadata, out_dir: str) -> None:
+    """Write tokenizer.json + tokenizer_config.json for a byte-level BPE ("gpt2") GGUF vocabulary."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(
+            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); pass --tokenizer-path."
+        )
+    tokens: List[str] = meta.get("tokenizer.ggml.tokens")
+    token_types: List[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges")]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if pre == "smollm":  # llama.cpp: digits split one by one, then the GPT-2 pattern
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "qwen2"):
+        split = _QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+            ]
+        )
+    else:
+        if pre not in ("default", "gpt2"):
+            logger.warning("Unknown GGUF pre-tokenizer %r; using the GPT-2 split pattern.", pre)
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, token_types) if ty == _TOKEN_TYPE_CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, token_types) if ty == _TOKEN_TYPE_USER_DEFINED]
+    tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+
+    def token_or_none(key: str):
+        idx = meta.get(key)
+        return tokens[idx] if idx is not None and 0 <= idx < len(tokens) else None
+
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token_or_none("tokenizer.ggml.bos_token_id"),
+        "eos_token": token_or_none("tokenizer.ggml.eos_token_id"),
+        "unk_token": token_or_none("tokenizer.ggml.unknown_token_id"),
+        "pad_token": token_or_none("tokenizer.ggml.padding_token_id"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(meta.arch_get("context_length", 2048)),
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        tokenizer_config["chat_template"] = template
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config, f, indent=2, ensure_ascii=False)
+
+
+def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
+    """Write config.json, generation_config.json, tokenizer files and model.safetensors into out_dir."""
+    import gguf
+    from safetensors.torch import save_file
+
+    reader = gguf.GGUFReader(gguf_path)
+    meta = GGUFMetadata(reader)
+    tensor_names = [t.name for t in reader.tensors]
+    config, generation = build_hf_config(meta, tensor_names)
+    os.makedirs(out_dir, exist_ok=True)
+    build_tokenizer_files(meta, out_dir)
+    tensors: Dict[str, torch.Tensor] = {name: torch.from_numpy(w) for name, w in iter_dequantized_tensors(reader, meta)}
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump(generation, f, indent=2)

@@ -1,0 +1,178 @@
+"""Llama (SmolLM2, Llama-2/3 with rope scaling): GQA, merged qkv / gate_up projections, optional tied embeddings."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import get_rope_parameters
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+)
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
+        super().__init__()
+        if hidden_act != "silu":
+            raise ValueError(f"Unsupported activation {hidden_act!r}; only silu is supported.")
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # [N, hidden] -> [N, 2I] -> [N, I] -> [N, hidden]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias_default = False
+
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
+        self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
+        self.o_proj = RowParallelLinear(self.q_size, self.hidden_size, bias=getattr(config, "o_proj_bias", False))
+        rope = get_rope_parameters(config)
+        self.rotary_emb = get_rope(
+            self.head_dim,
+            rotary_dim=int(self.head_dim * rope.get("partial_rotary_factor", 1.0)),
+            max_position=config.max_position_embeddings,
+            base=rope["rope_theta"],
+            rope_parameters=rope,
+        )
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.num_kv_heads, layer_id=layer_id
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        n = hidden_states.shape[0]
+        qkv = self.qkv_proj(hidden_states)  # [N, (H + 2KV) * D]
+        # q and k are adjacent in qkv: rotate them with one call, as [N, H + KV, D]
+        qk, _ = self.rotary_emb(positions, qkv[:, : self.q_size + self.kv_size].view(n, -1, self.head_dim))
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [N, H, D], [N, KV, D]
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention
+
+    def __init__(self, config, layer_id: int):
+        super().__init__()
+        self.self_attn = self.attention_cls(config, layer_id)
+        self.mlp = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            getattr(config, "hidden_act", "silu"),
+            bias=getattr(config, "mlp_bias", False),
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        forward_batch: ForwardBatch,
+        residual: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    decoder_layer_cls = LlamaDecoderLayer
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([self.decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        # [N] -> [N, hidden]
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls = LlamaModel
+    # (merged param, checkpoint name, shard id)
+    stacked_params_mapping = [
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    ]
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(config)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """input_ids, positions: [N] int64 -> float32 logits [B, V] for forward_batch.logits_indices."""
+        hidden_states = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        tied = getattr(self.config, "tie_word_embeddings", False)
+        loaded = set()
+        for name, loaded_weight in weights:
+            if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+                continue
+            for param_suffix, weight_suffix, shard_id in self.stacked_params_mapping:
+                if weight_suffix in name:
+                    target = name.replace(weight_suffix, param_suffix)
+                    params[target].weight_loader(params[target], loaded_weight, shard_id)
+                    break
+            else:
+                target = name
+                if target not in params:
+                    raise KeyError(f"Checkpoint tensor {name!r} has no parameter in {type(self).__name__}.")
+                param = params[target]
+                getattr(param, "weight_loader", lambda p, w: default_weight_loader(p, w))(param, loaded_weight)
+            loaded.add(target)
+        missing = {n for n in params if n not in loaded and not (tied and n == "lm_head.weight")}
+        if missing:
+            raise ValueError(f"Checkpoint is missing weights: {sorted(missing)[:8]}{' ...' if len(missing) > 8 else ''}")
+
+
+EntryClass = LlamaForCausalLM

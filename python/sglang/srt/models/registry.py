@@ -1,0 +1,32 @@
+"""Model registry: HF architecture name -> model class, imported on first use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Tuple
+
+_PKG = "sglang.srt.models"
+
+# architecture -> (module, class)
+MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
+    "LlamaForCausalLM": (f"{_PKG}.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": (f"{_PKG}.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": (f"{_PKG}.qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def register_model(architecture: str, module: str, class_name: str) -> None:
+    MODEL_REGISTRY[architecture] = (module, class_name)
+
+
+def get_supported_archs() -> list:
+    return sorted(MODEL_REGISTRY)
+
+
+def get_model_class(architecture: str) -> type:
+    if architecture not in MODEL_REGISTRY:
+        raise ValueError(
+            f"Model architecture {architecture!r} is not supported; supported: {', '.join(get_supported_archs())}."
+        )
+    module, class_name = MODEL_REGISTRY[architecture]
+    return getattr(importlib.import_module(module), class_name)

@@ -1,0 +1,35 @@
+"""Tokenizer helpers on top of Hugging Face transformers (fast tokenizers only)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+
+def get_tokenizer(tokenizer_path: str, **kwargs):
+    """A fast (Rust) tokenizer from a local directory."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True, trust_remote_code=False, **kwargs)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"{tokenizer_path!r} has no fast tokenizer (tokenizer.json); only fast tokenizers are supported.")
+    return tokenizer
+
+
+def apply_chat_template(
+    tokenizer,
+    messages: List[Dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tokenize: bool = False,
+    chat_template: Optional[str] = None,
+    **kwargs,
+):
+    """Render `messages` with the tokenizer's chat template; returns text, or token ids when tokenize=True."""
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("This tokenizer has no chat template; pass chat_template=... or send a plain prompt.")
+    text = tokenizer.apply_chat_template(
+        messages, chat_template=chat_template, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+    )
+    if not tokenize:
+        return text
+    # the template already spells out every special token (BOS included)
+    return tokenizer.encode(text, add_special_tokens=False)
