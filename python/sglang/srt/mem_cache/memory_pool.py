@@ -20,7 +20,10 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int64, device=device)
+        # torch.empty: on CPU a large table is backed lazily, page by page, as rows are used; a row is zeroed when
+        # its slot is handed out, so stale indices never reach a backend.
+        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token[0].zero_()
         self.free_slots: List[int] = list(range(1, size + 1))
 
     @staticmethod
@@ -33,7 +36,9 @@ class ReqToTokenPool:
     def alloc(self) -> Optional[int]:
         if not self.free_slots:
             return None
-        return self.free_slots.pop()
+        slot = self.free_slots.pop()
+        self.req_to_token[slot].zero_()
+        return slot
 
     def free(self, slot: int) -> None:
         assert 1 <= slot <= self.size and slot not in self.free_slots, f"bad request slot free: {slot}"
@@ -90,8 +95,13 @@ class MHATokenToKVPool(KVCache):
         # fp8 KV is stored as uint8 views and cast on read/write
         self.store_dtype = torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
         rows = size + page_size
-        self.k_buffer = torch.zeros((layer_num, rows, head_num, head_dim), dtype=self.store_dtype, device=device)
-        self.v_buffer = torch.zeros((layer_num, rows, head_num, self.v_head_dim), dtype=self.store_dtype, device=device)
+        # torch.empty: every slot is written before it is read, except the dummy page that padded reads point at,
+        # which is zeroed (finite values, so masked-out padding never turns into NaN). On CPU the rest of the pool
+        # is backed lazily as it fills.
+        self.k_buffer = torch.empty((layer_num, rows, head_num, head_dim), dtype=self.store_dtype, device=device)
+        self.v_buffer = torch.empty((layer_num, rows, head_num, self.v_head_dim), dtype=self.store_dtype, device=device)
+        self.k_buffer[:, :page_size].zero_()
+        self.v_buffer[:, :page_size].zero_()
 
     @staticmethod
     def cell_size_bytes(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, v_head_dim: Optional[int] = None) -> int:

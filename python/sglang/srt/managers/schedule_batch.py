@@ -1,0 +1,144 @@
+"""Req: one request's state inside the scheduler.
+
+Token bookkeeping of a request (all counts in tokens):
+    fill_ids = origin_input_ids + output_ids      everything the model has seen or produced
+    kv_len                                        leading tokens of fill_ids whose KV sits in the pool,
+                                                  recorded in req_to_token[req_pool_idx, :kv_len]
+    prefix_len <= kv_len                          leading slots borrowed from the radix cache (locked at last_node);
+                                                  slots [prefix_len, kv_len) are owned by this request
+While decoding, kv_len == len(fill_ids) - 1: the last sampled token has no KV yet and is the next input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from sglang.srt.managers.incremental_detokenizer import IncrementalDetokenizer, find_stop, held_back_len
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: List[int],
+        sampling_params: SamplingParams,
+        tokenizer=None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        eos_token_ids: Optional[set] = None,
+        mm_inputs: Any = None,
+    ):
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.output_ids: List[int] = []
+        self.sampling_params = sampling_params
+        self.stream = stream
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.mm_inputs = mm_inputs
+        self.stop_token_ids = set(sampling_params.stop_token_ids or [])
+        if not sampling_params.ignore_eos and eos_token_ids:
+            self.stop_token_ids |= set(eos_token_ids)
+        self.max_new_tokens = sampling_params.max_new_tokens
+
+        # memory state
+        self.req_pool_idx: Optional[int] = None
+        self.kv_len = 0
+        self.prefix_len = 0
+        self.last_node = None
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.num_retractions = 0
+
+        # output state
+        self.finished_reason: Optional[Dict[str, Any]] = None
+        self.detok = (
+            IncrementalDetokenizer(tokenizer, sampling_params.skip_special_tokens,
+                                   sampling_params.spaces_between_special_tokens)
+            if tokenizer is not None else None
+        )
+        self.output_text = ""  # confirmed text (stop strings trimmed)
+        self.sent_text_len = 0
+        self.sent_token_len = 0
+        self.output_token_logprobs: List[float] = []
+        self.output_top_logprobs: List[List[tuple]] = []
+        self.generator: Optional[torch.Generator] = None
+        if sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def fill_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def fill_ids(self) -> List[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def extend_len(self) -> int:
+        """Tokens still to prefill before this request can decode."""
+        return self.fill_len - self.kv_len
+
+    def remaining_new_tokens(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    # ------------------------------------------------------------------ progress
+    def append_token(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+        n_out = len(self.output_ids)
+        sp = self.sampling_params
+        if token_id in self.stop_token_ids and n_out >= sp.min_new_tokens:
+            self.finished_reason = {"type": "stop", "matched": token_id}
+        elif n_out >= self.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": self.max_new_tokens}
+        if self.detok is None:
+            return
+        # A matched stop token is not part of the text.
+        if self.finished_reason and self.finished_reason["type"] == "stop":
+            piece = self.detok.flush()
+        else:
+            piece = self.detok.add([token_id])
+            if self.finished_reason:
+                piece += self.detok.flush()
+        if not piece:
+            return
+        start = len(self.output_text)
+        self.output_text += piece
+        if sp.stop_strs and n_out >= sp.min_new_tokens:
+            hit = find_stop(self.output_text, sp.stop_strs, start)
+            if hit is not None:
+                idx, s = hit
+                self.output_text = self.output_text[: idx if not sp.no_stop_trim else idx + len(s)]
+                self.finished_reason = {"type": "stop", "matched": s}
+
+    def abort(self, message: str = "Request aborted", status_code: Optional[int] = None) -> None:
+        self.finished_reason = {"type": "abort", "message": message}
+        if status_code is not None:
+            self.finished_reason["status_code"] = status_code
+
+    def text_delta(self) -> str:
+        """Unsent text, holding back a suffix that might still grow into a stop string."""
+        end = len(self.output_text)
+        if not self.finished() and self.sampling_params.stop_strs:
+            end -= held_back_len(self.output_text, self.sampling_params.stop_strs)
+        end = max(end, self.sent_text_len)
+        delta = self.output_text[self.sent_text_len : end]
+        self.sent_text_len = end
+        return delta
+
+    def reset_for_retract(self) -> None:
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.prefix_len = 0
+        self.last_node = None
+        self.num_retractions += 1
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, input={len(self.origin_input_ids)}, output={len(self.output_ids)}, kv={self.kv_len})"

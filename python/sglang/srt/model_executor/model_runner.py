@@ -1,0 +1,76 @@
+"""ModelRunner: owns the model, the memory pools and the attention backend of one rank, and runs forwards.
+
+Startup order (each step's memory is accounted in the plan, see model_runner_kv_cache_mixin.py):
+    1. measure free memory before anything is loaded (pre_load_free_bytes)
+    2. load the weights (weight_bytes measured from the loaded tensors)
+    3. profile one forward at the chunked-prefill size (activation peak, measured)
+    4. plan (pure) -> allocate the request table, KV pool, allocator and attention backend
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Optional
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return "cuda" if device == "hip" else device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class ModelRunner(ModelRunnerKVCacheMixin):
+    def __init__(self, server_args: ServerArgs):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.mem_plan.measure import read_memory_snapshot
+        from sglang.srt.model_loader import load_model, resolve_model_path
+
+        self.server_args = server_args
+        self.device = resolve_device(server_args.device)
+        if self.device == "cpu":
+            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+        seed = server_args.random_seed if server_args.random_seed is not None else random.randint(0, 2**31 - 1)
+        torch.manual_seed(seed)
+        random.seed(seed)
+
+        self.model_path = resolve_model_path(server_args)
+        self.tokenizer_path = server_args.tokenizer_path or self.model_path
+        self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
+        self.dtype = self.model_config.dtype
+
+        # 1. measure before load
+        self.pre_load_snapshot = read_memory_snapshot(self.device)
+        # 2. load
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.model = load_model(self.model_config, self.device)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weight_bytes += sum(b.numel() * b.element_size() for b in self.model.buffers())
+        logger.info("Loaded %s in %.2f s (%.1f MiB of weights, dtype %s)", self.model_path,
+                    time.perf_counter() - t0, self.weight_bytes / 2**20, self.dtype)
+        # 3-4. profile, plan, allocate
+        self.init_memory_pool()
+
+    @property
+    def context_len(self) -> int:
+        return self.model_config.context_len
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Logits (float32 [B, V]) of the last token of each request in the batch."""
+        forward_batch.req_to_token_pool = self.req_to_token_pool
+        forward_batch.token_to_kv_pool = self.token_to_kv_pool
+        forward_batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(forward_batch)
+        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)

@@ -1,0 +1,120 @@
+"""Batched sampling from float32 logits [B, V].
+
+Order of operations per row (each step skipped when every row leaves it at its neutral value):
+  penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
+  -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
+  -> temperature -> top-k -> top-p -> min-p -> multinomial (a per-request torch.Generator when a seed is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req
+
+
+@dataclass
+class SampleOutput:
+    next_token_ids: List[int]
+    token_logprobs: Optional[List[float]] = None  # per row, None entries if not asked
+    top_logprobs: Optional[List[Optional[List[tuple]]]] = None
+
+
+def _apply_penalties(logits: torch.Tensor, reqs: List[Req]) -> None:
+    vocab = logits.shape[1]
+    for i, req in enumerate(reqs):
+        sp = req.sampling_params
+        if not sp.has_penalties:
+            continue
+        row = logits[i]
+        if sp.repetition_penalty != 1.0:
+            seen = torch.tensor(req.fill_ids, dtype=torch.int64)
+            seen = seen[seen < vocab].unique()
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+        if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
+            counts = torch.bincount(torch.tensor(req.output_ids, dtype=torch.int64), minlength=vocab)[:vocab]
+            row -= sp.frequency_penalty * counts.to(row.dtype)
+            row -= sp.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _mask_stops_before_min_tokens(logits: torch.Tensor, reqs: List[Req]) -> None:
+    for i, req in enumerate(reqs):
+        if len(req.output_ids) < req.sampling_params.min_new_tokens and req.stop_token_ids:
+            ids = [t for t in req.stop_token_ids if t < logits.shape[1]]
+            logits[i, ids] = float("-inf")
+
+
+def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
+    """logits: float32 [B, V] (modified in place)."""
+    if any(r.sampling_params.has_penalties for r in reqs):
+        _apply_penalties(logits, reqs)
+    if any(r.sampling_params.min_new_tokens > len(r.output_ids) for r in reqs):
+        _mask_stops_before_min_tokens(logits, reqs)
+
+    token_logprobs = top_logprobs = None
+    want_lp = any(r.return_logprob for r in reqs)
+    if want_lp:
+        logprobs = torch.log_softmax(logits, dim=-1)
+
+    greedy = [r.sampling_params.is_greedy for r in reqs]
+    if all(greedy):
+        next_ids = torch.argmax(logits, dim=-1)
+    else:
+        next_ids = _sample_random(logits, reqs, greedy)
+
+    if want_lp:
+        chosen = logprobs.gather(1, next_ids.view(-1, 1)).view(-1).tolist()
+        token_logprobs = [chosen[i] if r.return_logprob else None for i, r in enumerate(reqs)]
+        k_max = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
+        if k_max > 0:
+            vals, idx = logprobs.topk(k_max, dim=-1)
+            vals, idx = vals.tolist(), idx.tolist()
+            top_logprobs = [
+                list(zip(idx[i][: r.top_logprobs_num], vals[i][: r.top_logprobs_num]))
+                if r.return_logprob and r.top_logprobs_num else None
+                for i, r in enumerate(reqs)
+            ]
+    return SampleOutput(next_ids.tolist(), token_logprobs, top_logprobs)
+
+
+def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) -> torch.Tensor:
+    B, V = logits.shape
+    temps = torch.tensor([1.0 if g else r.sampling_params.temperature for r, g in zip(reqs, greedy)],
+                         dtype=logits.dtype)
+    logits = logits / temps.view(-1, 1)
+    probs = torch.softmax(logits, dim=-1)
+
+    top_ks = [r.sampling_params.top_k for r in reqs]
+    top_ps = [r.sampling_params.top_p for r in reqs]
+    min_ps = [r.sampling_params.min_p for r in reqs]
+    need_sort = any(k != -1 and k < V for k in top_ks) or any(p < 1.0 for p in top_ps)
+    if need_sort:
+        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
+        ranks = torch.arange(V).view(1, -1)
+        k_t = torch.tensor([V if k == -1 else min(k, V) for k in top_ks]).view(-1, 1)
+        drop = ranks >= k_t
+        p_t = torch.tensor(top_ps, dtype=probs.dtype).view(-1, 1)
+        # keep the smallest set whose mass reaches top_p: drop a token if the mass before it already does
+        cum_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop |= cum_before > p_t
+        drop[:, 0] = False
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, sorted_idx, sorted_probs)
+    if any(m > 0 for m in min_ps):
+        m_t = torch.tensor(min_ps, dtype=probs.dtype).view(-1, 1)
+        probs = probs.masked_fill(probs < probs.max(dim=-1, keepdim=True).values * m_t, 0.0)
+
+    out = torch.empty(B, dtype=torch.int64)
+    unseeded = [i for i, r in enumerate(reqs) if r.generator is None and not greedy[i]]
+    if unseeded:
+        out[unseeded] = torch.multinomial(probs[unseeded], 1).view(-1)
+    for i, r in enumerate(reqs):
+        if greedy[i]:
+            out[i] = torch.argmax(logits[i])
+        elif r.generator is not None:
+            out[i] = torch.multinomial(probs[i], 1, generator=r.generator)[0]
+    return out

@@ -1,0 +1,135 @@
+"""Sampler: greedy, temperature/top-k/top-p/min-p support sets, penalties, seeds, logprobs; stop handling in Req."""
+
+import math
+
+import pytest
+import torch
+
+from sglang.srt.managers.incremental_detokenizer import find_stop, held_back_len
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.sampling.sampler import sample
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="cpu")
+
+
+def req(**sp):
+    return Req("r", [1, 2, 3], SamplingParams.from_dict(sp), eos_token_ids={0})
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 1.0, 2.0]])
+    out = sample(logits.clone(), [req(temperature=0), req(temperature=0)])
+    assert out.next_token_ids == [1, 0]
+
+
+def test_top_k_and_top_p_limit_support():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    seen_k, seen_p = set(), set()
+    for _ in range(300):
+        seen_k.add(sample(logits.clone(), [req(top_k=2)]).next_token_ids[0])
+        seen_p.add(sample(logits.clone(), [req(top_p=0.7)]).next_token_ids[0])
+    assert seen_k == {0, 1}
+    # smallest set with mass >= 0.7 is {0, 1}
+    assert seen_p == {0, 1}
+
+
+def test_min_p_drops_unlikely_tokens():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.09, 0.01]]))
+    seen = {sample(logits.clone(), [req(min_p=0.2)]).next_token_ids[0] for _ in range(300)}
+    assert seen == {0, 1}  # 0.09 < 0.2 * 0.6
+
+
+def test_temperature_sharpens_distribution():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.6, 0.4]]))
+    n = 2000
+    hot = sum(sample(logits.clone(), [req(temperature=1.0)]).next_token_ids[0] == 0 for _ in range(n)) / n
+    cold = sum(sample(logits.clone(), [req(temperature=0.25)]).next_token_ids[0] == 0 for _ in range(n)) / n
+    assert abs(hot - 0.6) < 0.05
+    expected_cold = 0.6**4 / (0.6**4 + 0.4**4)  # = 0.835
+    assert abs(cold - expected_cold) < 0.05
+
+
+def test_seed_reproducible_per_request():
+    logits = torch.randn(1, 1000)
+    a = [sample(logits.clone(), [r]).next_token_ids[0] for r in [req(seed=7)] for _ in range(20)]
+    r1, r2 = req(seed=7), req(seed=7)
+    s1 = [sample(logits.clone(), [r1]).next_token_ids[0] for _ in range(20)]
+    s2 = [sample(logits.clone(), [r2]).next_token_ids[0] for _ in range(20)]
+    assert s1 == s2
+    r3 = req(seed=8)
+    s3 = [sample(logits.clone(), [r3]).next_token_ids[0] for _ in range(20)]
+    assert s3 != s1
+    assert len(a) == 20
+
+
+def test_penalties():
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.0]])
+    r = req(temperature=0, frequency_penalty=0.5)
+    r.output_ids = [0]
+    assert sample(logits.clone(), [r]).next_token_ids == [1]  # 2.0 - 0.5 < 1.9
+    r = req(temperature=0, presence_penalty=0.2)
+    r.output_ids = [0, 0, 0]
+    assert sample(logits.clone(), [r]).next_token_ids == [1]
+    r = req(temperature=0, repetition_penalty=1.2)  # prompt [1,2,3] is penalised: 1.9/1.2 < 2.0 anyway
+    logits2 = torch.tensor([[1.5, 1.7, -1.0, 0.0]])
+    assert sample(logits2.clone(), [r]).next_token_ids == [0]  # 1.7 / 1.2 = 1.417 < 1.5
+
+
+def test_min_new_tokens_masks_eos():
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    r = req(temperature=0, min_new_tokens=2)
+    assert sample(logits.clone(), [r]).next_token_ids == [1]
+
+
+def test_logprobs_and_top_logprobs():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    r = req(temperature=0)
+    r.return_logprob, r.top_logprobs_num = True, 2
+    out = sample(logits.clone(), [r])
+    lse = math.log(sum(math.exp(x) for x in (1.0, 2.0, 3.0)))
+    assert out.token_logprobs[0] == pytest.approx(3.0 - lse, abs=1e-5)
+    assert [t for t, _ in out.top_logprobs[0]] == [2, 1]
+    assert out.top_logprobs[0][1][1] == pytest.approx(2.0 - lse, abs=1e-5)
+
+
+@pytest.mark.parametrize("bad", [
+    {"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": 0}, {"min_p": 2.0},
+    {"max_new_tokens": -1}, {"repetition_penalty": 0.0}, {"frequency_penalty": 3.0}, {"stop": [""]},
+    {"n": 0}, {"no_such_param": 1}, {"temperature": "hot"},
+])
+def test_invalid_sampling_params_name_the_parameter(bad):
+    with pytest.raises(ValueError) as e:
+        SamplingParams.from_dict(bad)
+    key = next(iter(bad))
+    assert key in str(e.value)
+
+
+def test_stop_helpers():
+    assert find_stop("hello world", ["wor", "lo"], 0) == (3, "lo")
+    assert find_stop("hello world", ["wor"], 8) == (6, "wor")
+    assert held_back_len("the en", ["end"]) == 2
+    assert held_back_len("the e", ["end", "e!"]) == 1
+    assert held_back_len("abc", ["xyz"]) == 0
+
+
+def test_max_new_tokens_and_stop_token_finish():
+    r = req(max_new_tokens=2)
+    r.append_token(5)
+    assert not r.finished()
+    r.append_token(6)
+    assert r.finished_reason == {"type": "length", "length": 2}
+    r = req(max_new_tokens=5, stop_token_ids=[9])
+    r.append_token(9)
+    assert r.finished_reason == {"type": "stop", "matched": 9}
+    r = req(max_new_tokens=5, ignore_eos=True)
+    r.append_token(0)
+    assert not r.finished()
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])
