@@ -30,10 +30,18 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _device_total_bytes(device: str) -> int:
+    if device == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
 class ModelRunner(ModelRunnerKVCacheMixin):
     def __init__(self, server_args: ServerArgs):
         from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.mem_plan.measure import read_memory_snapshot
+        from sglang.srt.mem_plan.measure import pre_load_free_bytes
         from sglang.srt.model_loader import load_model, resolve_model_path
 
         self.server_args = server_args
@@ -50,7 +58,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.dtype = self.model_config.dtype
 
         # 1. measure before load
-        self.pre_load_snapshot = read_memory_snapshot(self.device)
+        self.pre_load_free_bytes = pre_load_free_bytes(self.device)
+        self.device_total_bytes = _device_total_bytes(self.device)
         # 2. load
         t0 = time.perf_counter()
         with torch.no_grad():

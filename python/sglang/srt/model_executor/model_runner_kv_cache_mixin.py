@@ -49,7 +49,7 @@ class ModelRunnerKVCacheMixin:
         )
 
     def resolve_chunked_prefill_size(self) -> int:
-        from sglang.srt.mem_plan.tiers import default_chunked_prefill_size
+        from sglang.srt.mem_plan.tiers import tier_defaults
 
         size = self.server_args.chunked_prefill_size
         if size == -1:
@@ -58,30 +58,40 @@ class ModelRunnerKVCacheMixin:
             return size
         if self.device == "cpu":
             return min(CPU_DEFAULT_CHUNKED_PREFILL_SIZE, self.context_len)
-        return min(default_chunked_prefill_size(torch.cuda.get_device_properties(0).total_memory), self.context_len)
+        total_mib = torch.cuda.get_device_properties(0).total_memory // 2**20
+        return min(tier_defaults(total_mib, self.server_args.tp_size)[0], self.context_len)
 
-    def declared_workspace(self, chunked_prefill_size: int):
-        """The attention backend's workspace plus the sampler's per-request logits rows."""
-        from sglang.srt.layers.attention.attention_registry import attention_workspace_spec
+    def declared_workspace(self):
+        """The attention backend's buffers, its transient decode gather, and the sampler's per-request rows."""
+        from sglang.srt.layers.attention.torch_native_backend import DECODE_GATHER_TOKENS
         from sglang.srt.mem_plan import WorkspaceSpec
+        from sglang.srt.mem_plan.backends import AttentionShape, workspace_spec
 
+        mc = self.model_config
         backend = self.server_args.attention_backend or "torch_native"
-        attn = attention_workspace_spec(
-            backend,
-            model_config=self.model_config,
-            kv_dtype=self.resolve_kv_cache_dtype(),
+        shape = AttentionShape(
+            num_q_heads=mc.num_attention_heads // self.server_args.tp_size,
+            head_dim=mc.head_dim,
             context_len=self.context_len,
-            chunked_prefill_size=chunked_prefill_size,
+            architectures=(mc.architecture,),
+            num_kv_splits=self.server_args.triton_attention_num_kv_splits,
         )
-        sampler = WorkspaceSpec(per_req_bytes=self.model_config.vocab_size * SAMPLER_VOCAB_ROW_BYTES, name="sampler")
-        return attn, sampler
+        spec = workspace_spec(backend, shape)
+        if backend == "torch_native":
+            kv_elem = torch.tensor([], dtype=self.resolve_kv_cache_dtype()).element_size()
+            per_token_layer = mc.num_key_value_heads * 2 * mc.head_dim * kv_elem
+            # gathered K/V (+ one contiguous copy inside SDPA) and float32 scores of one decode row group
+            gather = DECODE_GATHER_TOKENS * (2 * per_token_layer + 4 * mc.num_attention_heads)
+            spec = spec + WorkspaceSpec(fixed_bytes=gather, name="decode_gather")
+        sampler = WorkspaceSpec(per_req_bytes=mc.vocab_size * SAMPLER_VOCAB_ROW_BYTES, name="sampler")
+        return spec + sampler
 
     # ------------------------------------------------------------------ measure
     @torch.inference_mode()
     def profile_activation_bytes(self, num_tokens: int) -> int:
         """Peak extra memory of one prefill forward of num_tokens tokens (a real forward on a scratch pool)."""
         from sglang.srt.layers.attention.attention_registry import create_attention_backend
-        from sglang.srt.mem_plan.measure import PeakMemoryMeter
+        from sglang.srt.mem_plan.measure import measure_peak
 
         mc = self.model_config
         page = self.server_args.page_size
@@ -104,11 +114,11 @@ class ModelRunnerKVCacheMixin:
             extend_seq_lens=torch.tensor([num_tokens], device=self.device),
             req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend,
         )
-        with PeakMemoryMeter(self.device) as meter:
+        with measure_peak(self.device) as meter:
             backend.init_forward_metadata(fb)
             self.model.forward(ids, fb.positions, fb)
         del kv, r2t, backend, fb
-        return meter.peak_increase_bytes
+        return meter.increase_bytes
 
     # ------------------------------------------------------------------ plan + allocate
     def init_memory_pool(self) -> None:
@@ -119,13 +129,13 @@ class ModelRunnerKVCacheMixin:
         mc = self.model_config
         chunk = self.resolve_chunked_prefill_size()
         activation_bytes = self.profile_activation_bytes(chunk)
-        attn_ws, sampler_ws = self.declared_workspace(chunk)
+        workspace = self.declared_workspace()
         encoder_bytes = int(getattr(self, "encoder_reserve_bytes", 0))
         cap_bytes = int(sa.max_total_memory_gb * 2**30) if sa.max_total_memory_gb else None
 
         inputs = PlanInputs(
-            pre_load_free_bytes=self.pre_load_snapshot.free_bytes,
-            device_total_bytes=self.pre_load_snapshot.total_bytes,
+            pre_load_free_bytes=self.pre_load_free_bytes,
+            device_total_bytes=self.device_total_bytes,
             weight_bytes=self.weight_bytes,
             kv_cell_bytes=self.kv_cell_bytes(),
             context_len=self.context_len,
@@ -136,11 +146,13 @@ class ModelRunnerKVCacheMixin:
             cap_bytes=cap_bytes,
             chunked_prefill_size=chunk,
             activation_bytes=activation_bytes,
-            workspace=attn_ws + sampler_ws,
+            workspace=workspace,
             req_to_token_elem_bytes=8,
             encoder_bytes=encoder_bytes,
-            sources={"weights": "measured", "activations": "measured", "workspace": "declared",
-                     "encoder": "declared" if sa.encoder_mem_reserve is None else "user"},
+            cuda_graph_max_bs=0 if (self.device == "cpu" or sa.disable_cuda_graph) else sa.cuda_graph_max_bs,
+            tp_size=sa.tp_size,
+            sources={"weights": "measured", "activations": "measured", "attention_workspace": "declared",
+                     "encoder": "declared"},
         )
         self.memory_plan = plan = plan_memory(inputs)
         logger.info("Memory plan:\n%s", plan.render_table())

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
+# Upper bound on K/V tokens gathered at once by one decode layer (rows x padded length); the backend's declared
+# workspace is this many tokens of one layer's K and V (see mem_plan/backends.py).
+DECODE_GATHER_TOKENS = 64 * 1024
+
+
 @dataclass
 class TorchNativeMetadata:
     kv_indices: Optional[torch.Tensor]  # [B, max_seq_len] KV slots; rows past seq_len are masked out
@@ -143,11 +148,30 @@ class TorchNativeAttnBackend(AttentionBackend):
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        k_all, v_all = self._gather_kv(layer, q.dtype)  # [B, KV, Lk, D]
+        md = self.forward_metadata
+        bs, num_heads, head_dim = q.shape
+        max_len = md.kv_indices.shape[1]
+        # Rows are processed in groups of at most DECODE_GATHER_TOKENS gathered tokens, so the per-layer gathered
+        # K/V never exceeds the workspace declared for this backend, whatever the batch size and context.
+        rows = max(1, DECODE_GATHER_TOKENS // max_len)
+        if rows >= bs:
+            return self._decode_rows(q, layer, md.kv_indices, md.attn_mask)
+        outs = [
+            self._decode_rows(q[s : s + rows], layer, md.kv_indices[s : s + rows],
+                              None if md.attn_mask is None else md.attn_mask[s : s + rows])
+            for s in range(0, bs, rows)
+        ]
+        return torch.cat(outs)
+
+    def _decode_rows(self, q, layer, kv_indices, attn_mask) -> torch.Tensor:
+        pool = self.token_to_kv_pool
+        k_all = pool.get_key_buffer(layer.layer_id)[kv_indices]  # [B, Lk, KV, D]
+        v_all = pool.get_value_buffer(layer.layer_id)[kv_indices]
+        if k_all.dtype != q.dtype:
+            k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
+        k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)  # [B, KV, Lk, D]
         bs, num_heads, head_dim = q.shape
         num_kv_heads = k_all.shape[1]
         q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]
-        out = F.scaled_dot_product_attention(
-            q_grouped, k_all, v_all, attn_mask=self.forward_metadata.attn_mask, scale=layer.scaling
-        )  # [B, KV, G, Dv]
-        return out.reshape(bs, num_heads * layer.v_head_dim)
+        out = F.scaled_dot_product_attention(q_grouped, k_all, v_all, attn_mask=attn_mask, scale=layer.scaling)
+        return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
