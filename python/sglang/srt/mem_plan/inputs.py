@@ -1,0 +1,90 @@
+"""PlanInputs: every integer the planner needs, measured or declared by the component that owns it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang.srt.mem_plan.specs import WorkspaceSpec
+
+# Default provenance of each term; callers override through PlanInputs.sources.
+DEFAULT_SOURCES = {
+    "weights": "measured",
+    "kv_cache": "formula",
+    "req_to_token": "formula",
+    "attention_workspace": "declared",
+    "logits": "declared",
+    "activations": "measured",
+    "cuda_graphs": "measured",
+    "encoder": "declared",
+    "safety_margin": "formula",
+}
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Inputs to plan_memory(). All sizes in bytes; all counts in tokens or requests.
+
+    pre_load_free_bytes  free device memory before weights load, MIN over ranks (measure.py)
+    weight_bytes         measured weights (+ LoRA/draft weights) on this rank
+    kv_cell_bytes        KV bytes per token on this rank (specs.KVCellSpec.cell_bytes)
+    mem_fraction_static  None = auto (solved); a value = honoured exactly or MemoryPlanError
+    workspace            the attention backend's declaration, linear in request slots and graph batch size
+    logits_bytes         fixed sampler/logits bytes; logits_per_req_bytes adds bytes per request slot
+    cuda_graph_max_bs    None = upstream tier for device_total_bytes (0 when the device is unknown)
+    min_kv_tokens        None = one prefill chunk (min(context_len, chunked_prefill_size)), page-aligned up
+    """
+
+    pre_load_free_bytes: int
+    weight_bytes: int
+    kv_cell_bytes: int
+    context_len: int
+    page_size: int = 1
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    cap_bytes: Optional[int] = None
+    chunked_prefill_size: int = 8192
+    activation_bytes: int = 0
+    workspace: WorkspaceSpec = WorkspaceSpec()
+    req_to_token_elem_bytes: int = 4
+    logits_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    encoder_bytes: int = 0
+    safety_margin_bytes: Optional[int] = None
+    device_total_bytes: Optional[int] = None
+    sources: dict = field(default_factory=dict)
+    # additions beyond the runner contract
+    logits_per_req_bytes: int = 0
+    cuda_graph_max_bs: Optional[int] = None
+    tp_size: int = 1
+    min_kv_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
+                     "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PlanInputs.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_running_requests", "max_total_tokens", "cap_bytes", "device_total_bytes",
+                     "min_kv_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"PlanInputs.{name} must be > 0 when set, got {value}")
+        for name in ("safety_margin_bytes", "cuda_graph_max_bs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"PlanInputs.{name} must be >= 0 when set, got {value}")
+        y = self.mem_fraction_static
+        if y is not None and not 0.0 < y < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {y}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError("chunked_prefill_size must be positive, or -1 (disabled)")
+        bad = {k: v for k, v in self.sources.items() if v not in ("measured", "declared", "formula")}
+        if bad:
+            raise ValueError(f"PlanInputs.sources values must be measured/declared/formula: {bad}")
+
+    def source_of(self, term: str) -> str:
+        return self.sources.get(term, DEFAULT_SOURCES[term])

@@ -1,0 +1,140 @@
+"""Measure: the only module in mem_plan that reads a device. Every device import is lazy.
+
+CPU: peak RSS is reset by writing "5" to /proc/self/clear_refs and read back as VmHWM from /proc/self/status
+(Linux); current RSS is VmRSS; available memory comes from psutil.
+CUDA/HIP: torch.cuda.mem_get_info / reset_peak_memory_stats / max_memory_allocated.
+Distributed: min_across_ranks() so every rank plans from the tightest device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+_RESET_PEAK_RSS = "5"  # clear_refs value that resets VmHWM to the current RSS
+
+
+def _status_kib(field: str) -> int:
+    with open(_STATUS) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])  # "VmHWM:   123456 kB"
+    raise RuntimeError(f"{field} not found in {_STATUS}")
+
+
+def cpu_current_rss_bytes() -> int:
+    return _status_kib("VmRSS") * 1024
+
+
+def cpu_peak_rss_bytes() -> int:
+    return _status_kib("VmHWM") * 1024
+
+
+def reset_cpu_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS. Returns False where the kernel does not allow it."""
+    try:
+        with open(_CLEAR_REFS, "w") as f:
+            f.write(_RESET_PEAK_RSS)
+        return True
+    except OSError:
+        return False
+
+
+def cpu_available_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def cuda_free_and_total_bytes(device: int = 0) -> tuple[int, int]:
+    import torch
+
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def cuda_reset_peak(device: int = 0) -> None:
+    import torch
+
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_peak_allocated_bytes(device: int = 0) -> int:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def cuda_allocated_bytes(device: int = 0) -> int:
+    import torch
+
+    return int(torch.cuda.memory_allocated(device))
+
+
+def min_across_ranks(value: int, group=None) -> int:
+    """MIN of an integer over all ranks when torch.distributed is initialised; the value itself otherwise."""
+    import sys
+
+    if "torch" not in sys.modules:  # nothing can be initialised without torch having been imported
+        return value
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    import torch
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
+@dataclass
+class PeakMeasurement:
+    """Result of measure_peak(): bytes above the baseline at the peak of the block."""
+
+    device: str
+    baseline_bytes: int = 0
+    peak_bytes: int = 0
+
+    @property
+    def increase_bytes(self) -> int:
+        return max(self.peak_bytes - self.baseline_bytes, 0)
+
+
+@contextlib.contextmanager
+def measure_peak(device: str = "cpu", device_index: int = 0) -> Iterator[PeakMeasurement]:
+    """Measure the peak memory of a block (e.g. the profile forward at chunked_prefill_size).
+
+    CPU: peak RSS (VmHWM after a reset) minus the RSS at entry. CUDA/HIP: peak allocated minus allocated at entry.
+    """
+    m = PeakMeasurement(device)
+    if device == "cpu":
+        reset_cpu_peak_rss()
+        m.baseline_bytes = cpu_current_rss_bytes()
+        yield m
+        m.peak_bytes = cpu_peak_rss_bytes()
+    else:
+        cuda_reset_peak(device_index)
+        m.baseline_bytes = cuda_allocated_bytes(device_index)
+        yield m
+        m.peak_bytes = cuda_peak_allocated_bytes(device_index)
+
+
+def pre_load_free_bytes(device: str = "cpu", device_index: int = 0, cap_bytes: Optional[int] = None) -> int:
+    """Free memory before weights load, MIN over ranks. CPU: psutil available memory."""
+    if device == "cpu":
+        free = cpu_available_bytes()
+    else:
+        free = cuda_free_and_total_bytes(device_index)[0]
+    if cap_bytes is not None:
+        free = min(free, cap_bytes)
+    return min_across_ranks(free)
+
+
+def peak_rss_supported() -> bool:
+    return os.path.exists(_CLEAR_REFS) and os.path.exists(_STATUS)

@@ -1,0 +1,352 @@
+"""Exact weight bytes and attention shapes from a Hugging Face config.json dict (no torch, no weights).
+
+Supported: llama / mistral / qwen2 / qwen3 (dense), qwen2_moe / qwen3_moe / mixtral (MoE), deepseek_v2 / v3 (MLA),
+and composite VLM configs (text_config + vision_config [siglip / clip] [+ audio_config], llava-style projector;
+a Qwen3-Omni "thinker_config" wrapper is unwrapped). Counts follow the checkpoint's tensors: tied embeddings
+counted once, q/k norms, biases, MoE experts and router (and DeepSeek's score-correction bias). Not counted:
+vocab padding, DeepSeek's MTP layer, quantisation scales (quantised checkpoints are counted at torch_dtype).
+
+Per-rank counts under TP shard heads, intermediate sizes and the vocabulary (ceil division); norms, routers,
+latent (MLA down-) projections and encoders are replicated; KV heads are replicated when tp > num_kv_heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang.srt.mem_plan.backends import AttentionShape
+from sglang.srt.mem_plan.encoder import EncoderSpec
+from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
+
+WEIGHT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# Declared activation formula (the server measures this term; `sglang plan` uses the formula):
+# live tensors of one decoder layer per token, in elements, times a temporaries factor for kernel scratch and
+# the caching allocator's rounding.
+ACTIVATION_TEMPORARY_FACTOR = 2
+ROUTER_LOGIT_BYTES = 4  # fp32 router logits per token per expert
+# Sampler per request slot: fp32 logits + fp32 probabilities over the full vocabulary.
+SAMPLER_FP32_COPIES = 2
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def load_config(path: str) -> dict:
+    """config.json from a model directory, or a .json file path."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+@dataclass(frozen=True)
+class TextShape:
+    model_type: str
+    architectures: tuple[str, ...]
+    num_layers: int
+    hidden_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    dtype: str
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # qwen2_moe: one shared expert of this width (+ a 1-wide gate)
+    num_shared_experts: int = 0  # deepseek: shared experts of moe_intermediate_size
+    router_bias: bool = False  # deepseek-v3 e_score_correction_bias
+    sparse_layers: tuple[int, ...] = ()
+    # MLA
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        return WEIGHT_DTYPE_BYTES[self.dtype]
+
+
+def _dtype_of(cfg: dict) -> str:
+    name = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}.get(name, name)
+
+
+def _sparse_layers(cfg: dict, model_type: str, num_layers: int) -> tuple[int, ...]:
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        if not cfg.get("num_experts"):
+            return ()
+        step = cfg.get("decoder_sparse_step", 1)
+        skip = set(cfg.get("mlp_only_layers", []))
+        return tuple(i for i in range(num_layers) if i not in skip and (i + 1) % step == 0)
+    if model_type == "mixtral":
+        return tuple(range(num_layers))
+    if model_type.startswith("deepseek"):
+        if not cfg.get("n_routed_experts"):
+            return ()
+        first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
+        return tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
+    return ()
+
+
+def text_shape_from_config(cfg: dict) -> TextShape:
+    mt = cfg.get("model_type", "llama")
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    num_layers = cfg["num_hidden_layers"]
+    is_deepseek = mt.startswith("deepseek")
+    common = dict(
+        model_type=mt,
+        architectures=tuple(cfg.get("architectures") or ()),
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_q_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or hidden // heads,
+        vocab_size=cfg["vocab_size"],
+        intermediate_size=cfg.get("intermediate_size", 0),
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dtype=_dtype_of(cfg),
+        sparse_layers=_sparse_layers(cfg, mt, num_layers),
+    )
+    if is_deepseek:
+        return TextShape(
+            **common,
+            num_experts=cfg.get("n_routed_experts") or 0,
+            num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
+            moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+            num_shared_experts=cfg.get("n_shared_experts") or 0,
+            router_bias=cfg.get("topk_method") == "noaux_tc",
+            kv_lora_rank=cfg["kv_lora_rank"],
+            q_lora_rank=cfg.get("q_lora_rank") or 0,
+            qk_nope_head_dim=cfg["qk_nope_head_dim"],
+            qk_rope_head_dim=cfg["qk_rope_head_dim"],
+            v_head_dim=cfg["v_head_dim"],
+        )
+    bias = bool(cfg.get("attention_bias", False))
+    moe = {}
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        moe = dict(num_experts=cfg.get("num_experts", 0), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+                   moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+                   shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0))
+    elif mt == "mixtral":
+        moe = dict(num_experts=cfg["num_local_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
+                   moe_intermediate_size=cfg["intermediate_size"])
+    return TextShape(
+        **common,
+        qkv_bias=bias or mt in ("qwen2", "qwen2_moe"),
+        o_bias=bias and mt not in ("qwen2", "qwen2_moe"),
+        qk_norm=mt in ("qwen3", "qwen3_moe"),
+        **moe,
+    )
+
+
+def text_params(s: TextShape, tp: int = 1) -> dict[str, int]:
+    """Parameter counts per component on one TP rank (tp=1: the whole model)."""
+    H = s.hidden_size
+    nq = _cdiv(s.num_q_heads, tp)
+    attn = 0
+    if s.is_mla:
+        qk_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
+        if s.q_lora_rank:
+            attn += H * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * nq * qk_dim  # q_a, q_a_norm, q_b
+        else:
+            attn += H * nq * qk_dim
+        attn += H * (s.kv_lora_rank + s.qk_rope_head_dim) + s.kv_lora_rank  # kv_a_proj_with_mqa, kv_a_norm
+        attn += s.kv_lora_rank * nq * (s.qk_nope_head_dim + s.v_head_dim)  # kv_b_proj
+        attn += nq * s.v_head_dim * H  # o_proj
+    else:
+        d = s.head_dim
+        nkv = kv_heads_per_rank(s.num_kv_heads, tp)
+        attn += H * nq * d + 2 * H * nkv * d + nq * d * H
+        if s.qkv_bias:
+            attn += nq * d + 2 * nkv * d
+        if s.o_bias:
+            attn += H
+        if s.qk_norm:
+            attn += 2 * d
+    dense_mlp = 3 * H * _cdiv(s.intermediate_size, tp)
+    expert_mlp = 3 * H * _cdiv(s.moe_intermediate_size, tp)
+    num_sparse = len(s.sparse_layers)
+    num_dense = s.num_layers - num_sparse
+    shared = 0
+    if s.shared_expert_intermediate_size:
+        shared = 3 * H * _cdiv(s.shared_expert_intermediate_size, tp) + H  # + shared_expert_gate (H -> 1)
+    elif s.num_shared_experts:
+        shared = s.num_shared_experts * expert_mlp
+    router = H * s.num_experts + (s.num_experts if s.router_bias else 0)
+    vocab = _cdiv(s.vocab_size, tp) * H
+    return {
+        "embed_tokens": vocab,
+        "lm_head": 0 if s.tie_word_embeddings else vocab,
+        "attention": s.num_layers * attn,
+        "mlp_dense": num_dense * dense_mlp,
+        "moe_experts": num_sparse * (s.num_experts * expert_mlp + shared),
+        "moe_router": num_sparse * router,
+        "norms": s.num_layers * 2 * H + H,
+    }
+
+
+def vision_tower_params(v: dict) -> int:
+    """SigLIP / CLIP vision transformer (+ SigLIP's pooling head only when vision_use_head is true)."""
+    h, inter, layers = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
+    channels, patch, image = v.get("num_channels", 3), v["patch_size"], v["image_size"]
+    num_patches = (image // patch) ** 2
+    layer = 4 * (h * h + h) + 2 * 2 * h + (h * inter + inter) + (inter * h + h)
+    n = layers * layer + 2 * h  # + post_layernorm
+    if v.get("model_type", "siglip_vision_model").startswith("clip"):
+        n += h + channels * patch * patch * h + (num_patches + 1) * h + 2 * h  # class emb, conv (no bias), pos, pre-LN
+    else:
+        n += channels * patch * patch * h + h + num_patches * h  # conv + bias, positions
+        if v.get("vision_use_head", False):
+            n += h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h)
+    return n
+
+
+def audio_tower_params(a: dict) -> int:
+    """Whisper-style encoder: two convs, learned positions, pre-LN layers (k_proj without bias), final LN,
+    optional output projection to output_dim."""
+    d, ffn, layers = a["d_model"], a["encoder_ffn_dim"], a["encoder_layers"]
+    mel, positions = a.get("num_mel_bins", 128), a.get("max_source_positions", 1500)
+    layer = 3 * (d * d + d) + d * d + 2 * 2 * d + (d * ffn + ffn) + (ffn * d + d)
+    n = (mel * d * 3 + d) + (d * d * 3 + d) + positions * d + layers * layer + 2 * d
+    out = a.get("output_dim", 0)
+    if out:
+        n += d * out + out
+    return n
+
+
+def projector_params(vision_hidden: int, text_hidden: int) -> int:
+    """LLaVA multi_modal_projector: Linear(Hv, Ht) + GELU + Linear(Ht, Ht), with biases."""
+    return vision_hidden * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
+
+
+def vision_encoder_spec(v: dict, output_dim: int, act_dtype_bytes: int = 2) -> EncoderSpec:
+    tokens = (v["image_size"] // v["patch_size"]) ** 2
+    if v.get("model_type", "").startswith("clip"):
+        tokens += 1
+    return EncoderSpec("vision", v["num_hidden_layers"], v["hidden_size"], v["intermediate_size"],
+                       v["num_attention_heads"], tokens, output_dim, act_dtype_bytes)
+
+
+def audio_encoder_spec(a: dict, act_dtype_bytes: int = 2) -> EncoderSpec:
+    return EncoderSpec("audio", a["encoder_layers"], a["d_model"], a["encoder_ffn_dim"],
+                       a["encoder_attention_heads"], a.get("max_source_positions", 1500),
+                       a.get("output_dim", 0), act_dtype_bytes)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    text: TextShape
+    vision_params: int = 0
+    audio_params: int = 0
+    projector_params: int = 0
+    encoders: tuple[EncoderSpec, ...] = field(default=())
+
+    # ---- weights ----
+    def params(self, tp: int = 1) -> dict[str, int]:
+        p = text_params(self.text, tp)
+        if self.vision_params:
+            p["vision_tower"] = self.vision_params
+            p["projector"] = self.projector_params
+        if self.audio_params:
+            p["audio_tower"] = self.audio_params
+        return p
+
+    @property
+    def num_params(self) -> int:
+        return sum(self.params(1).values())
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        return sum(self.params(tp).values()) * self.text.dtype_bytes
+
+    # ---- KV and attention ----
+    def kv_cell(self, kv_cache_dtype: str = "auto", tp: int = 1) -> KVCellSpec:
+        s = self.text
+        kvb = kv_dtype_bytes(kv_cache_dtype, s.dtype)
+        if s.is_mla:
+            return KVCellSpec(s.num_layers, kvb, kv_lora_rank=s.kv_lora_rank, qk_rope_head_dim=s.qk_rope_head_dim,
+                              tp_size=tp)
+        return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp)
+
+    def attention_shape(self, context_len: int, tp: int = 1) -> AttentionShape:
+        s = self.text
+        nq = _cdiv(s.num_q_heads, tp)
+        if s.is_mla:
+            return AttentionShape(nq, s.kv_lora_rank + s.qk_rope_head_dim, context_len, v_head_dim=s.kv_lora_rank,
+                                  is_mla=True, architectures=s.architectures)
+        return AttentionShape(nq, s.head_dim, context_len, architectures=s.architectures)
+
+    # ---- declared runtime terms ----
+    def activation_bytes(self, num_tokens: int, tp: int = 1) -> int:
+        """Declared formula for the peak activation of a forward over num_tokens tokens on one rank."""
+        s = self.text
+        H, nq = s.hidden_size, _cdiv(s.num_q_heads, tp)
+        if s.is_mla:
+            attn = (nq * (s.qk_nope_head_dim + s.qk_rope_head_dim) + s.kv_lora_rank + s.qk_rope_head_dim
+                    + nq * (s.qk_nope_head_dim + s.v_head_dim) + nq * s.v_head_dim)
+        else:
+            nkv = kv_heads_per_rank(s.num_kv_heads, tp)
+            attn = (nq + 2 * nkv) * s.head_dim + nq * s.head_dim
+        mlp = _cdiv(s.intermediate_size, tp)
+        router = 0
+        if s.sparse_layers:
+            shared = s.shared_expert_intermediate_size or s.num_shared_experts * s.moe_intermediate_size
+            moe = s.num_experts_per_tok * _cdiv(s.moe_intermediate_size, tp) + _cdiv(shared, tp)
+            mlp = max(mlp, moe)
+            router = num_tokens * s.num_experts * ROUTER_LOGIT_BYTES
+        per_token = 3 * H + attn + 3 * mlp  # residual, normed, output + attention + gate/up (2x) and act
+        return (num_tokens * per_token * s.dtype_bytes + router) * ACTIVATION_TEMPORARY_FACTOR
+
+    def logits_per_req_bytes(self) -> int:
+        return self.text.vocab_size * 4 * SAMPLER_FP32_COPIES
+
+
+def model_shape_from_config(cfg: dict) -> ModelShape:
+    if "thinker_config" in cfg:
+        cfg = cfg["thinker_config"]
+    if "text_config" not in cfg:
+        return ModelShape(text_shape_from_config(cfg))
+    text_cfg = dict(cfg["text_config"])
+    text_cfg.setdefault("torch_dtype", cfg.get("torch_dtype", "bfloat16"))
+    text_cfg.setdefault("architectures", cfg.get("architectures"))
+    if "tie_word_embeddings" in cfg:
+        text_cfg.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
+    text = text_shape_from_config(text_cfg)
+    vision, audio, projector, encoders = 0, 0, 0, []
+    if cfg.get("vision_config"):
+        v = cfg["vision_config"]
+        vision = vision_tower_params(v)
+        projector = projector_params(v["hidden_size"], text.hidden_size)
+        encoders.append(vision_encoder_spec(v, text.hidden_size, text.dtype_bytes))
+    if cfg.get("audio_config"):
+        a = cfg["audio_config"]
+        audio = audio_tower_params(a)
+        encoders.append(audio_encoder_spec(a, text.dtype_bytes))
+    return ModelShape(text, vision, audio, projector, tuple(encoders))
+
+
+def model_shape_from_path(path: str) -> ModelShape:
+    return model_shape_from_config(load_config(path))
+
+
+def context_len_of(shape: ModelShape, override: Optional[int] = None) -> int:
+    return override if override is not None else shape.text.max_position_embeddings

@@ -1,0 +1,232 @@
+"""plan_memory(): PlanInputs -> MemoryPlan. Pure integer arithmetic; the equation itself is in budget.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sglang.srt.mem_plan import budget as B
+from sglang.srt.mem_plan.errors import MemoryPlanError
+from sglang.srt.mem_plan.inputs import PlanInputs
+from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
+from sglang.srt.mem_plan.slots import SlotRule
+from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
+from sglang.srt.mem_plan.specs import req_to_token_bytes
+from sglang.srt.mem_plan.tiers import tier_defaults
+from sglang.srt.mem_plan.units import MiB, gib
+
+
+def _align_up(value: int, page: int) -> int:
+    return -(-value // page) * page
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Everything derived from PlanInputs before solving."""
+
+    inputs: PlanInputs
+    budget: int
+    margin: int
+    graph_bs: int
+    rule: SlotRule
+    slot_cost: SlotCost
+    fixed_runtime: int  # activations + logits + cuda graphs + encoder + safety margin
+    min_kv_tokens: int
+    max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
+
+    @classmethod
+    def of(cls, x: PlanInputs) -> "_Resolved":
+        budget = B.budget_bytes(x.pre_load_free_bytes, x.cap_bytes)
+        margin = B.default_safety_margin_bytes(budget) if x.safety_margin_bytes is None else x.safety_margin_bytes
+        if x.cuda_graph_max_bs is not None:
+            graph_bs = x.cuda_graph_max_bs
+        elif x.device_total_bytes is not None:
+            graph_bs = tier_defaults(x.device_total_bytes // MiB, x.tp_size)[1]
+        else:
+            graph_bs = 0
+        row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
+        slot_cost = SlotCost(
+            fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
+            per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes,
+            per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
+            cuda_graph_max_bs=graph_bs,
+        )
+        fixed_runtime = x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + margin
+        max_tokens = x.max_total_tokens
+        if x.kv_cell_bytes == 0 and max_tokens is None:
+            max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
+        if max_tokens is not None:
+            max_tokens = max_tokens // x.page_size * x.page_size
+        chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
+        min_kv = x.min_kv_tokens if x.min_kv_tokens is not None else min(x.context_len, chunk)
+        min_kv = _align_up(max(min_kv, 2), x.page_size)  # >= 2 so that R(T) <= T // 2 allows one request
+        if max_tokens is not None:
+            min_kv = min(min_kv, max(max_tokens, x.page_size))
+        return cls(x, budget, margin, graph_bs, SlotRule(x.context_len, x.max_running_requests), slot_cost,
+                   fixed_runtime, min_kv, max_tokens)
+
+    # ---- terms at a given pool size ----
+    def runtime_bytes(self, num_tokens: int) -> int:
+        return self.slot_cost.bytes_for(self.rule.slots(num_tokens)) + self.fixed_runtime
+
+    def terms(self, num_tokens: int) -> tuple[MemoryTerm, ...]:
+        x = self.inputs
+        num_reqs = self.rule.slots(num_tokens)
+        graph_bs = min(self.graph_bs, num_reqs)
+        src = x.source_of
+        ws = x.workspace
+        return (
+            MemoryTerm("weights", x.weight_bytes, src("weights")),
+            MemoryTerm("kv_cache", num_tokens * x.kv_cell_bytes, src("kv_cache"),
+                       f"{num_tokens:,} tokens x {x.kv_cell_bytes:,} B"),
+            MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
+                       src("req_to_token"),
+                       f"{num_reqs + 1:,} rows x {x.context_len + 4:,} x {x.req_to_token_elem_bytes} B"),
+            MemoryTerm("attention_workspace", ws.bytes_for(num_reqs, graph_bs), src("attention_workspace"),
+                       f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x {num_reqs:,} slots"
+                       f" + {ws.per_graph_bs_bytes:,} x {graph_bs} graph bs"),
+            MemoryTerm("logits", x.logits_bytes + x.logits_per_req_bytes * num_reqs, src("logits"),
+                       f"{x.logits_bytes:,} + {x.logits_per_req_bytes:,} x {num_reqs:,} slots"),
+            MemoryTerm("activations", x.activation_bytes, src("activations"),
+                       f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
+            MemoryTerm("cuda_graphs", x.cuda_graph_bytes, src("cuda_graphs"), f"max bs {graph_bs}"),
+            MemoryTerm("encoder", x.encoder_bytes, src("encoder")),
+            MemoryTerm("safety_margin", self.margin, src("safety_margin"),
+                       "stated by caller" if x.safety_margin_bytes is not None else
+                       f"{B.SAFETY_MARGIN_FRACTION:.0%} of budget in [64 MiB, 1 GiB]"),
+        )
+
+    # ---- explicit y ----
+    def explicit_outcome(self, y: float) -> tuple[str, int]:
+        """('ok' | 'startup' | 'runtime', T) for an explicit mem_fraction_static y."""
+        x = self.inputs
+        static = B.static_region_bytes(self.budget, y)
+        kv_room = static - x.weight_bytes
+        if x.kv_cell_bytes == 0:
+            num_tokens = self.max_tokens if kv_room >= 0 else 0
+        else:
+            num_tokens = max(kv_room, 0) // x.kv_cell_bytes // x.page_size * x.page_size
+            if self.max_tokens is not None:
+                num_tokens = min(num_tokens, self.max_tokens)
+        if num_tokens < self.min_kv_tokens:
+            return "startup", num_tokens
+        if self.runtime_bytes(num_tokens) > self.budget - static:
+            return "runtime", num_tokens
+        return "ok", num_tokens
+
+    def working_fractions(self) -> list[float]:
+        """Every y on the 0.001 grid that works (an interval: startup needs y large, runtime needs y small)."""
+        ys = [k / B.FRACTION_GRID for k in B.fraction_grid()]
+        return [y for y in ys if self.explicit_outcome(y)[0] == "ok"]
+
+
+def plan_memory(inputs: PlanInputs) -> MemoryPlan:
+    """Plan device memory: the largest KV pool such that every declared/measured term fits the budget.
+
+    Auto mem_fraction_static (None): solve T exactly with all terms charged; report y = (weights + KV) / budget.
+    Explicit y: honour it; raise MemoryPlanError naming the direction and a working value when it cannot work.
+    Raises MemoryPlanError when nothing fits at all (with the shortfall in bytes).
+    """
+    r = _Resolved.of(inputs)
+    if inputs.mem_fraction_static is None:
+        return _plan_auto(r)
+    return _plan_explicit(r, inputs.mem_fraction_static)
+
+
+def _plan_auto(r: _Resolved) -> MemoryPlan:
+    x = r.inputs
+    avail = r.budget - x.weight_bytes - r.fixed_runtime
+    num_tokens = 0
+    if avail >= 0:
+        num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens)
+    if num_tokens < r.min_kv_tokens:
+        _raise_nothing_fits(r)
+    y = B.effective_mem_fraction(x.weight_bytes, num_tokens * x.kv_cell_bytes, r.budget)
+    return _build(r, num_tokens, y, "auto", _limited_by(r, num_tokens))
+
+
+def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
+    x = r.inputs
+    status, num_tokens = r.explicit_outcome(y)
+    if status == "ok":
+        limited = "--max-total-tokens" if r.max_tokens is not None and num_tokens == r.max_tokens else \
+            f"--mem-fraction-static={y} (static region {gib(B.static_region_bytes(r.budget, y)):.2f} GiB)"
+        return _build(r, num_tokens, y, "user", limited)
+    working = r.working_fractions()
+    if not working:
+        _raise_nothing_fits(r, prefix=f"--mem-fraction-static={y} cannot work, and no other value can either. ")
+    static = B.static_region_bytes(r.budget, y)
+    if status == "startup":
+        suggested = working[0]
+        raise MemoryPlanError(
+            f"Startup would fail: --mem-fraction-static={y} gives a static region of {gib(static):.2f} GiB "
+            f"(= {y} x budget {gib(r.budget):.2f} GiB); weights take {gib(x.weight_bytes):.2f} GiB, leaving "
+            f"{gib(static - x.weight_bytes):.2f} GiB for the KV cache, but the pool needs at least "
+            f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB). "
+            f"Raise --mem-fraction-static to {suggested:.3f} (any value in [{working[0]:.3f}, {working[-1]:.3f}] "
+            f"works), or leave it unset for the auto plan.",
+            knob="--mem-fraction-static", direction="raise", suggested_value=suggested)
+    suggested = working[-1]
+    need = r.runtime_bytes(num_tokens)
+    raise MemoryPlanError(
+        f"Runtime OOM risk: --mem-fraction-static={y} leaves a runtime region of {gib(r.budget - static):.2f} GiB "
+        f"(= (1 - {y}) x budget {gib(r.budget):.2f} GiB), but with a KV pool of {num_tokens:,} tokens and "
+        f"{r.rule.slots(num_tokens):,} request slots the runtime terms need {gib(need):.2f} GiB "
+        f"({_runtime_breakdown(r, num_tokens)}). Lower --mem-fraction-static to {suggested:.3f} (any value in "
+        f"[{working[0]:.3f}, {working[-1]:.3f}] works), or leave it unset for the auto plan.",
+        knob="--mem-fraction-static", direction="lower", suggested_value=suggested)
+
+
+def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
+    skip = ("weights", "kv_cache")
+    parts = [f"{t.name} {gib(t.num_bytes):.2f}" for t in r.terms(num_tokens) if t.name not in skip and t.num_bytes]
+    return ", ".join(parts) + " GiB"
+
+
+def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
+    x = r.inputs
+    need = x.weight_bytes + r.min_kv_tokens * x.kv_cell_bytes + r.runtime_bytes(r.min_kv_tokens)
+    shortfall = max(need - r.budget, 0)
+    raise MemoryPlanError(
+        f"{prefix}Does not fit: weights {gib(x.weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
+        f"tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB) + runtime terms "
+        f"({_runtime_breakdown(r, r.min_kv_tokens)}) need {gib(need):.2f} GiB, but the budget is "
+        f"{gib(r.budget):.2f} GiB (short by {gib(shortfall):.2f} GiB). Options: more tensor parallelism, "
+        f"--kv-cache-dtype fp8_e4m3, a smaller --context-length, fewer --max-running-requests, a smaller "
+        f"--chunked-prefill-size or --encoder-mem-reserve, or free memory held by other processes.",
+        shortfall_bytes=shortfall)
+
+
+def _limited_by(r: _Resolved, num_tokens: int) -> str:
+    if r.max_tokens is not None and num_tokens == r.max_tokens and r.inputs.max_total_tokens is not None:
+        return "--max-total-tokens"
+    if r.inputs.cap_bytes is not None and r.inputs.cap_bytes < r.inputs.pre_load_free_bytes:
+        return "--max-total-memory-gb"
+    return "device memory"
+
+
+def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str) -> MemoryPlan:
+    x = r.inputs
+    num_reqs = r.rule.slots(num_tokens)
+    notes = []
+    if num_tokens < x.context_len:
+        notes.append(f"The KV pool ({num_tokens:,} tokens) is smaller than the context length "
+                     f"({x.context_len:,}): a single request can use at most {num_tokens - 1:,} tokens.")
+    return MemoryPlan(
+        budget_bytes=r.budget,
+        pre_load_free_bytes=x.pre_load_free_bytes,
+        cap_bytes=x.cap_bytes,
+        max_total_num_tokens=num_tokens,
+        max_running_requests=num_reqs,
+        mem_fraction_static=y,
+        mem_fraction_static_source=source,
+        chunked_prefill_size=x.chunked_prefill_size,
+        cuda_graph_max_bs=min(r.graph_bs, num_reqs),
+        page_size=x.page_size,
+        context_len=x.context_len,
+        kv_cell_bytes=x.kv_cell_bytes,
+        terms=r.terms(num_tokens),
+        slot_regime=r.rule.regime(num_tokens),
+        limited_by=limited_by,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,86 @@
+"""Exact token solve: the largest KV pool that fits when other buffers grow with the request-slot count.
+
+    total(T) = T * cell_bytes + slot_cost(R(T))        R(T): slots.SlotRule
+    slot_cost(R) = fixed_bytes + per_slot_bytes * R + per_graph_bs_bytes * min(cuda_graph_max_bs, R)
+
+Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
+
+Why a bisection is exact: R(T) is nondecreasing in T (every piece of the rule -- floor, linear, cap, T // 2,
+user -- is), slot_cost is nondecreasing in R (coefficients >= 0), and T * cell_bytes is increasing. So total(T)
+is nondecreasing and the feasible T form a prefix {0, p, 2p, ..., T*}. Bisection over that prefix returns T*
+exactly, in every region of the rule and across region boundaries, including the floor in R(T) that a
+continuous solve ignores (see linear_regime_tokens and the PR #18263 case in the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sglang.srt.mem_plan.slots import SlotRule
+
+
+@dataclass(frozen=True)
+class SlotCost:
+    """Bytes that depend on the request-slot count R (workspaces, req_to_token, sampler buffers)."""
+
+    fixed_bytes: int = 0
+    per_slot_bytes: int = 0
+    per_graph_bs_bytes: int = 0
+    cuda_graph_max_bs: int = 0
+
+    def __post_init__(self):
+        if min(self.fixed_bytes, self.per_slot_bytes, self.per_graph_bs_bytes, self.cuda_graph_max_bs) < 0:
+            raise ValueError(f"SlotCost coefficients must be >= 0: {self}")
+
+    def bytes_for(self, num_slots: int) -> int:
+        graph_bs = min(self.cuda_graph_max_bs, num_slots)
+        return self.fixed_bytes + self.per_slot_bytes * num_slots + self.per_graph_bs_bytes * graph_bs
+
+
+def total_bytes(num_tokens: int, cell_bytes: int, rule: SlotRule, cost: SlotCost) -> int:
+    return num_tokens * cell_bytes + cost.bytes_for(rule.slots(num_tokens))
+
+
+def solve_max_tokens(
+    budget_bytes: int,
+    cell_bytes: int,
+    rule: SlotRule,
+    cost: SlotCost = SlotCost(),
+    page_size: int = 1,
+    max_tokens: Optional[int] = None,
+) -> int:
+    """Largest T (a multiple of page_size, <= max_tokens if given) with total(T) <= budget_bytes; 0 if none."""
+    if page_size <= 0 or cell_bytes < 0:
+        raise ValueError("page_size must be positive and cell_bytes >= 0")
+    if cell_bytes > 0:
+        hi_pages = max(budget_bytes, 0) // (cell_bytes * page_size)
+    elif max_tokens is not None:
+        hi_pages = max_tokens // page_size
+    else:
+        raise ValueError("cell_bytes == 0 needs max_tokens to bound the pool")
+    if max_tokens is not None:
+        hi_pages = min(hi_pages, max_tokens // page_size)
+
+    def fits(num_pages: int) -> bool:
+        return total_bytes(num_pages * page_size, cell_bytes, rule, cost) <= budget_bytes
+
+    if not fits(0):
+        return 0
+    lo = 0  # invariant: fits(lo); every page count above hi is infeasible or out of range
+    hi = hi_pages
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * page_size
+
+
+def linear_regime_tokens(budget_bytes: int, cell_bytes: int, per_slot_bytes: int, context_len: int,
+                         slots_per_context: int = 512) -> int:
+    """Continuous solve of PR #18263's linear regime, R = T * 512 / ctx treated as a real number:
+    T = budget / (cell + per_slot * 512 / ctx). Kept for comparison; it undershoots the exact optimum because
+    the real rule floors R."""
+    return int(budget_bytes * context_len // (cell_bytes * context_len + per_slot_bytes * slots_per_context))

@@ -1,0 +1,107 @@
+"""Specs: what each memory consumer declares, as small frozen dataclasses of integers.
+
+- KVCellSpec: KV-cache bytes per token on one rank (MHA/GQA or MLA, kv dtype, TP sharding).
+- WorkspaceSpec: a buffer whose size is linear in request slots (and in the CUDA-graph batch size),
+  e.g. an attention backend's decode workspace. Linearity is what lets the solver be exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# bytes per element of --kv-cache-dtype ("auto" follows the model dtype, resolved by the caller)
+KV_DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
+}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str = "bfloat16") -> int:
+    """Element size of the KV cache for a --kv-cache-dtype value ("auto" -> the model dtype)."""
+    name = model_dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+    try:
+        return KV_DTYPE_BYTES[name]
+    except KeyError:
+        raise ValueError(f"unknown kv cache dtype {name!r}; known: {sorted(KV_DTYPE_BYTES)}") from None
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads held by one TP rank; heads are replicated when tp_size > num_kv_heads, so never below 1."""
+    return max(1, num_kv_heads // tp_size)
+
+
+@dataclass(frozen=True)
+class KVCellSpec:
+    """KV bytes per token on one rank, summed over the rank's KV layers.
+
+    MHA/GQA: kv_heads_per_rank * (head_dim + v_head_dim) * num_layers * kv_dtype_bytes
+    MLA:     (kv_lora_rank + qk_rope_head_dim) * num_layers * kv_dtype_bytes   (one latent, never TP-sharded)
+    """
+
+    num_layers: int
+    kv_dtype_bytes: int
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: Optional[int] = None  # None: same as head_dim
+    tp_size: int = 1
+    kv_lora_rank: int = 0  # > 0 selects MLA
+    qk_rope_head_dim: int = 0
+
+    def __post_init__(self):
+        if self.num_layers < 0 or self.kv_dtype_bytes <= 0 or self.tp_size <= 0:
+            raise ValueError(f"invalid KVCellSpec {self}")
+        if not self.is_mla and (self.num_kv_heads <= 0 or self.head_dim <= 0):
+            raise ValueError(f"MHA/GQA KVCellSpec needs num_kv_heads and head_dim > 0: {self}")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_kv_heads_per_rank(self) -> int:
+        return 1 if self.is_mla else kv_heads_per_rank(self.num_kv_heads, self.tp_size)
+
+    @property
+    def cell_bytes(self) -> int:
+        if self.is_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.num_layers * self.kv_dtype_bytes
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        return self.num_kv_heads_per_rank * (self.head_dim + v_dim) * self.num_layers * self.kv_dtype_bytes
+
+
+@dataclass(frozen=True)
+class WorkspaceSpec:
+    """Bytes = fixed_bytes + per_req_bytes * num_reqs + per_graph_bs_bytes * cuda_graph_bs.
+
+    num_reqs is the request-slot count (req_to_token rows minus the dummy row); cuda_graph_bs is the largest
+    captured decode batch, which never exceeds num_reqs. All coefficients are >= 0, so the total is
+    nondecreasing in num_reqs -- the property the token solver relies on.
+    """
+
+    fixed_bytes: int = 0
+    per_req_bytes: int = 0
+    per_graph_bs_bytes: int = 0
+    name: str = "workspace"
+
+    def __post_init__(self):
+        if min(self.fixed_bytes, self.per_req_bytes, self.per_graph_bs_bytes) < 0:
+            raise ValueError(f"WorkspaceSpec coefficients must be >= 0: {self}")
+
+    def bytes_for(self, num_reqs: int, cuda_graph_bs: int = 0) -> int:
+        return self.fixed_bytes + self.per_req_bytes * num_reqs + self.per_graph_bs_bytes * cuda_graph_bs
+
+    def __add__(self, other: "WorkspaceSpec") -> "WorkspaceSpec":
+        return WorkspaceSpec(
+            self.fixed_bytes + other.fixed_bytes,
+            self.per_req_bytes + other.per_req_bytes,
+            self.per_graph_bs_bytes + other.per_graph_bs_bytes,
+            name=f"{self.name}+{other.name}",
+        )
+
+
+def req_to_token_bytes(num_reqs: int, context_len: int, elem_bytes: int = 4) -> int:
+    """The request -> token-index table: (num_reqs + 1) rows (row 0 is a dummy for graph padding) by
+    (context_len + 4) columns."""
+    return (num_reqs + 1) * (context_len + 4) * elem_bytes
