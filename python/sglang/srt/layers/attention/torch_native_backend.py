@@ -69,16 +69,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
 
         max_len = max(seq_lens_cpu)
-        kv_indices = self._kv_indices(fb, max_len)
+        kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]  # [B, max_len]
         mask = None
         if min(seq_lens_cpu) != max_len:
             key_pos = torch.arange(max_len, device=device)
-            mask = (key_pos[None, :] < fb.seq_lens[:, None]).view(bs, 1, 1, max_len)
+            valid = key_pos[None, :] < fb.seq_lens[:, None]  # [B, max_len]
+            kv_indices = kv_indices.masked_fill(~valid, 0)  # req_to_token past seq_len is uninitialised
+            mask = valid.view(bs, 1, 1, max_len)
         self.forward_metadata = TorchNativeMetadata(kv_indices, mask)
-
-    def _kv_indices(self, fb: "ForwardBatch", max_len: int) -> torch.Tensor:
-        # [B, max_len]; entries past a request's seq_len are stale but valid slots (masked out)
-        return self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]
 
     def _extend_metadata(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> TorchNativeMetadata:
         bs = fb.batch_size
@@ -88,7 +86,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
         key_pos = torch.arange(max_len, device=device)  # [Lk]
         q_pos = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, Lq] sequence position of query i
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < seq_lens[:, None, None])
+        valid = key_pos[None, :] < seq_lens[:, None]  # [B, Lk]
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]  # [B, Lq, Lk]
+        # req_to_token past seq_len is uninitialised: point those keys at the dummy slot 0
+        kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len].masked_fill(~valid, 0)
         q_batch_idx = q_pos_idx = None
         if bs > 1:
             lens = torch.tensor(extend_lens, dtype=torch.int64, device=device)
@@ -96,7 +97,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             starts = torch.cumsum(lens, 0) - lens
             q_pos_idx = torch.arange(int(sum(extend_lens)), device=device) - starts[q_batch_idx]  # [N]
         return TorchNativeMetadata(
-            kv_indices=self._kv_indices(fb, max_len),
+            kv_indices=kv_indices,
             attn_mask=mask.unsqueeze(1),  # [B, 1, Lq, Lk]
             q_batch_idx=q_batch_idx,
             q_pos_idx=q_pos_idx,
