@@ -137,3 +137,20 @@ def workspace_spec(backend: str, shape: AttentionShape) -> WorkspaceSpec:
     per_req = buffers_bytes(declare(shape, 1, 0)) - base
     per_graph_bs = buffers_bytes(declare(shape, 0, 1)) - base
     return WorkspaceSpec(base, per_req, per_graph_bs, name=backend)
+
+
+def attention_shape_from_model_config(model_config, tp_size: int = 1,
+                                      num_kv_splits: int = TRITON_DEFAULT_KV_SPLITS) -> AttentionShape:
+    """AttentionShape from the runtime ModelConfig (duck-typed: num_attention_heads, head_dim, context_len,
+    architecture; optional kv_lora_rank / qk_rope_head_dim for MLA)."""
+    kv_lora_rank = getattr(model_config, "kv_lora_rank", 0) or 0
+    num_q_heads = -(-model_config.num_attention_heads // tp_size)
+    arch = getattr(model_config, "architecture", None)
+    archs = (arch,) if arch else tuple(getattr(model_config, "architectures", ()) or ())
+    if kv_lora_rank:
+        rope = getattr(model_config, "qk_rope_head_dim", 0) or 0
+        return AttentionShape(num_q_heads, kv_lora_rank + rope, model_config.context_len, v_head_dim=kv_lora_rank,
+                              is_mla=True, architectures=archs, num_kv_splits=num_kv_splits)
+    return AttentionShape(num_q_heads, model_config.head_dim, model_config.context_len,
+                          v_head_dim=getattr(model_config, "v_head_dim", None), architectures=archs,
+                          num_kv_splits=num_kv_splits)
