@@ -90,7 +90,7 @@ def _inputs(args, shape, gpu) -> tuple[PlanInputs, dict]:
         device_total_bytes=gpu.memory_total_bytes,
         tp_size=tp,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula",
-                 "encoder": "declared" if args.encoder_mem_reserve is None else "declared"},
+                 "encoder": "declared"},
     )
     context = {"context_len": context_len, "attention_backend": backend, "kv_cell": cell}
     return inputs, context
@@ -183,6 +183,10 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     except MemoryPlanError as e:
         result = {"fits": False, **header, "error": e.to_dict(), "upstream": upstream}
         lines += ["DOES NOT FIT.", str(e)]
+        tp_fix = None if e.direction else _smallest_tp_that_fits(args, shape, gpu)
+        if tp_fix is not None:
+            result["fits_with_tp"] = tp_fix
+            lines.append(f"What to change: --tp {tp_fix} fits (same GPU, per-rank weights and KV heads sharded).")
         return 1, result, "\n".join(lines)
     tips = hints(plan, inputs, args.kv_cache_dtype)
     result = {"fits": True, **header, "plan": plan.to_dict(), "upstream": upstream, "hints": tips}
@@ -192,6 +196,19 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         lines.append("What to change:")
         lines += [f"  - {t}" for t in tips]
     return 0, result, "\n".join(lines)
+
+
+def _smallest_tp_that_fits(args, shape, gpu, candidates=(2, 4, 8, 16)) -> Optional[int]:
+    for tp in candidates:
+        if tp <= args.tp:
+            continue
+        trial = argparse.Namespace(**{**vars(args), "tp": tp})
+        try:
+            plan_memory(_inputs(trial, shape, gpu)[0])
+            return tp
+        except MemoryPlanError:
+            continue
+    return None
 
 
 def _upstream_line(u: dict) -> str:

@@ -1,0 +1,138 @@
+"""Backends allocate exactly what they declare; measure.py on CPU; encoder admission; mem_plan stays torch-free."""
+
+import subprocess
+import sys
+import threading
+import unittest
+
+from sglang.srt.mem_plan.allocate import allocate_declared_buffers, allocated_bytes
+from sglang.srt.mem_plan.backends import BUFFER_DECLARATIONS, AttentionShape, workspace_spec
+from sglang.srt.mem_plan.encoder import EncoderBudget, EncoderSpec, encoder_reservation_bytes
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=6, suite="cpu")
+
+MiB = 2**20
+
+
+class FakeModelConfig:
+    num_attention_heads = 8
+    head_dim = 16
+    context_len = 1000
+    architecture = "LlamaForCausalLM"
+
+
+class FakeReqToTokenPool:
+    size = 12
+
+
+class TestDeclaredEqualsAllocated(unittest.TestCase):
+    def test_every_backend(self):
+        shape = AttentionShape(num_q_heads=8, head_dim=16, context_len=1000, num_kv_splits=4)
+        for name, declare in BUFFER_DECLARATIONS.items():
+            spec = workspace_spec(name, shape)
+            for num_reqs, graph_bs in ((1, 0), (12, 4), (37, 37)):
+                if name == "flashinfer":  # skip allocating the 384 MiB workspace; check its declaration instead
+                    bufs = [b for b in declare(shape, num_reqs, graph_bs) if b.name != "workspace"]
+                    expected = spec.bytes_for(num_reqs, graph_bs) - 384 * MiB
+                else:
+                    bufs, expected = declare(shape, num_reqs, graph_bs), spec.bytes_for(num_reqs, graph_bs)
+                with self.subTest(backend=name, num_reqs=num_reqs, graph_bs=graph_bs):
+                    self.assertEqual(allocated_bytes(allocate_declared_buffers(bufs, "cpu")), expected)
+
+    def test_backend_modules_use_the_declarations(self):
+        from sglang.srt.layers.attention import aiter_backend, flashinfer_backend, triton_backend
+
+        shape = AttentionShape(8, 16, 1000)
+        for mod, name in ((aiter_backend, "aiter"), (flashinfer_backend, "flashinfer"), (triton_backend, "triton")):
+            self.assertEqual(mod.declare_workspace(8, 16, 1000), workspace_spec(name, shape))
+            self.assertEqual(mod.declared_buffers(shape, 5, 2), BUFFER_DECLARATIONS[name](shape, 5, 2))
+        self.assertEqual(aiter_backend.declare_workspace(32, 128, 262144).per_req_bytes, 17_039_360 + 12)
+
+    def test_gpu_backends_import_kernels_only_in_init(self):
+        from sglang.srt.layers.attention.aiter_backend import AiterAttnBackend
+        from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+        for cls, lib in ((AiterAttnBackend, "aiter"), (FlashInferAttnBackend, "flashinfer")):
+            if lib in sys.modules:
+                continue
+            with self.assertRaises(ImportError):
+                cls(model_config=FakeModelConfig(), req_to_token_pool=FakeReqToTokenPool(), token_to_kv_pool=None,
+                    device="cpu")
+
+
+class TestImportsStayLight(unittest.TestCase):
+    def test_mem_plan_and_cli_do_not_import_torch(self):
+        code = ("import sys, sglang.srt.mem_plan, sglang.srt.mem_plan.measure, sglang.srt.mem_plan.model_shapes, "
+                "sglang.cli.plan; assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout.strip(), "ok", out.stderr)
+
+
+class TestMeasureCpu(unittest.TestCase):
+    def test_peak_rss_reset_and_read(self):
+        from sglang.srt.mem_plan import measure
+
+        if not measure.peak_rss_supported():
+            self.skipTest("no /proc/self/clear_refs")
+        self.assertGreater(measure.cpu_current_rss_bytes(), 0)
+        self.assertGreater(measure.cpu_available_bytes(), 0)
+        with measure.measure_peak("cpu") as m:
+            block = bytearray(64 * MiB)  # zero-filled: every page touched
+            del block
+        self.assertGreaterEqual(m.increase_bytes, 48 * MiB)
+        self.assertLess(m.increase_bytes, 256 * MiB)
+        self.assertTrue(measure.reset_cpu_peak_rss())
+        self.assertLess(measure.cpu_peak_rss_bytes() - measure.cpu_current_rss_bytes(), 32 * MiB)
+        self.assertEqual(measure.min_across_ranks(123), 123)  # torch.distributed not initialised
+        self.assertLessEqual(measure.pre_load_free_bytes("cpu", cap_bytes=1 << 30), 1 << 30)
+
+
+class TestEncoder(unittest.TestCase):
+    SPEC = EncoderSpec("vision", 27, 1152, 4304, 16, 729, output_dim=3584)
+
+    def test_reservation(self):
+        per_input = 729 * (6 * 1152 + 2 * 4304 + 3584) * 2 + 2 * 16 * 729 * 729 * 2
+        self.assertEqual(self.SPEC.peak_bytes_per_input, per_input)
+        self.assertEqual(encoder_reservation_bytes(self.SPEC, 4), 4 * per_input)
+        self.assertEqual(encoder_reservation_bytes(self.SPEC, 4, encoder_mem_reserve_gib=1.5), int(1.5 * 2**30))
+        self.assertEqual(encoder_reservation_bytes(None), 0)
+
+    def test_admission_never_exceeds_reservation(self):
+        budget = EncoderBudget(encoder_reservation_bytes(self.SPEC, 2), self.SPEC)
+        cost = budget.cost_bytes(729)
+        self.assertTrue(budget.try_acquire(cost))
+        self.assertTrue(budget.try_acquire(cost))
+        self.assertFalse(budget.try_acquire(cost))  # a third full-size image waits
+        self.assertTrue(budget.try_acquire(budget.cost_bytes(10)) is False or budget.available_bytes >= 0)
+        budget.release(cost)
+        self.assertTrue(budget.try_acquire(budget.cost_bytes(100)))
+        self.assertFalse(budget.fits_ever(3 * cost))
+        with self.assertRaises(ValueError):
+            budget.release(10 * cost)
+        budget.check_integrity()
+
+    def test_concurrent_admission(self):
+        budget = EncoderBudget(10_000)
+        peak = [0]
+        lock = threading.Lock()
+
+        def worker():
+            for _ in range(200):
+                if budget.try_acquire(700):
+                    with lock:
+                        peak[0] = max(peak[0], budget.in_use_bytes)
+                    budget.release(700)
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertLessEqual(peak[0], 10_000)
+        self.assertEqual(budget.in_use_bytes, 0)
+        budget.check_integrity()
+
+
+if __name__ == "__main__":
+    unittest.main()

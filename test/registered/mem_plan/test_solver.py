@@ -1,0 +1,155 @@
+"""Exact token solve vs. brute force, across every region of the request-slot rule, and PR #18263's numbers."""
+
+import unittest
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang.srt.mem_plan import SlotCost, SlotRule, linear_regime_tokens, solve_max_tokens
+from sglang.srt.mem_plan.backends import aiter_decode_workspace_per_req_bytes
+from sglang.srt.mem_plan.solver import total_bytes
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=8, suite="cpu")
+
+PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def brute_force(budget, cell, rule, cost, page, max_tokens=None):
+    """Largest feasible T by evaluating every page multiple (no monotonicity assumed)."""
+    n_max = budget // (cell * page)
+    if max_tokens is not None:
+        n_max = min(n_max, max_tokens // page)
+    t = np.arange(n_max + 1, dtype=np.int64) * page
+    half = t // 2
+    if rule.user_max_running_requests is not None:
+        r = np.minimum(rule.user_max_running_requests, half)
+    else:
+        est = np.clip(t * rule.slots_per_context // rule.context_len, rule.min_slots, rule.max_slots)
+        r = np.minimum(est, half)
+    total = (t * cell + cost.fixed_bytes + cost.per_slot_bytes * r
+             + cost.per_graph_bs_bytes * np.minimum(cost.cuda_graph_max_bs, r))
+    ok = np.nonzero(total <= budget)[0]
+    return int(t[ok[-1]]) if len(ok) else 0
+
+
+class TestSlotRule(unittest.TestCase):
+    def test_regions(self):
+        rule = SlotRule(131072)
+        self.assertEqual(rule.slots(414_851), 2048)  # floor: int(414851 / 131072 * 512) = 1620 -> 2048
+        self.assertEqual(rule.regime(414_851), "floor")
+        self.assertEqual(rule.slots(829_702), 3241)  # fp8 KV doubles the pool -> linear
+        self.assertEqual(rule.regime(829_702), "linear")
+        self.assertEqual(SlotRule(8192).slots(414_851), 4096)  # int(T / 8192 * 512) = 25928 -> cap
+        self.assertEqual(SlotRule(8192).regime(414_851), "cap")
+        self.assertEqual(rule.slots(3000), 1500)  # tiny pool: T // 2
+        self.assertEqual(rule.regime(3000), "half")
+
+    def test_user_value(self):
+        self.assertEqual(SlotRule(131072, 64).slots(414_851), 64)
+        self.assertEqual(SlotRule(131072, 5000).slots(3000), 1500)
+        self.assertEqual(SlotRule(131072, 5000).regime(3000), "half")
+
+    def test_integer_floor_matches_upstream_float(self):
+        for ctx in (4096, 8192, 32768, 40960, 131072, 262144):
+            for t in range(0, 40 * ctx, ctx // 7 + 1):
+                self.assertEqual(t * 512 // ctx, int(t / ctx * 512))
+
+
+class TestPR18263(unittest.TestCase):
+    """Qwen3-30B-A3B at context 262144 on MI355X with AITER: KV + workspace budget of 219,721,119,039 bytes."""
+
+    BUDGET = 219_721_119_039
+    CELL = 98_304  # 4 KV heads x 256 x 48 layers x 2 B
+    CTX = 262_144
+
+    def test_workspace_per_request(self):
+        self.assertEqual(aiter_decode_workspace_per_req_bytes(32, 128, self.CTX), 17_039_360)
+
+    def test_continuous_linear_solve_reproduces_pr(self):
+        ws = aiter_decode_workspace_per_req_bytes(32, 128, self.CTX)
+        self.assertEqual(self.CELL + ws * 512 // self.CTX, 131_584)
+        t = linear_regime_tokens(self.BUDGET, self.CELL, ws, self.CTX)
+        self.assertEqual(t, 1_669_816)
+        self.assertEqual(SlotRule(self.CTX).slots(t), 3261)
+
+    def test_exact_solver_finds_62_more_tokens(self):
+        ws = aiter_decode_workspace_per_req_bytes(32, 128, self.CTX)
+        rule, cost = SlotRule(self.CTX), SlotCost(per_slot_bytes=ws)
+        t = solve_max_tokens(self.BUDGET, self.CELL, rule, cost)
+        self.assertEqual(t, 1_669_878)
+        self.assertEqual(rule.slots(t), 3261)
+        self.assertEqual(rule.regime(t), "linear")
+        self.assertLessEqual(total_bytes(t, self.CELL, rule, cost), self.BUDGET)
+        self.assertGreater(total_bytes(t + 1, self.CELL, rule, cost), self.BUDGET)
+        # workspace of the solved plan: 3261 x 16.25 MiB = 51.75 GiB
+        self.assertAlmostEqual(3261 * ws / 2**30, 51.75, places=2)
+
+
+class TestSolverEdges(unittest.TestCase):
+    def test_nothing_fits(self):
+        self.assertEqual(solve_max_tokens(100, 10, SlotRule(64), SlotCost(fixed_bytes=101)), 0)
+        self.assertEqual(solve_max_tokens(-5, 10, SlotRule(64)), 0)
+
+    def test_max_tokens_and_page(self):
+        self.assertEqual(solve_max_tokens(10**9, 10, SlotRule(64), page_size=16, max_tokens=1000), 992)
+
+    def test_zero_cell_needs_bound(self):
+        with self.assertRaises(ValueError):
+            solve_max_tokens(10**9, 0, SlotRule(64))
+        self.assertEqual(solve_max_tokens(10**9, 0, SlotRule(64), max_tokens=640, page_size=64), 640)
+
+    def test_each_region_matches_brute_force(self):
+        ctx, cell = 4096, 1000  # half: T < 4096; floor: T <= 16384; linear: < 32768; cap above
+        cost = SlotCost(fixed_bytes=12345, per_slot_bytes=777, per_graph_bs_bytes=50, cuda_graph_max_bs=300)
+        rule = SlotRule(ctx)
+        for target, regime in ((3000, "half"), (10_000, "floor"), (24_000, "linear"), (50_000, "cap")):
+            budget = total_bytes(target, cell, rule, cost) + 999
+            t = solve_max_tokens(budget, cell, rule, cost)
+            self.assertEqual(t, brute_force(budget, cell, rule, cost, 1))
+            self.assertEqual(rule.regime(t), regime, (target, t))
+
+
+class TestSolverProperties(unittest.TestCase):
+    @PROPERTY_SETTINGS
+    @given(
+        ctx=st.integers(64, 4096),
+        cell=st.integers(1, 4096),
+        per_slot=st.integers(0, 200_000),
+        fixed=st.integers(0, 10**7),
+        per_graph=st.integers(0, 50_000),
+        graph_bs=st.sampled_from([0, 8, 256, 512]),
+        page=st.sampled_from([1, 2, 16, 64, 256]),
+        user_r=st.one_of(st.none(), st.integers(1, 5000)),
+        scale=st.floats(0.0, 12.0),
+        slack=st.integers(0, 10**6),
+        cap=st.one_of(st.none(), st.integers(1, 60_000)),
+    )
+    def test_solved_tokens_are_the_largest_feasible(self, ctx, cell, per_slot, fixed, per_graph, graph_bs, page,
+                                                    user_r, scale, slack, cap):
+        rule = SlotRule(ctx, user_r)
+        cost = SlotCost(fixed, per_slot, per_graph, graph_bs)
+        target = int(scale * ctx)  # 0..12 contexts: covers half, floor (< 4 ctx), linear (4-8 ctx) and cap
+        budget = total_bytes(target, cell, rule, cost) + slack
+        t = solve_max_tokens(budget, cell, rule, cost, page, cap)
+        self.assertEqual(t % page, 0)
+        self.assertEqual(t, brute_force(budget, cell, rule, cost, page, cap))
+        if t or total_bytes(0, cell, rule, cost) <= budget:
+            self.assertLessEqual(total_bytes(t, cell, rule, cost), budget)
+        if cap is None or t + page <= cap:
+            self.assertGreater(total_bytes(t + page, cell, rule, cost), budget)
+
+    @PROPERTY_SETTINGS
+    @given(ctx=st.integers(8, 64), cell=st.integers(1, 64), per_slot=st.integers(0, 5000),
+           page=st.sampled_from([1, 4, 8]), budget=st.integers(0, 400_000), user_r=st.one_of(st.none(), st.integers(1, 40)))
+    def test_small_rule_constants(self, ctx, cell, per_slot, page, budget, user_r):
+        """Same property with a scaled-down rule (min 16, max 32 slots) so all regions occur at small T."""
+        rule = SlotRule(ctx, user_r, slots_per_context=4, min_slots=16, max_slots=32)
+        cost = SlotCost(per_slot_bytes=per_slot)
+        t = solve_max_tokens(budget, cell, rule, cost, page)
+        self.assertEqual(t, brute_force(budget, cell, rule, cost, page))
+
+
+if __name__ == "__main__":
+    unittest.main()
