@@ -104,7 +104,7 @@ class TestEncoder(unittest.TestCase):
         self.assertTrue(budget.try_acquire(cost))
         self.assertTrue(budget.try_acquire(cost))
         self.assertFalse(budget.try_acquire(cost))  # a third full-size image waits
-        self.assertTrue(budget.try_acquire(budget.cost_bytes(10)) is False or budget.available_bytes >= 0)
+        self.assertFalse(budget.try_acquire(budget.cost_bytes(10)))  # full: even a tiny image waits
         budget.release(cost)
         self.assertTrue(budget.try_acquire(budget.cost_bytes(100)))
         self.assertFalse(budget.fits_ever(3 * cost))
