@@ -1,0 +1,157 @@
+"""Shared plumbing of the OpenAI-compatible handlers: body parsing, model check, SSE, finish reasons, usage.
+
+Every handler is `await handler.handle_request(raw_request)`; client mistakes come back as OpenAI error bodies
+(RequestError / pydantic ValidationError -> 400, unknown model -> 404, queue full -> 503).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator, List, Optional, Type
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+from starlette.responses import StreamingResponse
+
+from sglang.srt.entrypoints.openai.errors import describe_validation_error, error_response
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+
+SSE_DONE = b"data: [DONE]\n\n"
+MODEL_ALIASES = ("default",)
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def json_response(obj: Any, status_code: int = 200) -> Response:
+    return Response(content=orjson.dumps(obj), status_code=status_code, media_type="application/json")
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that always closes its body generator.
+
+    When the client disconnects, Starlette cancels the sending task; if that happens while the generator is
+    suspended at a `yield`, it would only be closed by the garbage collector. Closing it here runs its `finally`
+    at once, which aborts the request in the scheduler and frees its KV memory.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def parse_body(raw_request: Request, model_cls: Type[BaseModel]) -> Any:
+    body = await raw_request.body()
+    if not body.strip():
+        raise RequestError(400, "The request body is empty; send a JSON object.")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise RequestError(
+            400, f"We could not parse the JSON body of your request ({e}). Send a valid JSON object."
+        ) from None
+    if not isinstance(data, dict):
+        raise RequestError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        message, param = describe_validation_error(e)
+        raise RequestError(400, message, param=param) from None
+
+
+def finish_reason_str(finish_reason: Optional[dict]) -> Optional[str]:
+    """Upstream's finish_reason dict -> OpenAI's string ("stop", "length", or "abort")."""
+    if not finish_reason:
+        return None
+    return finish_reason.get("type")
+
+
+def matched_stop(finish_reason: Optional[dict]) -> Any:
+    if finish_reason and finish_reason.get("type") == "stop":
+        return finish_reason.get("matched")
+    return None
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def choice_sampling_params(base: dict, index: int) -> dict:
+    """Choice i of an n>1 request: same params, its own seed (seed + i) so the choices differ reproducibly."""
+    params = dict(base)
+    if params.get("seed") is not None and index > 0:
+        params["seed"] = params["seed"] + index
+    return params
+
+
+class OpenAIServingBase:
+    object_prefix = "cmpl"
+    request_model: Type[BaseModel]
+
+    def __init__(self, tokenizer_manager: TokenizerManager):
+        self.tokenizer_manager = tokenizer_manager
+
+    async def handle_request(self, raw_request: Request) -> Response:
+        try:
+            req = await parse_body(raw_request, self.request_model)
+            self.check_model(getattr(req, "model", None))
+            problem = req.unsupported() if hasattr(req, "unsupported") else None
+            if problem is not None:
+                raise RequestError(400, problem[1], param=problem[0])
+            return await self.create(req, raw_request)
+        except RequestError as e:
+            return error_response(e.status_code, e.message, e.param, e.code)
+
+    async def create(self, req: Any, raw_request: Request) -> Response:
+        raise NotImplementedError
+
+    def check_model(self, model: Optional[str]) -> None:
+        tm = self.tokenizer_manager
+        known = {tm.served_model_name, tm.model_path, tm.server_args.model_path, *MODEL_ALIASES}
+        if model and model not in known:
+            raise RequestError(
+                404,
+                f"The model `{model}` does not exist. This server serves `{tm.served_model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def new_id(self) -> str:
+        return f"{self.object_prefix}-{uuid.uuid4().hex}"
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())
+
+    @staticmethod
+    async def first_item(gen: AsyncIterator) -> Any:
+        """Wait for a stream's first item before sending headers, so early errors keep their status code."""
+        try:
+            return await gen.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    @staticmethod
+    def stream_error(e: RequestError) -> bytes:
+        from sglang.srt.entrypoints.openai.errors import error_body
+
+        return sse(error_body(e.status_code, e.message, e.param, e.code))
+
+    def rids(self, base: Optional[str], count: int) -> List[Optional[str]]:
+        if base is None:
+            return [None] * count
+        return [base] if count == 1 else [f"{base}-{i}" for i in range(count)]

@@ -1,0 +1,172 @@
+"""POST /v1/chat/completions: the model's chat template, n choices, streaming or not, logprobs, usage.
+
+Streaming follows OpenAI's chunk sequence per choice: a first delta carrying the role, content deltas, then an
+empty delta with finish_reason; with stream_options.include_usage every chunk has "usage": null and one last chunk
+with no choices carries the usage.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, List, Optional
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE,
+    OpenAIServingBase,
+    SSEResponse,
+    choice_sampling_params,
+    finish_reason_str,
+    json_response,
+    matched_stop,
+    sse,
+    usage_dict,
+)
+from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.tokenizer_manager import RequestError
+
+# roles the common chat templates know; OpenAI's newer "developer" role is the old "system"
+ROLE_ALIASES = {"developer": "system"}
+
+
+class OpenAIServingChat(OpenAIServingBase):
+    object_prefix = "chatcmpl"
+    request_model = ChatCompletionRequest
+
+    def template_messages(self, req: ChatCompletionRequest) -> tuple[List[dict], List[str]]:
+        messages, images = [], []
+        for m in req.messages:
+            msg = {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()}
+            if m.name is not None:
+                msg["name"] = m.name
+            if m.tool_calls is not None:
+                msg["tool_calls"] = m.tool_calls
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            messages.append(msg)
+            images.extend(m.image_urls())
+        return messages, images
+
+    def logprobs_content(self, out: ReqOutput) -> Optional[List[dict]]:
+        if out.new_token_logprobs is None:
+            return None
+        tm = self.tokenizer_manager
+        content = []
+        for j, (tid, lp) in enumerate(zip(out.new_token_ids, out.new_token_logprobs)):
+            tok = tm.token_str(tid)
+            top = []
+            if out.new_top_logprobs is not None and j < len(out.new_top_logprobs):
+                for t2, lp2 in out.new_top_logprobs[j]:
+                    s2 = tm.token_str(t2)
+                    top.append({"token": s2, "logprob": lp2, "bytes": list(s2.encode())})
+            content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": top})
+        return content
+
+    async def create(self, req: ChatCompletionRequest, raw_request: Request) -> Response:
+        tm = self.tokenizer_manager
+        messages, images = self.template_messages(req)
+        prompt = tm.apply_chat_template(
+            messages,
+            tools=req.tools if req.tool_choice != "none" else None,
+            continue_final_message=req.continue_final_message,
+            template_kwargs=req.chat_template_kwargs,
+        )
+        base = req.sampling_params(req.max_output_tokens)
+        rids = self.rids(req.rid, req.n)
+        tokenized, ids = [], None
+        for i in range(req.n):
+            t = tm.tokenize_request(
+                text=prompt,
+                input_ids=ids,
+                sampling_params=choice_sampling_params(base, i),
+                rid=rids[i],
+                stream=req.stream,
+                return_logprob=req.logprobs,
+                top_logprobs_num=req.top_logprobs or 0,
+                image_data=images or None,
+                add_special_tokens=False,  # the template already spells out the special tokens
+                prompt_param="messages",
+                max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
+            )
+            ids = t.input_ids
+            tokenized.append(t)
+        gen = tm.generate_many(tokenized, raw_request)
+        if req.stream:
+            return await self.stream(req, gen, len(ids))
+        return await self.complete(req, gen, len(ids))
+
+    async def complete(self, req: ChatCompletionRequest, gen, prompt_tokens: int) -> Response:
+        outs: List[Optional[ReqOutput]] = [None] * req.n
+        async for i, out in gen:
+            outs[i] = out
+        if any(o is None for o in outs):
+            raise RequestError(499, "Client disconnected.")
+        choices = []
+        for i, out in enumerate(outs):
+            choices.append({
+                "index": i,
+                "message": {"role": "assistant", "content": out.new_text},
+                "logprobs": {"content": self.logprobs_content(out)} if req.logprobs else None,
+                "finish_reason": finish_reason_str(out.finish_reason),
+                "matched_stop": matched_stop(out.finish_reason),
+            })
+        return json_response({
+            "id": self.new_id(),
+            "object": "chat.completion",
+            "created": self.created(),
+            "model": self.tokenizer_manager.served_model_name,
+            "choices": choices,
+            "usage": usage_dict(prompt_tokens, sum(o.completion_tokens for o in outs), outs[0].cached_tokens),
+        })
+
+    async def stream(self, req: ChatCompletionRequest, gen: AsyncIterator, prompt_tokens: int) -> Response:
+        try:
+            first = await self.first_item(gen)
+        except RequestError:
+            await gen.aclose()
+            raise
+        cid, created, model = self.new_id(), self.created(), self.tokenizer_manager.served_model_name
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(i: int, delta: dict, finish_reason=None, logprobs=None, matched=None) -> bytes:
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            if finish_reason is not None:
+                choice["matched_stop"] = matched
+            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+            if include_usage:
+                c["usage"] = None
+            return sse(c)
+
+        async def body() -> AsyncIterator[bytes]:
+            completion_tokens, cached = {}, 0
+            started = set()
+            try:
+                item = first
+                while item is not None:
+                    i, out = item
+                    if i not in started:
+                        started.add(i)
+                        yield chunk(i, {"role": "assistant", "content": ""})
+                    if out.new_text or (req.logprobs and out.new_token_ids):
+                        lp = {"content": self.logprobs_content(out)} if req.logprobs else None
+                        yield chunk(i, {"content": out.new_text}, logprobs=lp)
+                    if out.finished:
+                        yield chunk(i, {}, finish_reason_str(out.finish_reason), matched=matched_stop(out.finish_reason))
+                    completion_tokens[i] = out.completion_tokens
+                    if i == 0:
+                        cached = out.cached_tokens
+                    item = await self.first_item(gen)
+                if include_usage:
+                    yield sse({
+                        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [], "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached),
+                    })
+            except RequestError as e:
+                yield self.stream_error(e)
+            finally:
+                await gen.aclose()
+            yield SSE_DONE
+
+        return SSEResponse(body())

@@ -1,0 +1,187 @@
+"""POST /v1/completions: prompts (text or token ids, one or many) x n choices, streaming or not.
+
+Choice index = prompt_index * n + sample_index, as OpenAI numbers them. Usage counts every prompt once and every
+generated token of every choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, List, Optional
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE,
+    OpenAIServingBase,
+    SSEResponse,
+    choice_sampling_params,
+    finish_reason_str,
+    json_response,
+    matched_stop,
+    sse,
+    usage_dict,
+)
+from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.tokenizer_manager import RequestError
+
+
+class CompletionLogprobs:
+    """Accumulates OpenAI's legacy logprobs block: tokens, token_logprobs, top_logprobs, text_offset."""
+
+    def __init__(self, tokenizer_manager, start_offset: int):
+        self.tm = tokenizer_manager
+        self.offset = start_offset
+
+    def delta(self, out: ReqOutput) -> Optional[dict]:
+        if out.new_token_logprobs is None:
+            return None
+        tokens = [self.tm.token_str(t) for t in out.new_token_ids]
+        offsets = []
+        for tok in tokens:
+            offsets.append(self.offset)
+            self.offset += len(tok)
+        top = None
+        if out.new_top_logprobs is not None:
+            top = [{self.tm.token_str(tid): lp for tid, lp in pairs} for pairs in out.new_top_logprobs]
+        return {"tokens": tokens, "token_logprobs": list(out.new_token_logprobs), "top_logprobs": top, "text_offset": offsets}
+
+
+class OpenAIServingCompletion(OpenAIServingBase):
+    object_prefix = "cmpl"
+    request_model = CompletionRequest
+
+    def prompts(self, req: CompletionRequest) -> List[dict]:
+        """Normalise `prompt` into [{"text": str} | {"input_ids": [int]}]."""
+        p = req.prompt
+        if isinstance(p, str):
+            return [{"text": p}]
+        if not p:
+            raise RequestError(400, "prompt must not be an empty list.", param="prompt")
+        if isinstance(p[0], str):
+            return [{"text": x} for x in p]
+        if isinstance(p[0], int):
+            return [{"input_ids": list(p)}]
+        return [{"input_ids": list(x)} for x in p]
+
+    async def create(self, req: CompletionRequest, raw_request: Request) -> Response:
+        tm = self.tokenizer_manager
+        prompts = self.prompts(req)
+        base = req.sampling_params(req.max_tokens)
+        rids = self.rids(req.rid, len(prompts) * req.n)
+        tokenized, echo_texts = [], []
+        for p_idx, prompt in enumerate(prompts):
+            text, ids = prompt.get("text"), prompt.get("input_ids")
+            for i in range(req.n):
+                t = tm.tokenize_request(
+                    text=text,
+                    input_ids=ids,  # tokenized once per prompt, then reused by its other choices
+                    sampling_params=choice_sampling_params(base, i),
+                    rid=rids[p_idx * req.n + i],
+                    stream=req.stream,
+                    return_logprob=req.logprobs is not None,
+                    top_logprobs_num=req.logprobs or 0,
+                )
+                ids = t.input_ids
+                tokenized.append(t)
+                if req.echo:
+                    echo_texts.append(text if text is not None else tm.decode(ids))
+        prompt_tokens = sum(len(tokenized[p * req.n].input_ids) for p in range(len(prompts)))
+        gen = tm.generate_many(tokenized, raw_request)
+        if req.stream:
+            return await self.stream(req, gen, prompt_tokens, echo_texts)
+        return await self.complete(req, gen, prompt_tokens, echo_texts, len(tokenized))
+
+    async def complete(self, req, gen, prompt_tokens, echo_texts, num_choices) -> Response:
+        outs: List[Optional[ReqOutput]] = [None] * num_choices
+        async for i, out in gen:
+            outs[i] = out
+        if any(o is None for o in outs):
+            raise RequestError(499, "Client disconnected.")
+        choices = []
+        completion_tokens = cached = 0
+        for i, out in enumerate(outs):
+            prefix = echo_texts[i] if echo_texts else ""
+            logprobs = CompletionLogprobs(self.tokenizer_manager, len(prefix)).delta(out) if req.logprobs is not None else None
+            choices.append({
+                "index": i,
+                "text": prefix + out.new_text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason_str(out.finish_reason),
+                "matched_stop": matched_stop(out.finish_reason),
+            })
+            completion_tokens += out.completion_tokens
+        for p in range(0, num_choices, req.n):
+            cached += outs[p].cached_tokens
+        return json_response({
+            "id": self.new_id(),
+            "object": "text_completion",
+            "created": self.created(),
+            "model": self.tokenizer_manager.served_model_name,
+            "choices": choices,
+            "usage": usage_dict(prompt_tokens, completion_tokens, cached),
+        })
+
+    async def stream(self, req, gen: AsyncIterator, prompt_tokens: int, echo_texts: List[str]) -> Response:
+        try:
+            first = await self.first_item(gen)
+        except RequestError:
+            await gen.aclose()
+            raise
+        rid, created, model = self.new_id(), self.created(), self.tokenizer_manager.served_model_name
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        logprob_state = {}
+
+        def chunk(i: int, out: ReqOutput, first_of_choice: bool) -> dict:
+            text = out.new_text
+            if first_of_choice and echo_texts:
+                text = echo_texts[i] + text
+            logprobs = None
+            if req.logprobs is not None:
+                lp = logprob_state.setdefault(i, CompletionLogprobs(self.tokenizer_manager, len(echo_texts[i]) if echo_texts else 0))
+                logprobs = lp.delta(out)
+            c = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{
+                    "index": i,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason_str(out.finish_reason) if out.finished else None,
+                    "matched_stop": matched_stop(out.finish_reason) if out.finished else None,
+                }],
+            }
+            if include_usage:
+                c["usage"] = None
+            return c
+
+        async def body() -> AsyncIterator[bytes]:
+            completion_tokens: dict = {}
+            cached: dict = {}
+            seen = set()
+            try:
+                item = first
+                while item is not None:
+                    i, out = item
+                    if out.new_text or out.finished or i not in seen or (req.logprobs is not None and out.new_token_ids):
+                        yield sse(chunk(i, out, i not in seen))
+                        seen.add(i)
+                    completion_tokens[i] = out.completion_tokens
+                    cached[i] = out.cached_tokens
+                    item = await self.first_item(gen)
+                if include_usage:
+                    cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
+                    yield sse({
+                        "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                        "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total),
+                    })
+            except RequestError as e:
+                yield self.stream_error(e)
+            finally:
+                await gen.aclose()
+            yield SSE_DONE
+
+        return SSEResponse(body())

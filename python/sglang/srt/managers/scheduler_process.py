@@ -1,0 +1,201 @@
+"""The scheduler's own process: it owns the model and the KV pools and serves the TokenizerManager over ZMQ.
+
+    in  (PULL, pickled):  TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetInfoReq
+    out (PUSH, pickled):  BatchReqOutput            one per step that produced tokens or finished requests
+                          RpcReply(kind, payload)   kind in {"flush_cache", "server_info", "stats", "fatal"}
+
+Loop: block on the input socket while idle, drain it without blocking while busy, then run one `step()`.
+A request the scheduler can never serve comes back at once as a finished ReqOutput whose finish_reason carries
+{"type": "abort", "message": ..., "status_code": 400}; a full waiting queue answers 503 the same way.
+
+The process never outlives its parent: PR_SET_PDEATHSIG on Linux plus a watchdog thread polling the parent pid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+import zmq
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchReqOutput,
+    FlushCacheReq,
+    GetInfoReq,
+    ReqOutput,
+    RpcReply,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.port_args import PortArgs
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_TIMEOUT_MS = 1000  # wake up this often while idle (nothing else to do; the watchdog is a thread)
+STATS_PUSH_INTERVAL_S = 0.5  # how often live stats are pushed to the metrics while busy
+PARENT_POLL_INTERVAL_S = 1.0
+QUEUE_FULL_MESSAGE = "The request queue is full."
+_PR_SET_PDEATHSIG = 1
+
+
+def kill_itself_when_parent_died(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def watchdog():
+        while True:
+            time.sleep(PARENT_POLL_INTERVAL_S)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+
+
+class SchedulerProcess:
+    """Adapts a Scheduler (one step at a time, plain Python calls) to the ZMQ message protocol."""
+
+    def __init__(self, scheduler: Any, server_args: ServerArgs, port_args: PortArgs):
+        self.scheduler = scheduler
+        self.server_args = server_args
+        self.context = zmq.Context(2)
+        self.recv_from_tokenizer = self.context.socket(zmq.PULL)
+        self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+        self.send_to_tokenizer = self.context.socket(zmq.PUSH)
+        self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
+        self.last_stats_push = 0.0
+
+    # ------------------------------------------------------------------ input
+    def recv_requests(self, block: bool) -> list:
+        reqs = []
+        if block and not self.recv_from_tokenizer.poll(IDLE_POLL_TIMEOUT_MS):
+            return reqs
+        while True:
+            try:
+                reqs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                return reqs
+
+    def process_input(self, req) -> None:
+        if isinstance(req, TokenizedGenerateReqInput):
+            self.handle_generate(req)
+        elif isinstance(req, AbortReq):
+            self.scheduler.abort_request(req.rid)
+        elif isinstance(req, FlushCacheReq):
+            self.reply("flush_cache", bool(self.scheduler.flush_cache()))
+        elif isinstance(req, GetInfoReq):
+            self.reply("server_info", self.server_info())
+        else:
+            logger.error("Unknown message type %s", type(req).__name__)
+
+    def handle_generate(self, req: TokenizedGenerateReqInput) -> None:
+        max_queued = self.server_args.max_queued_requests
+        if max_queued is not None and self.scheduler.get_stats().get("num_waiting_reqs", 0) >= max_queued:
+            self.send_outputs([error_output(req, QUEUE_FULL_MESSAGE, 503)])
+            return
+        try:
+            self.scheduler.add_request(req)
+        except ValueError as e:
+            self.send_outputs([error_output(req, str(e), 400)])
+
+    def server_info(self) -> dict:
+        info = dict(self.scheduler.get_server_info())
+        info["internal_states"] = [self.scheduler.get_stats()]
+        try:
+            self.scheduler.check_integrity()
+            info["memory_integrity"] = "ok"
+        except AssertionError as e:
+            info["memory_integrity"] = f"violated: {e}"
+        return info
+
+    # ------------------------------------------------------------------ output
+    def send_outputs(self, outputs: list) -> None:
+        if outputs:
+            self.send_to_tokenizer.send_pyobj(BatchReqOutput(outputs))
+
+    def reply(self, kind: str, payload: Any) -> None:
+        self.send_to_tokenizer.send_pyobj(RpcReply(kind, payload))
+
+    def maybe_push_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last_stats_push >= STATS_PUSH_INTERVAL_S:
+            self.last_stats_push = now
+            self.reply("stats", self.scheduler.get_stats())
+
+    # ------------------------------------------------------------------ loop
+    def event_loop(self) -> None:
+        busy = False
+        while True:
+            for req in self.recv_requests(block=not self.scheduler.has_work()):
+                self.process_input(req)
+            if self.scheduler.has_work():
+                busy = True
+                self.send_outputs(self.scheduler.step())
+                self.maybe_push_stats()
+            elif busy:
+                busy = False
+                self.maybe_push_stats(force=True)
+
+
+def error_output(req: TokenizedGenerateReqInput, message: str, status_code: int) -> ReqOutput:
+    return ReqOutput(
+        rid=req.rid,
+        new_token_ids=[],
+        new_text="",
+        finished=True,
+        finish_reason={"type": "abort", "message": message, "status_code": status_code},
+        prompt_tokens=len(req.input_ids),
+    )
+
+
+def ready_info(scheduler: Any) -> dict:
+    """What the main process needs before it can serve: the tokenizer's location and the scheduler's limits."""
+    info = dict(scheduler.get_server_info())
+    info["status"] = "ready"
+    info["eos_token_ids"] = list(getattr(scheduler.model_config, "eos_token_ids", None) or [])
+    return info
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_writer, parent_pid: Optional[int] = None):
+    """Entry point of the scheduler process. Sends one dict through `pipe_writer`: ready_info() or an error."""
+    # Ctrl-C reaches the whole process group; the parent decides when this process stops (SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM from the parent: exit normally so atexit hooks release semaphores and sockets
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    kill_itself_when_parent_died(parent_pid if parent_pid is not None else os.getppid())
+    logging.basicConfig(
+        level=server_args.log_level.upper(),
+        format="[%(asctime)s scheduler] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        scheduler = Scheduler(server_args)
+        proc = SchedulerProcess(scheduler, server_args, port_args)
+        info = ready_info(scheduler)
+    except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
+        logger.error("Scheduler failed to start:\n%s", traceback.format_exc())
+        pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+        sys.exit(1)
+    pipe_writer.send(info)
+    pipe_writer.close()
+    try:
+        proc.event_loop()
+    except BaseException as e:  # noqa: BLE001
+        logger.error("Scheduler crashed:\n%s", traceback.format_exc())
+        try:
+            proc.reply("fatal", f"{type(e).__name__}: {e}")
+            time.sleep(0.1)  # let the message leave before the process dies
+        finally:
+            os._exit(1)

@@ -1,0 +1,483 @@
+"""TokenizerManager: the main-process half of the server.
+
+It turns API requests into TokenizedGenerateReqInput (chat template, tokenization, validation against the model's
+limits), sends them to the scheduler process over ZMQ, and routes the scheduler's per-step ReqOutput deltas to one
+asyncio state per request id. Detokenization happens in the scheduler process, so the HTTP event loop only moves
+small deltas. A request whose client goes away is aborted, which frees its KV memory in the scheduler.
+
+Errors meant for the client are RequestError(status_code, message, param): the HTTP layer renders them OpenAI-style.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchReqOutput,
+    FlushCacheReq,
+    GetInfoReq,
+    ReqOutput,
+    RpcReply,
+    TokenizedGenerateReqInput,
+    new_rid,
+)
+from sglang.srt.managers.port_args import PortArgs
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_INTERVAL_S = 1.0  # non-streaming requests check for a vanished client this often
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+RPC_TIMEOUT_S = 60.0
+
+
+class RequestError(Exception):
+    """An error the client caused (4xx) or must be told about (503), rendered as an OpenAI error body."""
+
+    def __init__(self, status_code: int, message: str, param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+@dataclass
+class ReqState:
+    """Outputs received for one request id and not yet consumed by its waiting coroutine."""
+
+    pending: List[ReqOutput] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False
+    created_time: float = field(default_factory=time.perf_counter)
+    last_time: float = 0.0
+    num_output_tokens: int = 0
+
+
+def merge_outputs(outs: List[ReqOutput]) -> ReqOutput:
+    """Concatenate consecutive deltas of one request into one delta (totals and finish state from the last)."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    merged = copy.copy(last)
+    merged.new_token_ids = [t for o in outs for t in o.new_token_ids]
+    merged.new_text = "".join(o.new_text for o in outs)
+    if any(o.new_token_logprobs is not None for o in outs):
+        merged.new_token_logprobs = [x for o in outs for x in (o.new_token_logprobs or [])]
+    if any(o.new_top_logprobs is not None for o in outs):
+        merged.new_top_logprobs = [x for o in outs for x in (o.new_top_logprobs or [])]
+    return merged
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, ready_info: dict):
+        self.server_args = server_args
+        self.ready_info = ready_info
+        self.server_info: dict = dict(ready_info)
+        self.context_len: int = ready_info["context_len"]
+        self.vocab_size: int = ready_info["vocab_size"]
+        # the scheduler's cap on prompt + output tokens (context length, or the KV pool if that is smaller)
+        self.max_req_len: int = ready_info.get("max_req_len") or self.context_len
+        self.max_req_input_len: int = ready_info.get("max_req_input_len") or self.max_req_len - 1
+        self.model_path: str = ready_info.get("model_path") or server_args.model_path or ""
+        self.tokenizer_path: str = ready_info.get("tokenizer_path") or self.model_path
+        self.served_model_name = served_model_name(server_args, self.model_path)
+
+        self.tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            self.tokenizer = get_tokenizer(self.tokenizer_path)
+
+        self.context = zmq.asyncio.Context(2)
+        self.recv_from_scheduler = self.context.socket(zmq.PULL)
+        self.recv_from_scheduler.bind(port_args.tokenizer_ipc_name)
+        self.send_to_scheduler = self.context.socket(zmq.PUSH)
+        self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
+
+        self.start_time = time.time()
+        self.rid_to_state: Dict[str, ReqState] = {}
+        self.rpc_waiters: Dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.scheduler_stats: dict = {}
+        self.last_receive_time = 0.0
+        self.fatal_error: Optional[str] = None
+        self.is_shutting_down = False
+        self.on_fatal: Optional[Callable[[], None]] = None
+        self.handle_loop_task: Optional[asyncio.Task] = None
+
+        self.metrics = None
+        if server_args.enable_metrics:
+            from sglang.srt.metrics.collector import TokenizerMetricsCollector
+
+            self.metrics = TokenizerMetricsCollector(self.served_model_name)
+
+    # ================================================================== lifecycle
+    def start(self) -> None:
+        """Start the output-routing loop; call from inside the running event loop."""
+        if self.handle_loop_task is None:
+            self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.fatal_error is None and not self.is_shutting_down
+
+    def scheduler_died(self, message: str) -> None:
+        """Fail every pending request and every waiting RPC; the server cannot continue."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = message
+        logger.error("Scheduler process failed: %s", message)
+        for rid, state in list(self.rid_to_state.items()):
+            state.pending.append(ReqOutput(
+                rid=rid, new_token_ids=[], new_text="", finished=True,
+                finish_reason={"type": "abort", "message": f"The scheduler failed: {message}", "status_code": 500},
+            ))
+            state.event.set()
+        for waiters in self.rpc_waiters.values():
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(RequestError(500, f"The scheduler failed: {message}"))
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    # ================================================================== tokenization and validation
+    def apply_chat_template(
+        self,
+        messages: List[dict],
+        tools: Optional[list] = None,
+        continue_final_message: bool = False,
+        template_kwargs: Optional[dict] = None,
+    ) -> str:
+        if self.tokenizer is None:
+            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init); use /generate with input_ids.")
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise RequestError(400, "The model has no chat template; use /v1/completions instead.")
+        kwargs = dict(template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=not continue_final_message,
+                continue_final_message=continue_final_message,
+                **kwargs,
+            )
+        except Exception as e:  # jinja errors (e.g. roles out of order) are the caller's to fix
+            raise RequestError(400, f"The chat template rejected the messages: {e}", param="messages") from e
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        if self.tokenizer is None:
+            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init); send input_ids.")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: List[int], skip_special_tokens: bool = False) -> str:
+        if self.tokenizer is None:
+            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init).")
+        self.check_token_ids(ids, param="tokens")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @functools.lru_cache(maxsize=65536)
+    def token_str(self, token_id: int) -> str:
+        """The text of one token, for logprob listings."""
+        if self.tokenizer is None:
+            return str(token_id)
+        return self.tokenizer.decode([token_id])
+
+    def check_token_ids(self, ids: List[int], param: str = "input_ids") -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(
+                400, f"Token id {bad[0]} is out of range; token ids must be in [0, {self.vocab_size}).", param=param
+            )
+
+    def tokenize_request(
+        self,
+        *,
+        text: Optional[str] = None,
+        input_ids: Optional[List[int]] = None,
+        sampling_params: Optional[dict] = None,
+        rid: Optional[str] = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        image_data: Any = None,
+        add_special_tokens: bool = True,
+        prompt_param: str = "prompt",
+        max_tokens_param: str = "max_tokens",
+    ) -> TokenizedGenerateReqInput:
+        """Validate one prompt + sampling params against the model's limits. Raises RequestError(400)."""
+        if image_data:
+            raise RequestError(400, "This model does not accept image inputs; send text only.", param="messages")
+        if input_ids is None:
+            if text is None:
+                raise RequestError(400, "Either text or input_ids must be provided.", param=prompt_param)
+            input_ids = self.encode(text, add_special_tokens=add_special_tokens)
+        else:
+            self.check_token_ids(input_ids, param=prompt_param)
+        num_input = len(input_ids)
+        if num_input == 0:
+            raise RequestError(400, "The prompt is empty; send at least one token.", param=prompt_param)
+        if num_input > self.max_req_input_len:
+            raise RequestError(
+                400,
+                f"The input ({num_input} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens; at most {self.max_req_input_len} input tokens are accepted). "
+                "Shorten the prompt.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+
+        params = dict(sampling_params or {})
+        room = self.max_req_len - num_input
+        if "max_new_tokens" not in params:  # the native API's default, clipped to what fits
+            params["max_new_tokens"] = min(SamplingParams.max_new_tokens, room)
+        requested = params["max_new_tokens"]
+        if requested is None:  # "as many as fit" (chat without max_tokens)
+            params["max_new_tokens"] = room
+        elif isinstance(requested, int) and not isinstance(requested, bool) and requested > room:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {self.max_req_len} tokens. However, you requested "
+                f"{num_input + requested} tokens ({num_input} in the prompt, {requested} for the completion). "
+                f"Reduce the prompt or set {max_tokens_param} to at most {room}.",
+                param=max_tokens_param,
+                code="context_length_exceeded",
+            )
+        try:
+            sp = SamplingParams.from_dict(params)
+            sp.verify(self.vocab_size)
+        except (ValueError, TypeError) as e:
+            raise RequestError(400, str(e)) from e
+        return TokenizedGenerateReqInput(
+            rid=rid or new_rid(),
+            input_text=text,
+            input_ids=list(input_ids),
+            sampling_params=sp,
+            stream=stream,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+        )
+
+    # ================================================================== generation
+    async def generate_one(
+        self, req: TokenizedGenerateReqInput, request: Any = None, stream: Optional[bool] = None
+    ) -> AsyncIterator[ReqOutput]:
+        """Send one request and yield its output deltas (merged when several arrived at once).
+
+        Non-streaming: one merged ReqOutput at the end. A finish carrying a status_code raises RequestError.
+        The request is aborted in the scheduler if the consumer stops early (client disconnect, cancellation).
+        """
+        if self.fatal_error is not None:
+            raise RequestError(503, f"The server is not healthy: {self.fatal_error}")
+        if self.is_shutting_down:
+            raise RequestError(503, "The server is shutting down.")
+        stream = req.stream if stream is None else stream
+        if req.rid in self.rid_to_state:
+            raise RequestError(400, f"Duplicate request id {req.rid!r}.", param="rid")
+        state = ReqState()
+        state.last_time = state.created_time
+        self.rid_to_state[req.rid] = state
+        if self.server_args.log_requests:
+            logger.info("rid=%s input_tokens=%d params=%s", req.rid, len(req.input_ids), req.sampling_params.to_dict())
+        self.send_to_scheduler.send_pyobj(req)
+        collected: List[ReqOutput] = []
+        try:
+            while True:
+                if request is not None and not stream:
+                    try:
+                        await asyncio.wait_for(state.event.wait(), DISCONNECT_POLL_INTERVAL_S)
+                    except asyncio.TimeoutError:
+                        if await request.is_disconnected():
+                            logger.info("Client disconnected; aborting request %s", req.rid)
+                            return
+                        continue
+                else:
+                    await state.event.wait()
+                outs, state.pending = state.pending, []
+                state.event.clear()
+                if not outs:
+                    continue
+                last = outs[-1]
+                if last.finished and last.finish_reason and last.finish_reason.get("status_code"):
+                    fr = last.finish_reason
+                    raise RequestError(fr["status_code"], fr.get("message", "Request failed."))
+                if stream:
+                    yield merge_outputs(outs)
+                else:
+                    collected.extend(outs)
+                if last.finished:
+                    state.finished = True
+                    if not stream:
+                        yield merge_outputs(collected)
+                    return
+        finally:
+            self.rid_to_state.pop(req.rid, None)
+            if not state.finished:
+                self.abort_request(req.rid)
+
+    async def generate_many(
+        self, reqs: List[TokenizedGenerateReqInput], request: Any = None
+    ) -> AsyncIterator[tuple]:
+        """Run several requests at once; yield (index, ReqOutput delta) in arrival order."""
+        if len(reqs) == 1:
+            async for out in self.generate_one(reqs[0], request):
+                yield 0, out
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        done_marker = object()
+
+        async def pump(i: int, req: TokenizedGenerateReqInput):
+            try:
+                async for out in self.generate_one(req, request):
+                    queue.put_nowait((i, out))
+            except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+                queue.put_nowait((i, e))
+            finally:
+                queue.put_nowait((i, done_marker))
+
+        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await queue.get()
+                if item is done_marker:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+
+    def abort_request(self, rid: str) -> None:
+        if self.fatal_error is None:
+            self.send_to_scheduler.send_pyobj(AbortReq(rid))
+
+    def abort_all(self) -> None:
+        for rid in list(self.rid_to_state):
+            self.abort_request(rid)
+
+    # ================================================================== control RPCs
+    async def rpc(self, req: Any, kind: str, timeout: float = RPC_TIMEOUT_S) -> Any:
+        if self.fatal_error is not None:
+            raise RequestError(503, f"The server is not healthy: {self.fatal_error}")
+        fut = asyncio.get_running_loop().create_future()
+        self.rpc_waiters[kind].append(fut)
+        self.send_to_scheduler.send_pyobj(req)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise RequestError(503, f"The scheduler did not answer {kind!r} within {timeout:.0f} s.") from None
+
+    async def flush_cache(self) -> bool:
+        return await self.rpc(FlushCacheReq(), "flush_cache")
+
+    async def get_server_info(self) -> dict:
+        return await self.rpc(GetInfoReq(), "server_info")
+
+    async def health_generate(self) -> bool:
+        """True when the scheduler produces a token (or any output) within HEALTH_GENERATE_TIMEOUT_S."""
+        start = time.perf_counter()
+        req = TokenizedGenerateReqInput(
+            rid=f"HEALTH_CHECK_{new_rid()}",
+            input_text=None,
+            input_ids=[0],
+            sampling_params=SamplingParams.from_dict({"max_new_tokens": 1, "temperature": 0.0}),
+        )
+
+        async def run():
+            async for _ in self.generate_one(req, stream=True):
+                return
+
+        task = asyncio.ensure_future(run())
+        try:
+            while time.perf_counter() - start < HEALTH_GENERATE_TIMEOUT_S:
+                if task.done():
+                    return task.exception() is None
+                if self.last_receive_time > start:
+                    return True
+                await asyncio.sleep(0.05)
+            return False
+        finally:
+            if not task.done():
+                task.cancel()
+
+    # ================================================================== output routing
+    async def handle_loop(self) -> None:
+        while True:
+            obj = await self.recv_from_scheduler.recv_pyobj()
+            self.last_receive_time = time.perf_counter()
+            if isinstance(obj, BatchReqOutput):
+                self.dispatch_outputs(obj.outputs)
+            elif isinstance(obj, RpcReply):
+                self.dispatch_reply(obj)
+            else:
+                logger.error("Unexpected message from the scheduler: %r", type(obj).__name__)
+
+    def dispatch_outputs(self, outputs: List[ReqOutput]) -> None:
+        now = self.last_receive_time
+        for out in outputs:
+            state = self.rid_to_state.get(out.rid)
+            if state is None:
+                continue  # aborted by its client; the scheduler's abort confirmation lands here
+            if self.metrics is not None:
+                n = len(out.new_token_ids)
+                self.metrics.observe_tokens(n, is_first=state.num_output_tokens == 0, since_last_s=now - state.last_time)
+                if n:
+                    state.last_time = now
+                    state.num_output_tokens += n
+                if out.finished:
+                    aborted = (out.finish_reason or {}).get("type") == "abort"
+                    self.metrics.observe_finished(out.prompt_tokens, out.cached_tokens, now - state.created_time, aborted)
+            state.pending.append(out)
+            state.event.set()
+
+    def dispatch_reply(self, reply: RpcReply) -> None:
+        if reply.kind == "stats":
+            self.scheduler_stats = reply.payload
+            if self.metrics is not None:
+                self.metrics.set_scheduler_stats(reply.payload)
+            return
+        if reply.kind == "fatal":
+            self.scheduler_died(str(reply.payload))
+            return
+        waiters = self.rpc_waiters.get(reply.kind)
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(reply.payload)
+                return
+
+
+def served_model_name(server_args: ServerArgs, resolved_model_path: str) -> str:
+    """The API's model id: --served-model-name, else the name of --model-path, else the default model's name."""
+    import os
+
+    if server_args.served_model_name:
+        return server_args.served_model_name
+    path = server_args.model_path
+    if path is None:
+        from sglang.srt.model_loader.model_path import DEFAULT_MODEL_FILE
+
+        path = DEFAULT_MODEL_FILE
+    name = os.path.basename(os.path.normpath(path))
+    for suffix in (".gguf",):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name

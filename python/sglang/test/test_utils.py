@@ -1,0 +1,119 @@
+"""Helpers for tests that launch a real server: free ports, launch + wait-for-ready, and a clean kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+import psutil
+import requests
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_URL = f"http://{DEFAULT_HOST}:30000"
+DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH = 300.0
+DEFAULT_API_KEY_FOR_TEST = "sk-sglang-test"
+# Small pools keep startup (memory planning, pool allocation) fast; tests never need more.
+DEFAULT_SMALL_SERVER_ARGS = ["--max-total-tokens", "65536", "--max-running-requests", "64"]
+
+
+def find_free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A launched server: its Popen, base URL and log file. `kill()` takes its children down with it."""
+
+    def __init__(self, process: subprocess.Popen, base_url: str, log_path: str, startup_s: float):
+        self.process = process
+        self.base_url = base_url
+        self.log_path = log_path
+        self.startup_s = startup_s
+        self.pid = process.pid
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def child_pids(self) -> List[int]:
+        try:
+            return [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        kill_process_tree(self.pid)
+
+
+def kill_process_tree(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM the process and its descendants, wait, then SIGKILL what is left."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout_s)
+
+
+def popen_launch_server(
+    model: Optional[str] = None,
+    base_url: Optional[str] = None,
+    timeout: float = DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
+    other_args: Sequence[str] = (),
+    api_key: Optional[str] = None,
+    env: Optional[dict] = None,
+    command: Optional[List[str]] = None,
+) -> ServerProcess:
+    """Launch `python -m sglang.launch_server` (or `command`) and wait until GET /health answers 200.
+
+    base_url defaults to a free port on 127.0.0.1. Raises RuntimeError with the server log if it exits or times out.
+    """
+    if base_url is None:
+        base_url = f"http://{DEFAULT_HOST}:{find_free_port()}"
+    host, port = base_url.split("://", 1)[1].rsplit(":", 1)
+    args = list(command or [sys.executable, "-m", "sglang.launch_server"])
+    args += ["--host", host, "--port", port]
+    if model is not None:
+        args += ["--model-path", model]
+    if api_key is not None:
+        args += ["--api-key", api_key]
+    args += list(other_args)
+    log = tempfile.NamedTemporaryFile(prefix="sglang-server-", suffix=".log", delete=False)
+    start = time.perf_counter()
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = ServerProcess(process, base_url, log.name, 0.0)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = start + timeout
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"Server exited with code {process.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if requests.get(f"{base_url}/health", headers=headers, timeout=2).status_code == 200:
+                server.startup_s = time.perf_counter() - start
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    server.kill()
+    raise RuntimeError(f"Server did not become healthy within {timeout:.0f} s:\n{server.log()[-4000:]}")
