@@ -5,7 +5,7 @@ Slots are handed out linearly (no allocator, no freeing); each request keeps its
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -43,8 +43,9 @@ class PagedForwardDriver:
         self.seq_lens[row] = start + n
         return loc
 
-    def extend(self, rows: Sequence[int], token_lists: Sequence[List[int]]) -> torch.Tensor:
-        """Append token_lists[b] to request rows[b]; returns float32 logits [B, V] of each request's last token."""
+    def extend(self, rows: Sequence[int], token_lists: Sequence[List[int]], logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Append token_lists[b] to request rows[b]; returns float32 logits [B, V] of each request's last token
+        (or of the rows `logits_indices` of the N new tokens). One new token per request -> a DECODE batch."""
         prefix = [self.seq_lens[r] for r in rows]
         ext = [len(t) for t in token_lists]
         locs = torch.cat([self._alloc(r, n) for r, n in zip(rows, ext)])
@@ -67,6 +68,7 @@ class PagedForwardDriver:
             extend_seq_lens_cpu=ext if mode.is_extend() else [],
             extend_prefix_lens=torch.tensor(prefix, device=self.device) if mode.is_extend() else None,
             extend_seq_lens=torch.tensor(ext, device=self.device) if mode.is_extend() else None,
+            logits_indices=logits_indices,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,

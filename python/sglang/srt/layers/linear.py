@@ -15,6 +15,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# On CPU in bf16, oneDNN's kernel behind F.linear (x @ W^T) is about 2x slower for few rows than computing
+# (W @ x^T)^T, or W @ x for a single row (measured here: 3072x576 weight, 1 row: 130 vs 70 us; 32 rows: 156 vs 88 us).
+# Decode batches are "few rows"; prefill batches stay on F.linear. fp32 keeps F.linear (the exact reference path).
+SMALL_M_ROWS = 128
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear with a faster path for few-row bf16 inputs on CPU. x: [M, in], weight: [out, in] -> [M, out]."""
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= SMALL_M_ROWS and x.is_cpu:
+        if x.shape[0] == 1:
+            out = torch.mv(weight, x[0]).unsqueeze(0)
+        else:
+            out = torch.mm(weight, x.t()).t().contiguous()
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
+
+
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     if param.shape != loaded_weight.shape:
         raise ValueError(f"weight shape mismatch: parameter {tuple(param.shape)} vs checkpoint {tuple(loaded_weight.shape)}")
@@ -36,7 +53,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         default_weight_loader(param, loaded_weight)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers.linear import linear
 
 if TYPE_CHECKING:
     from sglang.srt.layers.vocab_embedding import ParallelLMHead
@@ -37,5 +38,5 @@ class LogitsProcessor(nn.Module):
         indices = compute_logits_indices(forward_batch)
         if indices is not None:
             hidden_states = hidden_states[indices]
-        logits = F.linear(hidden_states, lm_head.weight)
+        logits = linear(hidden_states, lm_head.weight)
         return logits[:, : self.vocab_size].float()
