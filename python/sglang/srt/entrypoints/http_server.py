@@ -36,7 +36,7 @@ from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompl
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.port_args import PortArgs
-from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, preload_tokenizer
 from sglang.srt.server_args import ServerArgs
 from sglang.version import __version__
 
@@ -325,8 +325,9 @@ def launch_server(server_args: ServerArgs) -> None:
     signal.signal(signal.SIGTERM, _raise_system_exit)
     try:
         proc, reader = launch_scheduler_process(server_args, port_args)
+        preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
         info = wait_for_scheduler(proc, reader)
-        tm = TokenizerManager(server_args, port_args, info)
+        tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
         asyncio.run(serve(app, tm, proc, server_args, started))
     except (KeyboardInterrupt, SystemExit):

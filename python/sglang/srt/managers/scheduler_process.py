@@ -192,6 +192,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
     pipe_writer.close()
     try:
         proc.event_loop()
+    except SystemExit:  # SIGTERM from the parent: a normal stop
+        raise
     except BaseException as e:  # noqa: BLE001
         logger.error("Scheduler crashed:\n%s", traceback.format_exc())
         try:

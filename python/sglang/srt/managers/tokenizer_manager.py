@@ -82,7 +82,8 @@ def merge_outputs(outs: List[ReqOutput]) -> ReqOutput:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, ready_info: dict):
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, ready_info: dict, preloaded: Optional[tuple] = None):
+        """`preloaded`: (tokenizer_path, tokenizer) loaded while the scheduler was starting; used if the path matches."""
         self.server_args = server_args
         self.ready_info = ready_info
         self.server_info: dict = dict(ready_info)
@@ -96,7 +97,9 @@ class TokenizerManager:
         self.served_model_name = served_model_name(server_args, self.model_path)
 
         self.tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        if preloaded is not None and preloaded[0] == self.tokenizer_path:
+            self.tokenizer = preloaded[1]
+        elif not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             self.tokenizer = get_tokenizer(self.tokenizer_path)
@@ -481,3 +484,29 @@ def served_model_name(server_args: ServerArgs, resolved_model_path: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
+
+
+def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
+    """(path, tokenizer) if the tokenizer's directory already exists (no GGUF conversion pending), else None.
+
+    Called while the scheduler process loads the model, so the ~seconds of importing transformers and reading the
+    tokenizer overlap with it instead of following it.
+    """
+    import os
+
+    if server_args.skip_tokenizer_init:
+        return None
+    from sglang.srt.model_loader.model_path import cache_root, default_model_path, gguf_cache_dir
+
+    try:
+        path = server_args.tokenizer_path or server_args.model_path or default_model_path()
+        if os.path.isfile(path) and path.endswith(".gguf"):
+            path = gguf_cache_dir(path, cache_root(server_args))
+        if not os.path.isdir(path):
+            return None
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+        return path, get_tokenizer(path)
+    except Exception as e:  # the scheduler reports real problems; this is only a head start
+        logger.debug("Tokenizer preload skipped: %s", e)
+        return None
