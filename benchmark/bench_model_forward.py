@@ -33,6 +33,23 @@ def bench_decode(model, model_config, batch_size: int, context: int, steps: int,
     return (time.perf_counter() - start) / steps
 
 
+def bench_hf_decode(model_dir: str, dtype: torch.dtype, context: int, steps: int) -> float:
+    """Seconds per batch-1 decode step of HF transformers (KV cache, same prompt length), for a same-run ratio."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    prompt = torch.randint(100, 10000, (1, context), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(do_sample=False, min_new_tokens=steps, max_new_tokens=steps, pad_token_id=0)
+    with torch.inference_mode():
+        hf.generate(prompt, **{**kwargs, "min_new_tokens": 2, "max_new_tokens": 2})  # warm up
+        start = time.perf_counter()
+        hf.generate(prompt, **{**kwargs, "min_new_tokens": 1, "max_new_tokens": 1})
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        hf.generate(prompt, **kwargs)
+        return (time.perf_counter() - start - prefill) / (steps - 1)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model-path", default=None)
@@ -41,10 +58,12 @@ def main():
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--prefill-len", type=int, default=512)
+    p.add_argument("--hf", action="store_true", help="Also time HF transformers' batch-1 decode in the same run.")
     args = p.parse_args()
 
     server_args = ServerArgs(model_path=args.model_path, dtype=args.dtype)
-    model_config = ModelConfig.from_server_args(server_args, resolve_model_path(server_args))
+    model_dir = resolve_model_path(server_args)
+    model_config = ModelConfig.from_server_args(server_args, model_dir)
     model = load_model(model_config)
     print(f"model {model_config.architecture} dtype {args.dtype} threads {torch.get_num_threads()}")
     for bs in args.batch_sizes:
@@ -58,6 +77,11 @@ def main():
     driver.extend([row], [prompt])
     sec = time.perf_counter() - start
     print(f"prefill len={args.prefill_len}: {sec * 1e3:7.1f} ms  {args.prefill_len / sec:8.1f} tok/s")
+    if args.hf:
+        hf_sec = bench_hf_decode(model_dir, model_config.dtype, args.context, args.steps)
+        ours = bench_decode(model, model_config, 1, args.context, args.steps)
+        print(f"HF transformers decode bs=1: {hf_sec * 1e3:7.2f} ms/step {1 / hf_sec:8.1f} tok/s; "
+              f"ours re-measured {1 / ours:8.1f} tok/s; ratio {hf_sec / ours:.2f}x")
 
 
 if __name__ == "__main__":
