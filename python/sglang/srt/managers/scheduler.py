@@ -62,6 +62,8 @@ class Scheduler:
         self.max_req_len = min(self.context_len, self.max_total_num_tokens)
         self.chunked_prefill_size = mr.chunked_prefill_size
         self.max_prefill_tokens = max(server_args.max_prefill_tokens, self.chunked_prefill_size)
+        # multimodal: limits the images one prefill batch encodes to the planned encoder reservation
+        self.encoder_admission = getattr(mr, "encoder_admission", None)
         self.tree_cache: Optional[RadixCache] = (
             None if server_args.disable_radix_cache else RadixCache(self.page_size, self.allocator.free)
         )
@@ -221,8 +223,16 @@ class Scheduler:
         # keep at least one token to compute: the logits of the last prompt token are needed
         return self.tree_cache.match_prefix(req.fill_ids[: req.fill_len - 1])
 
+    def _admit_encoder(self, req: Req, start: int, n: int, must_progress: bool) -> int:
+        """Cut n so the images this chunk must encode fit the encoder reservation (0: wait for the next batch)."""
+        if self.encoder_admission is None or req.mm_inputs is None:
+            return n
+        return self.encoder_admission.admit(req.mm_inputs, start, n, self.page_size, must_progress)
+
     def _schedule_prefill(self) -> PrefillPlan:
         plan = PrefillPlan()
+        if self.encoder_admission is not None:
+            self.encoder_admission.end_batch()  # nothing is held between batches
         if not self.waiting_queue and self.chunked_req is None:
             return plan
         ratio = self.new_token_ratio.value
@@ -234,7 +244,7 @@ class Scheduler:
 
         if self.chunked_req is not None:
             req = self.chunked_req
-            n = min(req.extend_len, rem_chunk)
+            n = self._admit_encoder(req, req.kv_len, min(req.extend_len, rem_chunk), must_progress=True)
             plan.reqs.append(req)
             plan.extend_lens.append(n)
             rem_chunk -= n
@@ -265,6 +275,9 @@ class Scheduler:
                 n = n // ps * ps
                 if n <= 0:
                     break
+            n = self._admit_encoder(req, len(slots), n, must_progress=not plan.reqs)
+            if n <= 0:
+                break
             # admit
             self.waiting_queue.remove(req)
             req.prefix_len = len(slots)
@@ -352,6 +365,8 @@ class Scheduler:
             mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
         )
         logits = self.model_runner.forward(fb)
+        if self.encoder_admission is not None:
+            self.encoder_admission.end_batch()
         for r, n in zip(reqs, lens):
             r.kv_len += n
         done = [i for i, r in enumerate(reqs) if r.kv_len == r.fill_len]

@@ -17,6 +17,7 @@ DEFAULT_SOURCES = {
     "activations": "measured",
     "cuda_graphs": "measured",
     "encoder": "declared",
+    "mm_embedding_cache": "declared",
     "safety_margin": "formula",
 }
 
@@ -59,10 +60,12 @@ class PlanInputs:
     cuda_graph_max_bs: Optional[int] = None
     tp_size: int = 1
     min_kv_tokens: Optional[int] = None
+    mm_cache_bytes: int = 0  # multimodal embedding cache budget (--mm-embedding-cache-mb)
+    encoder_detail: str = ""  # how the encoder term was obtained, for the rendered plan
 
     def __post_init__(self):
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
-                     "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes"):
+                     "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):

@@ -30,7 +30,7 @@ class _Resolved:
     graph_bs: int
     rule: SlotRule
     slot_cost: SlotCost
-    fixed_runtime: int  # activations + logits + cuda graphs + encoder + safety margin
+    fixed_runtime: int  # activations + logits + cuda graphs + encoder + mm embedding cache + safety margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
 
@@ -51,7 +51,8 @@ class _Resolved:
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
         )
-        fixed_runtime = x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + margin
+        fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + x.mm_cache_bytes
+                         + margin)
         max_tokens = x.max_total_tokens
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
@@ -90,7 +91,9 @@ class _Resolved:
             MemoryTerm("activations", x.activation_bytes, src("activations"),
                        f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
             MemoryTerm("cuda_graphs", x.cuda_graph_bytes, src("cuda_graphs"), f"max bs {graph_bs}"),
-            MemoryTerm("encoder", x.encoder_bytes, src("encoder")),
+            MemoryTerm("encoder", x.encoder_bytes, src("encoder"), x.encoder_detail),
+            MemoryTerm("mm_embedding_cache", x.mm_cache_bytes, src("mm_embedding_cache"),
+                       "image embeddings by content hash" if x.mm_cache_bytes else ""),
             MemoryTerm("safety_margin", self.margin, src("safety_margin"),
                        "stated by caller" if x.safety_margin_bytes is not None else
                        f"{B.SAFETY_MARGIN_FRACTION:.0%} of budget in [64 MiB, 1 GiB]"),

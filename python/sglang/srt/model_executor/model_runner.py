@@ -3,7 +3,9 @@
 Startup order (each step's memory is accounted in the plan, see model_runner_kv_cache_mixin.py):
     1. measure free memory before anything is loaded (pre_load_free_bytes)
     2. load the weights (weight_bytes measured from the loaded tensors)
-    3. profile one forward at the chunked-prefill size (activation peak, measured)
+    3. multimodal models: profile the encoder at its largest input x encoder batch size (reservation, measured)
+       and set up the processor, embedding cache and encoder admission (multimodal/runner_setup.py)
+       profile one forward at the chunked-prefill size (activation peak, measured)
     4. plan (pure) -> allocate the request table, KV pool, allocator and attention backend
 """
 
@@ -68,6 +70,10 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.weight_bytes += sum(b.numel() * b.element_size() for b in self.model.buffers())
         logger.info("Loaded %s in %.2f s (%.1f MiB of weights, dtype %s)", self.model_path,
                     time.perf_counter() - t0, self.weight_bytes / 2**20, self.dtype)
+        # 3. multimodal: encoder reservation and embedding cache, set before the plan charges them
+        from sglang.srt.multimodal.runner_setup import init_multimodal
+
+        init_multimodal(self)
         # 3-4. profile, plan, allocate
         self.init_memory_pool()
 

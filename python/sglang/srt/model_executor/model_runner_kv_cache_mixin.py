@@ -6,7 +6,8 @@ Every consumer that lives beside the KV pool is a term of the plan, declared by 
     attention workspace declared by the attention backend, linear in request slots
     logits / sampler    declared here: float32 rows of vocab size per running request
     req_to_token        formula (rows x (context_len + 4) x element size)
-    encoder             declared by multimodal models (or --encoder-mem-reserve)
+    encoder             measured by multimodal models at their largest input (or --encoder-mem-reserve)
+    mm_embedding_cache  declared (--mm-embedding-cache-mb) by multimodal models
 The pure planner (sglang.srt.mem_plan) solves for the largest KV pool that fits with all of them; this mixin only
 measures and allocates what the plan says.
 """
@@ -149,10 +150,12 @@ class ModelRunnerKVCacheMixin:
             workspace=workspace,
             req_to_token_elem_bytes=8,
             encoder_bytes=encoder_bytes,
+            encoder_detail=getattr(self, "encoder_reserve_detail", ""),
+            mm_cache_bytes=int(getattr(self, "mm_embedding_cache_bytes", 0)),
             cuda_graph_max_bs=0 if (self.device == "cpu" or sa.disable_cuda_graph) else sa.cuda_graph_max_bs,
             tp_size=sa.tp_size,
             sources={"weights": "measured", "activations": "measured", "attention_workspace": "declared",
-                     "encoder": "declared"},
+                     "encoder": getattr(self, "encoder_reserve_source", "declared")},
         )
         self.memory_plan = plan = plan_memory(inputs)
         logger.info("Memory plan:\n%s", plan.render_table())

@@ -115,9 +115,15 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList([self.decoder_layer_cls(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        # [N] -> [N, hidden]
-        hidden_states = self.embed_tokens(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        # [N] -> [N, hidden]; multimodal models pass input_embeds with image rows already spliced in
+        hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
@@ -146,9 +152,16 @@ class LlamaForCausalLM(nn.Module):
         self.logits_processor = LogitsProcessor(config)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        """input_ids, positions: [N] int64 -> float32 logits [B, V] for forward_batch.logits_indices."""
-        hidden_states = self.model(input_ids, positions, forward_batch)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [N] int64 (input_embeds: optional [N, hidden]) -> float32 logits [B, V]
+        for forward_batch.logits_indices."""
+        hidden_states = self.model(input_ids, positions, forward_batch, input_embeds)
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:

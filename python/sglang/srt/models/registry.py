@@ -12,6 +12,7 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlamaForCausalLM": (f"{_PKG}.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": (f"{_PKG}.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": (f"{_PKG}.qwen3", "Qwen3ForCausalLM"),
+    "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
 }
 
 

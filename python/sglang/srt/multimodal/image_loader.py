@@ -1,0 +1,94 @@
+"""load_image: an API image reference -> a decoded RGB PIL image, or ValueError saying what is wrong.
+
+Accepted: PIL images, raw bytes, `data:image/...;base64,...` URLs, bare base64 strings, and local file paths
+(plain or file://) inside --allowed-local-media-path. Remote http(s) URLs are not fetched.
+The HTTP layer maps ValueError to 400, so every message names the problem and the limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from typing import Any, Optional
+
+from PIL import Image
+
+# Decoded images larger than this are refused before any resize (decompression bombs): 8192 x 8192.
+MAX_DECODED_IMAGE_PIXELS = 8192 * 8192
+
+
+def _decode_base64(data: str) -> bytes:
+    data = "".join(data.split())
+    if not data:
+        raise ValueError("The image's base64 data is empty.")
+    try:
+        return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"The image is not valid base64: {e}.") from e
+
+
+def _read_local(path: str, allowed_dir: Optional[str]) -> bytes:
+    if allowed_dir is None:
+        raise ValueError("Local image paths are not allowed on this server (start it with --allowed-local-media-path).")
+    real = os.path.realpath(path)
+    root = os.path.realpath(allowed_dir)
+    if os.path.commonpath([real, root]) != root:
+        raise ValueError(f"The image path {path!r} is outside the allowed media directory.")
+    if not os.path.isfile(real):
+        raise ValueError(f"The image file {path!r} does not exist.")
+    with open(real, "rb") as f:
+        return f.read()
+
+
+def image_bytes(item: Any, allowed_local_media_path: Optional[str] = None) -> bytes:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item)
+    if isinstance(item, dict) and "url" in item:  # {"url": ...} as in OpenAI's image_url object
+        item = item["url"]
+    if not isinstance(item, str):
+        raise ValueError(f"Unsupported image input of type {type(item).__name__}; send a data URL or base64 string.")
+    s = item.strip()
+    if s.startswith("data:"):
+        header, sep, payload = s.partition(",")
+        if not sep or ";base64" not in header:
+            raise ValueError("The image data URL must look like 'data:image/png;base64,<data>'.")
+        if not header[5:].startswith("image/"):
+            raise ValueError(f"The data URL has media type {header[5:].split(';')[0]!r}; an image/* type is required.")
+        return _decode_base64(payload)
+    if s.startswith(("http://", "https://")):
+        raise ValueError("Remote image URLs are not fetched by this server; send the image as a base64 data URL.")
+    if s.startswith("file://"):
+        return _read_local(s[len("file://"):], allowed_local_media_path)
+    if s.startswith("/") or s.startswith("./"):
+        return _read_local(s, allowed_local_media_path)
+    return _decode_base64(s)
+
+
+def load_image(item: Any, allowed_local_media_path: Optional[str] = None) -> Image.Image:
+    """Decode and validate one image (RGB). Raises ValueError for anything that is not a usable image."""
+    if isinstance(item, Image.Image):
+        img = item
+    else:
+        data = image_bytes(item, allowed_local_media_path)
+        if not data:
+            raise ValueError("The image data is empty.")
+        try:
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            if w * h > MAX_DECODED_IMAGE_PIXELS:
+                raise ValueError(f"The image is {w}x{h} = {w * h:,} pixels; at most {MAX_DECODED_IMAGE_PIXELS:,} "
+                                 "pixels are accepted. Downscale it before sending.")
+            img.load()
+        except ValueError:
+            raise
+        except (OSError, SyntaxError, Image.DecompressionBombError) as e:  # PIL's "cannot identify image file" etc.
+            raise ValueError(f"The image data could not be decoded as an image ({type(e).__name__}: {e}).") from e
+    w, h = img.size
+    if w <= 0 or h <= 0:
+        raise ValueError(f"The image has zero size ({w}x{h}).")
+    if w * h > MAX_DECODED_IMAGE_PIXELS:
+        raise ValueError(f"The image is {w}x{h} = {w * h:,} pixels; at most {MAX_DECODED_IMAGE_PIXELS:,} pixels "
+                         "are accepted. Downscale it before sending.")
+    return img.convert("RGB") if img.mode != "RGB" else img
