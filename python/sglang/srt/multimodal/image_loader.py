@@ -11,7 +11,8 @@ import base64
 import binascii
 import io
 import os
-from typing import Any, Optional
+import struct
+from typing import Any, Optional, Tuple
 
 from PIL import Image
 
@@ -66,6 +67,16 @@ def image_bytes(item: Any, allowed_local_media_path: Optional[str] = None) -> by
     return _decode_base64(s)
 
 
+def _declared_size(data: bytes) -> Optional[Tuple[int, int]]:
+    """(width, height) from a PNG/GIF header, so a zero-size image is named as such (PIL only says 'cannot
+    identify' for those)."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return struct.unpack("<HH", data[6:10])
+    return None
+
+
 def load_image(item: Any, allowed_local_media_path: Optional[str] = None) -> Image.Image:
     """Decode and validate one image (RGB). Raises ValueError for anything that is not a usable image."""
     if isinstance(item, Image.Image):
@@ -74,6 +85,9 @@ def load_image(item: Any, allowed_local_media_path: Optional[str] = None) -> Ima
         data = image_bytes(item, allowed_local_media_path)
         if not data:
             raise ValueError("The image data is empty.")
+        declared = _declared_size(data)
+        if declared is not None and 0 in declared:
+            raise ValueError(f"The image has zero size ({declared[0]}x{declared[1]}).")
         try:
             img = Image.open(io.BytesIO(data))
             w, h = img.size
