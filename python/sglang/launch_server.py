@@ -2,9 +2,10 @@
 
 import sys
 
-from sglang.srt.entrypoints.http_server import launch_server
-from sglang.srt.server_args import prepare_server_args
-
 if __name__ == "__main__":
+    # imports stay inside the guard: the spawned scheduler process re-imports this module as __mp_main__
+    from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.server_args import prepare_server_args
+
     print("Note: `sglang serve` is the recommended way to start the server.", file=sys.stderr)
     launch_server(prepare_server_args(sys.argv[1:]))
