@@ -110,11 +110,11 @@ class ServingGenerate(OpenAIServingBase):
                     stream=req.stream,
                     return_logprob=req.return_logprob,
                     top_logprobs_num=req.top_logprobs_num,
-                    image_data=req.image_data,
+                    image_data=req.image_data[p] if is_batch and isinstance(req.image_data, list) else req.image_data,
                     prompt_param="text" if req.text is not None else "input_ids",
                     max_tokens_param="max_new_tokens",
                 )
-                ids = t.input_ids
+                ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # images: process again
                 tokenized.append(t)
         is_batch = is_batch or len(tokenized) > 1
         start = time.perf_counter()

@@ -104,6 +104,14 @@ class TokenizerManager:
 
             self.tokenizer = get_tokenizer(self.tokenizer_path)
 
+        # multimodal: images are decoded and preprocessed here, in the main process, off the scheduler
+        from sglang.srt.multimodal.processors import get_mm_processor_for_dir
+
+        self.mm_processor = get_mm_processor_for_dir(self.model_path, server_args)
+        self.image_token: Optional[str] = None  # the placeholder the chat template puts where an image goes
+        if self.mm_processor is not None and self.tokenizer is not None:
+            self.image_token = self.tokenizer.convert_ids_to_tokens(self.mm_processor.image_token_id)
+
         self.context = zmq.asyncio.Context(2)
         self.recv_from_scheduler = self.context.socket(zmq.PULL)
         self.recv_from_scheduler.bind(port_args.tokenizer_ipc_name)
@@ -223,7 +231,7 @@ class TokenizerManager:
         max_tokens_param: str = "max_tokens",
     ) -> TokenizedGenerateReqInput:
         """Validate one prompt + sampling params against the model's limits. Raises RequestError(400)."""
-        if image_data:
+        if image_data and self.mm_processor is None:
             raise RequestError(400, "This model does not accept image inputs; send text only.", param="messages")
         if input_ids is None:
             if text is None:
@@ -231,6 +239,13 @@ class TokenizerManager:
             input_ids = self.encode(text, add_special_tokens=add_special_tokens)
         else:
             self.check_token_ids(input_ids, param=prompt_param)
+        mm_inputs = None
+        if image_data:
+            try:
+                mm_inputs = self.mm_processor.process(input_ids, image_data)
+            except ValueError as e:
+                raise RequestError(400, str(e), param="messages" if prompt_param == "messages" else "image_data") from e
+            input_ids = mm_inputs.input_ids
         num_input = len(input_ids)
         if num_input == 0:
             raise RequestError(400, "The prompt is empty; send at least one token.", param=prompt_param)
@@ -273,6 +288,7 @@ class TokenizerManager:
             stream=stream,
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
+            mm_inputs=mm_inputs,
         )
 
     # ================================================================== generation

@@ -137,10 +137,11 @@ class ChatMessage(OpenAIModel):
     tool_calls: Optional[List[Dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
 
-    def text(self) -> str:
+    def text(self, image_placeholder: Optional[str] = None) -> str:
+        """The text parts joined; image parts become image_placeholder (a multimodal model's image token)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(p.text for p in self.content if isinstance(p, TextContentPart))
+        return "".join(p.text if isinstance(p, TextContentPart) else (image_placeholder or "") for p in self.content)
 
     def image_urls(self) -> List[str]:
         if not isinstance(self.content, list):

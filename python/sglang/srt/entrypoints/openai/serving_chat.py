@@ -38,7 +38,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def template_messages(self, req: ChatCompletionRequest) -> tuple[List[dict], List[str]]:
         messages, images = [], []
         for m in req.messages:
-            msg = {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()}
+            msg = {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text(self.tokenizer_manager.image_token)}
             if m.name is not None:
                 msg["name"] = m.name
             if m.tool_calls is not None:
@@ -79,7 +79,7 @@ class OpenAIServingChat(OpenAIServingBase):
         for i in range(req.n):
             t = tm.tokenize_request(
                 text=prompt,
-                input_ids=ids,
+                input_ids=None if images else ids,  # with images: tokenize and process again per choice
                 sampling_params=choice_sampling_params(base, i),
                 rid=rids[i],
                 stream=req.stream,

@@ -13,6 +13,23 @@ PROCESSOR_REGISTRY: Dict[str, Tuple[str, str]] = {
 }
 
 
+def get_mm_processor_for_dir(model_dir: str, server_args) -> Optional[object]:
+    """The processor for a model directory (reads config.json); None for text-only models. No weights are loaded."""
+    import json
+    import os
+
+    path = os.path.join(model_dir or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        archs = json.load(f).get("architectures") or []
+    if not archs or archs[0] not in PROCESSOR_REGISTRY:
+        return None
+    from transformers import AutoConfig
+
+    return get_mm_processor(archs[0], AutoConfig.from_pretrained(model_dir), model_dir, server_args)
+
+
 def get_mm_processor(architecture: str, hf_config, model_dir: str, server_args) -> Optional[object]:
     """The processor for a multimodal architecture; None for text-only models."""
     if architecture not in PROCESSOR_REGISTRY:
