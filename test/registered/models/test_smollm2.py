@@ -112,9 +112,9 @@ class TestSmolLM2(unittest.TestCase):
         bf16_model = load_model(bf16_config)
         driver = PagedForwardDriver(bf16_model, bf16_config, max_reqs=len(runs) + 1, max_tokens=4096)
         agree = total = 0
-        for ids, gen in runs:
+        for run_index, (ids, gen) in enumerate(runs):
             # teacher-forced on the fp32 tokens: bf16 prefill of most of the run, then bf16 decode steps
-            num_decode = min(16, len(gen) - 1)
+            num_decode = 16 if run_index == 0 else 4
             cut = len(gen) - num_decode
             row = driver.new_request()
             top1 = driver.extend([row], [ids + gen[: cut - 1]], logits_indices=torch.arange(len(ids) - 1, len(ids) + cut - 1))
