@@ -12,6 +12,7 @@ what to change; --json prints the same as one JSON object. Exit status: 0 fits, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Optional
@@ -34,6 +35,8 @@ REQ_TO_TOKEN_ELEM_BYTES = 8
 UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES = 4
 # A hint is printed for a non-KV term above this share of the budget.
 HINT_TERM_SHARE = 0.10
+# The server's --mm-embedding-cache-mb default (ServerArgs), charged for models with encoders.
+MM_EMBEDDING_CACHE_MB_DEFAULT = 100
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-mem-reserve", type=float, default=None,
                    help="GiB for multimodal encoders. Default: computed from the encoder specs.")
     p.add_argument("--encoder-batch-size", type=int, default=1)
+    p.add_argument("--mm-embedding-cache-mb", type=int, default=None,
+                   help="Image-embedding cache budget (MiB). Default: the server's 100 for models with encoders, else 0.")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     return p
 
@@ -87,6 +92,8 @@ def _inputs(args, shape, gpu) -> tuple[PlanInputs, dict]:
         cuda_graph_max_bs=graph_bs,
         encoder_bytes=sum(encoder_reservation_bytes(e, args.encoder_batch_size) for e in shape.encoders)
         if args.encoder_mem_reserve is None else encoder_reservation_bytes(None, 1, args.encoder_mem_reserve),
+        encoder_detail=_encoder_detail(args, shape),
+        mm_cache_bytes=_mm_cache_mb(args, shape) * MiB,
         device_total_bytes=gpu.memory_total_bytes,
         tp_size=tp,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula",
@@ -94,6 +101,33 @@ def _inputs(args, shape, gpu) -> tuple[PlanInputs, dict]:
     )
     context = {"context_len": context_len, "attention_backend": backend, "kv_cell": cell}
     return inputs, context
+
+
+def _mm_cache_mb(args, shape) -> int:
+    if args.mm_embedding_cache_mb is not None:
+        return args.mm_embedding_cache_mb
+    return MM_EMBEDDING_CACHE_MB_DEFAULT if shape.encoders else 0
+
+
+def _encoder_detail(args, shape) -> str:
+    if args.encoder_mem_reserve is not None:
+        return "--encoder-mem-reserve"
+    return "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {args.encoder_batch_size}"
+                     for e in shape.encoders)
+
+
+def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
+    """What the encoder reservation and the embedding cache cost the KV pool: the same plan without them."""
+    reserved = inputs.encoder_bytes + inputs.mm_cache_bytes
+    if reserved == 0:
+        return None
+    try:
+        without = plan_memory(dataclasses.replace(inputs, encoder_bytes=0, mm_cache_bytes=0))
+    except MemoryPlanError:
+        return None
+    return {"reserved_bytes": reserved, "kv_tokens_with": plan.max_total_num_tokens,
+            "kv_tokens_without": without.max_total_num_tokens,
+            "kv_tokens_lost": without.max_total_num_tokens - plan.max_total_num_tokens}
 
 
 def upstream_comparison(inputs: PlanInputs, backend: str, gpu) -> dict:
@@ -190,7 +224,14 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         return 1, result, "\n".join(lines)
     tips = hints(plan, inputs, args.kv_cache_dtype)
     result = {"fits": True, **header, "plan": plan.to_dict(), "upstream": upstream, "hints": tips}
-    lines += [plan.render_table(), "", "FITS. " + plan.explain(), ""]
+    lines += [plan.render_table(), "", "FITS. " + plan.explain()]
+    effect = encoder_effect(plan, inputs)
+    if effect is not None:
+        result["encoder_effect"] = effect
+        lines.append(f"Encoder reservation + embedding cache: {gib(effect['reserved_bytes']):.3f} GiB, charged to the "
+                     f"KV pool: {effect['kv_tokens_with']:,} tokens with them, {effect['kv_tokens_without']:,} "
+                     f"without ({effect['kv_tokens_lost']:,} fewer).")
+    lines.append("")
     lines.append(_upstream_line(upstream))
     if tips:
         lines.append("What to change:")
