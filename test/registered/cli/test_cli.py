@@ -12,7 +12,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.version import __version__
 
-register_cpu_ci(est_time=25, suite="cpu")
+register_cpu_ci(est_time=8, suite="cpu")
 
 SGLANG = [shutil.which("sglang")] if shutil.which("sglang") else [sys.executable, "-m", "sglang.cli.main"]
 

@@ -9,7 +9,7 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 CHAT = [{"role": "user", "content": "List three colors."}]
 

@@ -16,7 +16,7 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import popen_launch_server
 
-register_cpu_ci(est_time=35, suite="cpu")
+register_cpu_ci(est_time=25, suite="cpu")
 
 SGLANG = [shutil.which("sglang")] if shutil.which("sglang") else [sys.executable, "-m", "sglang.cli.main"]
 
