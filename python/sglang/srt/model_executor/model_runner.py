@@ -43,7 +43,7 @@ def _device_total_bytes(device: str) -> int:
 class ModelRunner(ModelRunnerKVCacheMixin):
     def __init__(self, server_args: ServerArgs):
         from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.mem_plan.measure import pre_load_free_bytes
+        from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, pre_load_free_bytes
         from sglang.srt.model_loader import load_model, resolve_model_path
 
         self.server_args = server_args
@@ -61,6 +61,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         # 1. measure before load
         self.pre_load_free_bytes = pre_load_free_bytes(self.device)
+        # what this process held before loading: the baseline that measured usage is compared against
+        self.pre_load_rss_bytes = cpu_current_rss_bytes() if self.device == "cpu" else 0
         self.device_total_bytes = _device_total_bytes(self.device)
         # 2. load
         t0 = time.perf_counter()
