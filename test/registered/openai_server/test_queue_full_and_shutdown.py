@@ -65,8 +65,23 @@ def test_full_queue_returns_503(small_server):
 def test_sigint_stops_everything(small_server):
     children = [psutil.Process(pid) for pid in small_server.child_pids()]
     assert children, "the scheduler runs in its own process"
+    lines = []
+
+    def stream():
+        body = {"prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{small_server.base_url}/v1/completions", json=body, timeout=60) as r:
+            lines.extend(l for l in r.iter_lines() if l)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.time() + 30
+    while not lines and time.time() < deadline:
+        time.sleep(0.1)
     small_server.process.send_signal(signal.SIGINT)
     assert small_server.process.wait(timeout=30) == 0
+    t.join(10)
+    # the in-flight stream is ended properly, not cut off
+    assert lines[-1] == "data: [DONE]" and '"finish_reason":"abort"' in lines[-2]
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
     assert "ready at" in small_server.log() and "Traceback" not in small_server.log()

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 SCHEDULER_STARTUP_TIMEOUT_S = 600.0
 SCHEDULER_STOP_TIMEOUT_S = 5.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 3.0
-SCHEDULER_WATCH_INTERVAL_S = 0.5
+SCHEDULER_WATCH_INTERVAL_S = 0.2
 # reachable without the API key: load balancers and Prometheus scrapers carry no credentials
 AUTH_EXEMPT_PREFIXES = ("/health", "/metrics")
 
@@ -282,8 +282,13 @@ async def serve(app: FastAPI, tm: TokenizerManager, proc, server_args: ServerArg
 
     tm.on_fatal = stop
 
-    async def watch_scheduler():
-        while not server.should_exit:
+    async def watch():
+        while True:
+            if server.should_exit:
+                # end in-flight streams now (finish_reason "abort", then [DONE]) rather than at the graceful timeout
+                tm.is_shutting_down = True
+                tm.abort_all()
+                return
             if not proc.is_alive():
                 tm.scheduler_died(f"the scheduler process exited with code {proc.exitcode}")
                 return
@@ -297,7 +302,7 @@ async def serve(app: FastAPI, tm: TokenizerManager, proc, server_args: ServerArg
             print(f"SGLang server ready at {url} (model: {tm.served_model_name}, "
                   f"startup {time.perf_counter() - started:.1f} s)", flush=True)
 
-    watcher = asyncio.ensure_future(watch_scheduler())
+    watcher = asyncio.ensure_future(watch())
     announcer = asyncio.ensure_future(announce())
     try:
         await server.serve()
