@@ -1,0 +1,64 @@
+"""Request models validate like OpenAI (strict types, ranges, unknown fields) and errors read as instructions."""
+
+import pytest
+from pydantic import ValidationError
+
+from sglang.srt.entrypoints.openai.errors import describe_validation_error, error_body
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.serving_base import choice_sampling_params
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=2, suite="cpu")
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def error_of(model, body):
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(body)
+    return describe_validation_error(e.value)
+
+
+@pytest.mark.parametrize("extra,param,fragment", [
+    ({"max_tokens": "5"}, "max_tokens", "valid integer"),  # strict: no string -> int coercion
+    ({"n": True}, "n", "valid integer"),  # strict: a bool is not a number
+    ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+    ({"top_p": 0.0}, "top_p", "greater than 0"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 items"),
+    ({"stream_options": {"include_usage": True, "x": 1}}, "stream_options", "Unrecognized request argument"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "txt": "a"}]}]}, "messages", "text"),
+])
+def test_chat_validation_messages(extra, param, fragment):
+    message, got_param = error_of(ChatCompletionRequest, {"messages": MSG, **extra})
+    assert got_param == param and fragment in message, message
+
+
+def test_union_errors_report_the_intended_alternative():
+    message, param = error_of(CompletionRequest, {"prompt": [1, "a"]})
+    assert param == "prompt" and message.count("Invalid value") == 1
+
+
+def test_extensions_reach_sampling_params():
+    req = ChatCompletionRequest.model_validate(
+        {"messages": MSG, "top_k": 5, "min_p": 0.1, "ignore_eos": True, "seed": 7, "stop": "x", "max_tokens": 9}
+    )
+    sp = SamplingParams.from_dict(req.sampling_params(req.max_output_tokens))
+    assert (sp.top_k, sp.min_p, sp.ignore_eos, sp.seed, sp.stop_strs, sp.max_new_tokens) == (5, 0.1, True, 7, ["x"], 9)
+    assert choice_sampling_params(req.sampling_params(9), 2)["seed"] == 9
+
+
+def test_unsupported_features_are_named():
+    assert ChatCompletionRequest.model_validate({"messages": MSG, "response_format": {"type": "json_object"}}).unsupported()[0] == "response_format"
+    assert CompletionRequest.model_validate({"prompt": "x", "best_of": 3}).unsupported()[0] == "best_of"
+    assert CompletionRequest.model_validate({"prompt": "x"}).unsupported() is None
+
+
+def test_error_body_shape():
+    body = error_body(404, "no such model", param="model", code="model_not_found")
+    assert body == {"error": {"message": "no such model", "type": "not_found_error", "param": "model",
+                              "code": "model_not_found"}}
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
