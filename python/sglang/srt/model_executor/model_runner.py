@@ -48,6 +48,9 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         self.server_args = server_args
         self.device = resolve_device(server_args.device)
+        backend = server_args.attention_backend or "torch_native"
+        if self.device == "cpu" and backend != "torch_native":
+            raise ValueError(f"--attention-backend {backend} needs a GPU; on CPU use --attention-backend torch_native.")
         if self.device == "cpu":
             torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
         seed = server_args.random_seed if server_args.random_seed is not None else random.randint(0, 2**31 - 1)
