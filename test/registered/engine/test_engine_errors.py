@@ -1,0 +1,82 @@
+"""Bad input to the offline engine: clear ValueErrors that name the limit, and nothing left allocated afterwards."""
+
+import pytest
+
+from sglang import Engine
+from sglang.srt.server_args import ServerArgs
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import shutdown
+
+register_cpu_ci(est_time=20, suite="cpu")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(context_length=128, max_total_memory_gb=1.5, chunked_prefill_size=128, log_level="warning")
+    yield e
+    shutdown(e)
+
+
+def idle_and_intact(engine):
+    s = engine.scheduler
+    s.check_integrity()
+    assert not s.reqs and not s.running and not s.waiting_queue
+    assert s.get_stats()["num_used_tokens"] == 0
+
+
+def test_prompt_longer_than_context(engine):
+    with pytest.raises(ValueError, match=r"longer than the model's maximum request length of 127 input tokens"):
+        engine.generate("word " * 400, {"max_new_tokens": 4})
+    idle_and_intact(engine)
+
+
+def test_prompt_plus_max_new_tokens_over_context(engine):
+    with pytest.raises(ValueError, match=r"maximum context length of 128 tokens.*You requested a total of"):
+        engine.generate("word " * 60, {"max_new_tokens": 100})
+    idle_and_intact(engine)
+
+
+def test_empty_prompt(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate("", {"max_new_tokens": 4})
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate(input_ids=[], sampling_params={"max_new_tokens": 4})
+    idle_and_intact(engine)
+
+
+def test_token_ids_outside_vocab(engine):
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 49152\)"):
+        engine.generate(input_ids=[1, 2, 10**6], sampling_params={"max_new_tokens": 4})
+    idle_and_intact(engine)
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": 0}, "top_k"),
+    ({"max_new_tokens": -5}, "max_new_tokens"), ({"bogus": 1}, "bogus"),
+])
+def test_invalid_sampling_params(engine, params, needle):
+    with pytest.raises(ValueError, match=needle):
+        engine.generate("Hello", params)
+    idle_and_intact(engine)
+
+
+def test_a_bad_request_in_a_batch_leaves_nothing_behind(engine):
+    with pytest.raises(ValueError, match="longer than"):
+        engine.generate(["Hello there", "word " * 400], {"max_new_tokens": 4})
+    idle_and_intact(engine)
+    out = engine.generate("Hello there", {"temperature": 0, "max_new_tokens": 4})
+    assert len(out["output_ids"]) == 4
+    idle_and_intact(engine)
+
+
+def test_server_args_validation_names_the_flag():
+    with pytest.raises(ValueError, match=r"--mem-fraction-static must be in \(0, 1\)"):
+        ServerArgs(mem_fraction_static=1.5)
+    with pytest.raises(ValueError, match=r"--schedule-policy='lifo' is not allowed; choose one of fcfs, lpm, random"):
+        ServerArgs(schedule_policy="lifo")
+    with pytest.raises(ValueError, match=r"--page-size must be a positive number"):
+        ServerArgs(page_size=0)
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])
