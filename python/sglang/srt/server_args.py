@@ -88,7 +88,9 @@ class ServerArgs:
         "activations). For GPUs shared with other processes, and for CPU serving.",
     )
     max_running_requests: Optional[int] = _f(
-        None, "Maximum number of requests running at once (request slots). Default: derived from the KV pool."
+        None,
+        "Maximum number of requests running at once (request slots). Default: derived from the KV pool by upstream's "
+        "rule on GPUs; 256 on CPU.",
     )
     max_total_tokens: Optional[int] = _f(
         None, "Cap on the KV pool size in tokens (mostly for testing). Default: everything the plan allows."

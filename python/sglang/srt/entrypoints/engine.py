@@ -29,6 +29,7 @@ class Engine:
         self.server_args = server_args or ServerArgs(**kwargs)
         configure_logging(self.server_args.log_level)
         self.scheduler = Scheduler(self.server_args)
+        self.scheduler.warmup()
         self.tokenizer = self.scheduler.tokenizer
 
     # ------------------------------------------------------------------ requests

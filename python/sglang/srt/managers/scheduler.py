@@ -150,6 +150,24 @@ class Scheduler:
         outputs, self.pending_outputs = self.pending_outputs, []
         return outputs
 
+    def warmup(self, num_tokens: int = 32, batch_size: int = 4, max_new_tokens: int = 4) -> None:
+        """Run a few tiny requests through prefill and decode so the first real request does not pay for kernel
+        setup (oneDNN primitives, allocator growth); leaves the pools and the prefix cache as they were."""
+        from sglang.srt.managers.io_struct import new_rid
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        vocab = self.model_config.vocab_size
+        n = max(1, min(num_tokens, self.max_req_len - max_new_tokens - 1))
+        for b in range(min(batch_size, self.max_running_requests)):
+            sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True})
+            ids = [(7 * b + 13 * i) % vocab for i in range(n)]
+            self.add_request(TokenizedGenerateReqInput(new_rid(), None, ids, sp))
+        while self.has_work():
+            self.step()
+        self.flush_cache()
+        self.total_prompt_tokens = self.total_cached_tokens = self.total_generated_tokens = 0
+        self.new_token_ratio = NewTokenRatio(self.server_args.schedule_conservativeness)
+
     def flush_cache(self) -> bool:
         """Drop the prefix cache. Only allowed when idle (cached slots may be locked by running requests)."""
         if self.running or self.chunked_req or self.waiting_queue:

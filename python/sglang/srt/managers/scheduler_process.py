@@ -182,6 +182,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
         from sglang.srt.managers.scheduler import Scheduler
 
         scheduler = Scheduler(server_args)
+        scheduler.warmup()
         proc = SchedulerProcess(scheduler, server_args, port_args)
         info = ready_info(scheduler)
     except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message

@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 # Default chunked-prefill size on CPU: large enough that one chunk keeps both cores busy, small enough that the
 # profile forward and the attention scores of one chunk stay in the hundreds of MiB for small models.
 CPU_DEFAULT_CHUNKED_PREFILL_SIZE = 2048
+# Request slots on CPU when --max-running-requests is unset. Upstream's rule (2048-4096 slots) is sized for GPUs; on
+# CPU every slot costs a sampler row of vocab floats (~1.2 MiB for a 49k vocabulary), so 4096 slots would take GiBs of
+# the budget from the KV pool for a batch no CPU decodes efficiently. GPUs keep upstream's rule.
+CPU_DEFAULT_MAX_RUNNING_REQUESTS = 256
 # float32 [rows, vocab] buffers the logits path and sampler keep alive at once per running request:
 # logits, a softmax/log-softmax copy, sorted probs + int64 sort indices (top-p/top-k), the scattered result.
 SAMPLER_VOCAB_ROW_BYTES = 4 + 4 + 4 + 8 + 4
@@ -62,8 +66,13 @@ class ModelRunnerKVCacheMixin:
         total_mib = torch.cuda.get_device_properties(0).total_memory // 2**20
         return min(tier_defaults(total_mib, self.server_args.tp_size)[0], self.context_len)
 
+    def resolve_max_running_requests(self):
+        if self.server_args.max_running_requests is not None or self.device != "cpu":
+            return self.server_args.max_running_requests
+        return CPU_DEFAULT_MAX_RUNNING_REQUESTS
+
     def declared_workspace(self):
-        """The attention backend's buffers, its transient decode gather, and the sampler's per-request rows."""
+        """The attention backend's buffers and, for torch_native, its transient decode gather."""
         from sglang.srt.layers.attention.torch_native_backend import DECODE_GATHER_TOKENS
         from sglang.srt.mem_plan import WorkspaceSpec
         from sglang.srt.mem_plan.backends import AttentionShape, workspace_spec
@@ -84,8 +93,7 @@ class ModelRunnerKVCacheMixin:
             # gathered K/V (+ one contiguous copy inside SDPA) and float32 scores of one decode row group
             gather = DECODE_GATHER_TOKENS * (2 * per_token_layer + 4 * mc.num_attention_heads)
             spec = spec + WorkspaceSpec(fixed_bytes=gather, name="decode_gather")
-        sampler = WorkspaceSpec(per_req_bytes=mc.vocab_size * SAMPLER_VOCAB_ROW_BYTES, name="sampler")
-        return spec + sampler
+        return spec
 
     # ------------------------------------------------------------------ measure
     @torch.inference_mode()
@@ -142,19 +150,20 @@ class ModelRunnerKVCacheMixin:
             context_len=self.context_len,
             page_size=sa.page_size,
             mem_fraction_static=sa.mem_fraction_static,
-            max_running_requests=sa.max_running_requests,
+            max_running_requests=self.resolve_max_running_requests(),
             max_total_tokens=sa.max_total_tokens,
             cap_bytes=cap_bytes,
             chunked_prefill_size=chunk,
             activation_bytes=activation_bytes,
             workspace=workspace,
+            logits_per_req_bytes=mc.vocab_size * SAMPLER_VOCAB_ROW_BYTES,
             req_to_token_elem_bytes=8,
             encoder_bytes=encoder_bytes,
             encoder_detail=getattr(self, "encoder_reserve_detail", ""),
             mm_cache_bytes=int(getattr(self, "mm_embedding_cache_bytes", 0)),
             cuda_graph_max_bs=0 if (self.device == "cpu" or sa.disable_cuda_graph) else sa.cuda_graph_max_bs,
             tp_size=sa.tp_size,
-            sources={"weights": "measured", "activations": "measured", "attention_workspace": "declared",
+            sources={"weights": "measured", "activations": "measured", "attention_workspace": "declared", "logits": "declared",
                      "encoder": getattr(self, "encoder_reserve_source", "declared")},
         )
         self.memory_plan = plan = plan_memory(inputs)
