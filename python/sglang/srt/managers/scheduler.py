@@ -322,7 +322,10 @@ class Scheduler:
         return self._allocate_prefill(plan)
 
     def _alloc_slots(self, req: Req, num_new: int) -> Optional[List[int]]:
-        last = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1]) if req.kv_len else 0
+        # the slot of the request's last token matters only when its last page may have room (page_size > 1)
+        last = 0
+        if self.page_size > 1 and req.kv_len:
+            last = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1])
         slots = self.allocator.alloc(req.kv_len, last, num_new)
         if slots is None and self.tree_cache is not None:
             need = self.allocator.pages_needed(req.kv_len, num_new) * self.page_size
@@ -404,22 +407,24 @@ class Scheduler:
         reqs = self.running
         if not reqs:
             return
-        r2t = self.req_to_token_pool.req_to_token
         locs = []
         for r in reqs:
             slots = self._alloc_slots(r, 1)
             assert slots is not None, "decode memory was checked"
-            r2t[r.req_pool_idx, r.kv_len] = slots[0]
             locs.append(slots[0])
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        out_cache_loc = torch.tensor(locs, dtype=torch.int64)
+        self.req_to_token_pool.req_to_token[rows, positions] = out_cache_loc
         seq_lens = [r.kv_len + 1 for r in reqs]
         fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=len(reqs),
             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
-            positions=torch.tensor([r.kv_len for r in reqs], dtype=torch.int64),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
+            positions=positions,
+            req_pool_indices=rows,
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            out_cache_loc=torch.tensor(locs, dtype=torch.int64),
+            out_cache_loc=out_cache_loc,
             seq_lens_cpu=seq_lens,
             mm_inputs=None,
         )
