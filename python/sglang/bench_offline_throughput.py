@@ -12,8 +12,7 @@ import argparse
 import json
 import time
 
-from sglang.bench_utils import hf_static_batch_throughput, random_prompt_ids
-from sglang.srt.server_args import ServerArgs
+from sglang.bench_utils import hf_static_batch_throughput, parse_bench_args, random_prompt_ids
 
 
 def run_engine(engine, prompts, output_len: int) -> dict:
@@ -40,11 +39,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compare-hf", action="store_true", help="also run HF transformers generate as one static batch")
     p.add_argument("--output-file", default=None)
-    ServerArgs.add_cli_args(p)
-    args = p.parse_args(argv)
-    server_args = ServerArgs.from_cli_args(args)
-    if server_args.log_level == "info":
-        server_args.log_level = "warning"
+    args, server_args = parse_bench_args(p, argv)
 
     from sglang import Engine
 

@@ -10,8 +10,7 @@ import json
 import statistics
 import time
 
-from sglang.bench_utils import hf_batch1_decode, random_prompt_ids
-from sglang.srt.server_args import ServerArgs
+from sglang.bench_utils import hf_batch1_decode, parse_bench_args, random_prompt_ids
 
 
 def measure(engine, prompts, output_len: int) -> dict:
@@ -45,11 +44,7 @@ def main(argv=None) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--compare-hf", action="store_true", help="also measure HF transformers batch-1 decode")
     p.add_argument("--output-file", default=None)
-    ServerArgs.add_cli_args(p)
-    args = p.parse_args(argv)
-    server_args = ServerArgs.from_cli_args(args)
-    if server_args.log_level == "info":
-        server_args.log_level = "warning"
+    args, server_args = parse_bench_args(p, argv)
 
     from sglang import Engine
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -57,3 +58,15 @@ def hf_batch1_decode(model_dir: str, prompt: List[int], output_len: int, dtype: 
         total = time.perf_counter() - t0
     decode = max(total - prefill, 1e-9)
     return {"backend": "hf_transformers", "prefill_s": prefill, "decode_tok_s": (output_len - 1) / decode}
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, argv=None) -> Tuple[argparse.Namespace, "ServerArgs"]:
+    """Benchmark flags plus every `sglang serve` flag; engine logs default to warnings so the report stays readable."""
+    from sglang.srt.server_args import ServerArgs
+
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    server_args = ServerArgs.from_cli_args(args)
+    if server_args.log_level == "info":
+        server_args.log_level = "warning"
+    return args, server_args
