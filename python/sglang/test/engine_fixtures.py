@@ -44,6 +44,15 @@ def hf_greedy(model_dir: str, prompts_ids: List[List[int]], max_new_tokens: int)
     return outs
 
 
+def spread_random_weights(model, std: float = 0.08):
+    """Redraw every matrix with a little more spread than the default init, so greedy paths are not degenerate."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, std)
+    return model
+
+
 def make_random_qwen3(path: str, seed: int = 0) -> str:
     """A small random-weight Qwen3 checkpoint (q/k norms, GQA) saved in HF layout."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -52,12 +61,7 @@ def make_random_qwen3(path: str, seed: int = 0) -> str:
     cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                       rope_theta=10000.0, tie_word_embeddings=False, eos_token_id=1, bos_token_id=0)
-    model = Qwen3ForCausalLM(cfg).to(torch.float32)
-    # random weights with a little more spread than the init so greedy paths are not degenerate
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
+    model = spread_random_weights(Qwen3ForCausalLM(cfg).to(torch.float32))
     model.save_pretrained(path, safe_serialization=True)
     return path
 

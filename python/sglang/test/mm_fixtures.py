@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import torch
 
+from sglang.test.engine_fixtures import spread_random_weights
+
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 64
 PATCH_SIZE = 16
@@ -49,11 +51,7 @@ def make_random_llava(path: str, tower: str = "clip", seed: int = 0, image_size:
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id,
                       vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy)
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(cfg).to(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
+    model = spread_random_weights(LlavaForConditionalGeneration(cfg).to(torch.float32))
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     if preprocessor is None:

@@ -133,12 +133,12 @@ class Req:
         self.sent_text_len = end
         return delta
 
-    def reset_for_retract(self) -> None:
+    def reset_memory_state(self) -> None:
+        """After its memory was released: back to 'nothing in the pool' (it will prefill fill_ids again)."""
         self.req_pool_idx = None
         self.kv_len = 0
         self.prefix_len = 0
         self.last_node = None
-        self.num_retractions += 1
 
     def __repr__(self) -> str:
         return f"Req(rid={self.rid}, input={len(self.origin_input_ids)}, output={len(self.output_ids)}, kv={self.kv_len})"

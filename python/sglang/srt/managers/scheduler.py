@@ -340,8 +340,7 @@ class Scheduler:
             slots = self._alloc_slots(req, n)
             if slots is None:
                 self._release_memory(req, cache=False)
-                req.reset_for_retract()
-                req.num_retractions -= 1  # not a retraction: it never ran
+                req.reset_memory_state()
                 if req is self.chunked_req:
                     self.chunked_req = None
                 self.waiting_queue.insert(0, req)
@@ -464,7 +463,8 @@ class Scheduler:
         while len(order) > 1:
             victim = order.pop()
             self._release_memory(victim, cache=False)
-            victim.reset_for_retract()
+            victim.reset_memory_state()
+            victim.num_retractions += 1
             retracted.append(victim)
             self.running.remove(victim)
             headroom = self.allocator.available_size() - len(self.running) * RETRACT_DECODE_STEPS
@@ -477,8 +477,8 @@ class Scheduler:
             last.abort("The KV cache is too small for this request; lower max_new_tokens or raise the memory limit.",
                        status_code=400)
             self._finish(last)
-        # retracted requests go back to the front, in their original order
-        self.waiting_queue[0:0] = sorted(retracted, key=lambda r: r.num_retractions)[::-1]
+        # retracted requests go back to the front of the queue, the last retracted (most progressed) first
+        self.waiting_queue[0:0] = retracted[::-1]
         self.num_retractions += len(retracted)
         self.new_token_ratio.after_retract(self.running)
         logger.info("KV cache pool is full. Retract requests. #retracted_reqs: %d, #new_token_ratio: %.4f",
