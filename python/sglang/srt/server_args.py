@@ -121,12 +121,11 @@ class ServerArgs:
         None, "Attention kernel backend. Default: torch_native.", choices=ATTENTION_BACKEND_CHOICES
     )
     triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
-    enable_torch_compile: bool = _f(False, "Compile the decode forward with torch.compile.")
     num_threads: Optional[int] = _f(None, "CPU threads for torch. Default: all cores.")
 
-    # ---- parallelism (accepted for interface compatibility; a single rank is run) ----
-    tp_size: int = _f(1, "Tensor parallel size.")
-    pp_size: int = _f(1, "Pipeline parallel size.")
+    # ---- parallelism: upstream's flags; this runtime runs one rank (`sglang plan --tp N` plans multi-GPU) ----
+    tp_size: int = _f(1, "Tensor parallel size. Only 1 is supported by this runtime.")
+    pp_size: int = _f(1, "Pipeline parallel size. Only 1 is supported by this runtime.")
 
     # ---- multimodal ----
     max_image_pixels: Optional[int] = _f(None, "Largest accepted image (width*height); larger images are resized.")
@@ -173,6 +172,11 @@ class ServerArgs:
             raise ValueError("--schedule-conservativeness must be positive.")
         if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
             raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
+        if self.tp_size != 1 or self.pp_size != 1:
+            raise ValueError(
+                f"--tp-size {self.tp_size} / --pp-size {self.pp_size}: this runtime serves on one rank; use 1. "
+                "To see how a model would fit on N GPUs, run `sglang plan --tp N`."
+            )
         if not (0 < self.port < 65536):
             raise ValueError(f"--port must be in 1..65535, got {self.port}.")
 

@@ -76,6 +76,8 @@ def test_server_args_validation_names_the_flag():
         ServerArgs(schedule_policy="lifo")
     with pytest.raises(ValueError, match=r"--page-size must be a positive number"):
         ServerArgs(page_size=0)
+    with pytest.raises(ValueError, match=r"--tp-size 2 .* serves on one rank"):
+        ServerArgs(tp_size=2)
 
 
 if __name__ == "__main__":
