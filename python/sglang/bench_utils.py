@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
 
 def random_prompt_ids(num_prompts: int, input_len: int, vocab_size: int, seed: int = 0,

@@ -21,7 +21,6 @@ import socket
 import sys
 import time
 from contextlib import asynccontextmanager
-from typing import Optional
 
 import orjson
 from fastapi import FastAPI, Request

@@ -16,9 +16,7 @@ from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import GenerateRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    SSE_DONE,
     OpenAIServingBase,
-    SSEResponse,
     choice_sampling_params,
     json_response,
     sse,
@@ -136,21 +134,15 @@ class ServingGenerate(OpenAIServingBase):
             await gen.aclose()
             raise
 
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                item = first
-                while item is not None:
-                    i, out = item
-                    accs[i].add(out)
-                    obj = accs[i].response()
-                    if is_batch:
-                        obj["index"] = i
-                    yield sse(obj)
-                    item = await self.first_item(gen)
-            except RequestError as e:
-                yield self.stream_error(e)
-            finally:
-                await gen.aclose()
-            yield SSE_DONE
+        async def events() -> AsyncIterator[bytes]:
+            item = first
+            while item is not None:
+                i, out = item
+                accs[i].add(out)
+                obj = accs[i].response()
+                if is_batch:
+                    obj["index"] = i
+                yield sse(obj)
+                item = await self.first_item(gen)
 
-        return SSEResponse(body())
+        return self.stream_response(gen, events())

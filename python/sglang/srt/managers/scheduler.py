@@ -13,7 +13,6 @@ get_stats / check_integrity.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Dict, List, Optional
 
 import torch
@@ -21,7 +20,6 @@ import torch
 from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import (
-    CLIP_MAX_NEW_TOKENS,
     RETRACT_DECODE_STEPS,
     NewTokenRatio,
     PrefillPlan,

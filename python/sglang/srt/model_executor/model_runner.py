@@ -15,7 +15,6 @@ import logging
 import os
 import random
 import time
-from typing import Optional
 
 import torch
 

@@ -10,7 +10,7 @@ any forward stays within the reservation. Scheduler process only (single-threade
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Set
 
 from sglang.srt.mem_plan.encoder import EncoderBudget
 

@@ -145,6 +145,22 @@ class OpenAIServingBase:
         except StopAsyncIteration:
             return None
 
+    def stream_response(self, gen: AsyncIterator, events: AsyncIterator[bytes]) -> "SSEResponse":
+        """SSE response over `events` (which reads `gen`): a RequestError mid-stream becomes an error event, the
+        request stream is always closed (aborting the request if the client left), and the stream ends in [DONE]."""
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in events:
+                    yield chunk
+            except RequestError as e:
+                yield self.stream_error(e)
+            finally:
+                await gen.aclose()
+            yield SSE_DONE
+
+        return SSEResponse(body())
+
     @staticmethod
     def stream_error(e: RequestError) -> bytes:
         from sglang.srt.entrypoints.openai.errors import error_body

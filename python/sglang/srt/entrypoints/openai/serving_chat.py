@@ -14,9 +14,7 @@ from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    SSE_DONE,
     OpenAIServingBase,
-    SSEResponse,
     choice_sampling_params,
     finish_reason_str,
     json_response,
@@ -139,34 +137,28 @@ class OpenAIServingChat(OpenAIServingBase):
                 c["usage"] = None
             return sse(c)
 
-        async def body() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[bytes]:
             completion_tokens, cached = {}, 0
             started = set()
-            try:
-                item = first
-                while item is not None:
-                    i, out = item
-                    if i not in started:
-                        started.add(i)
-                        yield chunk(i, {"role": "assistant", "content": ""})
-                    if out.new_text or (req.logprobs and out.new_token_ids):
-                        lp = {"content": self.logprobs_content(out)} if req.logprobs else None
-                        yield chunk(i, {"content": out.new_text}, logprobs=lp)
-                    if out.finished:
-                        yield chunk(i, {}, finish_reason_str(out.finish_reason), matched=matched_stop(out.finish_reason))
-                    completion_tokens[i] = out.completion_tokens
-                    if i == 0:
-                        cached = out.cached_tokens
-                    item = await self.first_item(gen)
-                if include_usage:
-                    yield sse({
-                        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [], "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached),
-                    })
-            except RequestError as e:
-                yield self.stream_error(e)
-            finally:
-                await gen.aclose()
-            yield SSE_DONE
+            item = first
+            while item is not None:
+                i, out = item
+                if i not in started:
+                    started.add(i)
+                    yield chunk(i, {"role": "assistant", "content": ""})
+                if out.new_text or (req.logprobs and out.new_token_ids):
+                    lp = {"content": self.logprobs_content(out)} if req.logprobs else None
+                    yield chunk(i, {"content": out.new_text}, logprobs=lp)
+                if out.finished:
+                    yield chunk(i, {}, finish_reason_str(out.finish_reason), matched=matched_stop(out.finish_reason))
+                completion_tokens[i] = out.completion_tokens
+                if i == 0:
+                    cached = out.cached_tokens
+                item = await self.first_item(gen)
+            if include_usage:
+                yield sse({
+                    "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached),
+                })
 
-        return SSEResponse(body())
+        return self.stream_response(gen, events())

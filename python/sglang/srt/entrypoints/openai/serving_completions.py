@@ -6,16 +6,14 @@ generated token of every choice.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, List, Optional
+from typing import AsyncIterator, List, Optional
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    SSE_DONE,
     OpenAIServingBase,
-    SSEResponse,
     choice_sampling_params,
     finish_reason_str,
     json_response,
@@ -158,30 +156,24 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 c["usage"] = None
             return c
 
-        async def body() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[bytes]:
             completion_tokens: dict = {}
             cached: dict = {}
             seen = set()
-            try:
-                item = first
-                while item is not None:
-                    i, out = item
-                    if out.new_text or out.finished or i not in seen or (req.logprobs is not None and out.new_token_ids):
-                        yield sse(chunk(i, out, i not in seen))
-                        seen.add(i)
-                    completion_tokens[i] = out.completion_tokens
-                    cached[i] = out.cached_tokens
-                    item = await self.first_item(gen)
-                if include_usage:
-                    cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
-                    yield sse({
-                        "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                        "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total),
-                    })
-            except RequestError as e:
-                yield self.stream_error(e)
-            finally:
-                await gen.aclose()
-            yield SSE_DONE
+            item = first
+            while item is not None:
+                i, out = item
+                if out.new_text or out.finished or i not in seen or (req.logprobs is not None and out.new_token_ids):
+                    yield sse(chunk(i, out, i not in seen))
+                    seen.add(i)
+                completion_tokens[i] = out.completion_tokens
+                cached[i] = out.cached_tokens
+                item = await self.first_item(gen)
+            if include_usage:
+                cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
+                yield sse({
+                    "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                    "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total),
+                })
 
-        return SSEResponse(body())
+        return self.stream_response(gen, events())
