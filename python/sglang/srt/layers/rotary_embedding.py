@@ -12,6 +12,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
+
 
 def _default_inv_freq(rotary_dim: int, base: float, device) -> torch.Tensor:
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / rotary_dim
@@ -67,7 +69,20 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """positions: [N]; query: [N, Hq * D] or [N, Hq, D]; key likewise or None. Returns new tensors, shaped like the inputs."""
+        """positions: [N]; query: [N, Hq * D] or [N, Hq, D]; key likewise or None. Returns tensors shaped like the
+        inputs: new ones, or on the CPU kernel path (bf16, key None, heads contiguous) `query` itself, rotated in place."""
+        if key is None and query.dtype == torch.bfloat16 and query.is_cpu and self.cos_sin_cache.dtype == torch.bfloat16:
+            ops = get_cpu_ops()
+            n = query.shape[0]
+            flat = query.view(n, -1) if query.dim() == 3 and query.stride(-1) == 1 and query.stride(1) == self.head_size else query
+            if ops is not None and flat.dim() == 2 and flat.stride(1) == 1:
+                ops.rotary_embedding_(positions, flat, flat.shape[1] // self.head_size, self.head_size, self.cos_sin_cache)
+                return query, None
+        return self._forward_torch(positions, query, key)
+
+    def _forward_torch(
+        self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         cos, sin = self.cos_sin_cache.index_select(0, positions).unsqueeze(-2).chunk(2, dim=-1)  # [N, 1, rd/2] each
         q = self._apply(query, cos, sin)
         k = self._apply(key, cos, sin) if key is not None else None

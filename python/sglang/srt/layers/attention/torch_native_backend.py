@@ -10,6 +10,10 @@ Query layouts:
   extend   q [N, H, D] is scattered into [B, max_extend_len, H, D] (no copy when B == 1); query i of request b
            sits at position prefix_len[b] + i and attends to keys j <= prefix_len[b] + i.
   A single request without a cached prefix takes SDPA's is_causal path on the new K/V directly.
+
+On a CPU with AVX-512 BF16 and a bf16 pool, decode instead calls one fused kernel per layer
+(jit_kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
+through req_to_token: no gathered copy, no padding, no mask.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.nn.functional as F
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 if TYPE_CHECKING:
@@ -40,12 +45,24 @@ class TorchNativeMetadata:
     q_batch_idx: Optional[torch.Tensor] = None  # [N] request of each new token (extend, B > 1)
     q_pos_idx: Optional[torch.Tensor] = None  # [N] index of each new token within its request's extend
     max_extend_len: int = 0
+    fused_decode: bool = False  # decode through the CPU kernel; kv_indices and attn_mask are not built
 
 
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.forward_metadata: Optional[TorchNativeMetadata] = None
+        pool = self.token_to_kv_pool
+        self.cpu_decode_ops = None
+        if (
+            str(self.device).startswith("cpu")
+            and getattr(self.model_config, "dtype", None) == torch.bfloat16
+            and pool.dtype == torch.bfloat16
+            and getattr(pool, "store_dtype", pool.dtype) == torch.bfloat16
+            and getattr(pool, "head_dim", 0) % 32 == 0
+            and getattr(pool, "v_head_dim", None) == getattr(pool, "head_dim", None)
+        ):
+            self.cpu_decode_ops = get_cpu_ops()
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -68,6 +85,9 @@ class TorchNativeAttnBackend(AttentionBackend):
             self.forward_metadata = self._extend_metadata(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
             return
 
+        if self.cpu_decode_ops is not None:
+            self.forward_metadata = TorchNativeMetadata(None, None, fused_decode=True)
+            return
         max_len = max(seq_lens_cpu)
         kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]  # [B, max_len]
         mask = None
@@ -151,9 +171,18 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
+        md = self.forward_metadata
+        if md.fused_decode:
+            if not save_kv_cache:
+                raise NotImplementedError("torch_native CPU decode always writes the new K/V (save_kv_cache=True).")
+            pool = self.token_to_kv_pool
+            return self.cpu_decode_ops.decode_attention(
+                q, k, v, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
+                forward_batch.out_cache_loc, layer.scaling,
+            )
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        md = self.forward_metadata
         bs, num_heads, head_dim = q.shape
         max_len = md.kv_indices.shape[1]
         # Rows are processed in groups of at most DECODE_GATHER_TOKENS gathered tokens, so the per-layer gathered

@@ -1,0 +1,103 @@
+"""CPU kernels for bf16 decode on AVX-512 BF16 machines, built on first use and cached.
+
+`get_cpu_ops()` returns the compiled module, or None when the kernels cannot be used here (another CPU, no C++
+compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes the same thing.
+The sources are in `csrc/cpu/`; the build goes to torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
+`~/.cache/torch_extensions`) under a name that changes with the sources, so an edit rebuilds and an unchanged
+tree loads in well under a second. `python -m sglang.jit_kernel.cpu_ops` builds it ahead of time (the install
+script does) and prints whether it is in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).parent / "csrc" / "cpu"
+ENV_SWITCH = "SGLANG_CPU_KERNELS"  # "0" turns the kernels off
+
+_lock = threading.Lock()
+_ops: Optional[ModuleType] = None
+_tried = False
+_reason = "not loaded yet"
+
+
+def cpu_has_avx512_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return all(f" {flag}" in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"))
+
+
+def _source_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(CSRC_DIR.iterdir()):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    name = f"sgl_cpu_kernels_{_source_digest()}"
+    start = time.perf_counter()
+    module = load(
+        name=name,
+        sources=[str(CSRC_DIR / "bindings.cpp")],
+        extra_include_paths=[str(CSRC_DIR)],
+        extra_cflags=["-O3", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+    took = time.perf_counter() - start
+    if took > 2:
+        logger.info("Built the CPU kernels %s in %.0f s (cached for later runs).", name, took)
+    return module
+
+
+def get_cpu_ops() -> Optional[ModuleType]:
+    """The compiled kernels, or None (the reason is in `cpu_ops_status()`)."""
+    global _ops, _tried, _reason
+    if _tried:
+        return _ops
+    with _lock:
+        if _tried:
+            return _ops
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _reason = f"turned off by {ENV_SWITCH}=0"
+        elif not cpu_has_avx512_bf16():
+            _reason = "this CPU has no AVX-512 BF16 instructions"
+        else:
+            try:
+                module = _build()
+                if module.cpu_supported():
+                    _ops, _reason = module, "in use"
+                else:
+                    _reason = "the CPU check of the compiled kernels failed"
+            except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
+                _reason = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                logger.warning("CPU kernels unavailable (%s); using the torch path.", _reason)
+        _tried = True
+        return _ops
+
+
+def cpu_ops_status() -> str:
+    get_cpu_ops()
+    return _reason
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    start = time.perf_counter()
+    ops = get_cpu_ops()
+    print(f"sglang CPU kernels: {cpu_ops_status()} ({time.perf_counter() - start:.1f} s)")

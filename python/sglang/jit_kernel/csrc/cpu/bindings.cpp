@@ -1,0 +1,200 @@
+// Python bindings of the CPU kernels (AVX-512 BF16): argument checks, threading with at::parallel_for, and a
+// run-time CPU check. The kernels themselves live in the headers next to this file, one concept each.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "activation.h"
+#include "decode_attention.h"
+#include "gemv.h"
+#include "norm.h"
+#include "rope.h"
+
+namespace {
+
+using sgl_cpu::kGemvK;
+
+inline uint16_t* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void check_bf16_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
+}
+
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+// x [M, K] @ weight [N, K]^T -> [M, N]
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "gemv: shapes ", x.sizes(), " and ",
+              weight.sizes(), " do not match");
+  TORCH_CHECK(x.size(1) % kGemvK == 0, "gemv: K must be a multiple of ", kGemvK);
+  at::Tensor xc = x.contiguous();
+  at::Tensor wc = weight.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = wc.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const uint16_t* xp = bf16_ptr(xc);
+  const uint16_t* wp = bf16_ptr(wc);
+  uint16_t* yp = bf16_ptr(y);
+  // work unit: 4 weight rows; a thread's share is contiguous so its stream is one range of memory
+  const int64_t blocks = (N + 3) / 4;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, b0 * 4, std::min(N, b1 * 4));
+  });
+  return y;
+}
+
+// returns (out, residual_out); residual_out is x + residual (or undefined without a residual)
+std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                           const at::Tensor& weight, double eps) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rmsnorm: x must be a contiguous [rows, hidden] tensor");
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(weight.numel() == hidden && weight.is_contiguous(), "rmsnorm: weight must have ", hidden, " elements");
+  at::Tensor out = at::empty_like(x);
+  at::Tensor res_out;
+  const uint16_t* rp = nullptr;
+  uint16_t* rop = nullptr;
+  if (residual.has_value()) {
+    check_bf16_cpu(*residual, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous(), "rmsnorm: residual must match x");
+    res_out = at::empty_like(x);
+    rp = bf16_ptr(*residual);
+    rop = bf16_ptr(res_out);
+  }
+  const uint16_t* xp = bf16_ptr(x);
+  const uint16_t* wp = bf16_ptr(weight);
+  uint16_t* op = bf16_ptr(out);
+  const float feps = (float)eps;
+  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      sgl_cpu::rmsnorm_row(xp + r * hidden, rp ? rp + r * hidden : nullptr, wp, op + r * hidden,
+                           rop ? rop + r * hidden : nullptr, hidden, feps);
+  });
+  return {out, res_out};
+}
+
+// [rows, 2I] -> [rows, I]
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  check_bf16_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "silu_and_mul: x must be contiguous [rows, 2I]");
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  at::Tensor out = at::empty({rows, inter}, x.options());
+  const uint16_t* xp = bf16_ptr(x);
+  uint16_t* op = bf16_ptr(out);
+  at::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) sgl_cpu::silu_and_mul_row(xp + r * 2 * inter, op + r * inter, inter);
+  });
+  return out;
+}
+
+// In place: the first num_heads heads of each row of x [N, >= num_heads * head_size] (row stride free, heads
+// contiguous) are rotated by cos_sin_cache[positions[n]].
+void rotary_embedding_(const at::Tensor& positions, at::Tensor& x, int64_t num_heads, int64_t head_size,
+                       const at::Tensor& cos_sin_cache) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(cos_sin_cache, "cos_sin_cache");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1, "rotary: positions must be int64 [N]");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= num_heads * head_size, "rotary: bad x layout");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous(), "rotary: cos_sin_cache must be [P, rd]");
+  const int64_t n = x.size(0), rd = cos_sin_cache.size(1);
+  TORCH_CHECK(positions.size(0) == n && rd <= head_size && rd % 2 == 0, "rotary: shapes do not match");
+  at::Tensor pos = positions.contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t max_pos = cos_sin_cache.size(0);
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(pp[i] >= 0 && pp[i] < max_pos, "rotary: position ", pp[i], " out of range");
+  uint16_t* xp = bf16_ptr(x);
+  const uint16_t* cp = bf16_ptr(cos_sin_cache);
+  const int64_t ld = x.stride(0);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) sgl_cpu::rope_heads(xp + r * ld, num_heads, head_size, cp + pp[r] * rd, rd);
+  });
+}
+
+// Writes the new k/v [B, KV, D] to the pool at out_cache_loc, then attends q [B, H, D] over each request's tokens
+// req_to_token[req_pool_indices[b], :seq_lens[b]] -> [B, H * D].
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                            at::Tensor& v_cache, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                            const at::Tensor& seq_lens, const at::Tensor& out_cache_loc, double scale) {
+  for (auto* t : {&q, &k, &v}) check_bf16_cpu(*t, "q/k/v");
+  check_bf16_cpu(k_cache, "k_cache");
+  check_bf16_cpu(v_cache, "v_cache");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "decode_attention: q, k, v must be [B, heads, D]");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(), "decode_attention: caches must be contiguous [slots, KV, D]");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && k.size(1) == KV && v.size(1) == KV && k.size(2) == D && v.size(2) == D &&
+                  k.size(0) == B && v.size(0) == B, "decode_attention: head shapes do not match");
+  TORCH_CHECK(D % 32 == 0 && D <= 256 && H % KV == 0, "decode_attention: head_dim must be a multiple of 32, <= 256");
+  for (auto* t : {&req_to_token, &req_pool_indices, &seq_lens, &out_cache_loc})
+    TORCH_CHECK(t->scalar_type() == at::kLong, "decode_attention: index tensors must be int64");
+  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "decode_attention: bad req_to_token");
+  at::Tensor rpi = req_pool_indices.contiguous(), lens = seq_lens.contiguous(), loc = out_cache_loc.contiguous();
+  const int64_t* rp = rpi.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  const int64_t* locp = loc.data_ptr<int64_t>();
+  const int64_t slots = k_cache.size(0), table_rows = req_to_token.size(0), table_len = req_to_token.size(1);
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(rp[b] >= 0 && rp[b] < table_rows && lp[b] >= 1 && lp[b] <= table_len && locp[b] >= 0 &&
+                    locp[b] < slots, "decode_attention: index out of range for request ", b);
+    max_len = std::max(max_len, lp[b]);
+  }
+  // 1. the new tokens' K and V into the pool (heads contiguous within a token for k, v and the pool)
+  uint16_t* kc = bf16_ptr(k_cache);
+  uint16_t* vc = bf16_ptr(v_cache);
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == D && v.stride(1) == D,
+              "decode_attention: k/v heads must be contiguous");
+  const uint16_t* kp = bf16_ptr(k);
+  const uint16_t* vp = bf16_ptr(v);
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(kc + locp[b] * KV * D, kp + b * k.stride(0), KV * D * sizeof(uint16_t));
+    std::memcpy(vc + locp[b] * KV * D, vp + b * v.stride(0), KV * D * sizeof(uint16_t));
+  }
+  // 2. one (request, query head) per task; the slot table is checked as it is read
+  at::Tensor qc = q.contiguous();
+  const uint16_t* qp = bf16_ptr(qc);
+  at::Tensor out = at::empty({B, H * D}, q.options());
+  uint16_t* op = bf16_ptr(out);
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t ld_table = req_to_token.stride(0);
+  const int64_t group = H / KV;
+  const float fscale = (float)scale;
+  std::atomic<bool> bad_slot{false};
+  at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / H, h = t % H;
+      const int64_t* tokens = table + rp[b] * ld_table;
+      for (int64_t j = 0; j < lp[b]; ++j)
+        if (tokens[j] < 0 || tokens[j] >= slots) bad_slot = true;
+      if (bad_slot) return;
+      sgl_cpu::decode_attention_head(qp + (b * H + h) * D, kc, vc, KV, h / group, D, tokens, lp[b], fscale,
+                                     scores.data(), op + (b * H + h) * D);
+    }
+  });
+  TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "SGLang CPU kernels (AVX-512 BF16)";
+  m.def("cpu_supported", &cpu_supported, "True when this CPU has the AVX-512 BF16 instructions the kernels use");
+  m.def("gemv", &gemv, "x [M, K] @ weight [N, K]^T in bf16 with fp32 accumulation (few-row decode GEMM)");
+  m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
+  m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
+  m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
+}

@@ -1,0 +1,56 @@
+// bf16 <-> fp32 vector helpers for AVX-512 (BF16 extension). Every function here is compiled for that target only;
+// callers check the CPU at run time (cpu_supported() in bindings.cpp) before calling any kernel.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#define SGL_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace sgl_cpu {
+
+// 16 bf16 -> 16 fp32 (exact: bf16 is the top half of an fp32).
+SGL_AVX512_BF16 inline __m512 load_bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// Masked form for a tail of n < 16 elements (the rest read as 0).
+SGL_AVX512_BF16 inline __m512 load_bf16x16_tail(const uint16_t* p, int n) {
+  __mmask16 m = (__mmask16)((1u << n) - 1u);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+// 16 fp32 -> 16 bf16, round to nearest even (torch's rounding for bf16 results).
+SGL_AVX512_BF16 inline void store_bf16x16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+SGL_AVX512_BF16 inline void store_bf16x16_tail(uint16_t* p, __m512 v, int n) {
+  __mmask16 m = (__mmask16)((1u << n) - 1u);
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// Scalar round trip, the same rounding as the vector forms.
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// Round an fp32 vector to bf16 precision and back (what storing and reloading a bf16 tensor does).
+SGL_AVX512_BF16 inline __m512 round_bf16(__m512 v) {
+  __m256bh h = _mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+}
+
+}  // namespace sgl_cpu

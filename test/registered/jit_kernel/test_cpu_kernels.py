@@ -1,0 +1,124 @@
+"""The AVX-512 BF16 CPU kernels against torch references computed from the same bf16 inputs.
+
+On a CPU with AVX-512 BF16 (the project machine, CI) the kernels must build and load: that is asserted, not
+skipped. Elementwise kernels reproduce the torch path's rounding exactly; the GEMV and attention accumulate in
+fp32 in another order, so they are compared with an fp32 reference within a bf16 tolerance, and the GEMV must give
+identical rows whatever the batch size (a request's output does not depend on its batch mates).
+"""
+
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+from sglang.jit_kernel.cpu_ops import cpu_has_avx512_bf16, cpu_ops_status, get_cpu_ops
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="cpu")
+
+BF16 = torch.bfloat16
+
+
+@unittest.skipUnless(cpu_has_avx512_bf16(), "this CPU has no AVX-512 BF16 (the kernels are not used here)")
+class TestCpuKernels(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.ops = get_cpu_ops()
+
+    def setUp(self):
+        self.assertIsNotNone(self.ops, f"CPU kernels did not load: {cpu_ops_status()}")
+        torch.manual_seed(0)
+
+    def test_gemv_matches_fp32_reference_and_is_batch_invariant(self):
+        for n, k in ((960, 576), (577, 64), (3, 1536), (49152 // 16, 576)):
+            w = torch.randn(n, k, dtype=BF16)
+            x = torch.randn(9, k, dtype=BF16)
+            out = self.ops.gemv(x, w)
+            ref = x.float() @ w.float().t()
+            self.assertEqual(out.shape, (9, n))
+            self.assertEqual(out.dtype, BF16)
+            # bf16 output of an fp32 sum: within one bf16 rounding of the exact value (plus fp32 summation noise)
+            torch.testing.assert_close(out.float(), ref, atol=1e-2 * k**0.5, rtol=2 ** -7)
+            for rows in (1, 2, 3, 4, 5):
+                self.assertTrue(torch.equal(self.ops.gemv(x[:rows], w), out[:rows]), (n, k, rows))
+            self.assertTrue(torch.equal(self.ops.gemv(x[4:5], w), out[4:5]))
+
+    def test_gemv_rejects_bad_input(self):
+        with self.assertRaisesRegex(RuntimeError, "multiple of 32"):
+            self.ops.gemv(torch.randn(1, 40, dtype=BF16), torch.randn(8, 40, dtype=BF16))
+        with self.assertRaisesRegex(RuntimeError, "bfloat16"):
+            self.ops.gemv(torch.randn(1, 64), torch.randn(8, 64))
+
+    def test_rmsnorm_equals_torch_rounding(self):
+        for hidden in (576, 100):
+            x = torch.randn(7, hidden, dtype=BF16)
+            res = torch.randn(7, hidden, dtype=BF16)
+            w = (torch.rand(hidden) + 0.5).to(BF16)
+            out, res_out = self.ops.rmsnorm(x, res, w, 1e-5)
+            s = x + res
+            ref = w * F.rms_norm(s.float(), (hidden,), None, 1e-5).to(BF16)
+            self.assertTrue(torch.equal(res_out, s))
+            torch.testing.assert_close(out, ref, atol=0, rtol=2 ** -7)  # rsqrt may differ in the last fp32 bit
+            self.assertGreater((out == ref).float().mean().item(), 0.99)
+            out2, none = self.ops.rmsnorm(x, None, w, 1e-5)
+            self.assertIsNone(none)
+            torch.testing.assert_close(out2, w * F.rms_norm(x.float(), (hidden,), None, 1e-5).to(BF16), atol=0, rtol=2 ** -7)
+
+    def test_silu_and_mul_equals_torch(self):
+        x = torch.randn(5, 2 * 1000, dtype=BF16) * 4
+        out = self.ops.silu_and_mul(x)
+        ref = F.silu(x[:, :1000]) * x[:, 1000:]
+        torch.testing.assert_close(out, ref, atol=0, rtol=2 ** -7)
+        self.assertGreater((out == ref).float().mean().item(), 0.99)
+
+    def test_rotary_in_place_equals_torch(self):
+        from sglang.srt.layers.rotary_embedding import get_rope
+
+        heads, kv, d = 9, 3, 64
+        for rd in (64, 32):
+            rope = get_rope(d, rd, 4096, 10000.0, dtype=BF16)
+            qkv = torch.randn(6, (heads + 2 * kv) * d, dtype=BF16)
+            pos = torch.tensor([0, 1, 7, 100, 4000, 3])
+            n_qk = (heads + kv) * d
+            ref, _ = rope._forward_torch(pos, qkv[:, :n_qk].view(6, -1, d))
+            x = qkv.clone()
+            self.ops.rotary_embedding_(pos, x, heads + kv, d, rope.cos_sin_cache)
+            self.assertTrue(torch.equal(x[:, :n_qk], ref.reshape(6, n_qk)))
+            self.assertTrue(torch.equal(x[:, n_qk:], qkv[:, n_qk:]))  # v untouched
+
+    def test_decode_attention_matches_sdpa_and_writes_the_pool(self):
+        heads, kv, d, slots = 9, 3, 64, 400
+        k_cache = torch.randn(slots, kv, d, dtype=BF16)
+        v_cache = torch.randn(slots, kv, d, dtype=BF16)
+        req_to_token = torch.zeros(4, 128, dtype=torch.int64)
+        perm = torch.randperm(slots - 1) + 1
+        seq_lens = torch.tensor([1, 37, 128])
+        rows = torch.tensor([3, 0, 2])
+        start = 0
+        for r, n in zip(rows.tolist(), seq_lens.tolist()):
+            req_to_token[r, :n] = perm[start : start + n]
+            start += n
+        loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rows.tolist(), seq_lens.tolist())])
+        q = torch.randn(3, heads, d, dtype=BF16)
+        qkv = torch.randn(3, 2 * kv * d + 5, dtype=BF16)  # k and v as strided views, like slices of a qkv row
+        k_new, v_new = qkv[:, : kv * d].view(3, kv, d), qkv[:, kv * d : 2 * kv * d].view(3, kv, d)
+        out = self.ops.decode_attention(q, k_new, v_new, k_cache, v_cache, req_to_token, rows, seq_lens, loc, d**-0.5)
+        self.assertTrue(torch.equal(k_cache[loc], k_new) and torch.equal(v_cache[loc], v_new))
+        for b, (r, n) in enumerate(zip(rows.tolist(), seq_lens.tolist())):
+            idx = req_to_token[r, :n]
+            kk = k_cache[idx].float().transpose(0, 1)  # [KV, n, D]
+            vv = v_cache[idx].float().transpose(0, 1)
+            ref = F.scaled_dot_product_attention(q[b].float().view(kv, heads // kv, d), kk, vv, scale=d**-0.5)
+            torch.testing.assert_close(out[b].float(), ref.reshape(-1), atol=2e-2, rtol=2e-2)
+
+    def test_decode_attention_rejects_slots_outside_the_pool(self):
+        k_cache = torch.zeros(16, 1, 32, dtype=BF16)
+        table = torch.full((1, 8), 99, dtype=torch.int64)
+        q, k = torch.zeros(1, 2, 32, dtype=BF16), torch.zeros(1, 1, 32, dtype=BF16)
+        with self.assertRaisesRegex(RuntimeError, "outside the KV pool"):
+            self.ops.decode_attention(q, k, k, k_cache, k_cache.clone(), table, torch.tensor([0]), torch.tensor([4]),
+                                      torch.tensor([3]), 1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
