@@ -10,6 +10,7 @@ script does) and prints whether it is in use.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,6 +29,7 @@ _lock = threading.Lock()
 _ops: Optional[ModuleType] = None
 _tried = False
 _reason = "not loaded yet"
+_disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -68,6 +70,8 @@ def _build() -> ModuleType:
 def get_cpu_ops() -> Optional[ModuleType]:
     """The compiled kernels, or None (the reason is in `cpu_ops_status()`)."""
     global _ops, _tried, _reason
+    if _disabled_depth:
+        return None
     if _tried:
         return _ops
     with _lock:
@@ -89,6 +93,18 @@ def get_cpu_ops() -> Optional[ModuleType]:
                 logger.warning("CPU kernels unavailable (%s); using the torch path.", _reason)
         _tried = True
         return _ops
+
+
+@contextlib.contextmanager
+def cpu_kernels_disabled():
+    """Within this block every caller takes the torch path (for A/B comparisons in tests and benchmarks; objects
+    that decide at construction, like the attention backend, must also be built inside it)."""
+    global _disabled_depth
+    _disabled_depth += 1
+    try:
+        yield
+    finally:
+        _disabled_depth -= 1
 
 
 def cpu_ops_status() -> str:

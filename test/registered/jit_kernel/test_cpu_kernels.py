@@ -11,7 +11,7 @@ import unittest
 import torch
 import torch.nn.functional as F
 
-from sglang.jit_kernel.cpu_ops import cpu_has_avx512_bf16, cpu_ops_status, get_cpu_ops
+from sglang.jit_kernel.cpu_ops import cpu_has_avx512_bf16, cpu_kernels_disabled, cpu_ops_status, get_cpu_ops
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=40, suite="cpu")
@@ -119,6 +119,54 @@ class TestCpuKernels(unittest.TestCase):
             self.ops.decode_attention(q, k, k, k_cache, k_cache.clone(), table, torch.tensor([0]), torch.tensor([4]),
                                       torch.tensor([3]), 1.0)
 
+
+def teacher_forced_logits(model, model_config, prompts, forced):
+    """Prefill each prompt, then decode the same forced tokens for all requests as one batch: [steps, B, V]."""
+    from sglang.test.paged_forward import PagedForwardDriver
+
+    driver = PagedForwardDriver(model, model_config, max_reqs=len(prompts), max_tokens=4096)
+    rows = [driver.new_request() for _ in prompts]
+    out = [torch.stack([driver.extend([r], [p])[0] for r, p in zip(rows, prompts)])]
+    for tok in forced:
+        out.append(driver.extend(rows, [[t] for t in tok]))
+    return torch.stack(out)
+
+
+@unittest.skipUnless(cpu_has_avx512_bf16(), "this CPU has no AVX-512 BF16 (the kernels are not used here)")
+class TestCpuKernelsInModel(unittest.TestCase):
+    def test_smollm2_bf16_decode_with_and_without_kernels(self):
+        """The whole bf16 model with the kernels is as close to the fp32 reference as the torch bf16 path (argmax
+        agreement and mean logit error), and its decode rows (B = 3, GEMV path) equal the same request run alone."""
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader import load_model
+        from sglang.srt.server_args import ServerArgs
+        from sglang.test.engine_fixtures import default_model_dir
+
+        self.assertIsNotNone(get_cpu_ops(), cpu_ops_status())
+        model_dir = default_model_dir()
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(100, 20000, (n,), generator=g).tolist() for n in (40, 7, 90)]
+        forced = torch.randint(100, 20000, (24, 3), generator=g).tolist()
+        logits = {}
+        for dtype in ("float32", "bfloat16"):
+            mc = ModelConfig.from_server_args(ServerArgs(dtype=dtype), model_dir)
+            model = load_model(mc)
+            logits[dtype] = teacher_forced_logits(model, mc, prompts, forced)
+        with cpu_kernels_disabled():
+            logits["torch"] = teacher_forced_logits(model, mc, prompts, forced)
+        ref = logits["float32"]
+
+        def agreement(x):
+            return (x.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+        def mean_error(x):
+            return (x - ref).abs().mean().item()
+
+        self.assertGreaterEqual(agreement(logits["bfloat16"]), max(0.95, agreement(logits["torch"]) - 0.02))
+        self.assertLess(mean_error(logits["bfloat16"]), 1.25 * mean_error(logits["torch"]))
+        self.assertFalse(torch.equal(logits["bfloat16"], logits["torch"]))  # the kernels did run
+        alone = teacher_forced_logits(model, mc, prompts[1:2], [t[1:2] for t in forced])
+        self.assertTrue(torch.equal(alone[1:, 0], logits["bfloat16"][1:, 1]))  # decode steps: batch-invariant
 
 if __name__ == "__main__":
     unittest.main()

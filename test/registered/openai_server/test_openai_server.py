@@ -4,6 +4,7 @@ import asyncio
 import threading
 import time
 
+import openai
 import pytest
 import requests
 
@@ -89,7 +90,11 @@ def test_logprobs(client, model_name):
     assert "".join(lp.tokens) == comp.choices[0].text
 
 
-def test_concurrent_streams_match_solo(async_client, client, model_name):
+def test_concurrent_streams_match_solo(fp32_server):
+    """8 concurrent greedy streams (batched prefill and decode) give each prompt the text it gets alone (fp32)."""
+    client = openai.OpenAI(base_url=f"{fp32_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    async_client = openai.AsyncOpenAI(base_url=f"{fp32_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    model_name = client.models.list().data[0].id
     prompts = [f"Count from {i}:" for i in range(8)]
     solo = [client.completions.create(model=model_name, prompt=p, temperature=0, max_tokens=8).choices[0].text
             for p in prompts[:2]]

@@ -21,10 +21,11 @@ from sglang.jit_kernel.cpu_ops import get_cpu_ops
 # (W @ x^T)^T, or W @ x for a single row (measured here: 3072x576 weight, 1 row: 130 vs 70 us; 32 rows: 156 vs 88 us).
 # Decode batches are "few rows"; prefill batches stay on F.linear. fp32 keeps F.linear (the exact reference path).
 SMALL_M_ROWS = 128
-# Up to this many rows the AVX-512 BF16 GEMV kernel (jit_kernel/csrc/cpu/gemv.h) streams the weights fastest:
-# the 120 projections of SmolLM2-135M take 8.3 ms at 1 row against 18 ms for mm and 12 ms for oneDNN (2 cores);
-# at 8 rows it is no faster than mm. Its result for a row does not depend on the other rows.
-GEMV_MAX_ROWS = 4
+# Up to this many rows the AVX-512 BF16 GEMV kernel (jit_kernel/csrc/cpu/gemv.h) is used: the 120 projections of
+# SmolLM2-135M take 8.3 ms at 1 row against 18 ms for mm and 12 ms for prepacked oneDNN (2 cores), 11.7 vs 13.9 ms
+# (mm) at 4 rows, and break even with mm at 8. Its result for a row does not depend on the other rows, so decode
+# batches of up to 8 give each request the tokens it gets alone.
+GEMV_MAX_ROWS = 8
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -72,8 +72,13 @@ class ModelRunnerKVCacheMixin:
         return CPU_DEFAULT_MAX_RUNNING_REQUESTS
 
     def declared_workspace(self):
-        """The attention backend's buffers and, for torch_native, its transient decode gather."""
-        from sglang.srt.layers.attention.torch_native_backend import DECODE_GATHER_TOKENS
+        """The attention backend's buffers and, for torch_native, the transient of one extend with a cached prefix
+        and (without the fused CPU decode kernel) its decode gather."""
+        from sglang.srt.layers.attention.torch_native_backend import (
+            DECODE_GATHER_TOKENS,
+            extend_attention_workspace_bytes,
+            fused_cpu_decode_available,
+        )
         from sglang.srt.mem_plan import WorkspaceSpec
         from sglang.srt.mem_plan.backends import AttentionShape, workspace_spec
 
@@ -87,8 +92,16 @@ class ModelRunnerKVCacheMixin:
             num_kv_splits=self.server_args.triton_attention_num_kv_splits,
         )
         spec = workspace_spec(backend, shape)
+        kv_dtype = self.resolve_kv_cache_dtype()
+        fused = fused_cpu_decode_available(self.device, self.dtype, kv_dtype, kv_dtype, mc.head_dim, mc.head_dim)
         if backend == "torch_native":
-            kv_elem = torch.tensor([], dtype=self.resolve_kv_cache_dtype()).element_size()
+            extend = extend_attention_workspace_bytes(
+                mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, torch.tensor([], dtype=self.dtype).element_size(),
+                self.resolve_chunked_prefill_size(), self.context_len,
+            )
+            spec = spec + WorkspaceSpec(fixed_bytes=extend, name="extend_attention")
+        if backend == "torch_native" and not fused:
+            kv_elem = torch.tensor([], dtype=kv_dtype).element_size()
             per_token_layer = mc.num_key_value_heads * 2 * mc.head_dim * kv_elem
             # gathered K/V (+ one contiguous copy inside SDPA) and float32 scores of one decode row group
             gather = DECODE_GATHER_TOKENS * (2 * per_token_layer + 4 * mc.num_attention_heads)

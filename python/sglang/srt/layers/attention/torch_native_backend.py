@@ -7,9 +7,11 @@ gathers K/V for the whole batch with one index op, and runs a single batched SDP
 Query layouts:
   decode   q [B, H, D] is viewed as [B, KV, G, D] (G = H / KV query heads per KV head); the G heads of a group
            act as G queries against that group's keys, so no KV expansion is needed.
-  extend   q [N, H, D] is scattered into [B, max_extend_len, H, D] (no copy when B == 1); query i of request b
-           sits at position prefix_len[b] + i and attends to keys j <= prefix_len[b] + i.
-  A single request without a cached prefix takes SDPA's is_causal path on the new K/V directly.
+  extend   one SDPA call per request, so nothing is padded to the longest request. A request without a cached
+           prefix takes SDPA's is_causal path on its new K/V directly; one with a prefix gathers its K/V from the
+           pool and attends with a [q_len, seq_len] mask (query i at position prefix_len + i sees keys j <= it).
+           The transient of one such call is bounded by `extend_attention_workspace_bytes`, which the memory plan
+           reserves.
 
 On a CPU with AVX-512 BF16 and a bf16 pool, decode instead calls one fused kernel per layer
 (jit_kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
@@ -37,15 +39,47 @@ if TYPE_CHECKING:
 DECODE_GATHER_TOKENS = 64 * 1024
 
 
+def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
+    """Whether decode runs through the fused CPU kernel (and so needs no gather workspace)."""
+    return (
+        str(device).startswith("cpu")
+        and model_dtype == torch.bfloat16
+        and kv_dtype == torch.bfloat16
+        and kv_store_dtype == torch.bfloat16
+        and head_dim % 32 == 0
+        and v_head_dim == head_dim
+        and get_cpu_ops() is not None
+    )
+
+
+@dataclass
+class ExtendRequest:
+    q_start: int  # first row of this request's new tokens in q
+    q_len: int
+    kv_indices: Optional[torch.Tensor] = None  # [1, seq_len] KV slots, when the request has a cached prefix
+    attn_mask: Optional[torch.Tensor] = None  # [1, 1, q_len, seq_len] bool, True = attend
+
+
 @dataclass
 class TorchNativeMetadata:
-    kv_indices: Optional[torch.Tensor]  # [B, max_seq_len] KV slots; rows past seq_len are masked out
-    attn_mask: Optional[torch.Tensor]  # bool, True = attend; decode [B, 1, 1, Lk], extend [B, 1, Lq, Lk]
-    is_causal: bool = False  # extend of one request with no cached prefix: plain causal SDPA on the new K/V
-    q_batch_idx: Optional[torch.Tensor] = None  # [N] request of each new token (extend, B > 1)
-    q_pos_idx: Optional[torch.Tensor] = None  # [N] index of each new token within its request's extend
-    max_extend_len: int = 0
+    kv_indices: Optional[torch.Tensor]  # decode: [B, max_seq_len] KV slots; rows past seq_len are masked out
+    attn_mask: Optional[torch.Tensor]  # decode: bool [B, 1, 1, Lk], True = attend
+    extend_reqs: Optional[List[ExtendRequest]] = None  # extend: one entry per request
     fused_decode: bool = False  # decode through the CPU kernel; kv_indices and attn_mask are not built
+
+
+def extend_attention_workspace_bytes(
+    num_q_heads: int, num_kv_heads: int, head_dim: int, elem_bytes: int, max_extend_tokens: int, context_len: int
+) -> int:
+    """Upper bound on the transient memory of one extend attention call with a cached prefix: the bool mask and
+    SDPA's converted copy of it (q_len x seq_len x (1 + 4) B), the gathered K/V, their expansion to the query heads,
+    and the query/output transposes. Measured on this CPU: 49 MB at q_len 2048 x seq_len 8192 (SmolLM2 heads),
+    against 114 MB from this bound."""
+    q, lk = max_extend_tokens, context_len
+    mask = q * lk * (1 + 4)
+    kv = 2 * lk * head_dim * elem_bytes * (num_kv_heads + num_q_heads)
+    q_out = 2 * q * num_q_heads * head_dim * elem_bytes
+    return mask + kv + q_out
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -53,16 +87,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         super().__init__(**kwargs)
         self.forward_metadata: Optional[TorchNativeMetadata] = None
         pool = self.token_to_kv_pool
-        self.cpu_decode_ops = None
-        if (
-            str(self.device).startswith("cpu")
-            and getattr(self.model_config, "dtype", None) == torch.bfloat16
-            and pool.dtype == torch.bfloat16
-            and getattr(pool, "store_dtype", pool.dtype) == torch.bfloat16
-            and getattr(pool, "head_dim", 0) % 32 == 0
-            and getattr(pool, "v_head_dim", None) == getattr(pool, "head_dim", None)
-        ):
-            self.cpu_decode_ops = get_cpu_ops()
+        fused = fused_cpu_decode_available(
+            self.device, getattr(self.model_config, "dtype", None), pool.dtype, getattr(pool, "store_dtype", pool.dtype),
+            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
+        )
+        self.cpu_decode_ops = get_cpu_ops() if fused else None
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -79,10 +108,9 @@ class TorchNativeAttnBackend(AttentionBackend):
                 prefix_lens = [s - e for s, e in zip(seq_lens_cpu, extend_lens)]
             if extend_lens is None:
                 extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
-            if bs == 1 and prefix_lens[0] == 0:
-                self.forward_metadata = TorchNativeMetadata(None, None, is_causal=True, max_extend_len=extend_lens[0])
-                return
-            self.forward_metadata = self._extend_metadata(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
+            self.forward_metadata = TorchNativeMetadata(
+                None, None, extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
+            )
             return
 
         if self.cpu_decode_ops is not None:
@@ -98,31 +126,17 @@ class TorchNativeAttnBackend(AttentionBackend):
             mask = valid.view(bs, 1, 1, max_len)
         self.forward_metadata = TorchNativeMetadata(kv_indices, mask)
 
-    def _extend_metadata(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> TorchNativeMetadata:
-        bs = fb.batch_size
-        max_len = max(seq_lens_cpu)
-        max_q = max(extend_lens)
-        seq_lens = torch.tensor(seq_lens_cpu, dtype=torch.int64, device=device)
-        prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
-        key_pos = torch.arange(max_len, device=device)  # [Lk]
-        q_pos = prefix[:, None] + torch.arange(max_q, device=device)[None, :]  # [B, Lq] sequence position of query i
-        valid = key_pos[None, :] < seq_lens[:, None]  # [B, Lk]
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & valid[:, None, :]  # [B, Lq, Lk]
-        # req_to_token past seq_len is uninitialised: point those keys at the dummy slot 0
-        kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len].masked_fill(~valid, 0)
-        q_batch_idx = q_pos_idx = None
-        if bs > 1:
-            lens = torch.tensor(extend_lens, dtype=torch.int64, device=device)
-            q_batch_idx = torch.repeat_interleave(torch.arange(bs, device=device), lens)  # [N]
-            starts = torch.cumsum(lens, 0) - lens
-            q_pos_idx = torch.arange(int(sum(extend_lens)), device=device) - starts[q_batch_idx]  # [N]
-        return TorchNativeMetadata(
-            kv_indices=kv_indices,
-            attn_mask=mask.unsqueeze(1),  # [B, 1, Lq, Lk]
-            q_batch_idx=q_batch_idx,
-            q_pos_idx=q_pos_idx,
-            max_extend_len=max_q,
-        )
+    def _extend_requests(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> List[ExtendRequest]:
+        reqs, start = [], 0
+        for b, (seq_len, prefix, ext) in enumerate(zip(seq_lens_cpu, prefix_lens, extend_lens)):
+            req = ExtendRequest(start, ext)
+            if prefix > 0:
+                req.kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices[b : b + 1], :seq_len]
+                q_pos = torch.arange(prefix, seq_len, device=device)  # sequence position of each new token
+                req.attn_mask = (torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]).view(1, 1, ext, seq_len)
+            reqs.append(req)
+            start += ext
+        return reqs
 
     # ------------------------------------------------------------------ per layer
     def _gather_kv(self, layer: "RadixAttention", kv_indices: torch.Tensor, dtype: torch.dtype):
@@ -143,31 +157,23 @@ class TorchNativeAttnBackend(AttentionBackend):
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        md = self.forward_metadata
-        n, num_heads = q.shape[0], q.shape[1]
-        if md.is_causal:
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0),  # [1, H, N, D]
-                k.transpose(0, 1).unsqueeze(0),  # [1, KV, N, D]
-                v.transpose(0, 1).unsqueeze(0),
-                is_causal=True,
-                scale=layer.scaling,
-                enable_gqa=True,
-            )  # [1, H, N, Dv]
-            return out[0].transpose(0, 1).reshape(n, num_heads * layer.v_head_dim)
-
-        k_all, v_all = self._gather_kv(layer, md.kv_indices, q.dtype)
-        bs = forward_batch.batch_size
-        if bs == 1:
-            q_pad = q.unsqueeze(0)  # [1, N, H, D]
-        else:
-            q_pad = q.new_zeros((bs, md.max_extend_len, num_heads, q.shape[2]))
-            q_pad[md.q_batch_idx, md.q_pos_idx] = q
-        out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2), k_all, v_all, attn_mask=md.attn_mask, scale=layer.scaling, enable_gqa=True
-        ).transpose(1, 2)  # [B, Lq, H, Dv]
-        out = out[0] if bs == 1 else out[md.q_batch_idx, md.q_pos_idx]  # [N, H, Dv]
-        return out.reshape(n, num_heads * layer.v_head_dim)
+        num_heads = q.shape[1]
+        outs = []
+        for req in self.forward_metadata.extend_reqs:
+            rows = slice(req.q_start, req.q_start + req.q_len)
+            q_b = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+            if req.kv_indices is None:  # no cached prefix: causal attention over the new tokens only
+                out = F.scaled_dot_product_attention(
+                    q_b, k[rows].transpose(0, 1).unsqueeze(0), v[rows].transpose(0, 1).unsqueeze(0),
+                    is_causal=True, scale=layer.scaling, enable_gqa=True,
+                )
+            else:
+                k_all, v_all = self._gather_kv(layer, req.kv_indices, q.dtype)  # [1, KV, seq_len, D]
+                out = F.scaled_dot_product_attention(
+                    q_b, k_all, v_all, attn_mask=req.attn_mask, scale=layer.scaling, enable_gqa=True
+                )
+            outs.append(out[0].transpose(0, 1).reshape(req.q_len, num_heads * layer.v_head_dim))  # [1, H, q, Dv] -> [q, H * Dv]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
