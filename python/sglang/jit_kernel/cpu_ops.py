@@ -48,9 +48,22 @@ def _source_digest() -> str:
     return h.hexdigest()[:12]
 
 
+def _ninja_on_path() -> None:
+    """torch's extension builder runs `ninja` from PATH; the `ninja` package's binary may not be there (a --user
+    install, an unactivated venv)."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
+    _ninja_on_path()
     name = f"sgl_cpu_kernels_{_source_digest()}"
     start = time.perf_counter()
     module = load(
