@@ -60,11 +60,26 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
+class _NoCudaNotice(logging.Filter):
+    """torch.utils.cpp_extension warns at import that no CUDA runtime is found: expected for these CPU kernels."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No CUDA runtime is found" not in record.getMessage()
+
+
 def _build() -> ModuleType:
+    logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaNotice())
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
     name = f"sgl_cpu_kernels_{_source_digest()}"
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        if not any(Path(_get_build_directory(name, False)).glob("*.so")):
+            logger.info("Compiling the CPU kernels %s (once per machine, about 30 s) ...", name)
+    except Exception:  # a private helper of torch: only used for the message
+        pass
     start = time.perf_counter()
     module = load(
         name=name,
