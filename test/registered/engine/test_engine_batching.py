@@ -140,5 +140,27 @@ def test_retraction_with_pages():
         shutdown(engine)
 
 
+def test_retraction_bf16_cpu_kernels():
+    """The default bf16 path (fused CPU decode attention reading the pool through req_to_token) under retraction
+    with pages: every request finishes, the pools come back whole, and a rerun of the same batch from a flushed
+    cache reproduces it token for token."""
+    engine = Engine(dtype="bfloat16", max_total_tokens=384, page_size=4, chunked_prefill_size=128,
+                    log_level="warning")
+    try:
+        prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(8)]
+        params = dict(GREEDY, max_new_tokens=50, ignore_eos=True)
+        outs = engine.generate(prompts, params)
+        assert engine.scheduler.num_retractions > 0
+        assert all(len(o["output_ids"]) == 50 for o in outs)
+        engine.scheduler.check_integrity()
+        assert engine.scheduler.get_stats()["num_used_tokens"] == 0
+        engine.scheduler.flush_cache()
+        again = engine.generate(prompts, params)
+        assert [o["output_ids"] for o in again] == [o["output_ids"] for o in outs]
+        engine.scheduler.check_integrity()
+    finally:
+        shutdown(engine)
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
