@@ -30,6 +30,7 @@ _ops: Optional[ModuleType] = None
 _tried = False
 _reason = "not loaded yet"
 _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
+_amx: Optional[bool] = None
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -135,6 +136,17 @@ def cpu_kernels_disabled():
         _disabled_depth -= 1
 
 
+def amx_available() -> bool:
+    """Whether the AMX GEMM (`amx_linear`) can run here: the kernels are loaded and Linux granted the tile state."""
+    global _amx
+    ops = get_cpu_ops()
+    if ops is None:
+        return False
+    if _amx is None:
+        _amx = bool(ops.amx_supported())
+    return _amx
+
+
 def cpu_ops_status() -> str:
     get_cpu_ops()
     return _reason
@@ -144,4 +156,5 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     start = time.perf_counter()
     ops = get_cpu_ops()
-    print(f"sglang CPU kernels: {cpu_ops_status()} ({time.perf_counter() - start:.1f} s)")
+    amx = "with AMX" if amx_available() else "without AMX"
+    print(f"sglang CPU kernels: {cpu_ops_status()}{', ' + amx if ops is not None else ''} ({time.perf_counter() - start:.1f} s)")

@@ -14,30 +14,48 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.jit_kernel.cpu_ops import amx_available, get_cpu_ops
 
 
 # On CPU in bf16, oneDNN's kernel behind F.linear (x @ W^T) is about 2x slower for few rows than computing
 # (W @ x^T)^T, or W @ x for a single row (measured here: 3072x576 weight, 1 row: 130 vs 70 us; 32 rows: 156 vs 88 us).
 # Decode batches are "few rows"; prefill batches stay on F.linear. fp32 keeps F.linear (the exact reference path).
 SMALL_M_ROWS = 128
-# Up to this many rows the AVX-512 BF16 GEMV kernel (jit_kernel/csrc/cpu/gemv.h) is used: the 120 projections of
-# SmolLM2-135M take 8.3 ms at 1 row against 18 ms for mm and 12 ms for prepacked oneDNN (2 cores), 11.7 vs 13.9 ms
-# (mm) at 4 rows, and break even with mm at 8. Its result for a row does not depend on the other rows, so decode
-# batches of up to 8 give each request the tokens it gets alone.
-GEMV_MAX_ROWS = 8
+# Few-row bf16 projections on CPU go to the kernels in jit_kernel/csrc/cpu/ when they are available. Measured over
+# the 120 projections of SmolLM2-135M (213 MB of weights, 2 cores): 1 row: GEMV (gemv.h) 8.3 ms, AMX (amx_gemm.h)
+# 9.5, mm 17.6; 2 rows: 8.9 / 9.4 / 12.8 (but 19.2 vs 18.1 ms for the whole decode step: AMX wins in the model);
+# 4 rows: 11.7 / 9.9 / 13.0; 8 rows: 14.8 / 10.3 / 13.8; 16 rows: - / 11.0 / 15.1; 32 rows: - / 12-16 / 22.
+# So GEMV for one row, AMX up to AMX_MAX_ROWS (GEMV up to GEMV_NO_AMX_MAX_ROWS where the OS gives no AMX). Within
+# each kernel a row's result does not depend on the other rows: in a decode batch of 2-32 requests each gets the
+# tokens it gets in any other batch of 2-32.
+GEMV_MAX_ROWS = 1
+AMX_MAX_ROWS = 32
+GEMV_NO_AMX_MAX_ROWS = 8
+
+
+def _kernel_linear(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.Tensor]:
+    rows = x.shape[0]
+    if rows > AMX_MAX_ROWS or x.shape[1] % 32 or weight.dtype != torch.bfloat16:
+        return None
+    ops = get_cpu_ops()
+    if ops is None:
+        return None
+    if rows <= GEMV_MAX_ROWS:
+        return ops.gemv(x, weight)
+    if amx_available():
+        return ops.amx_linear(x, weight)
+    return ops.gemv(x, weight) if rows <= GEMV_NO_AMX_MAX_ROWS else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear with faster paths for few-row bf16 inputs on CPU. x: [M, in], weight: [out, in] -> [M, out]."""
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= SMALL_M_ROWS and x.is_cpu:
-        ops = get_cpu_ops() if x.shape[0] <= GEMV_MAX_ROWS and x.shape[1] % 32 == 0 else None
-        if ops is not None and weight.dtype == torch.bfloat16:
-            out = ops.gemv(x, weight)
-        elif x.shape[0] == 1:
-            out = torch.mv(weight, x[0]).unsqueeze(0)
-        else:
-            out = torch.mm(weight, x.t()).t().contiguous()
+        out = _kernel_linear(x, weight)
+        if out is None:
+            if x.shape[0] == 1:
+                out = torch.mv(weight, x[0]).unsqueeze(0)
+            else:
+                out = torch.mm(weight, x.t()).t().contiguous()
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 

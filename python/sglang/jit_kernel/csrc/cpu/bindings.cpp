@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "activation.h"
+#include "amx_gemm.h"
 #include "decode_attention.h"
 #include "gemv.h"
 #include "norm.h"
@@ -50,6 +51,41 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, b0 * 4, std::min(N, b1 * 4));
   });
+  return y;
+}
+
+bool amx_supported() {
+  static const bool ok = cpu_supported() && sgl_cpu::amx_request_permission();
+  return ok;
+}
+
+// x [M, K] @ weight [N, K]^T -> [M, N] with AMX tiles, M <= 32
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& weight) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(weight, "weight");
+  TORCH_CHECK(amx_supported(), "amx_linear: AMX is not available in this process");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "amx_linear: shapes ", x.sizes(),
+              " and ", weight.sizes(), " do not match");
+  TORCH_CHECK(x.size(1) % kGemvK == 0, "amx_linear: K must be a multiple of ", kGemvK);
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= sgl_cpu::kAmxMaxRows, "amx_linear: at most ", sgl_cpu::kAmxMaxRows,
+              " rows");
+  at::Tensor xc = x.contiguous();
+  at::Tensor wc = weight.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = wc.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor packed = at::empty({K * sgl_cpu::kAmxMaxRows}, x.options());
+  const uint16_t* xp = bf16_ptr(xc);
+  const uint16_t* wp = bf16_ptr(wc);
+  uint16_t* yp = bf16_ptr(y);
+  uint16_t* pp = bf16_ptr(packed);
+  sgl_cpu::amx_pack_rows(xp, M, K, pp);
+  const int64_t full = N / 16;
+  at::parallel_for(0, full, 4, [&](int64_t b0, int64_t b1) {
+    sgl_cpu::amx_configure();
+    sgl_cpu::amx_gemm_bf16(pp, M, wp, N, K, yp, b0 * 16, b1 * 16);
+    sgl_cpu::amx_release();
+  });
+  if (full * 16 < N) sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, full * 16, N);  // the last N % 16 weight rows
   return y;
 }
 
@@ -193,6 +229,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "SGLang CPU kernels (AVX-512 BF16)";
   m.def("cpu_supported", &cpu_supported, "True when this CPU has the AVX-512 BF16 instructions the kernels use");
   m.def("gemv", &gemv, "x [M, K] @ weight [N, K]^T in bf16 with fp32 accumulation (few-row decode GEMM)");
+  m.def("amx_supported", &amx_supported, "True when AMX tiles can be used in this process (CPU and OS permission)");
+  m.def("amx_linear", &amx_linear, "x [M <= 32, K] @ weight [N, K]^T in bf16 with AMX tiles, weights in place");
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
