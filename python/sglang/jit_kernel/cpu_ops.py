@@ -152,9 +152,15 @@ def cpu_ops_status() -> str:
     return _reason
 
 
+def cpu_kernels_summary() -> str:
+    """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'not used: <why>'."""
+    if get_cpu_ops() is None:
+        return f"not used: {cpu_ops_status()}"
+    return "in use, with AMX" if amx_available() else "in use, without AMX"
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     start = time.perf_counter()
     ops = get_cpu_ops()
-    amx = "with AMX" if amx_available() else "without AMX"
-    print(f"sglang CPU kernels: {cpu_ops_status()}{', ' + amx if ops is not None else ''} ({time.perf_counter() - start:.1f} s)")
+    print(f"sglang CPU kernels: {cpu_kernels_summary()} ({time.perf_counter() - start:.1f} s)")

@@ -221,6 +221,7 @@ class Scheduler:
             "page_size": self.page_size,
             "device": self.device,
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
+            "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
             "memory_plan": plan.to_dict() if plan is not None else None,
             "stats": self.get_stats(),
         }

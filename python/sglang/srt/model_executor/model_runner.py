@@ -61,6 +61,14 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
 
+        # bf16 on CPU runs the AVX-512 BF16 / AMX kernels where they apply: load (or build) them now, so their code
+        # is part of the baseline below and the log says which path decode takes
+        self.cpu_kernels = None
+        if self.device == "cpu" and self.dtype == torch.bfloat16:
+            from sglang.jit_kernel.cpu_ops import cpu_kernels_summary
+
+            self.cpu_kernels = cpu_kernels_summary()
+            logger.info("CPU kernels: %s", self.cpu_kernels)
         # 1. measure before load
         self.pre_load_free_bytes = pre_load_free_bytes(self.device)
         # what this process held before loading: the baseline that measured usage is compared against
