@@ -105,24 +105,29 @@ class TestCpuKernels(unittest.TestCase):
             self.assertTrue(torch.equal(x[:, n_qk:], qkv[:, n_qk:]))  # v untouched
 
     def test_decode_attention_matches_sdpa_and_writes_the_pool(self):
-        heads, kv, d, slots = 9, 3, 64, 400
+        # 3 requests: a task per (request, head); 8 requests: a task per request (all heads in one pass over K)
+        for lens in ([1, 37, 128], [1, 37, 128, 16, 17, 90, 5, 64]):
+            self._check_decode_attention(lens)
+
+    def _check_decode_attention(self, lens):
+        heads, kv, d, slots, bs = 9, 3, 64, 800, len(lens)
         k_cache = torch.randn(slots, kv, d, dtype=BF16)
         v_cache = torch.randn(slots, kv, d, dtype=BF16)
-        req_to_token = torch.zeros(4, 128, dtype=torch.int64)
+        req_to_token = torch.zeros(bs + 1, 128, dtype=torch.int64)
         perm = torch.randperm(slots - 1) + 1
-        seq_lens = torch.tensor([1, 37, 128])
-        rows = torch.tensor([3, 0, 2])
+        seq_lens = torch.tensor(lens)
+        rows = torch.randperm(bs + 1)[:bs]
         start = 0
-        for r, n in zip(rows.tolist(), seq_lens.tolist()):
+        for r, n in zip(rows.tolist(), lens):
             req_to_token[r, :n] = perm[start : start + n]
             start += n
-        loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rows.tolist(), seq_lens.tolist())])
-        q = torch.randn(3, heads, d, dtype=BF16)
-        qkv = torch.randn(3, 2 * kv * d + 5, dtype=BF16)  # k and v as strided views, like slices of a qkv row
-        k_new, v_new = qkv[:, : kv * d].view(3, kv, d), qkv[:, kv * d : 2 * kv * d].view(3, kv, d)
+        loc = torch.stack([req_to_token[r, n - 1] for r, n in zip(rows.tolist(), lens)])
+        q = torch.randn(bs, heads, d, dtype=BF16)
+        qkv = torch.randn(bs, 2 * kv * d + 5, dtype=BF16)  # k and v as strided views, like slices of a qkv row
+        k_new, v_new = qkv[:, : kv * d].view(bs, kv, d), qkv[:, kv * d : 2 * kv * d].view(bs, kv, d)
         out = self.ops.decode_attention(q, k_new, v_new, k_cache, v_cache, req_to_token, rows, seq_lens, loc, d**-0.5)
         self.assertTrue(torch.equal(k_cache[loc], k_new) and torch.equal(v_cache[loc], v_new))
-        for b, (r, n) in enumerate(zip(rows.tolist(), seq_lens.tolist())):
+        for b, (r, n) in enumerate(zip(rows.tolist(), lens)):
             idx = req_to_token[r, :n]
             kk = k_cache[idx].float().transpose(0, 1)  # [KV, n, D]
             vv = v_cache[idx].float().transpose(0, 1)

@@ -4,7 +4,6 @@
 
 #include <ATen/Parallel.h>
 
-#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -171,7 +170,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == D && k.size(1) == KV && v.size(1) == KV && k.size(2) == D && v.size(2) == D &&
                   k.size(0) == B && v.size(0) == B, "decode_attention: head shapes do not match");
-  TORCH_CHECK(D % 32 == 0 && D <= 256 && H % KV == 0, "decode_attention: head_dim must be a multiple of 32, <= 256");
+  TORCH_CHECK((D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256) && H % KV == 0,
+              "decode_attention: head_dim must be one of 32, 64, 96, 128, 160, 192, 256");
   for (auto* t : {&req_to_token, &req_pool_indices, &seq_lens, &out_cache_loc})
     TORCH_CHECK(t->scalar_type() == at::kLong, "decode_attention: index tensors must be int64");
   TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "decode_attention: bad req_to_token");
@@ -197,28 +197,31 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     std::memcpy(kc + locp[b] * KV * D, kp + b * k.stride(0), KV * D * sizeof(uint16_t));
     std::memcpy(vc + locp[b] * KV * D, vp + b * v.stride(0), KV * D * sizeof(uint16_t));
   }
-  // 2. one (request, query head) per task; the slot table is checked as it is read
+  // 2. every slot the requests will read must lie inside the pool
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t ld_table = req_to_token.stride(0);
+  bool bad_slot = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* tokens = table + rp[b] * ld_table;
+    for (int64_t j = 0; j < lp[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
+  }
+  // 3. attention, a (request, query head) per task
   at::Tensor qc = q.contiguous();
   const uint16_t* qp = bf16_ptr(qc);
   at::Tensor out = at::empty({B, H * D}, q.options());
   uint16_t* op = bf16_ptr(out);
-  const int64_t* table = req_to_token.data_ptr<int64_t>();
-  const int64_t ld_table = req_to_token.stride(0);
   const int64_t group = H / KV;
   const float fscale = (float)scale;
-  std::atomic<bool> bad_slot{false};
-  at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(max_len);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / H, h = t % H;
-      const int64_t* tokens = table + rp[b] * ld_table;
-      for (int64_t j = 0; j < lp[b]; ++j)
-        if (tokens[j] < 0 || tokens[j] >= slots) bad_slot = true;
-      if (bad_slot) return;
-      sgl_cpu::decode_attention_head(qp + (b * H + h) * D, kc, vc, KV, h / group, D, tokens, lp[b], fscale,
-                                     scores.data(), op + (b * H + h) * D);
-    }
-  });
+  if (!bad_slot) {
+    at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(max_len);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / H, h = t % H;
+        sgl_cpu::decode_attention_head(qp + (b * H + h) * D, kc, vc, KV, h / group, D, table + rp[b] * ld_table,
+                                       lp[b], fscale, scores.data(), op + (b * H + h) * D);
+      }
+    });
+  }
   TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");
   return out;
 }

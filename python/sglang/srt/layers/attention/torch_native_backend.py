@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 # Upper bound on K/V tokens gathered at once by one decode layer (rows x padded length); the backend's declared
 # workspace is this many tokens of one layer's K and V (see mem_plan/backends.py).
 DECODE_GATHER_TOKENS = 64 * 1024
+# head_dim values the fused CPU decode kernel is compiled for (jit_kernel/csrc/cpu/decode_attention.h)
+FUSED_DECODE_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
@@ -46,7 +48,7 @@ def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, he
         and model_dtype == torch.bfloat16
         and kv_dtype == torch.bfloat16
         and kv_store_dtype == torch.bfloat16
-        and head_dim % 32 == 0
+        and head_dim in FUSED_DECODE_HEAD_DIMS
         and v_head_dim == head_dim
         and get_cpu_ops() is not None
     )
