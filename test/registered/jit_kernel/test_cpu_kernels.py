@@ -51,15 +51,15 @@ class TestCpuKernels(unittest.TestCase):
         self.assertTrue(amx_available(), "AMX is on this CPU but the kernels could not get the tile state")
         for n, k in ((960, 576), (1000, 64), (7, 1536), (3072, 576)):  # 1000 and 7: a tail of N % 16 rows
             w = torch.randn(n, k, dtype=BF16)
-            x = torch.randn(32, k, dtype=BF16)
+            x = torch.randn(64, k, dtype=BF16)
             out = self.ops.amx_linear(x, w)
             ref = x.float() @ w.float().t()
-            self.assertEqual(out.shape, (32, n))
+            self.assertEqual(out.shape, (64, n))
             torch.testing.assert_close(out.float(), ref, atol=1e-2 * k**0.5, rtol=2 ** -7)
-            for rows in (3, 9, 16, 17, 31):
+            for rows in (1, 3, 9, 16, 17, 31, 33, 48, 63):
                 self.assertTrue(torch.equal(self.ops.amx_linear(x[:rows], w), out[:rows]), (n, k, rows))
-        with self.assertRaisesRegex(RuntimeError, "at most 32 rows"):
-            self.ops.amx_linear(torch.randn(33, 64, dtype=BF16), torch.randn(16, 64, dtype=BF16))
+        with self.assertRaisesRegex(RuntimeError, "at most 64 rows"):
+            self.ops.amx_linear(torch.randn(65, 64, dtype=BF16), torch.randn(16, 64, dtype=BF16))
 
     def test_gemv_rejects_bad_input(self):
         with self.assertRaisesRegex(RuntimeError, "multiple of 32"):

@@ -22,14 +22,14 @@ from sglang.jit_kernel.cpu_ops import amx_available, get_cpu_ops
 # Decode batches are "few rows"; prefill batches stay on F.linear. fp32 keeps F.linear (the exact reference path).
 SMALL_M_ROWS = 128
 # Few-row bf16 projections on CPU go to the kernels in jit_kernel/csrc/cpu/ when they are available. Measured over
-# the 120 projections of SmolLM2-135M (213 MB of weights, 2 cores): 1 row: GEMV (gemv.h) 8.3 ms, AMX (amx_gemm.h)
-# 9.5, mm 17.6; 2 rows: 8.9 / 9.4 / 12.8 (but 19.2 vs 18.1 ms for the whole decode step: AMX wins in the model);
-# 4 rows: 11.7 / 9.9 / 13.0; 8 rows: 14.8 / 10.3 / 13.8; 16 rows: - / 11.0 / 15.1; 32 rows: - / 12-16 / 22.
+# the 120 projections of SmolLM2-135M (213 MB of weights, 2 cores), ms: 1 row: GEMV (gemv.h) 8.3, AMX (amx_gemm.h)
+# 9.5, mm 17.6; 2 rows: GEMV 8.9, AMX 9.4, mm 12.8 (whole decode step: AMX 18.1 vs GEMV 19.2); 16 / 32 / 48 / 64
+# rows: AMX 11.0 / 12.9 / 17.3 / 19.4, mm 16.8 / 22.9 / 24.2 / 30.5, F.linear 19.7 / 22.4 / 26.2 / 28.5.
 # So GEMV for one row, AMX up to AMX_MAX_ROWS (GEMV up to GEMV_NO_AMX_MAX_ROWS where the OS gives no AMX). Within
-# each kernel a row's result does not depend on the other rows: in a decode batch of 2-32 requests each gets the
-# tokens it gets in any other batch of 2-32.
+# each kernel a row's result does not depend on the other rows: in a decode batch of 2-64 requests each gets the
+# tokens it gets in any other batch of 2-64.
 GEMV_MAX_ROWS = 1
-AMX_MAX_ROWS = 32
+AMX_MAX_ROWS = 64
 GEMV_NO_AMX_MAX_ROWS = 8
 
 

@@ -58,7 +58,7 @@ bool amx_supported() {
   return ok;
 }
 
-// x [M, K] @ weight [N, K]^T -> [M, N] with AMX tiles, M <= 32
+// x [M, K] @ weight [N, K]^T -> [M, N] with AMX tiles, M <= 64
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& weight) {
   check_bf16_cpu(x, "x");
   check_bf16_cpu(weight, "weight");
@@ -233,7 +233,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_supported", &cpu_supported, "True when this CPU has the AVX-512 BF16 instructions the kernels use");
   m.def("gemv", &gemv, "x [M, K] @ weight [N, K]^T in bf16 with fp32 accumulation (few-row decode GEMM)");
   m.def("amx_supported", &amx_supported, "True when AMX tiles can be used in this process (CPU and OS permission)");
-  m.def("amx_linear", &amx_linear, "x [M <= 32, K] @ weight [N, K]^T in bf16 with AMX tiles, weights in place");
+  m.def("amx_linear", &amx_linear, "x [M <= 64, K] @ weight [N, K]^T in bf16 with AMX tiles, weights in place");
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
