@@ -14,17 +14,22 @@ from sglang.bench_utils import hf_batch1_decode, parse_bench_args, random_prompt
 
 
 def measure(engine, prompts, output_len: int) -> dict:
-    """Step the scheduler by hand: the first step is the prefill, each later step one decode step."""
+    """Step the scheduler by hand. Prefill: every step until each request has its first token (a batch larger than
+    the chunked-prefill size takes several); after that each step is one decode step of the whole batch."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, new_rid
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     sched = engine.scheduler
     sched.flush_cache()
+    rids = []
     for p in prompts:
         sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True})
-        sched.add_request(TokenizedGenerateReqInput(new_rid(), None, p, sp))
+        rids.append(new_rid())
+        sched.add_request(TokenizedGenerateReqInput(rids[-1], None, p, sp))
+    reqs = [sched.reqs[rid] for rid in rids]
     t0 = time.perf_counter()
-    sched.step()
+    while not all(r.output_ids for r in reqs):
+        sched.step()
     prefill = time.perf_counter() - t0
     steps = []
     while sched.has_work():
