@@ -41,6 +41,12 @@ def cpu_has_avx512_bf16() -> bool:
     return all(f" {flag}" in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"))
 
 
+def cpu_kernels_expected() -> bool:
+    """Whether this machine should be running the kernels: the CPU has AVX-512 BF16 and they are not switched off.
+    (Tests assert that the kernels then really load, instead of silently testing the fallback.)"""
+    return cpu_has_avx512_bf16() and os.environ.get(ENV_SWITCH, "1") != "0"
+
+
 def _source_digest() -> str:
     h = hashlib.sha256()
     for path in sorted(CSRC_DIR.iterdir()):

@@ -1,6 +1,6 @@
 """Under a small absolute memory cap, many concurrent long requests all complete and the process stays inside the
 plan: peak RSS growth since before the weights were loaded never exceeds the plan's total, and the KV pool gets at
-least 90% of what the cap leaves after the other terms."""
+least 90% of what the cap leaves after the other terms (the safety margin among them)."""
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_many_long_requests_under_cap_stay_within_plan():
         plan = runner.memory_plan
         assert plan.budget_bytes <= CAP_GIB * 2**30
         terms = {t.name: t.num_bytes for t in plan.terms}
-        others = sum(b for name, b in terms.items() if name not in ("kv_cache", "safety_margin"))
+        others = sum(b for name, b in terms.items() if name != "kv_cache")  # the safety margin included
         assert terms["kv_cache"] >= 0.9 * (plan.budget_bytes - others), plan.render_table()
 
         # at least 48 requests of 600-800 prompt tokens and 64 new tokens, and more demand than the pool holds

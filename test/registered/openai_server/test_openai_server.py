@@ -153,10 +153,12 @@ def test_server_info_and_flush(base_url, headers):
     info = requests.get(f"{base_url}/server_info", headers=headers).json()
     assert info["max_total_num_tokens"] > 0 and info["memory_integrity"] == "ok"
     assert info["port"] == int(base_url.rsplit(":", 1)[1]) and "version" in info
-    from sglang.jit_kernel.cpu_ops import cpu_has_avx512_bf16
+    from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
 
-    if cpu_has_avx512_bf16():  # the default bf16 server decodes through the CPU kernels, and says so
+    if cpu_kernels_expected():  # the default bf16 server decodes through the CPU kernels, and says so
         assert info["cpu_kernels"].startswith("in use"), info["cpu_kernels"]
+    else:
+        assert info["cpu_kernels"].startswith("not used"), info["cpu_kernels"]
     assert requests.post(f"{base_url}/flush_cache", headers=headers).status_code == 200
     assert requests.get(f"{base_url}/health_generate", headers=headers).status_code == 200
 
