@@ -92,15 +92,15 @@ class ModelRunnerKVCacheMixin:
             num_kv_splits=self.server_args.triton_attention_num_kv_splits,
         )
         spec = workspace_spec(backend, shape)
+        if backend != "torch_native":
+            return spec
+        extend = extend_attention_workspace_bytes(
+            mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, torch.tensor([], dtype=self.dtype).element_size(),
+            self.resolve_chunked_prefill_size(), self.context_len,
+        )
+        spec = spec + WorkspaceSpec(fixed_bytes=extend, name="extend_attention")
         kv_dtype = self.resolve_kv_cache_dtype()
-        fused = fused_cpu_decode_available(self.device, self.dtype, kv_dtype, kv_dtype, mc.head_dim, mc.head_dim)
-        if backend == "torch_native":
-            extend = extend_attention_workspace_bytes(
-                mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, torch.tensor([], dtype=self.dtype).element_size(),
-                self.resolve_chunked_prefill_size(), self.context_len,
-            )
-            spec = spec + WorkspaceSpec(fixed_bytes=extend, name="extend_attention")
-        if backend == "torch_native" and not fused:
+        if not fused_cpu_decode_available(self.device, self.dtype, kv_dtype, kv_dtype, mc.head_dim, mc.head_dim):
             kv_elem = torch.tensor([], dtype=kv_dtype).element_size()
             per_token_layer = mc.num_key_value_heads * 2 * mc.head_dim * kv_elem
             # gathered K/V (+ one contiguous copy inside SDPA) and float32 scores of one decode row group

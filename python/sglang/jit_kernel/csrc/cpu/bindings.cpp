@@ -170,8 +170,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == D && k.size(1) == KV && v.size(1) == KV && k.size(2) == D && v.size(2) == D &&
                   k.size(0) == B && v.size(0) == B, "decode_attention: head shapes do not match");
-  TORCH_CHECK((D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256) && H % KV == 0,
-              "decode_attention: head_dim must be one of 32, 64, 96, 128, 160, 192, 256");
+  const std::vector<int64_t> dims = sgl_cpu::decode_attention_head_dims();
+  TORCH_CHECK(std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, "decode_attention: head_dim ", D,
+              " is not one of the compiled ", c10::IntArrayRef(dims), ", or heads ", H, " are not a multiple of kv heads ", KV);
   for (auto* t : {&req_to_token, &req_pool_indices, &seq_lens, &out_cache_loc})
     TORCH_CHECK(t->scalar_type() == at::kLong, "decode_attention: index tensors must be int64");
   TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "decode_attention: bad req_to_token");
@@ -237,5 +238,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
+  m.def("decode_attention_head_dims", &sgl_cpu::decode_attention_head_dims, "head_dim values decode_attention supports");
   m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
 }

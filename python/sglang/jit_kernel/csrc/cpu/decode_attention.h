@@ -7,6 +7,9 @@
 //   scores   [seq_len] fp32 scratch
 #pragma once
 
+#include <algorithm>
+#include <vector>
+
 #include "vec_math.h"
 
 namespace sgl_cpu {
@@ -81,6 +84,13 @@ SGL_AVX512_BF16 inline void decode_attention_head_d(const uint16_t* q, const uin
 
 // Runtime head_dim -> the matching instantiation; false for an unsupported head_dim.
 #define SGL_DECODE_HEAD_DIMS(X) X(32) X(64) X(96) X(128) X(160) X(192) X(256)
+
+// The head_dim values above, for the binding's argument check and for Python to ask which are compiled.
+inline std::vector<int64_t> decode_attention_head_dims() {
+#define SGL_DIM(D) D,
+  return {SGL_DECODE_HEAD_DIMS(SGL_DIM)};
+#undef SGL_DIM
+}
 
 inline bool decode_attention_head(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                                   int64_t kv_heads, int64_t kv_head, int64_t head_dim, const int64_t* tokens,

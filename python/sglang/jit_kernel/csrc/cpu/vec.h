@@ -31,14 +31,7 @@ SGL_AVX512_BF16 inline void store_bf16x16_tail(uint16_t* p, __m512 v, int n) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-// Scalar round trip, the same rounding as the vector forms.
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-
+// Scalar fp32 -> bf16, the same rounding as the vector forms.
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);

@@ -1,8 +1,8 @@
 """TorchNativeAttnBackend: attention over the paged KV pool with torch's scaled_dot_product_attention.
 
-Runs on CPU and GPU. Per forward, `init_forward_metadata` gathers each request's KV slots from req_to_token into
-one padded index tensor [B, max_seq_len] and builds the masks; each layer then writes its new K/V to the pool,
-gathers K/V for the whole batch with one index op, and runs a single batched SDPA call.
+Runs on CPU and GPU. Per forward, `init_forward_metadata` builds the index tensors and masks once; each layer then
+writes its new K/V to the pool and attends. Decode gathers K/V for the whole batch with one index op (a padded
+[B, max_seq_len] slot table) and runs one batched SDPA call; extend runs one SDPA call per request.
 
 Query layouts:
   decode   q [B, H, D] is viewed as [B, KV, G, D] (G = H / KV query heads per KV head); the G heads of a group
@@ -37,21 +37,18 @@ if TYPE_CHECKING:
 # Upper bound on K/V tokens gathered at once by one decode layer (rows x padded length); the backend's declared
 # workspace is this many tokens of one layer's K and V (see mem_plan/backends.py).
 DECODE_GATHER_TOKENS = 64 * 1024
-# head_dim values the fused CPU decode kernel is compiled for (jit_kernel/csrc/cpu/decode_attention.h)
-FUSED_DECODE_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
     """Whether decode runs through the fused CPU kernel (and so needs no gather workspace)."""
-    return (
+    if not (
         str(device).startswith("cpu")
-        and model_dtype == torch.bfloat16
-        and kv_dtype == torch.bfloat16
-        and kv_store_dtype == torch.bfloat16
-        and head_dim in FUSED_DECODE_HEAD_DIMS
+        and model_dtype == kv_dtype == kv_store_dtype == torch.bfloat16
         and v_head_dim == head_dim
-        and get_cpu_ops() is not None
-    )
+    ):
+        return False
+    ops = get_cpu_ops()
+    return ops is not None and head_dim in ops.decode_attention_head_dims()
 
 
 @dataclass
