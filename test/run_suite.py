@@ -19,6 +19,7 @@ from pathlib import Path
 
 REGISTERED = Path(__file__).resolve().parent / "registered"
 MARKERS = {"register_cpu_ci": "cpu", "register_cuda_ci": "cuda", "register_amd_ci": "amd"}
+PYTEST_NO_TESTS_COLLECTED = 5
 
 
 @dataclass
@@ -78,7 +79,9 @@ def main(argv=None) -> int:
         cmd.append("-x")
     cmd += [str(e.path) for e in entries]
     env = dict(os.environ)
-    return subprocess.call(cmd, env=env)
+    rc = subprocess.call(cmd, env=env)
+    # pytest's 5 = "no tests collected": every file skipped itself at import (a GPU suite on a machine without one)
+    return 0 if rc == PYTEST_NO_TESTS_COLLECTED else rc
 
 
 if __name__ == "__main__":

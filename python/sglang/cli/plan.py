@@ -1,12 +1,16 @@
-"""`sglang plan`: a memory-plan dry run -- no GPU, no weights.
+"""`sglang plan`: a memory-plan dry run -- no weights, and no GPU.
 
-Weight bytes are counted from config.json (mem_plan.model_shapes), the activation term comes from a declared
-formula, the attention workspace from the same declarations the server's backends allocate (mem_plan.backends),
-and the budget from a GPU preset (mem_plan.gpu_presets). Prints the plan, whether it fits, what limits it and
-what to change; --json prints the same as one JSON object. Exit status: 0 fits, 1 does not fit.
+It takes the same flags as `sglang serve` (generated from ServerArgs) and builds the plan inputs with the same function
+as the server (mem_plan/build.py). What replaces the hardware:
+    --gpu PRESET                     a GPU's memory.total and typical pre-load free memory (mem_plan/gpu_presets.py)
+    --device cpu [--total-memory-gb N]  a CPU with N GiB available (default: this machine's available RAM)
+    --measured TERM=BYTES            a measured term (weights, activations, cuda_graphs, encoder) instead of its formula
+Weights, activations and CUDA graphs come from declared formulas (mem_plan/model_shapes.py) unless --measured gives
+them; every other term is declared or formula exactly as the server computes it. Prints the plan, whether it fits,
+what limits it and what to change; --json prints one JSON object. Exit status: 0 fits, 1 does not fit.
 
     sglang plan --model-path meta-llama/Llama-3.1-8B --gpu h100-80gb [--tp 2] [--json]
-    python -m sglang.cli.plan --model-path config.json --gpu mi355x --attention-backend aiter
+    sglang plan --device cpu --max-total-memory-gb 2          # the default model, as `sglang serve` would start
 """
 
 from __future__ import annotations
@@ -14,106 +18,107 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Optional
 
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
-from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS, workspace_spec
-from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
+from sglang.srt.mem_plan import build as B
+from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
 from sglang.srt.mem_plan.model_shapes import model_shape_from_path
+from sglang.srt.mem_plan.sizes import (
+    SAMPLER_BYTES_PER_VOCAB_ENTRY,
+    UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES,
+    UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY,
+    req_to_token_bytes,
+)
 from sglang.srt.mem_plan.slots import SlotRule
-from sglang.srt.mem_plan.specs import KV_DTYPE_BYTES, req_to_token_bytes
-from sglang.srt.mem_plan.tiers import tier_defaults, upstream_mem_fraction
-from sglang.srt.mem_plan.units import GiB, MiB, gib
+from sglang.srt.mem_plan.tiers import upstream_mem_fraction
+from sglang.srt.mem_plan.units import GiB, gib
+from sglang.srt.server_args import ServerArgs
 
-# Declared CUDA-graph term for the dry run: upstream's reserve of 2 MiB per captured decode batch size.
-CUDA_GRAPH_BYTES_PER_BS = 2 * MiB
-# The runner keeps req_to_token as int64 on the host side of the contract; plan the same.
-REQ_TO_TOKEN_ELEM_BYTES = 8
-# Upstream's req_to_token is int32.
-UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES = 4
 # A hint is printed for a non-KV term above this share of the budget.
 HINT_TERM_SHARE = 0.10
-# The server's --mm-embedding-cache-mb default (ServerArgs), charged for models with encoders.
-MM_EMBEDDING_CACHE_MB_DEFAULT = 100
+MEASURED_FIELDS = {"weights": "weight_bytes", "activations": "activation_bytes", "cuda_graphs": "cuda_graph_bytes",
+                   "encoder": "encoder_bytes"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sglang plan", description="Plan device memory without a GPU or weights.")
-    p.add_argument("--model-path", required=True, help="Model directory with config.json, or a config .json file.")
-    p.add_argument("--gpu", required=True, help=f"GPU preset: {', '.join(GPU_PRESETS)}.")
-    p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1, help="Tensor parallel size.")
-    p.add_argument("--context-length", type=int, default=None, help="Default: max_position_embeddings.")
-    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=None,
-                   help="Default: aiter on AMD presets, flashinfer on NVIDIA presets.")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto"] + sorted(KV_DTYPE_BYTES))
-    p.add_argument("--mem-fraction-static", type=float, default=None, help="Default: auto (solved).")
-    p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--max-total-tokens", type=int, default=None)
-    p.add_argument("--max-total-memory-gb", type=float, default=None, help="Absolute cap in GiB.")
-    p.add_argument("--chunked-prefill-size", type=int, default=None, help="Default: the GPU tier's value.")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="Default: the GPU tier's value.")
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--encoder-mem-reserve", type=float, default=None,
-                   help="GiB for multimodal encoders. Default: computed from the encoder specs.")
-    p.add_argument("--encoder-batch-size", type=int, default=1)
-    p.add_argument("--mm-embedding-cache-mb", type=int, default=None,
-                   help="Image-embedding cache budget (MiB). Default: the server's 100 for models with encoders, else 0.")
+    p = argparse.ArgumentParser(prog="sglang plan", description="Plan memory for `sglang serve` flags, without "
+                                "weights or a GPU. Takes every `sglang serve` flag, plus the hardware group below.")
+    ServerArgs.add_cli_args(p)
+    p.add_argument("--tp", dest="tp_size", type=int, default=argparse.SUPPRESS, help="Alias of --tp-size (the plan accepts any size).")
+    hw = p.add_argument_group("hardware (what replaces the device in the dry run)")
+    hw.add_argument("--gpu", default=None, help=f"GPU preset: {', '.join(GPU_PRESETS)}.")
+    hw.add_argument("--total-memory-gb", type=float, default=None,
+                    help="With --device cpu: the RAM available to the server, in GiB. Default: this machine's.")
+    hw.add_argument("--measured", action="append", default=[], metavar="TERM=BYTES",
+                    help=f"Use a measured value for a term instead of its formula ({', '.join(MEASURED_FIELDS)}).")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     return p
 
 
-def _inputs(args, shape, gpu) -> tuple[PlanInputs, dict]:
-    tp = args.tp
-    context_len = args.context_length or shape.text.max_position_embeddings
-    backend = args.attention_backend or gpu.default_attention_backend
-    tier_chunk, tier_graph_bs = tier_defaults(gpu.memory_total_mib, tp)
-    chunk = args.chunked_prefill_size or tier_chunk
-    graph_bs = 0 if args.disable_cuda_graph else (args.cuda_graph_max_bs or tier_graph_bs)
-    cell = shape.kv_cell(args.kv_cache_dtype, tp)
-    inputs = PlanInputs(
-        pre_load_free_bytes=gpu.pre_load_free_bytes,
-        weight_bytes=shape.weight_bytes(tp),
-        kv_cell_bytes=cell.cell_bytes,
-        context_len=context_len,
-        page_size=args.page_size,
-        mem_fraction_static=args.mem_fraction_static,
-        max_running_requests=args.max_running_requests,
-        max_total_tokens=args.max_total_tokens,
-        cap_bytes=None if args.max_total_memory_gb is None else int(args.max_total_memory_gb * GiB),
-        chunked_prefill_size=chunk,
-        activation_bytes=shape.activation_bytes(chunk if chunk > 0 else context_len, tp),
-        workspace=workspace_spec(backend, shape.attention_shape(context_len, tp)),
-        req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,
-        logits_per_req_bytes=shape.logits_per_req_bytes(),
-        cuda_graph_bytes=graph_bs * CUDA_GRAPH_BYTES_PER_BS,
-        cuda_graph_max_bs=graph_bs,
-        encoder_bytes=sum(encoder_reservation_bytes(e, args.encoder_batch_size) for e in shape.encoders)
-        if args.encoder_mem_reserve is None else encoder_reservation_bytes(None, 1, args.encoder_mem_reserve),
-        encoder_detail=_encoder_detail(args, shape),
-        mm_cache_bytes=_mm_cache_mb(args, shape) * MiB,
-        device_total_bytes=gpu.memory_total_bytes,
-        tp_size=tp,
-        sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula",
-                 "encoder": "declared"},
-    )
-    context = {"context_len": context_len, "attention_backend": backend, "kv_cell": cell}
-    return inputs, context
+def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    tp = ns.tp_size
+    ns.tp_size = 1  # ServerArgs serves one rank; the plan may describe N (set after validation below)
+    try:
+        sa = ServerArgs.from_cli_args(ns)
+    except ValueError as e:
+        parser.error(str(e))
+    sa.tp_size = tp
+    if ns.gpu is None and sa.device != "cpu":
+        parser.error("say which hardware to plan for: --gpu PRESET, or --device cpu [--total-memory-gb N].")
+    if ns.gpu is not None and sa.device == "cpu":
+        parser.error("--gpu and --device cpu exclude each other.")
+    for item in ns.measured:
+        term, _, value = item.partition("=")
+        if term not in MEASURED_FIELDS or not value.isdigit():
+            parser.error(f"--measured {item!r}: use TERM=BYTES with TERM one of {', '.join(MEASURED_FIELDS)}.")
+    return sa, ns
 
 
-def _mm_cache_mb(args, shape) -> int:
-    if args.mm_embedding_cache_mb is not None:
-        return args.mm_embedding_cache_mb
-    return MM_EMBEDDING_CACHE_MB_DEFAULT if shape.encoders else 0
+def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
+    if ns.gpu is not None:
+        gpu = get_gpu_preset(ns.gpu)
+        return B.DeviceFacts("cuda", gpu.pre_load_free_bytes, gpu.memory_total_bytes)
+    from sglang.srt.mem_plan.measure import cpu_available_bytes
+
+    free = int(ns.total_memory_gb * GiB) if ns.total_memory_gb is not None else cpu_available_bytes()
+    fused = False
+    if (sa.attention_backend or "torch_native") == "torch_native":  # ask this machine's CPU kernels, as the server
+        from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
+        from sglang.srt.mem_plan.dtypes import torch_dtype
+
+        head = model.shape.text.head_dim
+        kv = torch_dtype(model.kv_cache_dtype)
+        fused = fused_cpu_decode_available("cpu", torch_dtype(model.dtype), kv, kv, head, head)
+    return B.DeviceFacts("cpu", free, free, fused)
 
 
-def _encoder_detail(args, shape) -> str:
-    if args.encoder_mem_reserve is not None:
-        return "--encoder-mem-reserve"
-    return "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {args.encoder_batch_size}"
-                     for e in shape.encoders)
+def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
+    path = sa.model_path
+    if path is None or path.endswith(".gguf"):  # the bundled default model / a GGUF: its converted config.json
+        from sglang.srt.model_loader import resolve_model_path
+
+        path = resolve_model_path(sa)
+    shape = model_shape_from_path(path)
+    dtype = resolve_model_dtype(sa.dtype, device_kind, shape.text.dtype)
+    context_len = sa.context_length or shape.text.max_position_embeddings
+    return B.ModelFacts(shape, context_len, dtype, resolve_kv_cache_dtype(sa.kv_cache_dtype, dtype)), path
+
+
+def plan_inputs(sa: ServerArgs, ns, model: B.ModelFacts, device: B.DeviceFacts) -> PlanInputs:
+    measured = B.formula_terms(sa, model, device)
+    overrides = {}
+    for item in ns.measured:
+        term, _, value = item.partition("=")
+        overrides[MEASURED_FIELDS[term]] = int(value)
+        measured.sources[term] = "measured"
+    measured = dataclasses.replace(measured, **overrides)
+    return B.build_plan_inputs(sa, model, device, measured)
 
 
 def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
@@ -132,7 +137,10 @@ def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
 
 def upstream_comparison(inputs: PlanInputs, backend: str, gpu) -> dict:
     """What upstream's classic formula would do on the same inputs: y from the tier reserve (AITER-derated),
-    KV = y * pre - weights, and everything else left to the unplanned (1 - y) * pre slack."""
+    KV = y * pre - weights, and everything else left to the unplanned (1 - y) * pre slack. Upstream's own table
+    and sampler sizes (int32 req_to_token, 8 B per vocabulary entry) are what its slack must hold."""
+    upstream_logits_per_req = (inputs.logits_per_req_bytes // SAMPLER_BYTES_PER_VOCAB_ENTRY
+                               * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY)
     y = inputs.mem_fraction_static or upstream_mem_fraction(
         gpu.memory_total_mib, backend, inputs.context_len, tp_size=inputs.tp_size,
         chunked_prefill_size=inputs.chunked_prefill_size)
@@ -143,7 +151,7 @@ def upstream_comparison(inputs: PlanInputs, backend: str, gpu) -> dict:
     graph_bs = min(inputs.cuda_graph_max_bs or 0, slots)
     runtime = (inputs.workspace.bytes_for(slots, graph_bs)
                + req_to_token_bytes(slots, inputs.context_len, UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES)
-               + inputs.activation_bytes + inputs.logits_per_req_bytes * slots + inputs.cuda_graph_bytes
+               + inputs.activation_bytes + upstream_logits_per_req * slots + inputs.cuda_graph_bytes
                + inputs.encoder_bytes)
     slack = pre - int(y * pre)
     return {"mem_fraction_static": y, "max_total_num_tokens": tokens, "max_running_requests": slots,
@@ -173,8 +181,6 @@ def hints(plan: MemoryPlan, inputs: PlanInputs, kv_cache_dtype: str) -> list[str
 
 
 def _model_name(path: str) -> str:
-    import os
-
     path = path.rstrip("/")
     if path.endswith(".json"):
         path = os.path.dirname(path) or path
@@ -183,46 +189,44 @@ def _model_name(path: str) -> str:
 
 def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     """Returns (exit status, JSON-able result, text report)."""
-    args = build_parser().parse_args(argv)
-    shape = model_shape_from_path(args.model_path)
-    gpu = get_gpu_preset(args.gpu)
-    inputs, ctx = _inputs(args, shape, gpu)
-    backend = ctx["attention_backend"]
+    sa, ns = parse_args(argv)
+    gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
+    if gpu is not None and sa.attention_backend is None:
+        sa.attention_backend = gpu.default_attention_backend  # the preset's vendor backend
+    model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
+    device = device_facts(sa, ns, model)
+    inputs = plan_inputs(sa, ns, model, device)
+    backend = sa.attention_backend or "torch_native"
+    shape = model.shape
     header = {
-        "model": _model_name(args.model_path),
-        "model_type": shape.text.model_type,
-        "num_params": shape.num_params,
-        "weight_dtype": shape.text.dtype,
-        "gpu": gpu.name,
-        "gpu_memory_total_mib": gpu.memory_total_mib,
-        "pre_load_free_bytes": gpu.pre_load_free_bytes,
-        "tp_size": args.tp,
-        "context_len": ctx["context_len"],
-        "attention_backend": backend,
-        "kv_cache_dtype": args.kv_cache_dtype,
-        "kv_cell_bytes": inputs.kv_cell_bytes,
+        "model": _model_name(path), "model_type": shape.text.model_type, "num_params": shape.num_params,
+        "weight_dtype": model.dtype, "gpu": gpu.name if gpu else "cpu",
+        "gpu_memory_total_mib": gpu.memory_total_mib if gpu else None,
+        "pre_load_free_bytes": device.pre_load_free_bytes, "tp_size": sa.tp_size, "context_len": model.context_len,
+        "attention_backend": backend, "kv_cache_dtype": sa.kv_cache_dtype, "kv_cell_bytes": inputs.kv_cell_bytes,
     }
-    upstream = upstream_comparison(inputs, backend, gpu)
+    where = (f"{gpu.name} x tp={sa.tp_size}" if gpu else f"CPU ({gib(device.pre_load_free_bytes):.2f} GiB available)")
     lines = [
         f"sglang plan: {header['model']} ({shape.text.model_type}, {shape.num_params / 1e9:.2f}B params, "
-        f"{shape.text.dtype}) on {gpu.name} x tp={args.tp}",
-        f"  context {ctx['context_len']:,} | attention {backend} | kv cache {args.kv_cache_dtype} "
+        f"{model.dtype}) on {where}",
+        f"  context {model.context_len:,} | attention {backend} | kv cache {sa.kv_cache_dtype} "
         f"({inputs.kv_cell_bytes:,} B/token/rank) | page {inputs.page_size}",
-        f"  budget: {gib(gpu.pre_load_free_bytes):.2f} GiB pre-load free per rank "
-        f"(memory.total {gpu.memory_total_mib:,} MiB; typical free before load)",
+        f"  budget: {gib(device.pre_load_free_bytes):.2f} GiB pre-load free per rank"
+        + (f" (memory.total {gpu.memory_total_mib:,} MiB; typical free before load)" if gpu else ""),
         "",
     ]
+    upstream = upstream_comparison(inputs, backend, gpu) if gpu else None
     try:
         plan = plan_memory(inputs)
     except MemoryPlanError as e:
         result = {"fits": False, **header, "error": e.to_dict(), "upstream": upstream}
         lines += ["DOES NOT FIT.", str(e)]
-        tp_fix = None if e.direction else _smallest_tp_that_fits(args, shape, gpu)
+        tp_fix = None if e.direction else _smallest_tp_that_fits(sa, ns, model)
         if tp_fix is not None:
             result["fits_with_tp"] = tp_fix
             lines.append(f"What to change: --tp {tp_fix} fits (same GPU, per-rank weights and KV heads sharded).")
         return 1, result, "\n".join(lines)
-    tips = hints(plan, inputs, args.kv_cache_dtype)
+    tips = hints(plan, inputs, sa.kv_cache_dtype)
     result = {"fits": True, **header, "plan": plan.to_dict(), "upstream": upstream, "hints": tips}
     lines += [plan.render_table(), "", "FITS. " + plan.explain()]
     effect = encoder_effect(plan, inputs)
@@ -231,21 +235,22 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         lines.append(f"Encoder reservation + embedding cache: {gib(effect['reserved_bytes']):.3f} GiB, charged to the "
                      f"KV pool: {effect['kv_tokens_with']:,} tokens with them, {effect['kv_tokens_without']:,} "
                      f"without ({effect['kv_tokens_lost']:,} fewer).")
-    lines.append("")
-    lines.append(_upstream_line(upstream))
+    if upstream is not None:
+        lines += ["", _upstream_line(upstream)]
     if tips:
         lines.append("What to change:")
         lines += [f"  - {t}" for t in tips]
     return 0, result, "\n".join(lines)
 
 
-def _smallest_tp_that_fits(args, shape, gpu, candidates=(2, 4, 8, 16)) -> Optional[int]:
+def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[int]:
     for tp in candidates:
-        if tp <= args.tp:
+        if tp <= sa.tp_size:
             continue
-        trial = argparse.Namespace(**{**vars(args), "tp": tp})
+        trial = dataclasses.replace(sa, tp_size=1)
+        trial.tp_size = tp
         try:
-            plan_memory(_inputs(trial, shape, gpu)[0])
+            plan_memory(plan_inputs(trial, ns, model, device_facts(trial, ns, model)))
             return tp
         except MemoryPlanError:
             continue

@@ -15,12 +15,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
+from sglang.srt.mem_plan.dtypes import KV_CACHE_DTYPE_CHOICES as _KV_CACHE_DTYPE_CHOICES
+
 logger = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp32"]
-KV_CACHE_DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPE_CHOICES = list(_KV_CACHE_DTYPE_CHOICES)  # one table: mem_plan/dtypes.py
 DEVICE_CHOICES = ["auto", "cpu", "cuda", "hip"]
-ATTENTION_BACKEND_CHOICES = ["torch_native", "triton", "flashinfer", "aiter"]
+ATTENTION_BACKEND_CHOICES = list(_ATTENTION_BACKENDS)  # one list: mem_plan/backends.py
 SCHEDULE_POLICY_CHOICES = ["fcfs", "lpm", "random"]
 LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
 
@@ -74,6 +77,23 @@ class ServerArgs:
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVEL_CHOICES)
     log_requests: bool = _f(False, "Log every request's metadata.")
     skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; requests must pass input_ids.")
+    max_request_body_mb: float = _f(
+        32.0,
+        "Largest accepted HTTP request body (MiB); larger bodies get HTTP 413 before they are read. 32 MiB holds a "
+        "full context of text or token ids many times over and a dozen base64 photos, while bounding the memory and "
+        "JSON-parsing time one request can demand of the HTTP process.",
+    )
+    allow_client_chat_template: bool = _f(
+        False,
+        "Accept chat templates sent by clients (chat_template_kwargs.chat_template). They run in a sandboxed worker "
+        "process under the budgets below; without this flag such requests get HTTP 400.",
+    )
+    client_chat_template_timeout_s: float = _f(
+        1.0, "Time budget (seconds) of one client-supplied chat template render; the worker is killed past it."
+    )
+    client_chat_template_max_output_mb: float = _f(
+        4.0, "Output budget (MiB of text) of one client-supplied chat template render."
+    )
 
     # ---- memory ----
     mem_fraction_static: Optional[float] = _f(
@@ -155,6 +175,8 @@ class ServerArgs:
             if v is None or v <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {v!r}.")
 
+        for name in ("max_request_body_mb", "client_chat_template_timeout_s", "client_chat_template_max_output_mb"):
+            positive(name, allow_none=False)
         for name in ("context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
                      "cuda_graph_max_bs", "max_image_pixels", "num_threads", "max_total_memory_gb"):
             positive(name)

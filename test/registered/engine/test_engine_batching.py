@@ -64,8 +64,11 @@ def test_streaming_matches_non_streaming(engine):
     params = {"temperature": 0, "max_new_tokens": 30}
     full = engine.generate("Write a haiku about the sea:", params)
     chunks = list(engine.generate("Write a haiku about the sea:", params, stream=True))
-    assert "".join(c["text"] for c in chunks) == full["text"]
-    assert sum(len(c["output_ids"]) for c in chunks) == len(full["output_ids"])
+    # cumulative chunks, like /generate's SSE events: each extends the one before
+    for prev, cur in zip(chunks, chunks[1:]):
+        assert cur["text"].startswith(prev["text"])
+        assert cur["output_ids"][: len(prev["output_ids"])] == prev["output_ids"]
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
     assert len(chunks) > 3
     engine.scheduler.check_integrity()

@@ -1,4 +1,5 @@
-"""Bad input to the offline engine: clear ValueErrors that name the limit, and nothing left allocated afterwards."""
+"""Bad input to the offline engine: clear ValueErrors that name the limit (the sentences of /generate, see
+test_generate_parity.py), and nothing left allocated afterwards."""
 
 import pytest
 
@@ -25,13 +26,14 @@ def idle_and_intact(engine):
 
 
 def test_prompt_longer_than_context(engine):
-    with pytest.raises(ValueError, match=r"longer than the model's maximum request length of 127 input tokens"):
+    with pytest.raises(ValueError,
+                       match=r"longer than the model's context length \(128 tokens; at most 127 input tokens"):
         engine.generate("word " * 400, {"max_new_tokens": 4})
     idle_and_intact(engine)
 
 
 def test_prompt_plus_max_new_tokens_over_context(engine):
-    with pytest.raises(ValueError, match=r"maximum context length of 128 tokens.*You requested a total of"):
+    with pytest.raises(ValueError, match=r"maximum context length is 128 tokens. However, you requested"):
         engine.generate("word " * 60, {"max_new_tokens": 100})
     idle_and_intact(engine)
 
@@ -45,7 +47,7 @@ def test_empty_prompt(engine):
 
 
 def test_token_ids_outside_vocab(engine):
-    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 49152\)"):
+    with pytest.raises(ValueError, match=r"Token id 1000000 is out of range; token ids must be in \[0, 49152\)"):
         engine.generate(input_ids=[1, 2, 10**6], sampling_params={"max_new_tokens": 4})
     idle_and_intact(engine)
 

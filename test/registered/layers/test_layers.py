@@ -52,6 +52,23 @@ class TestLayers(unittest.TestCase):
                 torch.testing.assert_close(k2[i, 0, j], x1 * c - x2 * s, atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(k2[i, 0, j + 8], x2 * c + x1 * s, atol=1e-4, rtol=1e-4)
 
+    def test_model_layers_share_one_rope_table_of_the_planned_size(self):
+        """Every attention layer of a built model uses the same cos/sin table; its bytes are the plan's rope term."""
+        import tempfile
+
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader.loader import build_model
+        from sglang.test.engine_fixtures import make_random_qwen3
+
+        with tempfile.TemporaryDirectory() as d:
+            cfg = ModelConfig.from_pretrained(make_random_qwen3(d), dtype="float32", device="cpu")
+            model = build_model(cfg, "cpu")
+        tables = {id(m.cos_sin_cache): m.cos_sin_cache for m in model.modules() if hasattr(m, "cos_sin_cache")}
+        self.assertEqual(len(tables), 1)
+        (table,) = tables.values()
+        self.assertEqual(table.numel() * table.element_size(), cfg.shape.rope_cache_bytes(4))
+        self.assertEqual(tuple(table.shape), (cfg.hf_config.max_position_embeddings, cfg.head_dim))
+
     def test_merged_weight_loaders(self):
         qkv = QKVParallelLinear(8, 4, total_num_heads=2, total_num_kv_heads=1)
         wq, wk, wv = torch.randn(8, 8), torch.randn(4, 8), torch.randn(4, 8)

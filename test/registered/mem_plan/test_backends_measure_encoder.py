@@ -1,4 +1,4 @@
-"""Backends allocate exactly what they declare; measure.py on CPU; encoder admission; mem_plan stays torch-free."""
+"""measure.py on CPU; encoder admission; mem_plan stays torch-free. (Backend declarations: layers/test_backend_declarations.py)"""
 
 import mmap
 import subprocess
@@ -6,60 +6,12 @@ import sys
 import threading
 import unittest
 
-from sglang.srt.mem_plan.allocate import allocate_declared_buffers, allocated_bytes
-from sglang.srt.mem_plan.backends import BUFFER_DECLARATIONS, AttentionShape, workspace_spec
 from sglang.srt.mem_plan.encoder import EncoderBudget, EncoderSpec, encoder_reservation_bytes
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=6, suite="cpu")
 
 MiB = 2**20
-
-
-class FakeModelConfig:
-    num_attention_heads = 8
-    head_dim = 16
-    context_len = 1000
-    architecture = "LlamaForCausalLM"
-
-
-class FakeReqToTokenPool:
-    size = 12
-
-
-class TestDeclaredEqualsAllocated(unittest.TestCase):
-    def test_every_backend(self):
-        shape = AttentionShape(num_q_heads=8, head_dim=16, context_len=1000, num_kv_splits=4)
-        for name, declare in BUFFER_DECLARATIONS.items():
-            spec = workspace_spec(name, shape)
-            for num_reqs, graph_bs in ((1, 0), (12, 4), (37, 37)):
-                if name == "flashinfer":  # skip allocating the 384 MiB workspace; check its declaration instead
-                    bufs = [b for b in declare(shape, num_reqs, graph_bs) if b.name != "workspace"]
-                    expected = spec.bytes_for(num_reqs, graph_bs) - 384 * MiB
-                else:
-                    bufs, expected = declare(shape, num_reqs, graph_bs), spec.bytes_for(num_reqs, graph_bs)
-                with self.subTest(backend=name, num_reqs=num_reqs, graph_bs=graph_bs):
-                    self.assertEqual(allocated_bytes(allocate_declared_buffers(bufs, "cpu")), expected)
-
-    def test_backend_modules_use_the_declarations(self):
-        from sglang.srt.layers.attention import aiter_backend, flashinfer_backend, triton_backend
-
-        shape = AttentionShape(8, 16, 1000)
-        for mod, name in ((aiter_backend, "aiter"), (flashinfer_backend, "flashinfer"), (triton_backend, "triton")):
-            self.assertEqual(mod.declare_workspace(8, 16, 1000), workspace_spec(name, shape))
-            self.assertEqual(mod.declared_buffers(shape, 5, 2), BUFFER_DECLARATIONS[name](shape, 5, 2))
-        self.assertEqual(aiter_backend.declare_workspace(32, 128, 262144).per_req_bytes, 17_039_360 + 12)
-
-    def test_gpu_backends_import_kernels_only_in_init(self):
-        from sglang.srt.layers.attention.aiter_backend import AiterAttnBackend
-        from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-
-        for cls, lib in ((AiterAttnBackend, "aiter"), (FlashInferAttnBackend, "flashinfer")):
-            if lib in sys.modules:
-                continue
-            with self.assertRaises(ImportError):
-                cls(model_config=FakeModelConfig(), req_to_token_pool=FakeReqToTokenPool(), token_to_kv_pool=None,
-                    device="cpu")
 
 
 class TestImportsStayLight(unittest.TestCase):

@@ -57,7 +57,8 @@ class TestPlanCommand(unittest.TestCase):
         self.assertEqual(mi355x["attention_backend"], "aiter")
         self.assertEqual(mi355x["plan"]["chunked_prefill_size"], 16384)
         ws = {t["name"]: t["num_bytes"] for t in mi355x["plan"]["terms"]}["attention_workspace"]
-        self.assertEqual(ws, 12 + (32 * 512 * 520 + 12) * mi355x["plan"]["max_running_requests"])
+        # fixed: 3 int32 indptr entries + the two fp32 K/V scales; per slot: PR #18263's H * P * (4d + 8) + indptrs
+        self.assertEqual(ws, 12 + 8 + (32 * 512 * 520 + 12) * mi355x["plan"]["max_running_requests"])
 
     def test_qwen3_moe_on_three_gpus(self):
         for gpu in ("h100-80gb", "h200", "mi355x"):

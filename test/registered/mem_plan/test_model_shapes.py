@@ -32,7 +32,8 @@ class TestTextModels(unittest.TestCase):
         layer = h * h + 2 * h * 1024 + h * h + 3 * h * i + 2 * h
         self.assertEqual(L * layer + 2 * v * h + h, 8_030_261_248)
         self.assertEqual(s.num_params, 8_030_261_248)
-        self.assertEqual(s.weight_bytes(), 16_060_522_496)
+        self.assertEqual(s.weight_bytes() - s.rope_cache_bytes(2), 16_060_522_496)
+        self.assertEqual(s.rope_cache_bytes(2), 131072 * 128 * 2)  # one cos/sin table shared by the layers, bf16
         self.assertEqual(s.kv_cell().cell_bytes, 131_072)
         # TP2: heads, intermediate and vocab halve; norms replicate
         self.assertEqual(sum(s.params(2).values()), (8_030_261_248 - L * 2 * h - h) // 2 + L * 2 * h + h)
@@ -45,7 +46,7 @@ class TestTextModels(unittest.TestCase):
         expected = L * (attn + moe + 2 * h) + 2 * v * h + h
         self.assertEqual(expected, 30_532_122_624)
         self.assertEqual(s.num_params, expected)
-        self.assertAlmostEqual(s.weight_bytes() / 2**30, 56.87, places=2)
+        self.assertAlmostEqual((s.weight_bytes() - s.rope_cache_bytes(2)) / 2**30, 56.87, places=2)
         self.assertEqual(s.kv_cell().cell_bytes, 98_304)
         self.assertEqual(s.kv_cell("fp8_e4m3", tp=8).cell_bytes, 1 * 256 * 48)
         self.assertEqual(s.attention_shape(262144).num_q_heads, 32)
@@ -98,7 +99,7 @@ class TestMultimodal(unittest.TestCase):
         s = model_shape_from_path(os.path.join(FIXTURES, "qwen3-omni-thinker-like"))
         self.assertEqual(s.text.model_type, "qwen3_moe")
         self.assertEqual(s.params()["vision_tower"], siglip_so400m_tower(448, 14))
-        self.assertAlmostEqual(s.weight_bytes() / 1e9, 63.18, places=2)  # "about 60 GB" of thinker weights
+        self.assertAlmostEqual((s.weight_bytes() - s.rope_cache_bytes(2)) / 1e9, 63.18, places=2)  # "about 60 GB" of thinker weights
         self.assertEqual([e.name for e in s.encoders], ["vision", "audio"])
 
 

@@ -41,7 +41,8 @@ def omni_inputs(pre_bytes, y, device_total_bytes=None) -> PlanInputs:
 def assert_plan_fits(test, plan: MemoryPlan):
     test.assertLessEqual(plan.total_bytes, plan.budget_bytes)
     test.assertTrue(all(t.num_bytes >= 0 for t in plan.terms))
-    test.assertEqual(plan.kv_bytes, plan.max_total_num_tokens * plan.kv_cell_bytes)
+    # the pool's T tokens plus the dummy page the allocator reserves (padded reads point at it)
+    test.assertEqual(plan.kv_bytes, (plan.max_total_num_tokens + plan.page_size) * plan.kv_cell_bytes)
     test.assertEqual(plan.max_total_num_tokens % plan.page_size, 0)
 
 
@@ -108,7 +109,7 @@ class TestMI355XAiter(unittest.TestCase):
         plan = plan_memory(self.inputs())
         assert_plan_fits(self, plan)
         ws = plan.bytes_of("attention_workspace")
-        self.assertEqual(ws, 12 + 17_039_372 * plan.max_running_requests)
+        self.assertEqual(ws, 12 + 8 + 17_039_372 * plan.max_running_requests)  # + the two fp32 K/V scales
         self.assertEqual(plan.slot_regime, "linear")
         self.assertTrue(2048 < plan.max_running_requests < 4096)
         # KV + workspace + every other term within the budget, with the KV pool taking the rest
@@ -132,7 +133,7 @@ class TestMI355XAiter(unittest.TestCase):
         assert_plan_fits(self, plan)
         self.assertEqual(plan.max_running_requests, 256)
         self.assertEqual(plan.slot_regime, "user")
-        self.assertEqual(plan.bytes_of("attention_workspace"), 12 + 17_039_372 * 256)
+        self.assertEqual(plan.bytes_of("attention_workspace"), 12 + 8 + 17_039_372 * 256)
 
 
 class TestLlama8BH100(unittest.TestCase):
@@ -144,28 +145,31 @@ class TestLlama8BH100(unittest.TestCase):
     def plan(self, y, **kw):
         return plan_memory(PlanInputs(pre_load_free_bytes=self.PRE, weight_bytes=self.WEIGHTS,
                                       kv_cell_bytes=kw.pop("cell", 131_072), context_len=kw.pop("ctx", 131_072),
-                                      mem_fraction_static=y, safety_margin_bytes=0, **kw))
+                                      mem_fraction_static=y, safety_margin_bytes=0, req_to_token_elem_bytes=4, **kw))
 
     def test_tokens_at_each_fraction(self):
         for y, tokens in ((0.70, 327_925), (0.835, 414_851), (0.85, 424_509), (0.90, 456_703)):
             # upstream computes rest in float GiB: post - pre * (1 - y)
             rest_gib = (78.6 - 14.99) - 78.6 * (1 - y)
             self.assertEqual(int(rest_gib * 2**30) // 131_072, tokens)
-            # we compute in integer bytes; at y = 0.9 rest is exactly 55.75 GiB, which upstream's float
-            # arithmetic lands just below (55.7499...), so the byte-exact pool holds one token more
+            # we compute in integer bytes and charge the pool's dummy page (upstream allocates it unplanned): one
+            # token fewer than upstream, except at y = 0.9, where rest is exactly 55.75 GiB and upstream's float
+            # arithmetic lands just below (55.7499...), losing the token we gain
             plan = self.plan(y)
-            exact = (int(self.PRE * y) - self.WEIGHTS) // 131_072
+            exact = (int(self.PRE * y) - self.WEIGHTS) // 131_072 - 1
             self.assertEqual(plan.max_total_num_tokens, exact)
-            self.assertIn(exact - tokens, (0, 1))
+            self.assertIn(exact - tokens, (-1, 0))
             self.assertEqual(plan.max_running_requests, 2048)
 
     def test_req_to_token_and_pages(self):
         plan = self.plan(0.835)
         self.assertAlmostEqual(plan.bytes_of("req_to_token") / GiB, 1.0005, places=4)  # 2049 x 131076 x 4 B
-        for page, tokens in ((16, 414_848), (64, 414_848), (128, 414_848), (256, 414_720)):
-            self.assertEqual(self.plan(0.835, page_size=page).max_total_num_tokens, tokens)
+        # upstream's pool at these page sizes; it allocates one dummy page more than it plans, which we charge, so
+        # our static region (same y) holds exactly one page fewer
+        for page, upstream_tokens in ((16, 414_848), (64, 414_848), (128, 414_848), (256, 414_720)):
+            self.assertEqual(self.plan(0.835, page_size=page).max_total_num_tokens, upstream_tokens - page)
         fp8 = self.plan(0.835, cell=65_536)
-        self.assertEqual(fp8.max_total_num_tokens, 829_702)
+        self.assertEqual(fp8.max_total_num_tokens, 829_702 - 1)
         self.assertEqual(fp8.max_running_requests, 3241)
         self.assertEqual(self.plan(0.835, ctx=8192).max_running_requests, 4096)
 
@@ -252,9 +256,23 @@ class TestFullPlanNeverExceedsBudget(unittest.TestCase):
                 assert_plan_fits(self, plan_memory(dataclasses.replace(inputs, mem_fraction_static=e.suggested_value)))
             return
         assert_plan_fits(self, plan)
-        if y is None:  # auto: one more page would not fit
-            bigger = dataclasses.replace(inputs, max_total_tokens=None)
-            self.assertEqual(plan_memory(bigger).max_total_num_tokens, plan.max_total_num_tokens)
+        tokens = plan.max_total_num_tokens
+        # every request slot the rule allows at this pool size is given (written out here, independent of slots.py)
+        half = tokens // 2
+        rule = min(user_r, half) if user_r is not None else min(min(max(tokens * 512 // ctx, 2048), 4096), half)
+        self.assertEqual(plan.max_running_requests, rule)
+        if y is None:  # auto: the pool took every page that fits -- one more page would not
+            self.assertGreater(total_bytes_at(inputs, plan, tokens + page), plan.budget_bytes)
+
+
+def total_bytes_at(inputs: PlanInputs, plan: MemoryPlan, num_tokens: int) -> int:
+    """Every term's bytes with a pool of num_tokens: the same inputs planned on a budget so large that the pool is
+    exactly num_tokens (max_total_tokens) and the safety margin pinned to the original plan's."""
+    roomy = dataclasses.replace(inputs, pre_load_free_bytes=inputs.pre_load_free_bytes * 4 + 2**40,
+                                max_total_tokens=num_tokens, safety_margin_bytes=plan.bytes_of("safety_margin"))
+    bigger = plan_memory(roomy)
+    assert bigger.max_total_num_tokens == num_tokens
+    return bigger.total_bytes
 
 
 if __name__ == "__main__":

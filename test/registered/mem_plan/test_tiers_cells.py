@@ -104,21 +104,22 @@ class TestWorkspaces(unittest.TestCase):
 
     def test_flashinfer(self):
         ws = workspace_spec("flashinfer", AttentionShape(32, 128, 131072, architectures=("LlamaForCausalLM",)))
-        self.assertEqual(ws.fixed_bytes - 12, 384 * MiB)
+        self.assertEqual(ws.fixed_bytes - 12, 384 * MiB + 8 * MiB)  # float + int (plan-info) workspaces
         self.assertEqual(256 * ws.per_graph_bs_bytes, GiB // 8)  # 256 x 131072 x 4 B = 0.125 GiB
         qwen = workspace_spec("flashinfer", AttentionShape(32, 128, 131072, architectures=("Qwen3MoeForCausalLM",)))
-        self.assertEqual(qwen.fixed_bytes - 12, 512 * MiB)
+        self.assertEqual(qwen.fixed_bytes - 12, 512 * MiB + 8 * MiB)
 
     def test_triton_and_torch_native(self):
         ws = workspace_spec("triton", AttentionShape(32, 128, 131072))
-        # graph attn_logits at bs 256: 256 x 32 heads x 8 splits x 128 x 4 B = 32 MiB (+ lse, splits, indices)
+        # graph attn_logits at bs 256: 256 x 32 heads x 8 splits x 128 x 4 B = 32 MiB (+ lse); no kv indices
         self.assertEqual(256 * 32 * 8 * 128 * 4, 32 * MiB)
-        self.assertEqual(ws.per_graph_bs_bytes, 32 * 8 * 128 * 4 + 32 * 8 * 4 + 4 + 131072 * 8)
+        self.assertEqual(ws.per_graph_bs_bytes, 32 * 8 * 128 * 4 + 32 * 8 * 4)
         self.assertEqual(workspace_spec("torch_native", AttentionShape(32, 128, 131072)).bytes_for(4096, 256), 0)
 
     def test_req_to_token(self):
-        self.assertAlmostEqual(req_to_token_bytes(2048, 131072) / GiB, 1.0005, places=4)
-        self.assertAlmostEqual(req_to_token_bytes(4096, 262144) / GiB, 4.0, places=2)
+        self.assertAlmostEqual(req_to_token_bytes(2048, 131072, 4) / GiB, 1.0005, places=4)  # upstream's int32
+        self.assertEqual(req_to_token_bytes(2048, 131072), 2049 * 131076 * 8)  # ours: int64
+        self.assertAlmostEqual(req_to_token_bytes(4096, 262144, 4) / GiB, 4.0, places=2)
 
     def test_safety_margin_rule(self):
         self.assertEqual(default_safety_margin_bytes(80 * GiB), GiB)

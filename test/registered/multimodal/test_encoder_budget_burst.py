@@ -46,8 +46,8 @@ class TestEncoderBudgetBurst(unittest.TestCase):
             plan = runner.memory_plan
             adm = runner.encoder_admission
             self.assertEqual(plan.budget_bytes, int(CAP_GIB * 2**30))
-            self.assertEqual(plan.bytes_of("encoder"), runner.encoder_reserve_bytes)
-            self.assertGreater(runner.encoder_reserve_bytes, 0)
+            self.assertEqual(plan.bytes_of("encoder"), runner.multimodal.encoder_reserve_bytes)
+            self.assertGreater(runner.multimodal.encoder_reserve_bytes, 0)
             self.assertEqual(plan.term("encoder").source, "measured")
             self.assertEqual(adm.max_images, ENCODER_BATCH)
 
@@ -65,7 +65,7 @@ class TestEncoderBudgetBurst(unittest.TestCase):
             self.assertGreater(adm.num_deferred, 0, "the burst should have been queued by the encoder budget")
             self.assertEqual(adm.budget.in_use_bytes, 0)
             engine.scheduler.check_integrity()
-            print(f"\nencoder reservation {runner.encoder_reserve_bytes / 2**20:.1f} MiB (measured, "
+            print(f"\nencoder reservation {runner.multimodal.encoder_reserve_bytes / 2**20:.1f} MiB (measured, "
                   f"{ENCODER_BATCH} images of {runner.mm_processor.max_tokens_per_image} tokens); "
                   f"peak RSS increase {peak / 2**20:.1f} MiB vs plan budget {plan.budget_bytes / 2**20:.1f} MiB "
                   f"(terms {plan.total_bytes / 2**20:.1f} MiB); {stats.num_calls} encoder calls, "

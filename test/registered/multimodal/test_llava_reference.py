@@ -102,7 +102,7 @@ class TestLlavaClip(LlavaReferenceBase, unittest.TestCase):
         third = self.engine.generate(input_ids=ids, image_data=data_url(make_image(5)), sampling_params=GREEDY)
         self.assertEqual(third["meta_info"]["cached_tokens"], len(ids) - 1)
         self.assertEqual(stats.num_images, encoded + 1)
-        self.runner.mm_embedding_cache.check_integrity()
+        self.runner.multimodal.mm_embedding_cache.check_integrity()
 
     def test_preprocessing_matches_hf_clip_processor(self):
         from transformers import CLIPImageProcessor

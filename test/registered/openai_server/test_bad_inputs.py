@@ -88,9 +88,11 @@ def test_completion_bad_prompt_and_token_ids(base_url, headers):
 
 def test_generate_bad_sampling_params(base_url, headers):
     r = post(base_url, headers, "/generate", {"text": "x", "sampling_params": {"temperature": -1}})
-    assert_error(r, 400, "temperature must be >= 0")
+    assert_error(r, 400, "sampling_params.temperature", "greater than or equal to 0", "Allowed: a finite number in [0, 2]",
+                 param="sampling_params.temperature")
     r = post(base_url, headers, "/generate", {"text": "x", "sampling_params": {"max_new_token": 3}})
-    assert_error(r, 400, "Unknown sampling parameter", "max_new_token")
+    assert_error(r, 400, "Unrecognized request argument supplied: sampling_params.max_new_token",
+                 param="sampling_params.max_new_token")
     assert_error(post(base_url, headers, "/generate", {"sampling_params": {}}), 400, "exactly one of text or input_ids")
 
 

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from sglang.srt.entrypoints.openai.errors import describe_validation_error, error_body
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from sglang.srt.entrypoints.openai.serving_base import choice_sampling_params
+from sglang.srt.sampling.sampling_params import choice_sampling_params
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -17,7 +17,7 @@ MSG = [{"role": "user", "content": "hi"}]
 def error_of(model, body):
     with pytest.raises(ValidationError) as e:
         model.model_validate(body)
-    return describe_validation_error(e.value)
+    return describe_validation_error(e.value, model)
 
 
 @pytest.mark.parametrize("extra,param,fragment", [
@@ -52,6 +52,42 @@ def test_unsupported_features_are_named():
     assert ChatCompletionRequest.model_validate({"messages": MSG, "response_format": {"type": "json_object"}}).unsupported()[0] == "response_format"
     assert CompletionRequest.model_validate({"prompt": "x", "best_of": 3}).unsupported()[0] == "best_of"
     assert CompletionRequest.model_validate({"prompt": "x"}).unsupported() is None
+
+
+def test_one_set_of_rules_for_every_api():
+    """The OpenAI models and /generate's sampling_params declare each field with the same Rule (same bounds, same
+    "Allowed: ..." sentence), and an error reads the same on both."""
+    from sglang.srt.entrypoints.openai.protocol import GenerateRequest
+    from sglang.srt.sampling.sampling_params import SamplingParamsModel
+
+    for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty", "seed", "n", "stop", "stop_token_ids", "skip_special_tokens", "ignore_eos",
+                 "spaces_between_special_tokens", "no_stop_trim"):
+        chat, native = ChatCompletionRequest.model_fields[name], SamplingParamsModel.model_fields[name]
+        assert chat.description == native.description and chat.description.startswith("Allowed: "), name
+        assert repr(chat.metadata) == repr(native.metadata), name
+    chat_msg, _ = error_of(ChatCompletionRequest, {"messages": MSG, "repetition_penalty": 0.001})
+    gen_msg, param = error_of(GenerateRequest, {"text": "x", "sampling_params": {"repetition_penalty": 0.001}})
+    assert param == "sampling_params.repetition_penalty"
+    assert gen_msg == chat_msg.replace("for repetition_penalty", "for sampling_params.repetition_penalty")
+    assert "Allowed: a finite number in [0.01, 2] (1 is off)." in chat_msg
+
+
+def test_cross_field_rules_name_the_field():
+    message, param = error_of(ChatCompletionRequest, {"messages": MSG, "min_tokens": 9, "max_completion_tokens": 3})
+    assert param == "min_tokens" and "should not exceed max_completion_tokens (3)" in message
+    message, param = error_of(CompletionRequest, {"prompt": "x", "seed": 2**63 - 3, "n": 4})
+    assert param == "seed" and "seed + 3" in message
+
+
+def test_json_nesting_depth_counts_only_structure():
+    from sglang.srt.entrypoints.openai.serving_base import json_nesting_depth
+
+    assert json_nesting_depth(b'{"a": [[1], {"b": []}]}') == 4
+    assert json_nesting_depth(b"[" * 100 + b"]" * 100) == 100
+    # brackets inside strings, escaped quotes included, are text
+    assert json_nesting_depth(b'{"p": "' + b"[{" * 100 + b'", "q": "a\\\\"}') == 1
+    assert json_nesting_depth(b'{"p": "\\"' + b"[" * 100 + b'"}') == 1
 
 
 def test_error_body_shape():

@@ -133,3 +133,48 @@ def test_max_new_tokens_and_stop_token_finish():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def raw_req(**sp):
+    """A request whose parameters skip validation: the sampler must be safe whatever reaches it."""
+    p = SamplingParams(**sp)
+    p.normalize()
+    r = Req("r", [1, 2, 3], p, eos_token_ids={0})
+    r.output_ids = [3, 3, 5]
+    return r
+
+
+@pytest.mark.parametrize("sp", [
+    {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300}, {"frequency_penalty": 1e300},
+    {"presence_penalty": -1e300}, {"temperature": 1e39, "min_new_tokens": 10}, {"temperature": float("inf")},
+    {"temperature": 1.0000001e-6, "top_p": 1e-9}, {"temperature": 0.5, "min_p": 1.0, "top_k": 2},
+    {"temperature": 0, "repetition_penalty": 1e-300, "min_new_tokens": 10},
+])
+def test_extreme_values_never_reach_multinomial_as_nan(sp):
+    torch.manual_seed(0)
+    logits = torch.randn(2, 8) * 30
+    logits[1, 4] = float("inf")
+    logits[1, 6] = float("nan")
+    out = sample(logits, [raw_req(**sp), raw_req(**sp)])
+    assert all(0 <= t < 8 for t in out.next_token_ids)
+    if sp.get("min_new_tokens"):
+        assert 0 not in out.next_token_ids  # the eos stays masked before min_new_tokens
+
+
+def test_all_masked_row_falls_back():
+    # every token is a stop token and min_new_tokens forbids stopping: the row is all -inf after masking
+    p = SamplingParams(temperature=1.0, min_new_tokens=5, stop_token_ids=[0, 1, 2, 3])
+    p.normalize()
+    r = Req("r", [1], p)
+    out = sample(torch.tensor([[0.0, 5.0, 1.0, 2.0]]), [r])
+    assert out.next_token_ids[0] in range(4)
+    nan_row = torch.full((1, 4), float("nan"))
+    assert sample(nan_row, [raw_req(temperature=1.0)]).next_token_ids[0] in range(4)
+
+
+def test_sampler_updates_inference_mode_logits():
+    # the forward returns inference tensors; penalties update them in place (issue 9: this raised)
+    with torch.inference_mode():
+        logits = torch.randn(1, 8)
+    out = sample(logits, [raw_req(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2)])
+    assert 0 <= out.next_token_ids[0] < 8

@@ -1,10 +1,9 @@
 """ModelConfig: what the runtime needs to know about a model, read once from a Hugging Face directory.
 
-Resolved here (and nowhere else): the architecture, the layer/head geometry, the context length (with the
---context-length override), the weight dtype and KV-cache dtype ("auto" rules below), and the set of EOS ids.
-
-dtype "auto":  CPU -> bfloat16 (avx512_bf16 GEMMs are fast; fp16 is unusable on CPU).
-               GPU -> the checkpoint's dtype when it is bf16/fp16, else bfloat16.
+The geometry (layers, heads, head_dim, vocabulary, MoE/MLA fields, max positions) comes from the one config.json
+reader, mem_plan/model_shapes.py, which `sglang plan` uses without weights; `shape` keeps it for the memory plan.
+Resolved here: the architecture, the context length (with the --context-length override), the torch dtypes of the
+weights and the KV cache (rules in mem_plan/dtypes.py), and the set of EOS ids.
 """
 
 from __future__ import annotations
@@ -17,6 +16,9 @@ from typing import TYPE_CHECKING, Any, Optional, Set
 
 import torch
 
+from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype, torch_dtype
+from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
+
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
@@ -24,18 +26,6 @@ logger = logging.getLogger(__name__)
 
 # Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
-_DTYPE_NAMES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 
 # Architectures whose checkpoints carry a vision/audio tower.
 _MULTIMODAL_ARCH_HINTS = ("VL", "Vision", "Llava", "ForConditionalGeneration", "Mllama", "Audio")
@@ -47,23 +37,13 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _checkpoint_dtype(config_dict: dict) -> Optional[torch.dtype]:
+def _checkpoint_dtype(config_dict: dict) -> Optional[str]:
     name = config_dict.get("torch_dtype") or config_dict.get("dtype")
-    if isinstance(name, str):
-        return _DTYPE_NAMES.get(name.replace("torch.", ""))
-    return None
+    return name if isinstance(name, str) else None
 
 
-def resolve_dtype(dtype: str, device: str, checkpoint_dtype: Optional[torch.dtype]) -> torch.dtype:
-    if dtype != "auto":
-        if dtype not in _DTYPE_NAMES:
-            raise ValueError(f"--dtype={dtype!r} is not allowed; choose one of auto, {', '.join(_DTYPE_NAMES)}.")
-        return _DTYPE_NAMES[dtype]
-    if device == "cpu":
-        return torch.bfloat16
-    if checkpoint_dtype in (torch.bfloat16, torch.float16):
-        return checkpoint_dtype
-    return torch.bfloat16
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: Optional[str]) -> torch.dtype:
+    return torch_dtype(resolve_model_dtype(dtype, device, checkpoint_dtype))
 
 
 def get_rope_parameters(hf_config: Any) -> dict:
@@ -110,6 +90,9 @@ class ModelConfig:
     is_multimodal: bool
     eos_token_ids: Set[int] = field(default_factory=set)
     rope_parameters: dict = field(default_factory=dict)
+    shape: Optional[ModelShape] = None  # the config.json geometry, as `sglang plan` reads it
+    dtype_name: str = "bfloat16"  # canonical names of dtype / kv_cache_dtype (mem_plan/dtypes.py)
+    kv_cache_dtype_name: str = "bfloat16"
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -146,16 +129,13 @@ class ModelConfig:
         if not architectures:
             raise ValueError(f"{config_file} lists no 'architectures'.")
         architecture = architectures[0]
-
-        num_heads = text_config.num_attention_heads
-        hidden_size = text_config.hidden_size
-        head_dim = getattr(text_config, "head_dim", None) or hidden_size // num_heads
-        max_pos = getattr(text_config, "max_position_embeddings", None) or 2048
-        context_len = _resolve_context_len(context_length, max_pos)
+        shape = model_shape_from_config(config_dict)
+        text = shape.text
+        context_len = _resolve_context_len(context_length, text.max_position_embeddings)
 
         device = resolve_device(device)
-        resolved_dtype = resolve_dtype(dtype, device, _checkpoint_dtype(config_dict))
-        resolved_kv = resolved_dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, device, None)
+        dtype_name = resolve_model_dtype(dtype, device, _checkpoint_dtype(config_dict))
+        kv_name = resolve_kv_cache_dtype(kv_cache_dtype, dtype_name)
 
         eos = _as_id_set(getattr(text_config, "eos_token_id", None)) | _as_id_set(config_dict.get("eos_token_id"))
         gen_file = os.path.join(model_path, "generation_config.json")
@@ -167,22 +147,23 @@ class ModelConfig:
             model_path=model_path,
             hf_config=hf_config,
             architecture=architecture,
-            num_hidden_layers=text_config.num_hidden_layers,
-            hidden_size=hidden_size,
-            num_attention_heads=num_heads,
-            num_key_value_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
-            head_dim=head_dim,
-            vocab_size=text_config.vocab_size,
+            num_hidden_layers=text.num_layers,
+            hidden_size=text.hidden_size,
+            num_attention_heads=text.num_q_heads,
+            num_key_value_heads=text.num_kv_heads,
+            head_dim=text.head_dim,
+            vocab_size=text.vocab_size,
             context_len=context_len,
-            dtype=resolved_dtype,
-            kv_cache_dtype=resolved_kv,
+            dtype=torch_dtype(dtype_name),
+            kv_cache_dtype=torch_dtype(kv_name),
             device=device,
-            tie_word_embeddings=bool(
-                config_dict.get("tie_word_embeddings", getattr(text_config, "tie_word_embeddings", False))
-            ),
+            tie_word_embeddings=text.tie_word_embeddings,
             is_multimodal=hasattr(hf_config, "vision_config") or any(h in architecture for h in _MULTIMODAL_ARCH_HINTS),
             eos_token_ids=eos,
             rope_parameters=get_rope_parameters(text_config),
+            shape=shape,
+            dtype_name=dtype_name,
+            kv_cache_dtype_name=kv_name,
         )
 
     # ------------------------------------------------------------------ derived sizes

@@ -1,18 +1,26 @@
 """The offline engine: `sglang.Engine(**server_args).generate(prompts, sampling_params)`.
 
 The scheduler runs in this process (no IPC on the offline path); generate() tokenizes, queues the requests and
-steps the scheduler until they finish. Outputs follow upstream's shape:
-    {"text": str, "output_ids": [int], "meta_info": {"id", "finish_reason", "prompt_tokens",
-     "completion_tokens", "cached_tokens", ["output_token_logprobs", "output_top_logprobs"]}}
+steps the scheduler until they finish. Requests are built and checked by the builder of POST /generate
+(generate_builder.py) and answered by its accumulator (managers/generate_output.py): same fields, same logprob
+format ([logprob, token_id, None]), and a bad input is a ParamError (a ValueError) with the server's message.
+A request that a fault failed inside the scheduler comes back like any other, with finish_reason
+{"type": "abort", "message": "The <step> step failed ...", "status_code": 500} and the tokens it had produced;
+the other requests and later generate() calls are unaffected. Bad input raises ValueError before anything runs.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
-from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReqInput, new_rid
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.entrypoints.generate_builder import GenerateBatch, build_generate_requests, parse_generate_request
+from sglang.srt.managers.generate_output import GenerateAccumulator
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.request_error import RequestError
+from sglang.srt.managers.request_tokenizer import RequestTokenizer
+from sglang.srt.sampling.validation import ParamError
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -31,51 +39,20 @@ class Engine:
         self.scheduler = Scheduler(self.server_args)
         self.scheduler.warmup()
         self.tokenizer = self.scheduler.tokenizer
+        s = self.scheduler
+        self.request_tokenizer = RequestTokenizer(
+            self.tokenizer, getattr(s.model_runner, "mm_processor", None), s.model_config.vocab_size, s.context_len,
+            s.max_req_len, s.max_req_len - 1,
+        )
 
     # ------------------------------------------------------------------ requests
-    def _tokenize(self, prompt: Optional[str], input_ids: Optional[List[int]]) -> List[int]:
-        if input_ids is not None:
-            return list(input_ids)
-        if prompt is None:
-            raise ValueError("Either prompt or input_ids must be given.")
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}.")
-        if self.tokenizer is None:
-            raise ValueError("The tokenizer is not loaded (skip_tokenizer_init); pass input_ids.")
-        return self.tokenizer.encode(prompt)
-
-    def _build_requests(self, prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream,
-                        image_data) -> tuple[List[TokenizedGenerateReqInput], bool]:
-        single = not (isinstance(prompt, list) or (input_ids is not None and input_ids and isinstance(input_ids[0], list)))
-        prompts = [prompt] if single else (prompt if prompt is not None else [None] * len(input_ids))
-        ids_list = [input_ids] if single else (input_ids if input_ids is not None else [None] * len(prompts))
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(prompts):
-                raise ValueError("sampling_params list must have one entry per prompt.")
-            sp_list = sampling_params
-        else:
-            sp_list = [sampling_params] * len(prompts)
-        images = image_data if (isinstance(image_data, list) and not single) else [image_data] * len(prompts)
-        reqs = []
-        for p, ids, sp_dict, img in zip(prompts, ids_list, sp_list, images):
-            sp = SamplingParams.from_dict(sp_dict)
-            toks = self._tokenize(p, ids)
-            mm = self._process_images(p, toks, img) if img is not None else None
-            if mm is not None:
-                toks = mm.input_ids
-            for _ in range(sp.n):
-                sp_i = SamplingParams.from_dict(sp_dict)
-                reqs.append(TokenizedGenerateReqInput(
-                    rid=new_rid(), input_text=p, input_ids=toks, sampling_params=sp_i, stream=stream,
-                    return_logprob=return_logprob, top_logprobs_num=top_logprobs_num, mm_inputs=mm,
-                ))
-        return reqs, single and len(reqs) == 1
-
-    def _process_images(self, prompt, input_ids, image_data):
-        processor = getattr(self.scheduler.model_runner, "mm_processor", None)
-        if processor is None:
-            raise ValueError("This model does not accept images.")
-        return processor.process(input_ids, image_data)
+    def _build(self, body: dict) -> GenerateBatch:
+        """The server's builder on the same body; its RequestError becomes a ParamError (a ValueError) with the
+        message and param /generate would answer."""
+        try:
+            return build_generate_requests(parse_generate_request(body), self.request_tokenizer)
+        except RequestError as e:
+            raise ParamError(e.param, "", message=e.message) from None
 
     def _submit(self, reqs: List[TokenizedGenerateReqInput]) -> None:
         added = []
@@ -98,45 +75,48 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         stream: bool = False,
+        rid: Optional[Union[str, List[str]]] = None,
     ):
-        reqs, single = self._build_requests(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num,
-                                            stream, image_data)
-        self._submit(reqs)
+        """POST /generate in-process: the same body fields (`prompt` is its `text`), the same checks and messages,
+        the same response objects (see generate_output.py). A stream yields cumulative objects, like the server's."""
+        body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data,
+                "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid}
+        batch = self._build({k: val for k, val in body.items() if val is not None})
+        if stream and batch.is_batch:
+            raise ParamError("stream", "", message="Streaming is supported for a single prompt with n=1.")
+        self._submit(batch.reqs)
+        start = time.perf_counter()
+        accs = [GenerateAccumulator(r.rid, return_logprob, start) for r in batch.reqs]
         if stream:
-            if not single:
-                raise ValueError("Streaming is supported for a single prompt.")
-            return self._stream(reqs[0].rid)
-        results = self._run_to_completion([r.rid for r in reqs])
-        return results[0] if single else results
+            return self._stream(accs[0])
+        self._run_to_completion(accs)
+        results = [a.response() for a in accs]
+        return results if batch.is_batch else results[0]
 
-    def _run_to_completion(self, rids: List[str]) -> List[dict]:
-        acc: Dict[str, dict] = {rid: _empty_result(rid) for rid in rids}
-        pending = set(rids)
+    def _run_to_completion(self, accs: List[GenerateAccumulator]) -> None:
+        by_rid = {a.rid: a for a in accs}
+        pending = set(by_rid)
         while pending:
             for out in self.scheduler.step():
-                res = acc.get(out.rid)
-                if res is None:
+                acc = by_rid.get(out.rid)
+                if acc is None:
                     continue
-                _accumulate(res, out)
+                acc.add(out)
                 if out.finished:
                     pending.discard(out.rid)
             if pending and not self.scheduler.has_work():
                 raise RuntimeError(f"scheduler went idle with unfinished requests: {sorted(pending)}")
-        return [acc[rid] for rid in rids]
 
-    def _stream(self, rid: str) -> Iterator[dict]:
-        finished = False
+    def _stream(self, acc: GenerateAccumulator) -> Iterator[dict]:
         try:
-            while not finished:
+            while not acc.finished:
                 for out in self.scheduler.step():
-                    if out.rid != rid:
-                        continue
-                    chunk = _accumulate(_empty_result(rid), out)
-                    finished = out.finished
-                    yield chunk
+                    if out.rid == acc.rid:
+                        acc.add(out)
+                        yield acc.response()
         finally:
-            if not finished:
-                self.scheduler.abort_request(rid)
+            if not acc.finished:
+                self.scheduler.abort_request(acc.rid)
                 self.scheduler.step()
 
     # ------------------------------------------------------------------ control
@@ -161,20 +141,3 @@ class Engine:
         if self.scheduler is not None:
             self.shutdown()
 
-
-def _empty_result(rid: str) -> dict:
-    return {"text": "", "output_ids": [], "meta_info": {"id": rid, "finish_reason": None}}
-
-
-def _accumulate(res: dict, out: ReqOutput) -> dict:
-    res["text"] += out.new_text
-    res["output_ids"].extend(out.new_token_ids)
-    meta = res["meta_info"]
-    meta.update(finish_reason=out.finish_reason, prompt_tokens=out.prompt_tokens,
-                completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens)
-    if out.new_token_logprobs is not None:
-        meta.setdefault("output_token_logprobs", []).extend(
-            zip(out.new_token_logprobs, out.new_token_ids))
-    if out.new_top_logprobs is not None:
-        meta.setdefault("output_top_logprobs", []).extend(out.new_top_logprobs)
-    return res

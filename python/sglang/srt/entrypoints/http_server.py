@@ -5,34 +5,48 @@ Process layout (like upstream):
     scheduler process  Scheduler (model, KV pools, batching, detokenization), spawned, connected by ZMQ
 The event loop of the main process never runs the model, so /health answers while a long batch runs.
 
-launch_server() blocks until SIGINT/SIGTERM, then stops uvicorn, aborts what is running and terminates the
-scheduler process; the scheduler process also kills itself if this process dies without cleaning up.
+launch_server() blocks until SIGINT/SIGTERM (exit 0), then stops uvicorn, aborts what is running and terminates the
+scheduler process; a fatal error (the scheduler died) stops it with exit status 1. Process handling, exit codes and
+orphan prevention: server_lifecycle.py; body size limit and API key: http_middleware.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import time
 from contextlib import asynccontextmanager
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sglang.srt.entrypoints.openai.errors import error_body, error_response
-from sglang.srt.entrypoints.openai.protocol import AbortRequest
+from sglang.srt.entrypoints.http_middleware import APIKeyMiddleware, RequestBodyLimitMiddleware
+from sglang.srt.entrypoints.openai.errors import error_response
+from sglang.srt.entrypoints.openai.openapi_bodies import install_request_schemas, json_body
+from sglang.srt.entrypoints.openai.protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
 from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
+from sglang.srt.entrypoints.server_lifecycle import (
+    check_port_free,
+    launch_scheduler_process,
+    raise_system_exit,
+    serve,
+    stop_process,
+    wait_for_scheduler,
+)
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, preload_tokenizer
@@ -41,37 +55,8 @@ from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_STARTUP_TIMEOUT_S = 600.0
-SCHEDULER_STOP_TIMEOUT_S = 5.0
-GRACEFUL_SHUTDOWN_TIMEOUT_S = 3.0
-SCHEDULER_WATCH_INTERVAL_S = 0.2
-# reachable without the API key: load balancers and Prometheus scrapers carry no credentials
-AUTH_EXEMPT_PREFIXES = ("/health", "/metrics")
-
 
 # ====================================================================== app
-class APIKeyMiddleware:
-    """Pure ASGI middleware (no response buffering, so streaming and disconnect detection are untouched)."""
-
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(AUTH_EXEMPT_PREFIXES):
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
-            body = orjson.dumps(error_body(
-                401, "Incorrect API key provided. Send it as 'Authorization: Bearer <api-key>'.", code="invalid_api_key"
-            ))
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        return await self.app(scope, receive, send)
-
-
 def create_app(tm: TokenizerManager) -> FastAPI:
     server_args = tm.server_args
 
@@ -81,9 +66,13 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         yield
         tm.is_shutting_down = True
         tm.abort_all()
+        if tm.template_sandbox is not None:
+            await tm.template_sandbox.aclose()
 
     app = FastAPI(title="SGLang", version=__version__, lifespan=lifespan)
     app.state.tokenizer_manager = tm
+    # the last added runs first: the API key is checked before any body is read
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_mb=server_args.max_request_body_mb)
     if server_args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
 
@@ -114,14 +103,18 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     # ---------------------------------------------------------------- health and info
     @app.get("/health")
     async def health():
+        """{"status": "ok"}; 503 with an error body when the scheduler has failed or the server is stopping."""
         if not tm.is_healthy:
             return error_response(503, tm.fatal_error or "The server is shutting down.")
-        return Response(status_code=200)
+        return json_response({"status": "ok"})
 
     @app.get("/health_generate")
     async def health_generate():
-        if tm.is_healthy and await tm.health_generate():
-            return Response(status_code=200)
+        """Like /health, after the scheduler has produced a token (behind the API key: it runs a generation)."""
+        if not tm.is_healthy:
+            return error_response(503, tm.fatal_error or "The server is shutting down.")
+        if await tm.health_generate():
+            return json_response({"status": "ok"})
         return error_response(503, "The server did not produce a token in time.")
 
     @app.get("/get_model_info")
@@ -148,7 +141,11 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             return PlainTextResponse("Cache flushed.\n")
         return error_response(400, "Cache not flushed: requests are running or waiting; retry when the server is idle.")
 
-    @app.post("/abort_request")
+    # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
+    install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
+                                  TokenizeRequest, DetokenizeRequest])
+
+    @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
         req = await parse_body(raw_request, AbortRequest)
         if req.abort_all:
@@ -160,25 +157,26 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         return Response(status_code=200)
 
     # ---------------------------------------------------------------- generation
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.put("/generate", openapi_extra=json_body(GenerateRequest))
+    @app.post("/generate", openapi_extra=json_body(GenerateRequest))
     async def generate(raw_request: Request):
         return await serving_generate.handle_request(raw_request)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def v1_completions(raw_request: Request):
         return await serving_completion.handle_request(raw_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def v1_chat_completions(raw_request: Request):
         return await serving_chat.handle_request(raw_request)
 
-    @app.api_route("/v1/tokenize", methods=["POST"])
-    @app.api_route("/tokenize", methods=["POST"])
+    @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
+    @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     async def tokenize(raw_request: Request):
         return await serving_tokenize.handle_request(raw_request)
 
-    @app.api_route("/v1/detokenize", methods=["POST"])
-    @app.api_route("/detokenize", methods=["POST"])
+    @app.api_route("/v1/detokenize", methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
+    @app.api_route("/detokenize", methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
     async def detokenize(raw_request: Request):
         return await serving_detokenize.handle_request(raw_request)
 
@@ -213,109 +211,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
 
 # ====================================================================== launch
-def check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise SystemExit(f"Cannot bind {host}:{port} ({e.strerror}); pick another port with --port.") from None
-
-
-def launch_scheduler_process(server_args: ServerArgs, port_args: PortArgs):
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
-
-    ctx = mp.get_context("spawn")  # never fork a process that may hold threads, sockets or a torch runtime
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(
-        target=run_scheduler_process, args=(server_args, port_args, writer, os.getpid()), name="sglang-scheduler",
-        daemon=True,
-    )
-    proc.start()
-    writer.close()
-    return proc, reader
-
-
-def wait_for_scheduler(proc, reader, timeout_s: float = SCHEDULER_STARTUP_TIMEOUT_S) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if reader.poll(0.2):
-            try:
-                info = reader.recv()
-            except EOFError:
-                break
-            if info.get("status") != "ready":
-                raise RuntimeError(f"The scheduler failed to start: {info.get('message')}")
-            return info
-        if not proc.is_alive():
-            break
-    raise RuntimeError(f"The scheduler process exited during startup (exit code {proc.exitcode}); see its log above.")
-
-
-def stop_process(proc) -> None:
-    if proc is None or not proc.is_alive():
-        return
-    proc.terminate()
-    proc.join(SCHEDULER_STOP_TIMEOUT_S)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(SCHEDULER_STOP_TIMEOUT_S)
-
-
-async def serve(app: FastAPI, tm: TokenizerManager, proc, server_args: ServerArgs, started: float) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(
-        app,
-        host=server_args.host,
-        port=server_args.port,
-        log_level=server_args.log_level,
-        access_log=server_args.log_level == "debug",
-        timeout_keep_alive=5,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT_S,
-    )
-    server = uvicorn.Server(config)
-
-    def stop():
-        server.should_exit = True
-
-    tm.on_fatal = stop
-
-    async def watch():
-        while True:
-            if server.should_exit:
-                # end in-flight streams now (finish_reason "abort", then [DONE]) rather than at the graceful timeout
-                tm.is_shutting_down = True
-                tm.abort_all()
-                return
-            if not proc.is_alive():
-                tm.scheduler_died(f"the scheduler process exited with code {proc.exitcode}")
-                return
-            await asyncio.sleep(SCHEDULER_WATCH_INTERVAL_S)
-
-    async def announce():
-        while not server.started and not server.should_exit:
-            await asyncio.sleep(0.05)
-        if server.started:
-            url = f"http://{server_args.host}:{server_args.port}"
-            print(f"SGLang server ready at {url} (model: {tm.served_model_name}, "
-                  f"startup {time.perf_counter() - started:.1f} s)", flush=True)
-
-    watcher = asyncio.ensure_future(watch())
-    announcer = asyncio.ensure_future(announce())
-    try:
-        await server.serve()
-    finally:
-        watcher.cancel()
-        announcer.cancel()
-
-
-def _raise_system_exit(signum, frame):
-    raise SystemExit(0)
-
-
 def launch_server(server_args: ServerArgs) -> None:
-    """Start the scheduler process and the HTTP server; return after a clean shutdown."""
+    """Start the scheduler process and the HTTP server; return after a clean stop (SIGINT/SIGTERM).
+
+    Exits with status 1 when startup fails or a fatal error stops the server (see server_lifecycle.py)."""
     started = time.perf_counter()
     logging.basicConfig(
         level=server_args.log_level.upper(),
@@ -323,10 +222,11 @@ def launch_server(server_args: ServerArgs) -> None:
         datefmt="%H:%M:%S",
     )
     check_port_free(server_args.host, server_args.port)
-    port_args = PortArgs.init_new()
-    proc = None
+    port_args = PortArgs.init_new()  # also removes IPC directories left by servers that died without cleanup
+    proc = tm = None
+    exit_code = 0
     # uvicorn re-raises the signal that stopped it; turn SIGTERM into SystemExit so the cleanup below runs
-    signal.signal(signal.SIGTERM, _raise_system_exit)
+    signal.signal(signal.SIGTERM, raise_system_exit)
     try:
         proc, reader = launch_scheduler_process(server_args, port_args)
         preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
@@ -334,14 +234,30 @@ def launch_server(server_args: ServerArgs) -> None:
         tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
         asyncio.run(serve(app, tm, proc, server_args, started))
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
         pass
-    except RuntimeError as e:
+    except SystemExit as e:  # SIGTERM (0), or uvicorn giving up (e.g. it could not bind)
+        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except RuntimeError as e:  # the scheduler failed to start; its log says why
         logger.error("%s", e)
-        stop_process(proc)
-        port_args.cleanup()
-        sys.exit(1)
+        exit_code = 1
+    except Exception:  # noqa: BLE001 - anything else that stops the server is fatal too
+        logger.exception("The server failed")
+        exit_code = 1
     finally:
+        if tm is not None:
+            tm.close()
         stop_process(proc)
         port_args.cleanup()
+    if tm is not None and tm.fatal_error is not None:
+        logger.error("The server stopped after a fatal error: %s", tm.fatal_error)
+        exit_code = 1
+    if exit_code:
+        # Everything this process started is stopped and its IPC directory removed; skip the interpreter's
+        # teardown (a full garbage collection of torch and transformers: seconds on a busy machine), so a
+        # supervisor sees the failure at once.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     logger.info("Server stopped.")

@@ -1,12 +1,15 @@
 """Rotary position embedding (neox / half-split layout, as in Hugging Face checkpoints).
 
 The cos/sin table [max_position, rotary_dim] is computed once in float32 (then cast to the model dtype) and
-indexed by position. Supported rope_type: default, linear, llama3 (dynamic NTK and yarn are not implemented).
+indexed by position. get_rope() hands every layer of a model the same module, so a model holds one table, not one
+per layer (a Llama-3.1-8B table at 128k positions is 64 MiB in bf16). Supported rope_type: default, linear, llama3 (dynamic NTK and yarn are not implemented).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -100,6 +103,10 @@ class RotaryEmbedding(nn.Module):
         return out.view(shape)
 
 
+# live rotary modules by construction arguments: layers of one model share one table; freed with the last model
+_ROPE_MODULES: "weakref.WeakValueDictionary[tuple, RotaryEmbedding]" = weakref.WeakValueDictionary()
+
+
 def get_rope(
     head_size: int,
     rotary_dim: int,
@@ -108,6 +115,12 @@ def get_rope(
     rope_parameters: Optional[dict] = None,
     dtype: Optional[torch.dtype] = None,
 ) -> RotaryEmbedding:
-    return RotaryEmbedding(
-        head_size, rotary_dim, max_position, base, dtype or torch.get_default_dtype(), rope_parameters
-    )
+    dtype = dtype or torch.get_default_dtype()
+    device = torch.empty(0).device
+    key = (head_size, rotary_dim, max_position, float(base), json.dumps(rope_parameters or {}, sort_keys=True),
+           dtype, str(device))
+    rope = _ROPE_MODULES.get(key)
+    if rope is None:
+        rope = RotaryEmbedding(head_size, rotary_dim, max_position, base, dtype, rope_parameters)
+        _ROPE_MODULES[key] = rope
+    return rope

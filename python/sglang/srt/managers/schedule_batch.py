@@ -5,7 +5,10 @@ Token bookkeeping of a request (all counts in tokens):
     kv_len                                        leading tokens of fill_ids whose KV sits in the pool,
                                                   recorded in req_to_token[req_pool_idx, :kv_len]
     prefix_len <= kv_len                          leading slots borrowed from the radix cache (locked at last_node);
-                                                  slots [prefix_len, kv_len) are owned by this request
+                                                  slots [prefix_len, alloc_len) are owned by this request
+    kv_len <= alloc_len                           leading tokens with a slot recorded in req_to_token; between
+                                                  steps alloc_len == kv_len, inside a step the batch's new tokens
+                                                  have slots (alloc_len) before the forward computes them (kv_len)
 While decoding, kv_len == len(fill_ids) - 1: the last sampled token has no KV yet and is the next input.
 """
 
@@ -48,6 +51,7 @@ class Req:
         # memory state
         self.req_pool_idx: Optional[int] = None
         self.kv_len = 0
+        self.alloc_len = 0
         self.prefix_len = 0
         self.last_node = None
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
@@ -119,6 +123,7 @@ class Req:
                 self.finished_reason = {"type": "stop", "matched": s}
 
     def abort(self, message: str = "Request aborted", status_code: Optional[int] = None) -> None:
+        """Finish with {"type": "abort", "message", ["status_code"]}: 4xx/5xx codes reach an HTTP client as an error."""
         self.finished_reason = {"type": "abort", "message": message}
         if status_code is not None:
             self.finished_reason["status_code"] = status_code
@@ -137,6 +142,7 @@ class Req:
         """After its memory was released: back to 'nothing in the pool' (it will prefill fill_ids again)."""
         self.req_pool_idx = None
         self.kv_len = 0
+        self.alloc_len = 0
         self.prefix_len = 0
         self.last_node = None
 

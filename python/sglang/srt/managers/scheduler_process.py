@@ -7,6 +7,9 @@
 Loop: block on the input socket while idle, drain it without blocking while busy, then run one `step()`.
 A request the scheduler can never serve comes back at once as a finished ReqOutput whose finish_reason carries
 {"type": "abort", "message": ..., "status_code": 400}; a full waiting queue answers 503 the same way.
+Faults inside a step fail only their requests (status_code 500, see fault_confinement.py) and the loop goes on;
+the process stops (a "fatal" RpcReply, exit code 1) only when step() raises SchedulerStateCorrupt, i.e. the memory
+bookkeeping could not be repaired, or on a bug in this loop itself.
 
 The process never outlives its parent: PR_SET_PDEATHSIG on Linux plus a watchdog thread polling the parent pid.
 """
@@ -107,6 +110,11 @@ class SchedulerProcess:
             self.scheduler.add_request(req)
         except ValueError as e:
             self.send_outputs([error_output(req, str(e), 400)])
+        except Exception as e:  # noqa: BLE001 - a request the scheduler cannot take fails alone
+            logger.error("Could not queue request %s:\n%s", req.rid, traceback.format_exc())
+            self.scheduler.reqs.pop(req.rid, None)
+            self.send_outputs([error_output(req, f"The scheduler could not queue this request: "
+                                                 f"{type(e).__name__}: {e}", 500)])
 
     def server_info(self) -> dict:
         info = dict(self.scheduler.get_server_info())

@@ -1,7 +1,8 @@
 """TokenizerManager: the main-process half of the server.
 
 It turns API requests into TokenizedGenerateReqInput (chat template, tokenization, validation against the model's
-limits), sends them to the scheduler process over ZMQ, and routes the scheduler's per-step ReqOutput deltas to one
+limits; all of it off the event loop: chat_templating.py, request_tokenizer.py, offloop_executor.py), sends them to
+the scheduler process over ZMQ, and routes the scheduler's per-step ReqOutput deltas to one
 asyncio state per request id. Detokenization happens in the scheduler process, so the HTTP event loop only moves
 small deltas. A request whose client goes away is aborted, which frees its KV memory in the scheduler.
 
@@ -12,16 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 import zmq
 import zmq.asyncio
 
+from sglang.srt.managers.chat_templating import ChatTemplater
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -32,53 +32,23 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
     new_rid,
 )
+from sglang.srt.managers.offloop_executor import OffLoopExecutor
 from sglang.srt.managers.port_args import PortArgs
+from sglang.srt.managers.req_state import ReqState, merge_outputs
+from sglang.srt.managers.request_error import RequestError
+from sglang.srt.managers.request_tokenizer import RequestTokenizer
+from sglang.srt.managers.template_sandbox import TemplateSandbox
+from sglang.srt.managers.tokenizer_loading import preload_tokenizer, served_model_name
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+
+__all__ = ["RequestError", "TokenizerManager", "preload_tokenizer", "served_model_name"]
 
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_INTERVAL_S = 1.0  # non-streaming requests check for a vanished client this often
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 RPC_TIMEOUT_S = 60.0
-
-
-class RequestError(Exception):
-    """An error the client caused (4xx) or must be told about (503), rendered as an OpenAI error body."""
-
-    def __init__(self, status_code: int, message: str, param: Optional[str] = None, code: Optional[str] = None):
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.param = param
-        self.code = code
-
-
-@dataclass
-class ReqState:
-    """Outputs received for one request id and not yet consumed by its waiting coroutine."""
-
-    pending: List[ReqOutput] = field(default_factory=list)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: bool = False
-    created_time: float = field(default_factory=time.perf_counter)
-    last_time: float = 0.0
-    num_output_tokens: int = 0
-
-
-def merge_outputs(outs: List[ReqOutput]) -> ReqOutput:
-    """Concatenate consecutive deltas of one request into one delta (totals and finish state from the last)."""
-    if len(outs) == 1:
-        return outs[0]
-    last = outs[-1]
-    merged = copy.copy(last)
-    merged.new_token_ids = [t for o in outs for t in o.new_token_ids]
-    merged.new_text = "".join(o.new_text for o in outs)
-    if any(o.new_token_logprobs is not None for o in outs):
-        merged.new_token_logprobs = [x for o in outs for x in (o.new_token_logprobs or [])]
-    if any(o.new_top_logprobs is not None for o in outs):
-        merged.new_top_logprobs = [x for o in outs for x in (o.new_top_logprobs or [])]
-    return merged
 
 
 class TokenizerManager:
@@ -111,6 +81,18 @@ class TokenizerManager:
         self.image_token: Optional[str] = None  # the placeholder the chat template puts where an image goes
         if self.mm_processor is not None and self.tokenizer is not None:
             self.image_token = self.tokenizer.convert_ids_to_tokens(self.mm_processor.image_token_id)
+        self.request_tokenizer = RequestTokenizer(
+            self.tokenizer, self.mm_processor, self.vocab_size, self.context_len, self.max_req_len,
+            self.max_req_input_len,
+        )
+        self.offloop = OffLoopExecutor()
+        self.template_sandbox: Optional[TemplateSandbox] = None
+        if server_args.allow_client_chat_template:
+            self.template_sandbox = TemplateSandbox(
+                server_args.client_chat_template_timeout_s,
+                int(server_args.client_chat_template_max_output_mb * (1 << 20)),
+            )
+        self.templater = ChatTemplater(self.tokenizer, self.offloop, self.template_sandbox)
 
         self.context = zmq.asyncio.Context(2)
         self.recv_from_scheduler = self.context.socket(zmq.PULL)
@@ -139,6 +121,25 @@ class TokenizerManager:
         """Start the output-routing loop; call from inside the running event loop."""
         if self.handle_loop_task is None:
             self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+            self.handle_loop_task.add_done_callback(self._handle_loop_done)
+            if self.template_sandbox is not None:
+                asyncio.get_running_loop().create_task(self.template_sandbox.prewarm())
+
+    def _handle_loop_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        e = task.exception()
+        if e is not None:  # without this loop no output reaches any client: as fatal as a dead scheduler
+            logger.error("The output loop failed", exc_info=e)
+            self.scheduler_died(f"the output loop failed: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        """Stop the helper threads and sandbox processes, and drop the sockets (at shutdown). Linger 0: messages
+        for a scheduler that is gone would otherwise hold the process's exit."""
+        self.offloop.shutdown()
+        if self.template_sandbox is not None:
+            self.template_sandbox.close()
+        self.context.destroy(linger=0)
 
     @property
     def is_healthy(self) -> bool:
@@ -164,42 +165,21 @@ class TokenizerManager:
         if self.on_fatal is not None:
             self.on_fatal()
 
-    # ================================================================== tokenization and validation
-    def apply_chat_template(
+    # ================================================================== tokenization (off the event loop)
+    async def apply_chat_template(
         self,
         messages: List[dict],
         tools: Optional[list] = None,
         continue_final_message: bool = False,
         template_kwargs: Optional[dict] = None,
     ) -> str:
-        if self.tokenizer is None:
-            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init); use /generate with input_ids.")
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise RequestError(400, "The model has no chat template; use /v1/completions instead.")
-        kwargs = dict(template_kwargs or {})
-        if tools:
-            kwargs["tools"] = tools
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=not continue_final_message,
-                continue_final_message=continue_final_message,
-                **kwargs,
-            )
-        except Exception as e:  # jinja errors (e.g. roles out of order) are the caller's to fix
-            raise RequestError(400, f"The chat template rejected the messages: {e}", param="messages") from e
+        return await self.templater.apply(messages, tools, continue_final_message, template_kwargs)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
-        if self.tokenizer is None:
-            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init); send input_ids.")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    async def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        return await self.offloop.run(self.request_tokenizer.encode, text, add_special_tokens)
 
-    def decode(self, ids: List[int], skip_special_tokens: bool = False) -> str:
-        if self.tokenizer is None:
-            raise RequestError(400, "This server runs without a tokenizer (--skip-tokenizer-init).")
-        self.check_token_ids(ids, param="tokens")
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    async def decode(self, ids: List[int], skip_special_tokens: bool = False) -> str:
+        return await self.offloop.run(self.request_tokenizer.decode, ids, skip_special_tokens)
 
     @functools.lru_cache(maxsize=65536)
     def token_str(self, token_id: int) -> str:
@@ -208,88 +188,9 @@ class TokenizerManager:
             return str(token_id)
         return self.tokenizer.decode([token_id])
 
-    def check_token_ids(self, ids: List[int], param: str = "input_ids") -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(
-                400, f"Token id {bad[0]} is out of range; token ids must be in [0, {self.vocab_size}).", param=param
-            )
-
-    def tokenize_request(
-        self,
-        *,
-        text: Optional[str] = None,
-        input_ids: Optional[List[int]] = None,
-        sampling_params: Optional[dict] = None,
-        rid: Optional[str] = None,
-        stream: bool = False,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        image_data: Any = None,
-        add_special_tokens: bool = True,
-        prompt_param: str = "prompt",
-        max_tokens_param: str = "max_tokens",
-    ) -> TokenizedGenerateReqInput:
-        """Validate one prompt + sampling params against the model's limits. Raises RequestError(400)."""
-        if image_data and self.mm_processor is None:
-            raise RequestError(400, "This model does not accept image inputs; send text only.", param="messages")
-        if input_ids is None:
-            if text is None:
-                raise RequestError(400, "Either text or input_ids must be provided.", param=prompt_param)
-            input_ids = self.encode(text, add_special_tokens=add_special_tokens)
-        else:
-            self.check_token_ids(input_ids, param=prompt_param)
-        mm_inputs = None
-        if image_data:
-            try:
-                mm_inputs = self.mm_processor.process(input_ids, image_data)
-            except ValueError as e:
-                raise RequestError(400, str(e), param="messages" if prompt_param == "messages" else "image_data") from e
-            input_ids = mm_inputs.input_ids
-        num_input = len(input_ids)
-        if num_input == 0:
-            raise RequestError(400, "The prompt is empty; send at least one token.", param=prompt_param)
-        if num_input > self.max_req_input_len:
-            raise RequestError(
-                400,
-                f"The input ({num_input} tokens) is longer than the model's context length "
-                f"({self.context_len} tokens; at most {self.max_req_input_len} input tokens are accepted). "
-                "Shorten the prompt.",
-                param=prompt_param,
-                code="context_length_exceeded",
-            )
-
-        params = dict(sampling_params or {})
-        room = self.max_req_len - num_input
-        if "max_new_tokens" not in params:  # the native API's default, clipped to what fits
-            params["max_new_tokens"] = min(SamplingParams.max_new_tokens, room)
-        requested = params["max_new_tokens"]
-        if requested is None:  # "as many as fit" (chat without max_tokens)
-            params["max_new_tokens"] = room
-        elif isinstance(requested, int) and not isinstance(requested, bool) and requested > room:
-            raise RequestError(
-                400,
-                f"This model's maximum context length is {self.max_req_len} tokens. However, you requested "
-                f"{num_input + requested} tokens ({num_input} in the prompt, {requested} for the completion). "
-                f"Reduce the prompt or set {max_tokens_param} to at most {room}.",
-                param=max_tokens_param,
-                code="context_length_exceeded",
-            )
-        try:
-            sp = SamplingParams.from_dict(params)
-            sp.verify(self.vocab_size)
-        except (ValueError, TypeError) as e:
-            raise RequestError(400, str(e)) from e
-        return TokenizedGenerateReqInput(
-            rid=rid or new_rid(),
-            input_text=text,
-            input_ids=list(input_ids),
-            sampling_params=sp,
-            stream=stream,
-            return_logprob=return_logprob,
-            top_logprobs_num=top_logprobs_num,
-            mm_inputs=mm_inputs,
-        )
+    async def tokenize_request(self, **kwargs: Any) -> TokenizedGenerateReqInput:
+        """RequestTokenizer.tokenize_request on a pool thread (encoding, image decoding and preprocessing)."""
+        return await self.offloop.run(self.request_tokenizer.tokenize_request, **kwargs)
 
     # ================================================================== generation
     async def generate_one(
@@ -482,47 +383,3 @@ class TokenizerManager:
             if not fut.done():
                 fut.set_result(reply.payload)
                 return
-
-
-def served_model_name(server_args: ServerArgs, resolved_model_path: str) -> str:
-    """The API's model id: --served-model-name, else the name of --model-path, else the default model's name."""
-    import os
-
-    if server_args.served_model_name:
-        return server_args.served_model_name
-    path = server_args.model_path
-    if path is None:
-        from sglang.srt.model_loader.model_path import DEFAULT_MODEL_FILE
-
-        path = DEFAULT_MODEL_FILE
-    name = os.path.basename(os.path.normpath(path))
-    for suffix in (".gguf",):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
-
-
-def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
-    """(path, tokenizer) if the tokenizer's directory already exists (no GGUF conversion pending), else None.
-
-    Called while the scheduler process loads the model, so the ~seconds of importing transformers and reading the
-    tokenizer overlap with it instead of following it.
-    """
-    import os
-
-    if server_args.skip_tokenizer_init:
-        return None
-    from sglang.srt.model_loader.model_path import cache_root, default_model_path, gguf_cache_dir
-
-    try:
-        path = server_args.tokenizer_path or server_args.model_path or default_model_path()
-        if os.path.isfile(path) and path.endswith(".gguf"):
-            path = gguf_cache_dir(path, cache_root(server_args))
-        if not os.path.isdir(path):
-            return None
-        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-
-        return path, get_tokenizer(path)
-    except Exception as e:  # the scheduler reports real problems; this is only a head start
-        logger.debug("Tokenizer preload skipped: %s", e)
-        return None

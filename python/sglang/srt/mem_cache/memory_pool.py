@@ -3,6 +3,7 @@
 ReqToTokenPool.req_to_token: int64[size + 1, max_context_len]; row 0 is a dummy row, rows 1..size are request slots.
 MHATokenToKVPool.k_buffer / v_buffer: [layer_num, size + page_size, head_num, head_dim]; slots [0, page_size) are the
 dummy page that is never handed out, so real slots are [page_size, size + page_size).
+Shapes and element sizes come from mem_plan/sizes.py, the numbers the memory plan charges.
 The pools only hold memory; which slots are free is the allocator's business (allocator.py).
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
+
+from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_DTYPE, kv_pool_rows
 
 
 class ReqToTokenPool:
@@ -22,13 +25,13 @@ class ReqToTokenPool:
         self.device = device
         # torch.empty: on CPU a large table is backed lazily, page by page, as rows are used; a row is zeroed when
         # its slot is handed out, so stale indices never reach a backend.
-        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=getattr(torch, REQ_TO_TOKEN_DTYPE),
+                                        device=device)
         self.req_to_token[0].zero_()
         self.free_slots: List[int] = list(range(1, size + 1))
 
-    @staticmethod
-    def bytes_for(size: int, max_context_len: int) -> int:
-        return (size + 1) * max_context_len * 8
+    def mem_usage_bytes(self) -> int:
+        return self.req_to_token.numel() * self.req_to_token.element_size()
 
     def available_size(self) -> int:
         return len(self.free_slots)
@@ -94,7 +97,7 @@ class MHATokenToKVPool(KVCache):
         self.device = device
         # fp8 KV is stored as uint8 views and cast on read/write
         self.store_dtype = torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
-        rows = size + page_size
+        rows = kv_pool_rows(size, page_size)
         # torch.empty: every slot is written before it is read, except the dummy page that padded reads point at,
         # which is zeroed (finite values, so masked-out padding never turns into NaN). On CPU the rest of the pool
         # is backed lazily as it fills.
@@ -103,13 +106,8 @@ class MHATokenToKVPool(KVCache):
         self.k_buffer[:, :page_size].zero_()
         self.v_buffer[:, :page_size].zero_()
 
-    @staticmethod
-    def cell_size_bytes(head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, v_head_dim: Optional[int] = None) -> int:
-        """Bytes of K+V for one token across all layers (upstream's `cell_size`)."""
-        elem = torch.tensor([], dtype=dtype).element_size()
-        return head_num * (head_dim + (v_head_dim or head_dim)) * layer_num * elem
-
     def mem_usage_bytes(self) -> int:
+        """Everything allocated, the dummy page included (= the plan's kv_cache term)."""
         return self.k_buffer.numel() * self.k_buffer.element_size() + self.v_buffer.numel() * self.v_buffer.element_size()
 
     def _view(self, buf: torch.Tensor) -> torch.Tensor:

@@ -1,35 +1,48 @@
 """Attention-backend buffer declarations: the one place their sizes are written down.
 
-Each backend lists its persistent buffers as a function of (request slots R, CUDA-graph batch size G) and its
-model shape. The planner charges WorkspaceSpec = linear fit of those buffers (exact: every size is linear in R and
-G); the backend allocates the very same list (allocate.py), so plan and allocation cannot disagree.
+The contract, for every backend: `declare(inputs: BackendInputs) -> list[BufferDecl]`. BackendInputs holds the real
+inputs of one rank -- the model's attention shape under TP, the request-slot count R, the largest CUDA-graph batch
+G, the Triton kv splits, the dtypes and the prefill chunk. The planner charges WorkspaceSpec = the linear fit of the
+declared bytes in (R, G) (exact: every size is linear in them); the backend allocates exactly the persistent buffers
+of the same declaration at construction and asserts byte-for-byte equality (layers/attention/base_attn_backend.py).
+Transient buffers are upper bounds on per-forward scratch: charged, never allocated up front.
 
-  AITER (ROCm, non-MLA): fp32 partial outputs [R, H_q, P, d] + max logits and exp sums [R, H_q, P] with
-      P = ceil(context_len / 256) -> per slot H_q * P * (4 * d + 8) bytes. MLA allocates none of it.
-  FlashInfer: one uint8 workspace (384 MiB; 512 MiB for Qwen2/Qwen3/MiMo architectures) + int32 graph
-      kv-index buffers [G * context_len] per wrapper.
+  AITER (ROCm, non-MLA): one uint8 workspace that paged_attention_ragged splits into exp sums and max logits
+      [B, H_q, P] fp32 and partial outputs [B, H_q, P, d] (B = the batch, <= R), with P = ceil(context_len / 256);
+      charged at 4 B per partial-output element -> per slot H_q * P * (4 * d + 8) bytes (PR #18263's formula), plus
+      the two fp32 K/V dequant scales the kernel reads. MLA allocates none of it.
+  FlashInfer: one uint8 float workspace (384 MiB; 512 MiB for Qwen2/Qwen3/MiMo architectures) and one 8 MiB int
+      workspace shared by every wrapper (flashinfer's own constructor allocates a private one; the backend swaps in
+      the planned one) + int32 graph kv-index buffers [G * context_len] per wrapper.
   Triton: split-KV decode logits fp32 [B, H_q, splits, d_v] + lse [B, H_q, splits], for eager decode at B = R
-      and for graphs at B = G, + int64 graph kv indices [G * context_len].
-  torch_native: nothing persistent.
-Each also keeps small int32 indptr buffers of R + 1 entries.
+      and for graphs at B = G, + int64 graph kv indices [G * context_len], + int32 extend qo_start [R + 1].
+  torch_native: nothing persistent; transients: one extend call with a cached prefix (mask, gathered K/V, query
+      and output copies) and, without the fused CPU decode kernel, one decode row group's gathered K/V.
+AITER and FlashInfer also keep small int32 indptr buffers of R + 1 entries.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sglang.srt.mem_plan.specs import WorkspaceSpec
 from sglang.srt.mem_plan.units import MiB
 
 DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, "float16": 2}
 
+# the attention backends, in the order --attention-backend lists them (the registry and ServerArgs read this)
+ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "aiter")
 AITER_PARTITION_TOKENS = 256  # hard-wired in the AITER paged-attention kernel
 FLASHINFER_WORKSPACE_BYTES = 384 * MiB
 FLASHINFER_WORKSPACE_LARGE_BYTES = 512 * MiB  # upstream forces this for these architecture families
 FLASHINFER_LARGE_WORKSPACE_ARCH_PREFIXES = ("Qwen2", "Qwen3", "MiMo")
+FLASHINFER_INT_WORKSPACE_BYTES = 8 * MiB  # the size flashinfer's wrappers give their int (plan-info) workspace
 TRITON_DEFAULT_KV_SPLITS = 8
-ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "aiter")
+# torch_native: upper bound on K/V tokens one decode layer gathers at once (rows x padded length)
+DECODE_GATHER_TOKENS = 64 * 1024
+EXTEND_MASK_BYTES_PER_ENTRY = 1 + 4  # the bool mask and SDPA's float copy of it
+DECODE_SCORE_BYTES = 4  # float32 scores per gathered token and query head
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class BufferDecl:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    transient: bool = False  # a per-forward scratch bound: charged by the plan, not allocated at startup
 
     @property
     def num_bytes(self) -> int:
@@ -45,7 +59,7 @@ class BufferDecl:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """What a backend needs to know about the model on this rank."""
+    """What a backend needs to know about the model on one TP rank."""
 
     num_q_heads: int  # per rank
     head_dim: int
@@ -55,13 +69,35 @@ class AttentionShape:
     architectures: tuple[str, ...] = ()
     num_kv_splits: int = TRITON_DEFAULT_KV_SPLITS
     num_wrappers: int = 1  # FlashInfer: 2 with sliding-window or cross attention
+    num_kv_heads: int = 1  # per rank (torch_native's gather bound)
+    model_dtype_bytes: int = 2
+    kv_dtype_bytes: int = 2
 
     @property
     def v_dim(self) -> int:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
 
-def _indptr_buffers(num_reqs: int, count: int = 2) -> list[BufferDecl]:
+@dataclass(frozen=True)
+class BackendInputs:
+    """The real inputs one backend instance sizes its buffers from."""
+
+    shape: AttentionShape
+    num_reqs: int  # request slots (req_to_token rows minus the dummy row)
+    cuda_graph_max_bs: int = 0  # largest captured decode batch; 0 = no graphs
+    max_extend_tokens: int = 0  # the prefill chunk (torch_native's extend bound); 0 = not charged
+    fused_cpu_decode: bool = True  # torch_native decodes through the fused CPU kernel (no gather)
+
+    def __post_init__(self):
+        if self.num_reqs < 0 or self.cuda_graph_max_bs < 0 or self.max_extend_tokens < 0:
+            raise ValueError(f"BackendInputs counts must be >= 0: {self}")
+
+    @property
+    def graph_bs(self) -> int:
+        return min(self.cuda_graph_max_bs, self.num_reqs)
+
+
+def _indptr_buffers(num_reqs: int, count: int) -> list[BufferDecl]:
     return [BufferDecl(f"indptr_{i}", (num_reqs + 1,), "int32") for i in range(count)]
 
 
@@ -74,16 +110,14 @@ def aiter_decode_workspace_per_req_bytes(num_q_heads: int, head_dim: int, contex
     return num_q_heads * aiter_num_partitions(context_len) * (4 * head_dim + 8)
 
 
-def aiter_buffers(shape: AttentionShape, num_reqs: int, cuda_graph_bs: int = 0) -> list[BufferDecl]:
-    bufs = _indptr_buffers(num_reqs, 3)  # kv_indptr, qo_indptr, kv_last_page_len
-    if shape.is_mla:
+def aiter_buffers(x: BackendInputs) -> list[BufferDecl]:
+    s, r = x.shape, x.num_reqs
+    bufs = [BufferDecl(name, (r + 1,), "int32") for name in ("kv_indptr", "qo_indptr", "kv_last_page_len")]
+    if s.is_mla:
         return bufs
-    parts = aiter_num_partitions(shape.context_len)
-    return bufs + [
-        BufferDecl("partial_out", (num_reqs, shape.num_q_heads, parts, shape.head_dim), "float32"),
-        BufferDecl("max_logits", (num_reqs, shape.num_q_heads, parts), "float32"),
-        BufferDecl("exp_sums", (num_reqs, shape.num_q_heads, parts), "float32"),
-    ]
+    # one buffer: the kernel places exp sums, max logits and partial outputs at offsets that depend on the batch
+    per_slot = aiter_decode_workspace_per_req_bytes(s.num_q_heads, s.head_dim, s.context_len)
+    return bufs + [BufferDecl("workspace", (r * per_slot,), "uint8"), BufferDecl("kv_scales", (2,), "float32")]
 
 
 def flashinfer_workspace_bytes(architectures: tuple[str, ...] = ()) -> int:
@@ -92,30 +126,61 @@ def flashinfer_workspace_bytes(architectures: tuple[str, ...] = ()) -> int:
     return FLASHINFER_WORKSPACE_BYTES
 
 
-def flashinfer_buffers(shape: AttentionShape, num_reqs: int, cuda_graph_bs: int = 0) -> list[BufferDecl]:
-    bufs = [BufferDecl("workspace", (flashinfer_workspace_bytes(shape.architectures),), "uint8")]
-    for w in range(shape.num_wrappers):
-        bufs.append(BufferDecl(f"kv_indptr_{w}", (num_reqs + 1,), "int32"))
-        bufs.append(BufferDecl(f"cuda_graph_kv_indices_{w}", (cuda_graph_bs * shape.context_len,), "int32"))
-    bufs.append(BufferDecl("qo_indptr", (num_reqs + 1,), "int32"))
-    bufs.append(BufferDecl("kv_last_page_len", (num_reqs + 1,), "int32"))
+def flashinfer_buffers(x: BackendInputs) -> list[BufferDecl]:
+    s, r, g = x.shape, x.num_reqs, x.graph_bs
+    bufs = [BufferDecl("workspace", (flashinfer_workspace_bytes(s.architectures),), "uint8"),
+            BufferDecl("int_workspace", (FLASHINFER_INT_WORKSPACE_BYTES,), "uint8")]
+    for w in range(s.num_wrappers):
+        bufs.append(BufferDecl(f"kv_indptr_{w}", (r + 1,), "int32"))
+        bufs.append(BufferDecl(f"cuda_graph_kv_indices_{w}", (g * s.context_len,), "int32"))
+    bufs.append(BufferDecl("qo_indptr", (r + 1,), "int32"))
+    bufs.append(BufferDecl("kv_last_page_len", (r + 1,), "int32"))
     return bufs
 
 
-def triton_buffers(shape: AttentionShape, num_reqs: int, cuda_graph_bs: int = 0) -> list[BufferDecl]:
-    h, s, dv = shape.num_q_heads, shape.num_kv_splits, shape.v_dim
-    return _indptr_buffers(num_reqs, 3) + [
-        BufferDecl("attn_logits", (num_reqs, h, s, dv), "float32"),
-        BufferDecl("attn_lse", (num_reqs, h, s), "float32"),
-        BufferDecl("cuda_graph_attn_logits", (cuda_graph_bs, h, s, dv), "float32"),
-        BufferDecl("cuda_graph_attn_lse", (cuda_graph_bs, h, s), "float32"),
-        BufferDecl("cuda_graph_num_kv_splits", (cuda_graph_bs,), "int32"),
-        BufferDecl("cuda_graph_kv_indices", (cuda_graph_bs * shape.context_len,), "int64"),
+def triton_buffers(x: BackendInputs) -> list[BufferDecl]:
+    s, r, g = x.shape, x.num_reqs, x.graph_bs
+    h, splits, dv = s.num_q_heads, s.num_kv_splits, s.v_dim
+    # the kernels read K/V through req_to_token and derive their splits from seq_lens: no kv-index buffers, and
+    # extend needs only where each request's rows start in q
+    return [BufferDecl("qo_start", (r + 1,), "int32")] + [
+        BufferDecl("attn_logits", (r, h, splits, dv), "float32"),
+        BufferDecl("attn_lse", (r, h, splits), "float32"),
+        BufferDecl("cuda_graph_attn_logits", (g, h, splits, dv), "float32"),
+        BufferDecl("cuda_graph_attn_lse", (g, h, splits), "float32"),
     ]
 
 
-def torch_native_buffers(shape: AttentionShape, num_reqs: int, cuda_graph_bs: int = 0) -> list[BufferDecl]:
-    return []
+def extend_attention_workspace_bytes(num_q_heads: int, num_kv_heads: int, head_dim: int, elem_bytes: int,
+                                     max_extend_tokens: int, context_len: int) -> int:
+    """Upper bound on the transient memory of one torch_native extend call with a cached prefix: the bool mask and
+    SDPA's converted copy of it (q_len x seq_len x (1 + 4) B), the gathered K/V, their expansion to the query heads,
+    and the query/output transposes. Measured on this CPU: 49 MB at q_len 2048 x seq_len 8192 (SmolLM2 heads),
+    against 114 MB from this bound."""
+    q, lk = max_extend_tokens, context_len
+    mask = q * lk * EXTEND_MASK_BYTES_PER_ENTRY
+    kv = 2 * lk * head_dim * elem_bytes * (num_kv_heads + num_q_heads)
+    q_out = 2 * q * num_q_heads * head_dim * elem_bytes
+    return mask + kv + q_out
+
+
+def decode_gather_bytes(shape: AttentionShape) -> int:
+    """torch_native without the fused kernel: DECODE_GATHER_TOKENS tokens of one layer's gathered K and V (+ one
+    contiguous copy inside SDPA) and their float32 scores."""
+    per_token_layer = shape.num_kv_heads * (shape.head_dim + shape.v_dim) * shape.kv_dtype_bytes
+    return DECODE_GATHER_TOKENS * (2 * per_token_layer + DECODE_SCORE_BYTES * shape.num_q_heads)
+
+
+def torch_native_buffers(x: BackendInputs) -> list[BufferDecl]:
+    s = x.shape
+    bufs = []
+    if x.max_extend_tokens:
+        extend = extend_attention_workspace_bytes(s.num_q_heads, s.num_kv_heads, s.head_dim, s.model_dtype_bytes,
+                                                  x.max_extend_tokens, s.context_len)
+        bufs.append(BufferDecl("extend_attention", (extend,), "uint8", transient=True))
+    if not x.fused_cpu_decode:
+        bufs.append(BufferDecl("decode_gather", (decode_gather_bytes(s),), "uint8", transient=True))
+    return bufs
 
 
 BUFFER_DECLARATIONS = {
@@ -124,33 +189,35 @@ BUFFER_DECLARATIONS = {
     "triton": triton_buffers,
     "torch_native": torch_native_buffers,
 }
+assert set(BUFFER_DECLARATIONS) == set(ATTENTION_BACKENDS)
+
+
+def declare(backend: str, inputs: BackendInputs) -> list[BufferDecl]:
+    """The buffers `backend` holds for these inputs (persistent and transient)."""
+    if backend not in BUFFER_DECLARATIONS:
+        raise ValueError(f"Unknown attention backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}.")
+    return BUFFER_DECLARATIONS[backend](inputs)
+
+
+def persistent(buffers: list[BufferDecl]) -> list[BufferDecl]:
+    return [b for b in buffers if not b.transient]
 
 
 def buffers_bytes(buffers: list[BufferDecl]) -> int:
     return sum(b.num_bytes for b in buffers)
 
 
-def workspace_spec(backend: str, shape: AttentionShape) -> WorkspaceSpec:
-    """The backend's buffers as fixed + per_req * R + per_graph_bs * G (exact: every size is linear in R and G)."""
-    declare = BUFFER_DECLARATIONS[backend]
-    base = buffers_bytes(declare(shape, 0, 0))
-    per_req = buffers_bytes(declare(shape, 1, 0)) - base
-    per_graph_bs = buffers_bytes(declare(shape, 0, 1)) - base
+def workspace_spec(backend: str, shape_or_inputs: AttentionShape | BackendInputs) -> WorkspaceSpec:
+    """The backend's declared bytes as fixed + per_req * R + per_graph_bs * G (exact: linear in R and G).
+
+    With BackendInputs, everything but R and G (the chunk, the decode path) is taken from it."""
+    x = shape_or_inputs if isinstance(shape_or_inputs, BackendInputs) else BackendInputs(shape_or_inputs, 0)
+
+    def at(num_reqs: int, graph_bs: int) -> int:
+        return buffers_bytes(declare(backend, replace(x, num_reqs=num_reqs, cuda_graph_max_bs=graph_bs)))
+
+    base = at(0, 0)
+    # G is capped at R, so the graph coefficient is read at R = 1 and the slot coefficient from R = 1, G = 0
+    per_req = at(1, 0) - base
+    per_graph_bs = at(1, 1) - at(1, 0)
     return WorkspaceSpec(base, per_req, per_graph_bs, name=backend)
-
-
-def attention_shape_from_model_config(model_config, tp_size: int = 1,
-                                      num_kv_splits: int = TRITON_DEFAULT_KV_SPLITS) -> AttentionShape:
-    """AttentionShape from the runtime ModelConfig (duck-typed: num_attention_heads, head_dim, context_len,
-    architecture; optional kv_lora_rank / qk_rope_head_dim for MLA)."""
-    kv_lora_rank = getattr(model_config, "kv_lora_rank", 0) or 0
-    num_q_heads = -(-model_config.num_attention_heads // tp_size)
-    arch = getattr(model_config, "architecture", None)
-    archs = (arch,) if arch else tuple(getattr(model_config, "architectures", ()) or ())
-    if kv_lora_rank:
-        rope = getattr(model_config, "qk_rope_head_dim", 0) or 0
-        return AttentionShape(num_q_heads, kv_lora_rank + rope, model_config.context_len, v_head_dim=kv_lora_rank,
-                              is_mla=True, architectures=archs, num_kv_splits=num_kv_splits)
-    return AttentionShape(num_q_heads, model_config.head_dim, model_config.context_len,
-                          v_head_dim=getattr(model_config, "v_head_dim", None), architectures=archs,
-                          num_kv_splits=num_kv_splits)

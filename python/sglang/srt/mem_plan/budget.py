@@ -30,6 +30,14 @@ SAFETY_MARGIN_FRACTION = 0.02
 SAFETY_MARGIN_MIN_BYTES = 64 * MiB
 SAFETY_MARGIN_MAX_BYTES = 1 * GiB
 
+# CPU default budget: without --mem-fraction-static and --max-total-memory-gb, a CPU instance plans from this share
+# of the RAM *available* at startup (psutil's "available": free + reclaimable page cache), not from all of it. The KV
+# pool is touched lazily, so a plan that takes ~all available RAM lets the server grow under load until the OS or a
+# neighbour runs out (issue 9: 21 GiB of KV on a 24 GiB machine). Half leaves the other half to the OS page cache,
+# the tokenizer/HTTP processes and other tenants (our choice; upstream SGLang has no CPU rule). Either cap flag
+# (--max-total-memory-gb, --mem-fraction-static) overrides it.
+CPU_DEFAULT_AVAILABLE_SHARE = 0.5
+
 # mem_fraction_static values we suggest are on a 0.001 grid (upstream's rounding).
 FRACTION_GRID = 1000
 
@@ -37,6 +45,11 @@ FRACTION_GRID = 1000
 def budget_bytes(pre_load_free_bytes: int, cap_bytes: Optional[int] = None) -> int:
     """The bytes this instance may use: the pre-load free memory (MIN over ranks), limited by an absolute cap."""
     return pre_load_free_bytes if cap_bytes is None else min(pre_load_free_bytes, cap_bytes)
+
+
+def cpu_default_cap_bytes(available_bytes: int) -> int:
+    """The CPU budget cap when neither --mem-fraction-static nor --max-total-memory-gb is given."""
+    return int(available_bytes * CPU_DEFAULT_AVAILABLE_SHARE)
 
 
 def default_safety_margin_bytes(budget: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_ELEM_BYTES
 from sglang.srt.mem_plan.specs import WorkspaceSpec
 
 # Default provenance of each term; callers override through PlanInputs.sources.
@@ -45,10 +46,11 @@ class PlanInputs:
     max_running_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
     cap_bytes: Optional[int] = None
+    cap_source: str = "--max-total-memory-gb"  # what set cap_bytes (a flag, or the CPU default rule)
     chunked_prefill_size: int = 8192
     activation_bytes: int = 0
     workspace: WorkspaceSpec = WorkspaceSpec()
-    req_to_token_elem_bytes: int = 4
+    req_to_token_elem_bytes: int = REQ_TO_TOKEN_ELEM_BYTES
     logits_bytes: int = 0
     cuda_graph_bytes: int = 0
     encoder_bytes: int = 0

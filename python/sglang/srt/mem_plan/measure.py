@@ -44,6 +44,17 @@ def reset_cpu_peak_rss() -> bool:
         return False
 
 
+def trim_cpu_heap() -> None:
+    """glibc malloc_trim(0): return the heap's free memory to the OS, so the next RSS reading (and a peak measured
+    from it) does not depend on what earlier, freed temporaries left behind. A no-op where libc is not glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def cpu_available_bytes() -> int:
     import psutil
 
@@ -114,6 +125,7 @@ def measure_peak(device: str = "cpu", device_index: int = 0) -> Iterator[PeakMea
     """
     m = PeakMeasurement(device)
     if device == "cpu":
+        trim_cpu_heap()
         reset_cpu_peak_rss()
         m.baseline_bytes = cpu_current_rss_bytes()
         yield m

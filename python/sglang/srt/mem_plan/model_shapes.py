@@ -18,18 +18,25 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sglang.srt.mem_plan.backends import AttentionShape
+from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder import EncoderSpec
+from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
-WEIGHT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
 # Declared activation formula (the server measures this term; `sglang plan` uses the formula):
 # live tensors of one decoder layer per token, in elements, times a temporaries factor for kernel scratch and
-# the caching allocator's rounding.
+# the allocator's rounding. GPU: upstream-style factor 2 for the caching allocator. CPU: fitted to the peak RSS the
+# server measures (SmolLM2-135M, bf16, 2048-token chunk: 103-115 MB over 6 starts = 3.2-3.6x the live tensors;
+# glibc arenas and oneDNN scratch are the extra), 3.3 in the middle of that range.
 ACTIVATION_TEMPORARY_FACTOR = 2
+ACTIVATION_TEMPORARY_FACTOR_CPU = 3.3
+# CPU: what loading adds to the process beyond the tensors, after the heap trim (library code and allocator state
+# first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB).
+CPU_LOAD_RESIDUAL_BYTES = 10 * 2**20
 ROUTER_LOGIT_BYTES = 4  # fp32 router logits per token per expert
-# Sampler per request slot: fp32 logits + fp32 probabilities over the full vocabulary.
-SAMPLER_FP32_COPIES = 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -82,12 +89,16 @@ class TextShape:
 
     @property
     def dtype_bytes(self) -> int:
-        return WEIGHT_DTYPE_BYTES[self.dtype]
+        return dtype_bytes(self.dtype)
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
 
 
 def _dtype_of(cfg: dict) -> str:
-    name = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}.get(name, name)
+    """The checkpoint dtype (config.json torch_dtype)."""
+    return canonical_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
 
 
 def _sparse_layers(cfg: dict, model_type: str, num_layers: int) -> tuple[int, ...]:
@@ -122,7 +133,7 @@ def text_shape_from_config(cfg: dict) -> TextShape:
         head_dim=cfg.get("head_dim") or hidden // heads,
         vocab_size=cfg["vocab_size"],
         intermediate_size=cfg.get("intermediate_size", 0),
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        max_position_embeddings=cfg.get("max_position_embeddings") or DEFAULT_MAX_POSITION_EMBEDDINGS,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         dtype=_dtype_of(cfg),
         sparse_layers=_sparse_layers(cfg, mt, num_layers),
@@ -275,28 +286,40 @@ class ModelShape:
     def num_params(self) -> int:
         return sum(self.params(1).values())
 
-    def weight_bytes(self, tp: int = 1) -> int:
-        return sum(self.params(tp).values()) * self.text.dtype_bytes
+    def weight_bytes(self, tp: int = 1, dtype: Optional[str] = None) -> int:
+        """Parameters x the weight dtype (default: the checkpoint's) + this runtime's rope tables."""
+        elem = dtype_bytes(dtype or self.text.dtype)
+        return sum(self.params(tp).values()) * elem + self.rope_cache_bytes(elem)
+
+    def rope_cache_bytes(self, elem_bytes: int) -> int:
+        """This runtime's models keep one cos/sin table [max_position_embeddings, rotary_dim], shared by all
+        attention layers (layers/rotary_embedding.py get_rope), in the model dtype."""
+        s = self.text
+        return s.max_position_embeddings * s.rotary_dim * elem_bytes
 
     # ---- KV and attention ----
-    def kv_cell(self, kv_cache_dtype: str = "auto", tp: int = 1) -> KVCellSpec:
+    def kv_cell(self, kv_cache_dtype: str = "auto", tp: int = 1, model_dtype: Optional[str] = None) -> KVCellSpec:
         s = self.text
-        kvb = kv_dtype_bytes(kv_cache_dtype, s.dtype)
+        kvb = kv_dtype_bytes(kv_cache_dtype, model_dtype or s.dtype)
         if s.is_mla:
             return KVCellSpec(s.num_layers, kvb, kv_lora_rank=s.kv_lora_rank, qk_rope_head_dim=s.qk_rope_head_dim,
                               tp_size=tp)
         return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp)
 
-    def attention_shape(self, context_len: int, tp: int = 1) -> AttentionShape:
+    def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: int = 8, model_dtype_bytes: int = 2,
+                        kv_dtype_bytes: int = 2) -> AttentionShape:
         s = self.text
         nq = _cdiv(s.num_q_heads, tp)
+        common = dict(architectures=s.architectures, num_kv_splits=num_kv_splits, model_dtype_bytes=model_dtype_bytes,
+                      kv_dtype_bytes=kv_dtype_bytes)
         if s.is_mla:
             return AttentionShape(nq, s.kv_lora_rank + s.qk_rope_head_dim, context_len, v_head_dim=s.kv_lora_rank,
-                                  is_mla=True, architectures=s.architectures)
-        return AttentionShape(nq, s.head_dim, context_len, architectures=s.architectures)
+                                  is_mla=True, num_kv_heads=1, **common)
+        return AttentionShape(nq, s.head_dim, context_len, num_kv_heads=kv_heads_per_rank(s.num_kv_heads, tp),
+                              **common)
 
     # ---- declared runtime terms ----
-    def activation_bytes(self, num_tokens: int, tp: int = 1) -> int:
+    def activation_bytes(self, num_tokens: int, tp: int = 1, dtype: Optional[str] = None, device: str = "cuda") -> int:
         """Declared formula for the peak activation of a forward over num_tokens tokens on one rank."""
         s = self.text
         H, nq = s.hidden_size, _cdiv(s.num_q_heads, tp)
@@ -314,10 +337,11 @@ class ModelShape:
             mlp = max(mlp, moe)
             router = num_tokens * s.num_experts * ROUTER_LOGIT_BYTES
         per_token = 3 * H + attn + 3 * mlp  # residual, normed, output + attention + gate/up (2x) and act
-        return (num_tokens * per_token * s.dtype_bytes + router) * ACTIVATION_TEMPORARY_FACTOR
+        factor = ACTIVATION_TEMPORARY_FACTOR_CPU if device == "cpu" else ACTIVATION_TEMPORARY_FACTOR
+        return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor)
 
     def logits_per_req_bytes(self) -> int:
-        return self.text.vocab_size * 4 * SAMPLER_FP32_COPIES
+        return sampler_bytes_per_slot(self.text.vocab_size)
 
 
 def model_shape_from_config(cfg: dict) -> ModelShape:

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from sglang.srt.mem_plan.sizes import kv_pool_rows
 from sglang.srt.mem_plan.units import gib
 
 SOURCES = ("measured", "declared", "formula")
@@ -43,6 +44,7 @@ class MemoryPlan:
     slot_regime: str  # floor / linear / cap / half / user
     limited_by: str
     notes: tuple[str, ...] = field(default=())
+    cap_source: str = "--max-total-memory-gb"
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):
@@ -56,8 +58,9 @@ class MemoryPlan:
             raise ValueError(f"max_total_num_tokens {self.max_total_num_tokens} is not a multiple of page_size")
         if not 0 <= self.max_running_requests <= max(self.max_total_num_tokens // 2, 0):
             raise ValueError(f"max_running_requests {self.max_running_requests} outside [0, T // 2]")
-        if self.term("kv_cache").num_bytes != self.max_total_num_tokens * self.kv_cell_bytes:
-            raise ValueError("kv_cache term disagrees with max_total_num_tokens * kv_cell_bytes")
+        pool_rows = kv_pool_rows(self.max_total_num_tokens, self.page_size)
+        if self.term("kv_cache").num_bytes != pool_rows * self.kv_cell_bytes:
+            raise ValueError("kv_cache term disagrees with (max_total_num_tokens + one dummy page) * kv_cell_bytes")
         if not 0.0 <= self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static {self.mem_fraction_static} outside [0, 1]")
 
@@ -109,12 +112,13 @@ class MemoryPlan:
 
     def _budget_detail(self) -> str:
         if self.cap_bytes is not None and self.cap_bytes < self.pre_load_free_bytes:
-            return f"capped by --max-total-memory-gb (pre-load free {gib(self.pre_load_free_bytes):.2f} GiB)"
+            return f"capped by {self.cap_source} (pre-load free {gib(self.pre_load_free_bytes):.2f} GiB)"
         return "pre-load free memory"
 
     def explain(self) -> str:
         lines = [
-            f"KV pool: {self.max_total_num_tokens:,} tokens x {self.kv_cell_bytes:,} B = {gib(self.kv_bytes):.2f} GiB "
+            f"KV pool: {self.max_total_num_tokens:,} tokens (+ a {self.page_size}-token dummy page) x "
+            f"{self.kv_cell_bytes:,} B = {gib(self.kv_bytes):.2f} GiB "
             f"({self.max_total_num_tokens / self.context_len:.2f} full-context requests at context {self.context_len:,}).",
             f"Request slots: {self.max_running_requests:,} (slot rule regime: {self.slot_regime}).",
             f"mem_fraction_static: {self.mem_fraction_static:.4f} ({self.mem_fraction_static_source}); "

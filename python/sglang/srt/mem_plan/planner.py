@@ -11,7 +11,7 @@ from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
 from sglang.srt.mem_plan.slots import SlotRule
 from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
-from sglang.srt.mem_plan.specs import req_to_token_bytes
+from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import MiB, gib
 
@@ -78,11 +78,12 @@ class _Resolved:
         ws = x.workspace
         return (
             MemoryTerm("weights", x.weight_bytes, src("weights")),
-            MemoryTerm("kv_cache", num_tokens * x.kv_cell_bytes, src("kv_cache"),
-                       f"{num_tokens:,} tokens x {x.kv_cell_bytes:,} B"),
+            MemoryTerm("kv_cache", kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes, src("kv_cache"),
+                       f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"),
             MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
-                       f"{num_reqs + 1:,} rows x {x.context_len + 4:,} x {x.req_to_token_elem_bytes} B"),
+                       f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
+                       f"{x.req_to_token_elem_bytes} B"),
             MemoryTerm("attention_workspace", ws.bytes_for(num_reqs, graph_bs), src("attention_workspace"),
                        f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x {num_reqs:,} slots"
                        f" + {ws.per_graph_bs_bytes:,} x {graph_bs} graph bs"),
@@ -104,7 +105,7 @@ class _Resolved:
         """('ok' | 'startup' | 'runtime', T) for an explicit mem_fraction_static y."""
         x = self.inputs
         static = B.static_region_bytes(self.budget, y)
-        kv_room = static - x.weight_bytes
+        kv_room = static - x.weight_bytes - dummy_page_bytes(x)
         if x.kv_cell_bytes == 0:
             num_tokens = self.max_tokens if kv_room >= 0 else 0
         else:
@@ -123,6 +124,12 @@ class _Resolved:
         return [y for y in ys if self.explicit_outcome(y)[0] == "ok"]
 
 
+def dummy_page_bytes(x: PlanInputs) -> int:
+    """The KV pool's dummy page that padded reads point at (sizes.kv_pool_rows): allocated beside the T tokens,
+    so the kv_cache term charges it too."""
+    return kv_pool_rows(0, x.page_size) * x.kv_cell_bytes
+
+
 def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     """Plan device memory: the largest KV pool such that every declared/measured term fits the budget.
 
@@ -138,13 +145,13 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
 
 def _plan_auto(r: _Resolved) -> MemoryPlan:
     x = r.inputs
-    avail = r.budget - x.weight_bytes - r.fixed_runtime
+    avail = r.budget - x.weight_bytes - dummy_page_bytes(x) - r.fixed_runtime
     num_tokens = 0
     if avail >= 0:
         num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens)
     if num_tokens < r.min_kv_tokens:
         _raise_nothing_fits(r)
-    y = B.effective_mem_fraction(x.weight_bytes, num_tokens * x.kv_cell_bytes, r.budget)
+    y = B.effective_mem_fraction(x.weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes, r.budget)
     return _build(r, num_tokens, y, "auto", _limited_by(r, num_tokens))
 
 
@@ -188,7 +195,8 @@ def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
 
 def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
     x = r.inputs
-    need = x.weight_bytes + r.min_kv_tokens * x.kv_cell_bytes + r.runtime_bytes(r.min_kv_tokens)
+    need = (x.weight_bytes + kv_pool_rows(r.min_kv_tokens, x.page_size) * x.kv_cell_bytes
+            + r.runtime_bytes(r.min_kv_tokens))
     shortfall = max(need - r.budget, 0)
     raise MemoryPlanError(
         f"{prefix}Does not fit: weights {gib(x.weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
@@ -204,7 +212,7 @@ def _limited_by(r: _Resolved, num_tokens: int) -> str:
     if r.max_tokens is not None and num_tokens == r.max_tokens and r.inputs.max_total_tokens is not None:
         return "--max-total-tokens"
     if r.inputs.cap_bytes is not None and r.inputs.cap_bytes < r.inputs.pre_load_free_bytes:
-        return "--max-total-memory-gb"
+        return r.inputs.cap_source
     return "device memory"
 
 
@@ -219,6 +227,7 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         budget_bytes=r.budget,
         pre_load_free_bytes=x.pre_load_free_bytes,
         cap_bytes=x.cap_bytes,
+        cap_source=x.cap_source,
         max_total_num_tokens=num_tokens,
         max_running_requests=num_reqs,
         mem_fraction_static=y,

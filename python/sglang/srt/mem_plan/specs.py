@@ -10,21 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# bytes per element of --kv-cache-dtype ("auto" follows the model dtype, resolved by the caller)
-KV_DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
-}
+from sglang.srt.mem_plan.dtypes import dtype_bytes, resolve_kv_cache_dtype
+from sglang.srt.mem_plan.sizes import req_to_token_bytes  # noqa: F401  (re-exported)
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str = "bfloat16") -> int:
     """Element size of the KV cache for a --kv-cache-dtype value ("auto" -> the model dtype)."""
-    name = model_dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
-    try:
-        return KV_DTYPE_BYTES[name]
-    except KeyError:
-        raise ValueError(f"unknown kv cache dtype {name!r}; known: {sorted(KV_DTYPE_BYTES)}") from None
+    return dtype_bytes(resolve_kv_cache_dtype(kv_cache_dtype, model_dtype))
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
@@ -99,9 +91,3 @@ class WorkspaceSpec:
             self.per_graph_bs_bytes + other.per_graph_bs_bytes,
             name=f"{self.name}+{other.name}",
         )
-
-
-def req_to_token_bytes(num_reqs: int, context_len: int, elem_bytes: int = 4) -> int:
-    """The request -> token-index table: (num_reqs + 1) rows (row 0 is a dummy for graph padding) by
-    (context_len + 4) columns."""
-    return (num_reqs + 1) * (context_len + 4) * elem_bytes

@@ -9,18 +9,22 @@ Index conventions (shared by the scheduler, the pools and every attention backen
   * DECODE: one new token per request, at position seq_lens[b] - 1.
   * `out_cache_loc[i]` is the KV slot the i-th new token is written to (already recorded in req_to_token).
   * Slot 0 of the KV pool is a dummy slot that is never handed out.
+
+Device placement happens in one place: the scheduler builds a ForwardBatch on the host and the model runner calls
+`move_to_device(batch, device)` once per step before the forward. This module imports no backend or layer module
+(attn_backend is typed by duck: layers/attention/base_attn_backend.AttentionBackend), so
+forward_batch_info <- base_attn_backend <- radix_attention has no import cycle.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool
 
 
@@ -55,7 +59,18 @@ class ForwardBatch:
 
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     token_to_kv_pool: Optional["KVCache"] = None
-    attn_backend: Optional["AttentionBackend"] = None
+    attn_backend: Any = None  # an AttentionBackend (layers/attention/base_attn_backend.py)
 
     # multimodal: per-batch input embeddings overrides (see the multimodal model), opaque here
     mm_inputs: Optional[List[Any]] = None
+
+
+def move_to_device(batch: ForwardBatch, device) -> ForwardBatch:
+    """Move every tensor field of the batch to `device`, in place (non-blocking from pinned memory; a no-op for
+    tensors already there). The host-side lists (`*_cpu`) and `mm_inputs` stay as they are."""
+    device = torch.device(device)
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor) and value.device != device:
+            setattr(batch, f.name, value.to(device, non_blocking=True))
+    return batch

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.server_args import ServerArgs
 
@@ -39,17 +39,28 @@ def _device_total_bytes(device: str) -> int:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
+def _unique_tensor_bytes(model) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once (tied weights share one)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
 class ModelRunner(ModelRunnerKVCacheMixin):
     def __init__(self, server_args: ServerArgs):
         from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, pre_load_free_bytes
+        from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, pre_load_free_bytes, trim_cpu_heap
         from sglang.srt.model_loader import load_model, resolve_model_path
 
         self.server_args = server_args
         self.device = resolve_device(server_args.device)
-        backend = server_args.attention_backend or "torch_native"
-        if self.device == "cpu" and backend != "torch_native":
-            raise ValueError(f"--attention-backend {backend} needs a GPU; on CPU use --attention-backend torch_native.")
+        from sglang.srt.layers.attention.attention_registry import check_attention_backend
+
+        check_attention_backend(server_args.attention_backend, self.device)  # wrong device / missing library
         if self.device == "cpu":
             torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
         seed = server_args.random_seed if server_args.random_seed is not None else random.randint(0, 2**31 - 1)
@@ -78,19 +89,20 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         t0 = time.perf_counter()
         with torch.no_grad():
             self.model = load_model(self.model_config, self.device)
-        tensor_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        tensor_bytes += sum(b.numel() * b.element_size() for b in self.model.buffers())
+        tensor_bytes = _unique_tensor_bytes(self.model)
         self.weight_bytes = tensor_bytes
         if self.device == "cpu":
-            # what loading cost this process: the tensors, plus what the loader's freed temporaries left in the heap
-            # (measured: SmolLM2 287 MiB of tensors, +310 MiB of RSS)
+            # what loading cost this process: the tensors, plus what the loader's freed temporaries still hold in
+            # the heap after returning the free parts to the OS (SmolLM2: 287 MiB of tensors; +310-318 MiB of RSS
+            # without the trim, run to run; about the tensors with it)
+            trim_cpu_heap()
             self.weight_bytes = max(tensor_bytes, cpu_current_rss_bytes() - self.pre_load_rss_bytes)
         logger.info("Loaded %s in %.2f s (%.1f MiB of weights, %.1f MiB charged to the plan, dtype %s)", self.model_path,
                     time.perf_counter() - t0, tensor_bytes / 2**20, self.weight_bytes / 2**20, self.dtype)
         # 3. multimodal: encoder reservation and embedding cache, set before the plan charges them
-        from sglang.srt.multimodal.runner_setup import init_multimodal
+        from sglang.srt.multimodal.runner_setup import setup_multimodal
 
-        init_multimodal(self)
+        self.multimodal = setup_multimodal(self.model, self.model_config, self.model_path, server_args, self.device)
         # 3-4. profile, plan, allocate
         self.init_memory_pool()
 
@@ -98,9 +110,19 @@ class ModelRunner(ModelRunnerKVCacheMixin):
     def context_len(self) -> int:
         return self.model_config.context_len
 
+    # read by the scheduler and the offline Engine
+    @property
+    def encoder_admission(self):
+        return self.multimodal.encoder_admission
+
+    @property
+    def mm_processor(self):
+        return self.multimodal.mm_processor
+
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """Logits (float32 [B, V]) of the last token of each request in the batch."""
+        move_to_device(forward_batch, self.device)
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend

@@ -4,16 +4,37 @@ Order of operations per row (each step skipped when every row leaves it at its n
   penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
   -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
   -> temperature -> top-k -> top-p -> min-p -> multinomial (a per-request torch.Generator when a seed is given).
+
+Runs under torch.inference_mode, so it may update the logits a forward returned (inference tensors) in place.
+Numerically safe for any parameter value, extreme or not: after penalties and after temperature the logits are made
+finite where they must be (NaN -> -inf, +inf -> the largest float), a row left with no allowed token falls back to
+the unmasked logits, and then to a uniform choice; temperature is capped so dividing never makes inf or NaN.
+Nothing that is NaN or inf reaches softmax-then-multinomial.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Protocol, Sequence, Set
 
 import torch
 
-from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Req(Protocol):
+    """What the sampler reads of a request (managers/schedule_batch.Req provides it; sampling does not import
+    managers, so the two packages do not import each other)."""
+
+    sampling_params: SamplingParams
+    output_ids: List[int]
+    stop_token_ids: Set[int]
+    return_logprob: bool
+    top_logprobs_num: int
+    generator: Optional[torch.Generator]
+
+    @property
+    def fill_ids(self) -> Sequence[int]: ...
 
 
 @dataclass
@@ -21,6 +42,36 @@ class SampleOutput:
     next_token_ids: List[int]
     token_logprobs: Optional[List[float]] = None  # per row, None entries if not asked
     top_logprobs: Optional[List[Optional[List[tuple]]]] = None
+
+
+# Dividing by more than this cannot change a float32 logit distribution further (logits are ~1e2; the float32 range
+# ends at ~3.4e38): temperatures above it sample as if it were this.
+MAX_TEMPERATURE = 1e30
+# Penalty factors are clamped into this range (float32 holds it exactly enough; beyond it only inf and 0 remain).
+PENALTY_FACTOR_MIN = 1e-30
+PENALTY_FACTOR_MAX = 1e30
+
+
+def _make_finite_(logits: torch.Tensor) -> None:
+    """NaN -> -inf (never chosen), +inf -> the largest finite value (ties among the largest); -inf stays masked."""
+    big = torch.finfo(logits.dtype).max
+    torch.nan_to_num_(logits, nan=float("-inf"), posinf=big, neginf=float("-inf"))
+
+
+def _unmask_dead_rows_(logits: torch.Tensor, fallback: Optional[torch.Tensor] = None) -> None:
+    """Rows where every token is -inf take `fallback` (the logits before masking), or 0 (uniform) if there is
+    none or it is dead too, so softmax never sees a row without a finite maximum."""
+    dead = ~(logits > float("-inf")).any(dim=-1)
+    if not bool(dead.any()):
+        return
+    if fallback is not None:
+        logits[dead] = fallback[dead]
+        dead = ~(logits > float("-inf")).any(dim=-1)
+    logits[dead] = 0.0
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: List[Req]) -> None:
@@ -31,14 +82,18 @@ def _apply_penalties(logits: torch.Tensor, reqs: List[Req]) -> None:
             continue
         row = logits[i]
         if sp.repetition_penalty != 1.0:
+            # clamped into float32's range, so the factor is never 0 or inf (0 * inf would make NaN)
+            rp = _clamp(sp.repetition_penalty, PENALTY_FACTOR_MIN, PENALTY_FACTOR_MAX)
             seen = torch.tensor(req.fill_ids, dtype=torch.int64)
-            seen = seen[seen < vocab].unique()
+            seen = seen[(seen >= 0) & (seen < vocab)].unique()
             vals = row[seen]
-            row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+            row[seen] = torch.where(vals > 0, vals / rp, vals * rp)
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
+            fp = _clamp(sp.frequency_penalty, -PENALTY_FACTOR_MAX, PENALTY_FACTOR_MAX)
+            pp = _clamp(sp.presence_penalty, -PENALTY_FACTOR_MAX, PENALTY_FACTOR_MAX)
             counts = torch.bincount(torch.tensor(req.output_ids, dtype=torch.int64), minlength=vocab)[:vocab]
-            row -= sp.frequency_penalty * counts.to(row.dtype)
-            row -= sp.presence_penalty * (counts > 0).to(row.dtype)
+            row -= fp * counts.to(row.dtype)
+            row -= pp * (counts > 0).to(row.dtype)
 
 
 def _mask_stops_before_min_tokens(logits: torch.Tensor, reqs: List[Req]) -> None:
@@ -48,19 +103,29 @@ def _mask_stops_before_min_tokens(logits: torch.Tensor, reqs: List[Req]) -> None
             logits[i, ids] = float("-inf")
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
     """logits: float32 [B, V] (modified in place)."""
-    if any(r.sampling_params.has_penalties for r in reqs):
-        _apply_penalties(logits, reqs)
-    if any(r.sampling_params.min_new_tokens > len(r.output_ids) for r in reqs):
-        _mask_stops_before_min_tokens(logits, reqs)
+    greedy = [r.sampling_params.is_greedy for r in reqs]
+    want_lp = any(r.return_logprob for r in reqs)
+    penalise = any(r.sampling_params.has_penalties for r in reqs)
+    mask = any(r.sampling_params.min_new_tokens > len(r.output_ids) for r in reqs)
+    if penalise or mask or want_lp or not all(greedy):
+        _make_finite_(logits)
+        if penalise:
+            _apply_penalties(logits, reqs)
+            _make_finite_(logits)
+        if mask:
+            unmasked = logits.clone()
+            _mask_stops_before_min_tokens(logits, reqs)
+            _unmask_dead_rows_(logits, unmasked)
+        else:
+            _unmask_dead_rows_(logits)
 
     token_logprobs = top_logprobs = None
-    want_lp = any(r.return_logprob for r in reqs)
     if want_lp:
         logprobs = torch.log_softmax(logits, dim=-1)
 
-    greedy = [r.sampling_params.is_greedy for r in reqs]
     if all(greedy):
         # max().indices: the same first-maximum index as argmax, ~2.5x faster on CPU for [B, 49k] float32
         next_ids = logits.max(dim=-1).indices
@@ -84,9 +149,10 @@ def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
 
 def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) -> torch.Tensor:
     B, V = logits.shape
-    temps = torch.tensor([1.0 if g else r.sampling_params.temperature for r, g in zip(reqs, greedy)],
-                         dtype=logits.dtype)
+    temps = torch.tensor([1.0 if g else min(r.sampling_params.temperature, MAX_TEMPERATURE)
+                          for r, g in zip(reqs, greedy)], dtype=logits.dtype)
     logits = logits / temps.view(-1, 1)
+    _make_finite_(logits)  # a tiny temperature can push the largest logits to +inf
     probs = torch.softmax(logits, dim=-1)
 
     top_ks = [r.sampling_params.top_k for r in reqs]

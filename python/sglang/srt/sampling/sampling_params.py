@@ -1,13 +1,21 @@
-"""Per-request sampling parameters, validated once at the API boundary.
+"""Per-request sampling parameters, validated at the API boundary by the rules of validation.py.
 
-Errors are ValueError with a message naming the parameter, the bad value and the allowed range; the HTTP layer turns
-them into 400 responses.
+SamplingParamsModel is the pydantic form of SamplingParams: /generate declares its `sampling_params` with it (so
+/openapi.json documents them) and from_dict / verify validate with it, so the Engine, /generate and the OpenAI
+routes report a bad value in the same words. Errors are ParamError (a ValueError) naming the parameter, the bad
+value and the allowed range; the HTTP layer turns them into 400 responses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Union
+from typing import Annotated, Any, List, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sglang.srt.sampling import validation as v
+from sglang.srt.sampling.validation import ParamError, check_token_ids_in_vocab
+from sglang.srt.sampling.validation_errors import describe_validation_error
 
 _GREEDY_EPS = 1e-6
 TOP_K_ALL = -1  # upstream spelling of "no top-k cut"
@@ -37,13 +45,9 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
-        d = dict(d or {})
-        known = {f for f in cls.__dataclass_fields__ if f != "stop_strs"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"Unknown sampling parameter(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(known))}.")
-        sp = cls(**d)
-        sp.verify()
+        """Validate a dict of sampling parameters (the rules of validation.py); raises ParamError (a ValueError)."""
+        model = validate_sampling_params({} if d is None else d)
+        sp = cls(**model.model_dump(exclude_unset=True))
         sp.normalize()
         return sp
 
@@ -56,60 +60,10 @@ class SamplingParams:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def verify(self, vocab_size: Optional[int] = None) -> None:
-        def num(name, v, kind=(int, float)):
-            if isinstance(v, bool) or not isinstance(v, kind):
-                raise ValueError(f"{name} must be a number, got {v!r}.")
-
-        num("temperature", self.temperature)
-        num("top_p", self.top_p)
-        num("min_p", self.min_p)
-        num("frequency_penalty", self.frequency_penalty)
-        num("presence_penalty", self.presence_penalty)
-        num("repetition_penalty", self.repetition_penalty)
-        num("top_k", self.top_k, int)
-        num("min_new_tokens", self.min_new_tokens, int)
-        num("n", self.n, int)
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
-        if self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
-        if self.max_new_tokens is not None:
-            num("max_new_tokens", self.max_new_tokens, int)
-            if self.max_new_tokens < 0:
-                raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}.")
-            if self.min_new_tokens > self.max_new_tokens:
-                raise ValueError(
-                    f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})."
-                )
-        if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}.")
-        if self.n < 1 or self.n > 128:
-            raise ValueError(f"n must be in [1, 128], got {self.n}.")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
-        if self.stop is not None:
-            stops = [self.stop] if isinstance(self.stop, str) else self.stop
-            if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-                raise ValueError("stop must be a string or a list of strings.")
-            if any(s == "" for s in stops):
-                raise ValueError("stop strings must not be empty.")
-        if self.stop_token_ids is not None:
-            if not isinstance(self.stop_token_ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
-            ):
-                raise ValueError("stop_token_ids must be a list of non-negative integers.")
-            if vocab_size is not None and any(t >= vocab_size for t in self.stop_token_ids):
-                raise ValueError(f"stop_token_ids must be < vocab size {vocab_size}.")
+        """Check every field again (values may have been set after from_dict), and token ids against the vocabulary."""
+        validate_sampling_params(self.to_dict())
+        if vocab_size is not None and self.stop_token_ids:
+            check_token_ids_in_vocab(self.stop_token_ids, vocab_size, "stop_token_ids")
 
     def normalize(self) -> None:
         if self.stop is None:
@@ -126,3 +80,60 @@ class SamplingParams:
         d = dict(self.__dict__)
         d.pop("stop_strs", None)
         return d
+
+
+_DEFAULTS = SamplingParams()
+StopStr = Annotated[str, v.STOP_STR_FIELD]
+StopList = Annotated[List[StopStr], Field(max_length=v.MAX_STOP_SEQUENCES)]
+TokenId = Annotated[int, v.TOKEN_ID_FIELD]
+
+
+class SamplingParamsModel(BaseModel):
+    """SamplingParams as a strict pydantic model: the schema of /generate's sampling_params."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="SamplingParams")
+
+    max_new_tokens: Optional[int] = v.NEW_TOKENS.field(_DEFAULTS.max_new_tokens)
+    min_new_tokens: int = v.NEW_TOKENS.field(_DEFAULTS.min_new_tokens)
+    temperature: float = v.TEMPERATURE.field(_DEFAULTS.temperature)
+    top_p: float = v.TOP_P.field(_DEFAULTS.top_p)
+    top_k: int = v.TOP_K.field(_DEFAULTS.top_k, json_schema_extra={"not": {"const": 0}})
+    min_p: float = v.MIN_P.field(_DEFAULTS.min_p)
+    frequency_penalty: float = v.PENALTY.field(_DEFAULTS.frequency_penalty)
+    presence_penalty: float = v.PENALTY.field(_DEFAULTS.presence_penalty)
+    repetition_penalty: float = v.REPETITION_PENALTY.field(_DEFAULTS.repetition_penalty)
+    stop: Optional[Union[StopStr, StopList]] = v.STOP.field(_DEFAULTS.stop)
+    stop_token_ids: Optional[List[TokenId]] = v.STOP_TOKEN_IDS.field(
+        _DEFAULTS.stop_token_ids, max_length=v.MAX_STOP_TOKEN_IDS)
+    ignore_eos: bool = v.FLAG.field(_DEFAULTS.ignore_eos)
+    skip_special_tokens: bool = v.FLAG.field(_DEFAULTS.skip_special_tokens)
+    spaces_between_special_tokens: bool = v.FLAG.field(_DEFAULTS.spaces_between_special_tokens)
+    no_stop_trim: bool = v.FLAG.field(_DEFAULTS.no_stop_trim)
+    seed: Optional[int] = v.SEED.field(_DEFAULTS.seed)
+    n: int = v.N.field(_DEFAULTS.n)
+
+    @model_validator(mode="after")
+    def _across_fields(self) -> "SamplingParamsModel":
+        v.check_top_k(self.top_k)
+        v.check_min_max(self.min_new_tokens, self.max_new_tokens, "min_new_tokens", "max_new_tokens")
+        v.check_seed_with_n(self.seed, self.n)
+        return self
+
+
+def validate_sampling_params(d: Any) -> SamplingParamsModel:
+    if not isinstance(d, dict):
+        raise ParamError("sampling_params", "Input should be a dictionary", d, "a dict of sampling parameters")
+    try:
+        return SamplingParamsModel.model_validate(d)
+    except ValidationError as e:
+        message, param = describe_validation_error(e, SamplingParamsModel)
+        raise ParamError(param or "sampling_params", "", message=message) from None
+
+
+def choice_sampling_params(base: dict, index: int) -> dict:
+    """Choice i of an n>1 request: the same params with its own seed (seed + i), so seeded choices differ
+    reproducibly. One rule for chat, completions, /generate and the Engine."""
+    params = dict(base)
+    if params.get("seed") is not None and index > 0:
+        params["seed"] = params["seed"] + index
+    return params

@@ -10,7 +10,8 @@ from typing import Optional
 
 import orjson
 from fastapi.responses import Response
-from pydantic import ValidationError
+
+from sglang.srt.sampling.validation_errors import describe_validation_error  # noqa: F401  (the 400 messages)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -39,49 +40,3 @@ def error_response(status_code: int, message: str, param: Optional[str] = None, 
         status_code=status_code,
         media_type="application/json",
     )
-
-
-def describe_validation_error(err: ValidationError) -> tuple[str, Optional[str]]:
-    """Readable sentences, e.g. "Invalid value for max_tokens: Input should be greater than or equal to 1 (got -5)."
-
-    A value that fits no alternative of a union produces one error per alternative; only the most specific one
-    (deepest location, i.e. the alternative the client most likely meant) is reported.
-    """
-    errors = err.errors(include_url=False)
-    if any(_is_branch_label(x) for e in errors for x in e["loc"]):
-        deepest = max(len(e["loc"]) for e in errors)
-        candidates = [e for e in errors if len(e["loc"]) == deepest]
-        # a range/length error says more than "wrong type" from the alternatives that were not meant
-        errors = [next((e for e in candidates if not e["type"].endswith("_type")), candidates[0])]
-    parts = []
-    for e in errors:
-        loc = _format_loc(e["loc"])
-        if e["type"] == "extra_forbidden":
-            parts.append(f"Unrecognized request argument supplied: {loc}.")
-        elif e["type"] == "missing":
-            parts.append(f"Missing required parameter: {loc}.")
-        else:
-            parts.append(f"Invalid value for {loc}: {e['msg']} (got {_short(e.get('input'))}).")
-    param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
-    return " ".join(dict.fromkeys(parts[:4])), param
-
-
-_PRIMITIVE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
-
-
-def _is_branch_label(x) -> bool:
-    return isinstance(x, str) and ("[" in x or x in _PRIMITIVE_LABELS)
-
-
-def _format_loc(loc) -> str:
-    out = ""
-    for x in loc:
-        if _is_branch_label(x):
-            continue
-        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
-    return out or "body"
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,8 +1,10 @@
 """Request models of the OpenAI-compatible API, validated like OpenAI validates them.
 
-Strict types (a string is not an integer, a bool is not a number), ranges checked here, and unknown top-level
-fields rejected (`extra="forbid"`). SGLang's documented extensions (top_k, min_p, repetition_penalty, ignore_eos,
-...) are declared fields, which is how the `openai` client's `extra_body` reaches them.
+Strict types (a string is not an integer, a bool is not a number), unknown fields rejected (`extra="forbid"`), and
+every range declared with the shared rules of srt/sampling/validation.py, so /v1/*, /generate and the Engine state
+the same limits in the same words; the field descriptions (in /openapi.json too) say what is allowed. SGLang's
+documented extensions (top_k, min_p, repetition_penalty, ignore_eos, ...) are declared fields, which is how the
+`openai` client's `extra_body` reaches them.
 
 Responses are built as plain dicts by the serving_* modules (the streaming path runs once per token); their shape
 is OpenAI's: ChatCompletion / ChatCompletionChunk / Completion objects and the `usage` block.
@@ -12,13 +14,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# OpenAI's own limits
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHAT_TOP_LOGPROBS = 20
-MAX_N = 128
-MAX_STOP_SEQUENCES = 4
+from sglang.srt.sampling import validation as v
+from sglang.srt.sampling.sampling_params import SamplingParamsModel, StopList, StopStr, TokenId
+
+Rid = Annotated[str, v.RID.field(..., pattern=v.RID_PATTERN)]
 
 
 class OpenAIModel(BaseModel):
@@ -35,34 +36,48 @@ class ResponseFormat(OpenAIModel):
     json_schema: Optional[Dict[str, Any]] = None
 
 
-StopType = Optional[Union[str, Annotated[List[str], Field(max_length=MAX_STOP_SEQUENCES)]]]
-
-
 class SamplingFields(OpenAIModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = v.PENALTY.field(0.0)
+    presence_penalty: float = v.PENALTY.field(0.0)
     logit_bias: Optional[Dict[str, float]] = None
-    n: int = Field(1, ge=1, le=MAX_N)
-    seed: Optional[int] = None
-    stop: StopType = None
-    stream: bool = False
+    n: int = v.N.field(1)
+    seed: Optional[int] = v.SEED.field(None)
+    stop: Optional[Union[StopStr, StopList]] = v.STOP.field(None)
+    stream: bool = v.FLAG.field(False)
     stream_options: Optional[StreamOptions] = None
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    temperature: Optional[float] = v.TEMPERATURE.field(None)
+    top_p: Optional[float] = v.TOP_P.field(None)
     user: Optional[str] = None
     # SGLang extensions (sent through the openai client's extra_body)
-    top_k: int = Field(-1, ge=-1)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
-    min_tokens: int = Field(0, ge=0)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stop_token_ids: Optional[List[Annotated[int, Field(ge=0)]]] = None
-    no_stop_trim: bool = False
-    rid: Optional[str] = None
+    top_k: int = v.TOP_K.field(-1, json_schema_extra={"not": {"const": 0}})
+    min_p: float = v.MIN_P.field(0.0)
+    repetition_penalty: float = v.REPETITION_PENALTY.field(1.0)
+    min_tokens: int = v.NEW_TOKENS.field(0)
+    ignore_eos: bool = v.FLAG.field(False)
+    skip_special_tokens: bool = v.FLAG.field(True)
+    spaces_between_special_tokens: bool = v.FLAG.field(True)
+    stop_token_ids: Optional[List[TokenId]] = v.STOP_TOKEN_IDS.field(None, max_length=v.MAX_STOP_TOKEN_IDS)
+    no_stop_trim: bool = v.FLAG.field(False)
+    rid: Optional[Rid] = Field(None, description=v.RID.description)
+
+    # the output-length field and its name, per API
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens"
+
+    @property
+    def max_output_tokens(self) -> Optional[int]:
+        return getattr(self, "max_tokens", None)
+
+    @model_validator(mode="after")
+    def _across_fields(self):
+        v.check_top_k(self.top_k)
+        v.check_min_max(self.min_tokens, self.max_output_tokens, "min_tokens", self.max_tokens_param)
+        v.check_seed_with_n(self.seed, self.n)
+        return self
 
     def sampling_params(self, max_new_tokens: Optional[int]) -> dict:
         """The SamplingParams dict of choice `index` 0; serving code offsets the seed per choice."""
@@ -78,6 +93,7 @@ class SamplingFields(OpenAIModel):
             "stop_token_ids": self.stop_token_ids,
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "no_stop_trim": self.no_stop_trim,
             "seed": self.seed,
         }
@@ -96,11 +112,11 @@ class SamplingFields(OpenAIModel):
 
 # ---------------------------------------------------------------------- completions
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, List[str], List[int], List[List[int]]]
-    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
-    echo: bool = False
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    max_tokens: Optional[int] = Field(16, ge=0)
+    prompt: Union[str, List[str], List[TokenId], List[List[TokenId]]]
+    best_of: Optional[int] = v.N.field(None)
+    echo: bool = v.FLAG.field(False)
+    logprobs: Optional[int] = v.COMPLETION_LOGPROBS.field(None)
+    max_tokens: Optional[int] = v.NEW_TOKENS.field(16)
     suffix: Optional[str] = None
 
     def unsupported(self):
@@ -151,10 +167,10 @@ class ChatMessage(OpenAIModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = v.FLAG.field(False)
+    top_logprobs: Optional[int] = v.TOP_LOGPROBS.field(None)
+    max_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
+    max_completion_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
@@ -169,6 +185,10 @@ class ChatCompletionRequest(SamplingFields):
     @property
     def max_output_tokens(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def unsupported(self):
         if self.top_logprobs and not self.logprobs:
@@ -192,26 +212,26 @@ class TokenizeRequest(OpenAIModel):
 
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
-    tokens: Union[List[int], List[List[int]]]
+    tokens: Union[List[TokenId], List[List[TokenId]]]
 
 
 # ---------------------------------------------------------------------- native /generate
-class GenerateRequest(BaseModel):
-    """Body of the native POST /generate (upstream's GenerateReqInput, the fields this runtime serves)."""
+class GenerateRequest(OpenAIModel):
+    """Body of the native POST /generate (upstream's GenerateReqInput, the fields this runtime serves).
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    A batch (a list of text or input_ids) may carry one sampling_params / rid per prompt, or one for all."""
 
     text: Optional[Union[str, List[str]]] = None
-    input_ids: Optional[Union[List[int], List[List[int]]]] = None
-    sampling_params: Optional[Union[Dict[str, Any], List[Dict[str, Any]]]] = None
-    rid: Optional[Union[str, List[str]]] = None
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(0, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    input_ids: Optional[Union[List[TokenId], List[List[TokenId]]]] = None
+    sampling_params: Optional[Union[SamplingParamsModel, List[SamplingParamsModel]]] = None
+    rid: Optional[Union[Rid, List[Rid]]] = Field(None, description=v.RID.description)
+    stream: bool = v.FLAG.field(False)
+    return_logprob: bool = v.FLAG.field(False)
+    top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
     image_data: Optional[Any] = None
     model: Optional[str] = None
 
 
 class AbortRequest(OpenAIModel):
-    rid: str = ""
-    abort_all: bool = False
+    rid: str = Field("", max_length=v.MAX_RID_CHARS, description="The request to abort ('' with abort_all).")
+    abort_all: bool = v.FLAG.field(False)

@@ -6,10 +6,12 @@ Every handler is `await handler.handle_request(raw_request)`; client mistakes co
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, AsyncIterator, List, Optional, Type
 
+import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
@@ -18,6 +20,7 @@ from starlette.responses import StreamingResponse
 
 from sglang.srt.entrypoints.openai.errors import describe_validation_error, error_response
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.sampling.validation import MAX_JSON_DEPTH, ParamError
 
 SSE_DONE = b"data: [DONE]\n\n"
 MODEL_ALIASES = ("default",)
@@ -49,10 +52,30 @@ class SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+# a JSON string literal (escapes included), written so that the regex engine runs it without backtracking
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET_STEP = np.zeros(256, np.int32)  # byte -> +1 for [ {, -1 for ] }
+_BRACKET_STEP[list(b"[{")], _BRACKET_STEP[list(b"]}")] = 1, -1
+
+
+def json_nesting_depth(body: bytes) -> int:
+    """How deep the arrays/objects of a JSON text nest, computed on the bytes (nothing recurses); strings are blanked
+    out first so brackets inside them do not count."""
+    steps = _BRACKET_STEP[np.frombuffer(_JSON_STRING.sub(b'""', body), np.uint8)]
+    return int(np.cumsum(steps).max(initial=0))
+
+
 async def parse_body(raw_request: Request, model_cls: Type[BaseModel]) -> Any:
     body = await raw_request.body()
     if not body.strip():
         raise RequestError(400, "The request body is empty; send a JSON object.")
+    # fewer brackets than the limit in all cannot nest deeper than it: skip the scan
+    num_open = body.count(b"[") + body.count(b"{")
+    depth = json_nesting_depth(body) if num_open > MAX_JSON_DEPTH else 0
+    if depth > MAX_JSON_DEPTH:
+        raise RequestError(
+            400, f"The JSON body nests {depth} levels deep; at most {MAX_JSON_DEPTH} levels of arrays and objects "
+            "are accepted. Flatten the request.", param="body")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -64,8 +87,22 @@ async def parse_body(raw_request: Request, model_cls: Type[BaseModel]) -> Any:
     try:
         return model_cls.model_validate(data)
     except ValidationError as e:
-        message, param = describe_validation_error(e)
+        message, param = describe_validation_error(e, model_cls)
         raise RequestError(400, message, param=param) from None
+
+
+def check_sampling_params(params: dict, vocab_size: int, names: Optional[dict] = None, prefix: str = "") -> None:
+    """Validate the sampling params of a request before it is split into choices (seed + n - 1 is checked here) and
+    its stop_token_ids against the vocabulary; a failure is a 400 whose param is the API's name of the field
+    (`names` maps SamplingParams names to it, e.g. {"min_new_tokens": "min_tokens"}, or `prefix` goes before it)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    try:
+        SamplingParams.from_dict(params).verify(vocab_size)
+    except ParamError as e:
+        names = names or {}
+        param = prefix + names.get(e.param, e.param)
+        raise RequestError(400, e.render(param) if e.reason else str(e), param=param) from None
 
 
 def finish_reason_str(finish_reason: Optional[dict]) -> Optional[str]:
@@ -88,14 +125,6 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-
-
-def choice_sampling_params(base: dict, index: int) -> dict:
-    """Choice i of an n>1 request: same params, its own seed (seed + i) so the choices differ reproducibly."""
-    params = dict(base)
-    if params.get("seed") is not None and index > 0:
-        params["seed"] = params["seed"] + index
-    return params
 
 
 class OpenAIServingBase:

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
-    choice_sampling_params,
+    check_sampling_params,
     finish_reason_str,
     json_response,
     matched_stop,
@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.sampling.sampling_params import choice_sampling_params
 
 # roles the common chat templates know; OpenAI's newer "developer" role is the old "system"
 ROLE_ALIASES = {"developer": "system"}
@@ -64,18 +65,20 @@ class OpenAIServingChat(OpenAIServingBase):
 
     async def create(self, req: ChatCompletionRequest, raw_request: Request) -> Response:
         tm = self.tokenizer_manager
+        base = req.sampling_params(req.max_output_tokens)
+        check_sampling_params({**base, "n": req.n}, tm.vocab_size,
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param})
         messages, images = self.template_messages(req)
-        prompt = tm.apply_chat_template(
+        prompt = await tm.apply_chat_template(
             messages,
             tools=req.tools if req.tool_choice != "none" else None,
             continue_final_message=req.continue_final_message,
             template_kwargs=req.chat_template_kwargs,
         )
-        base = req.sampling_params(req.max_output_tokens)
         rids = self.rids(req.rid, req.n)
         tokenized, ids = [], None
         for i in range(req.n):
-            t = tm.tokenize_request(
+            t = await tm.tokenize_request(
                 text=prompt,
                 input_ids=None if images else ids,  # with images: tokenize and process again per choice
                 sampling_params=choice_sampling_params(base, i),

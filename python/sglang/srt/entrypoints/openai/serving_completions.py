@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
-    choice_sampling_params,
+    check_sampling_params,
     finish_reason_str,
     json_response,
     matched_stop,
@@ -23,6 +23,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.sampling.sampling_params import choice_sampling_params
 
 
 class CompletionLogprobs:
@@ -67,12 +68,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
         tm = self.tokenizer_manager
         prompts = self.prompts(req)
         base = req.sampling_params(req.max_tokens)
+        check_sampling_params({**base, "n": req.n}, tm.vocab_size,
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens"})
         rids = self.rids(req.rid, len(prompts) * req.n)
         tokenized, echo_texts = [], []
         for p_idx, prompt in enumerate(prompts):
             text, ids = prompt.get("text"), prompt.get("input_ids")
             for i in range(req.n):
-                t = tm.tokenize_request(
+                t = await tm.tokenize_request(
                     text=text,
                     input_ids=ids,  # tokenized once per prompt, then reused by its other choices
                     sampling_params=choice_sampling_params(base, i),
@@ -84,7 +87,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 ids = t.input_ids
                 tokenized.append(t)
                 if req.echo:
-                    echo_texts.append(text if text is not None else tm.decode(ids))
+                    echo_texts.append(text if text is not None else await tm.decode(ids))
         prompt_tokens = sum(len(tokenized[p * req.n].input_ids) for p in range(len(prompts)))
         gen = tm.generate_many(tokenized, raw_request)
         if req.stream:

@@ -15,10 +15,10 @@ class OpenAIServingTokenize(OpenAIServingBase):
     async def create(self, req: TokenizeRequest, raw_request: Request) -> Response:
         tm = self.tokenizer_manager
         if isinstance(req.prompt, str):
-            tokens = tm.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            tokens = await tm.encode(req.prompt, add_special_tokens=req.add_special_tokens)
             count = len(tokens)
         else:
-            tokens = [tm.encode(p, add_special_tokens=req.add_special_tokens) for p in req.prompt]
+            tokens = [await tm.encode(p, add_special_tokens=req.add_special_tokens) for p in req.prompt]
             count = [len(t) for t in tokens]
         return json_response({"tokens": tokens, "count": count, "max_model_len": tm.context_len})
 
@@ -29,5 +29,5 @@ class OpenAIServingDetokenize(OpenAIServingBase):
     async def create(self, req: DetokenizeRequest, raw_request: Request) -> Response:
         tm = self.tokenizer_manager
         if req.tokens and isinstance(req.tokens[0], list):
-            return json_response({"text": [tm.decode(t) for t in req.tokens]})
-        return json_response({"text": tm.decode(req.tokens)})
+            return json_response({"text": [await tm.decode(t) for t in req.tokens]})
+        return json_response({"text": await tm.decode(req.tokens)})

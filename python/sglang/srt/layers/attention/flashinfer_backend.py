@@ -1,17 +1,162 @@
-"""FlashInferAttnBackend: the FlashInfer attention backend (CUDA).
+"""FlashInferAttnBackend: paged attention through flashinfer's wrappers (CUDA; fp16/bf16).
 
-Memory contract and lifecycle: see planned_gpu_backend.py. FlashInfer shares one uint8 workspace (384 MiB; 512 MiB for
-Qwen2/Qwen3/MiMo) and keeps CUDA-graph kv-index buffers of cuda_graph_max_bs * context_len int32 per wrapper.
+Memory (declared in mem_plan/backends.py, allocated once by the base class, never again per step):
+    workspace            uint8 [384 MiB; 512 MiB for Qwen2/Qwen3/MiMo]  the float workspace of every wrapper
+    int_workspace        uint8 [8 MiB]  the plan-info workspace; each wrapper allocates a private one in its
+                         constructor, which is swapped for this shared one right away (reset_workspace_buffer)
+    kv_indptr_0          int32 [R + 1]  kv_indptr of the batch (eager) / of the captured batch (graphs)
+    qo_indptr            int32 [R + 1]  extend: rows of each request's new tokens
+    kv_last_page_len     int32 [R + 1]
+    cuda_graph_kv_indices_0 int32 [G * context_len]  the fixed page-index buffer a graph decode wrapper reads
+All wrappers share the two workspaces: each forward plans before it runs, so one plan's scratch is never live while
+another wrapper runs.
+
+Per batch (init_forward_metadata): the page table (paged_kv_indices.py) from req_to_token, then `plan()` of the
+prefill wrapper (EXTEND, causal, bottom-right aligned: new token i of a request with prefix P sees keys <= P + i) or
+of the decode wrapper (DECODE); each layer then writes its new K/V to the pool and calls `run(q, (k_cache, v_cache))`
+with the pool viewed as [pages, page_size, kv_heads, head_dim] (NHD).
+
+CUDA graphs: `init_forward_metadata_capture_cuda_graph(bs, ...)` builds a decode wrapper with use_cuda_graph=True
+whose indptr / indices / last-page buffers are views of the planned ones (fixed addresses a graph can replay);
+`init_forward_metadata_replay_cuda_graph(bs, ...)` re-plans it for the live batch before the replay.
+
+The softmax scale is a plan argument in flashinfer; it is head_dim ** -0.5 (every model here) and each layer's
+`scaling` is checked against it.
 """
 
 from __future__ import annotations
 
-from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend, make_declarations
+from typing import Optional, Sequence
 
-BACKEND_NAME = "flashinfer"
-declare_workspace, declared_buffers = make_declarations(BACKEND_NAME)
+import torch
+
+from sglang.srt.layers.attention.paged_kv_indices import PageTable, build_page_table, extend_lens, seq_lens
+from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MAX_CUDA_CORE_DECODE_GROUP = 4  # query heads per KV head above which decode runs on tensor cores
+
+
+def check_kernel_dtype(backend: str, q_dtype: torch.dtype) -> None:
+    if q_dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"--attention-backend {backend} runs float16/bfloat16 models, not {q_dtype}: use "
+                         "--dtype bfloat16, or --attention-backend triton / torch_native for float32.")
 
 
 class FlashInferAttnBackend(PlannedGpuAttnBackend):
-    backend_name = BACKEND_NAME
+    backend_name = "flashinfer"
     kernel_module = "flashinfer"
+    install_hint = "pip install flashinfer-python"
+    device_kind = "an NVIDIA GPU (CUDA)"
+
+    @classmethod
+    def device_problem(cls, device: str) -> Optional[str]:
+        problem = super().device_problem(device)
+        if problem is None and torch.version.hip:
+            return "flashinfer has no ROCm build (on AMD GPUs use --attention-backend aiter or triton)"
+        return problem
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        pool, shape = self.token_to_kv_pool, self.inputs.shape
+        self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
+        check_kernel_dtype(self.backend_name, self.q_dtype)
+        if shape.num_wrappers != 1:
+            raise NotImplementedError("flashinfer: sliding-window / cross attention (two wrappers) is not wired; use "
+                                      "--attention-backend torch_native")
+        self.num_q_heads, self.num_kv_heads = shape.num_q_heads, pool.head_num
+        self.head_dim, self.page_size = pool.head_dim, pool.page_size
+        self.sm_scale = self.head_dim ** -0.5
+        self.decode_use_tensor_cores = self.num_q_heads // self.num_kv_heads > MAX_CUDA_CORE_DECODE_GROUP
+        fi = self.kernels
+        self.prefill_wrapper = self._shared_workspaces(
+            fi.BatchPrefillWithPagedKVCacheWrapper(self.buffers["workspace"], "NHD"))
+        self.decode_wrapper = self._shared_workspaces(fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.buffers["workspace"], "NHD", use_tensor_cores=self.decode_use_tensor_cores))
+        self.graph_decode_wrappers: dict = {}  # captured batch size -> wrapper with fixed buffers
+        self.active_decode_wrapper = self.decode_wrapper
+        self.table: Optional[PageTable] = None
+
+    def _shared_workspaces(self, wrapper):
+        wrapper.reset_workspace_buffer(self.buffers["workspace"], self.buffers["int_workspace"])
+        return wrapper
+
+    # ------------------------------------------------------------------ plan (once per forward)
+    def _plan_kwargs(self) -> dict:
+        return dict(sm_scale=self.sm_scale, q_data_type=self.q_dtype, kv_data_type=self.token_to_kv_pool.dtype)
+
+    def _decode_table(self, req_pool_indices, lens: Sequence[int]) -> PageTable:
+        return build_page_table(self.req_to_token_pool.req_to_token, req_pool_indices, lens, self.page_size,
+                                self.buffers["kv_indptr_0"], self.buffers["kv_last_page_len"])
+
+    def _plan_decode(self, wrapper, table: PageTable) -> None:
+        wrapper.plan(table.kv_indptr, table.kv_indices, table.kv_last_page_len, self.num_q_heads, self.num_kv_heads,
+                     self.head_dim, self.page_size, pos_encoding_mode="NONE", **self._plan_kwargs())
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        fb, lens = forward_batch, seq_lens(forward_batch)
+        if fb.forward_mode.is_decode():
+            self.table = self._decode_table(fb.req_pool_indices, lens)
+            self.active_decode_wrapper = self.decode_wrapper
+            self._plan_decode(self.decode_wrapper, self.table)
+            return
+        t = build_page_table(self.req_to_token_pool.req_to_token, fb.req_pool_indices, lens, self.page_size,
+                             self.buffers["kv_indptr_0"], self.buffers["kv_last_page_len"],
+                             extend_lens_cpu=extend_lens(fb), qo_indptr_buf=self.buffers["qo_indptr"])
+        self.table = t
+        self.prefill_wrapper.plan(t.qo_indptr, t.kv_indptr, t.kv_indices, t.kv_last_page_len, self.num_q_heads,
+                                  self.num_kv_heads, self.head_dim, self.page_size, causal=True, **self._plan_kwargs())
+
+    # ------------------------------------------------------------------ CUDA-graph decode
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
+                                                 seq_lens_cpu: Sequence[int]) -> None:
+        """Build the fixed-buffer decode wrapper of batch size bs (<= the planned graph batch) and plan it."""
+        if not 1 <= bs <= self.inputs.graph_bs:
+            raise ValueError(f"flashinfer: graph batch {bs} is outside the planned 1..{self.inputs.graph_bs}")
+        self.graph_decode_wrappers[bs] = self._shared_workspaces(self.kernels.BatchDecodeWithPagedKVCacheWrapper(
+            self.buffers["workspace"], "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores,
+            paged_kv_indptr_buffer=self.buffers["kv_indptr_0"][: bs + 1],
+            paged_kv_indices_buffer=self.buffers["cuda_graph_kv_indices_0"],
+            paged_kv_last_page_len_buffer=self.buffers["kv_last_page_len"][:bs],
+        ))
+        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens_cpu)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
+                                                seq_lens_cpu: Sequence[int]) -> None:
+        """Re-plan the captured wrapper of batch size bs for the live (padded) batch; the graph then replays."""
+        wrapper = self.graph_decode_wrappers[bs]
+        self.table = self._decode_table(req_pool_indices[:bs], list(seq_lens_cpu)[:bs])
+        self._plan_decode(wrapper, self.table)
+        self.active_decode_wrapper = wrapper
+
+    # ------------------------------------------------------------------ per layer
+    def _paged_cache(self, layer):
+        """The pool of one layer as (k, v) [pages, page_size, kv_heads, head_dim] (NHD)."""
+        pool, ps = self.token_to_kv_pool, self.page_size
+        k, v = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        rows = k.shape[0] - k.shape[0] % ps
+        return (k[:rows].view(-1, ps, k.shape[1], k.shape[2]), v[:rows].view(-1, ps, v.shape[1], v.shape[2]))
+
+    def _check_layer(self, layer) -> None:
+        if abs(layer.scaling - self.sm_scale) > 1e-6 * self.sm_scale:
+            raise NotImplementedError(f"flashinfer: layer {layer.layer_id} scales by {layer.scaling}, the plan by "
+                                      f"head_dim ** -0.5 = {self.sm_scale}; use --attention-backend torch_native")
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
+        self._check_layer(layer)
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        out = self.prefill_wrapper.run(q.contiguous(), self._paged_cache(layer))
+        return out.view(q.shape[0], -1)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
+        self._check_layer(layer)
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        out = self.active_decode_wrapper.run(q.contiguous(), self._paged_cache(layer))
+        return out.view(q.shape[0], -1)
+
+
+BACKEND_CLASS = FlashInferAttnBackend

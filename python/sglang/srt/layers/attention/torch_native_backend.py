@@ -10,8 +10,8 @@ Query layouts:
   extend   one SDPA call per request, so nothing is padded to the longest request. A request without a cached
            prefix takes SDPA's is_causal path on its new K/V directly; one with a prefix gathers its K/V from the
            pool and attends with a [q_len, seq_len] mask (query i at position prefix_len + i sees keys j <= it).
-           The transient of one such call is bounded by `extend_attention_workspace_bytes`, which the memory plan
-           reserves.
+           The transient of one such call is bounded by the "extend_attention" declaration (mem_plan/backends.py),
+           which the memory plan reserves.
 
 On a CPU with AVX-512 BF16 and a bf16 pool, decode instead calls one fused kernel per layer
 (jit_kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
@@ -27,16 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
+from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
-
-# Upper bound on K/V tokens gathered at once by one decode layer (rows x padded length); the backend's declared
-# workspace is this many tokens of one layer's K and V (see mem_plan/backends.py).
-DECODE_GATHER_TOKENS = 64 * 1024
 
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
@@ -67,21 +62,12 @@ class TorchNativeMetadata:
     fused_decode: bool = False  # decode through the CPU kernel; kv_indices and attn_mask are not built
 
 
-def extend_attention_workspace_bytes(
-    num_q_heads: int, num_kv_heads: int, head_dim: int, elem_bytes: int, max_extend_tokens: int, context_len: int
-) -> int:
-    """Upper bound on the transient memory of one extend attention call with a cached prefix: the bool mask and
-    SDPA's converted copy of it (q_len x seq_len x (1 + 4) B), the gathered K/V, their expansion to the query heads,
-    and the query/output transposes. Measured on this CPU: 49 MB at q_len 2048 x seq_len 8192 (SmolLM2 heads),
-    against 114 MB from this bound."""
-    q, lk = max_extend_tokens, context_len
-    mask = q * lk * (1 + 4)
-    kv = 2 * lk * head_dim * elem_bytes * (num_kv_heads + num_q_heads)
-    q_out = 2 * q * num_q_heads * head_dim * elem_bytes
-    return mask + kv + q_out
-
-
 class TorchNativeAttnBackend(AttentionBackend):
+    """Holds no persistent buffers; its declared transients (extend_attention, decode_gather) bound the scratch of
+    one forward: decode gathers at most DECODE_GATHER_TOKENS tokens per layer at once."""
+
+    backend_name = "torch_native"
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.forward_metadata: Optional[TorchNativeMetadata] = None
@@ -138,7 +124,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         return reqs
 
     # ------------------------------------------------------------------ per layer
-    def _gather_kv(self, layer: "RadixAttention", kv_indices: torch.Tensor, dtype: torch.dtype):
+    def _gather_kv(self, layer: AttentionLayer, kv_indices: torch.Tensor, dtype: torch.dtype):
         """kv_indices: [B, Lk] -> k, v: [B, KV, Lk, D] (transposed views of one contiguous gather each)."""
         pool = self.token_to_kv_pool
         bs, max_len = kv_indices.shape
@@ -209,3 +195,6 @@ class TorchNativeAttnBackend(AttentionBackend):
         q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]
         out = F.scaled_dot_product_attention(q_grouped, k_all, v_all, attn_mask=attn_mask, scale=layer.scaling)
         return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
+
+
+BACKEND_CLASS = TorchNativeAttnBackend

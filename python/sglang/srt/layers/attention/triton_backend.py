@@ -1,18 +1,149 @@
-"""TritonAttnBackend: the Triton attention backend (CUDA/ROCm).
+"""TritonAttnBackend: the project's Triton kernels (layers/attention/triton_ops) over the paged KV pool.
 
-Memory contract and lifecycle: see planned_gpu_backend.py. Split-KV decode keeps fp32 logits
-[B, H_q, num_kv_splits, v_head_dim] and log-sum-exp [B, H_q, num_kv_splits] for eager decode (B = request slots) and
-for CUDA graphs (B = cuda_graph_max_bs), plus graph kv-index buffers of cuda_graph_max_bs * context_len.
+Runs on CUDA and ROCm GPUs, and on a CPU under the Triton interpreter (TRITON_INTERPRET=1 in the environment before
+the process starts: slow, for tests and debugging). Per forward, `init_forward_metadata` fills the small index
+buffers once; each layer then writes its new K/V to the pool (as torch_native does) and calls one kernel launch
+(extend) or two (decode: split-KV partials + merge). The kernels read each request's K/V in place through
+req_to_token, so no per-step KV index list is built and any page size works.
+
+Planned buffers (mem_plan/backends.py, allocated once by AttentionBackend.__init__, exactly as declared):
+  attn_logits fp32 [R, H_q, num_kv_splits, Dv], attn_lse fp32 [R, H_q, num_kv_splits]: the split-KV decode
+      workspace; decode batch b uses row b (B <= R request slots). num_kv_splits = --triton-attention-num-kv-splits.
+  qo_start int32 [R + 1]: extend, where each request's new tokens start in q (exclusive prefix sum of extend lens).
+  cuda_graph_attn_logits / cuda_graph_attn_lse [G, ...]: the same workspace for decode under CUDA graphs
+      (G = --cuda-graph-max-bs; init_forward_metadata_capture_cuda_graph). No kv-index buffers: the kernels read
+      req_to_token and derive the splits from seq_lens.
 """
 
 from __future__ import annotations
 
-from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend, make_declarations
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
 
-BACKEND_NAME = "triton"
-declare_workspace, declared_buffers = make_declarations(BACKEND_NAME)
+import torch
+
+from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+def triton_interpreter_enabled() -> bool:
+    """Whether triton runs kernels in its CPU interpreter (TRITON_INTERPRET, read the way triton reads it)."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return bool(knobs.runtime.interpret)
+
+
+@dataclass
+class TritonMetadata:
+    qo_start: Optional[torch.Tensor] = None  # extend: int32 [B + 1], a view of the planned qo_start buffer
+    prefix_lens: Optional[torch.Tensor] = None  # extend: [B] cached tokens per request
+    extend_lens: Optional[torch.Tensor] = None  # extend: [B] new tokens per request
+    max_extend_len: int = 0
+    max_seq_len: Optional[int] = None  # decode: the longest sequence, when the host knows it (sizes the split grid)
+    cuda_graph: bool = False  # decode under a CUDA graph: full split grid, the graph workspace
 
 
 class TritonAttnBackend(PlannedGpuAttnBackend):
-    backend_name = BACKEND_NAME
+    backend_name = "triton"
     kernel_module = "triton"
+    install_hint = "pip install triton"
+
+    @classmethod
+    def device_problem(cls, device: str) -> Optional[str]:
+        if not str(device).startswith("cpu"):
+            return super().device_problem(device)
+        if triton_interpreter_enabled():
+            return None
+        return (f"it needs {cls.device_kind}; on a CPU it runs only under the Triton interpreter "
+                "(start the process with TRITON_INTERPRET=1 in its environment: slow, for testing)")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if str(self.device).startswith("cpu") and self.device_problem(self.device):
+            raise RuntimeError(f"--attention-backend triton: {self.device_problem(self.device)}")
+        from sglang.srt.layers.attention import triton_ops  # imports triton; only once this backend is chosen
+        from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
+
+        self.ops = triton_ops
+        if interpreted() and getattr(self.model_config, "dtype", None) == torch.bfloat16:
+            # the interpreter runs tl.dot through numpy, which has no bfloat16: its bf16 products are wrong
+            raise ValueError("--attention-backend triton under TRITON_INTERPRET=1 cannot run bfloat16 (the Triton "
+                             "interpreter computes bf16 dot products wrongly): use --dtype float32 or float16.")
+        if interpreted():
+            from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
+
+            use_single_threaded_blas()
+        self.forward_metadata: Optional[TritonMetadata] = None
+
+    # ------------------------------------------------------------------ metadata (once per forward)
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        fb = forward_batch
+        if fb.forward_mode.is_decode():
+            self.forward_metadata = TritonMetadata(max_seq_len=max(fb.seq_lens_cpu) if fb.seq_lens_cpu else None)
+            return
+        device = fb.seq_lens.device
+        extend_lens_cpu = fb.extend_seq_lens_cpu or fb.extend_seq_lens.tolist()
+        extend_lens = fb.extend_seq_lens
+        if extend_lens is None:
+            extend_lens = torch.tensor(extend_lens_cpu, dtype=torch.int64, device=device)
+        prefix_lens = fb.extend_prefix_lens
+        if prefix_lens is None:
+            prefix_lens = fb.seq_lens - extend_lens
+        bs = fb.batch_size
+        qo_start = self.buffers["qo_start"][: bs + 1]
+        qo_start[0] = 0
+        qo_start[1:].copy_(torch.cumsum(extend_lens, 0))
+        self.forward_metadata = TritonMetadata(qo_start, prefix_lens, extend_lens, max(extend_lens_cpu))
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
+                                                 seq_lens_cpu: Sequence[int]) -> None:
+        """Decode of graph batch bs (<= the planned graph batch): the kernels read req_pool_indices and seq_lens from
+        the graph's input tensors at replay, so nothing is planned per batch; the grid launches every split (a
+        captured grid cannot follow the batch's lengths) and the partials go to the planned cuda_graph_* buffers."""
+        if not 1 <= bs <= self.inputs.graph_bs:
+            raise ValueError(f"triton: graph batch {bs} is outside the planned 1..{self.inputs.graph_bs}")
+        self.forward_metadata = TritonMetadata(cuda_graph=True)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
+                                                seq_lens_cpu: Sequence[int]) -> None:
+        self.forward_metadata = TritonMetadata(cuda_graph=True)
+
+    # ------------------------------------------------------------------ per layer
+    def _pool(self, layer):
+        pool = self.token_to_kv_pool
+        return pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        md = self.forward_metadata
+        k_pool, v_pool = self._pool(layer)
+        o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
+        self.ops.extend_attention_fwd(
+            q, k, v, o, k_pool, v_pool, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
+        )
+        return o.view(q.shape[0], -1)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; the new token's K/V must be in the pool before attending
+        if save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        md = self.forward_metadata
+        k_pool, v_pool = self._pool(layer)
+        o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
+        prefix = "cuda_graph_" if md.cuda_graph else ""
+        self.ops.decode_attention_fwd(
+            q, k_pool, v_pool, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
+            layer.scaling, max_seq_len=md.max_seq_len,
+        )
+        return o.view(q.shape[0], -1)
+
+
+BACKEND_CLASS = TritonAttnBackend

@@ -1,0 +1,90 @@
+"""Pure ASGI middlewares of the HTTP server (no response buffering, so streaming and disconnect detection work).
+
+    APIKeyMiddleware         401 unless 'Authorization: Bearer <api-key>'; only AUTH_EXEMPT_PATHS are open
+    RequestBodyLimitMiddleware  413 for a body over --max-request-body-mb, by its Content-Length or, for chunked
+                             bodies, as soon as the bytes received pass the limit; nothing past the limit is read
+
+Order (outermost first): API key, then body limit, so an unauthenticated client cannot make the server read a body.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import List
+
+import orjson
+
+from sglang.srt.entrypoints.openai.errors import error_body
+
+# reachable without the API key, matched exactly: load balancers and Prometheus scrapers carry no credentials.
+# /health_generate runs a generation, so it is not among them.
+AUTH_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
+
+
+async def send_error(send, status_code: int, message: str, code=None, param=None) -> None:
+    body = orjson.dumps(error_body(status_code, message, param=param, code=code))
+    await send({"type": "http.response.start", "status": status_code,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class APIKeyMiddleware:
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in AUTH_EXEMPT_PATHS:
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            return await send_error(
+                send, 401, "Incorrect API key provided. Send it as 'Authorization: Bearer <api-key>'.",
+                code="invalid_api_key",
+            )
+        return await self.app(scope, receive, send)
+
+
+class RequestBodyLimitMiddleware:
+    """Reads the whole body first (every route parses all of it anyway), counting bytes, then replays its chunks."""
+
+    def __init__(self, app, max_body_mb: float):
+        self.app = app
+        self.max_body_mb = max_body_mb
+        self.max_body_bytes = int(max_body_mb * (1 << 20))
+
+    def too_large(self, size_bytes: int, exact: bool) -> str:
+        size = f"{size_bytes / (1 << 20):.1f} MiB" if exact else f"more than {self.max_body_mb:g} MiB"
+        return (f"The request body is {size}; this server accepts at most {self.max_body_mb:g} MiB "
+                "(--max-request-body-mb). Send a smaller request, or raise --max-request-body-mb.")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await send_error(send, 413, self.too_large(int(declared), exact=True), code="request_too_large")
+        chunks: List[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_body_bytes:
+                return await send_error(send, 413, self.too_large(received, exact=False), code="request_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        pending = iter(range(len(chunks)))
+
+        async def replay():
+            # the chunks as they came (joining them here would add a copy: Starlette joins them again)
+            i = next(pending, None)
+            if i is None:
+                return await receive()  # after the body: http.disconnect, for disconnect detection
+            chunk, chunks[i] = chunks[i], b""  # handed over: the app owns it now
+            return {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+
+        return await self.app(scope, replay, send)

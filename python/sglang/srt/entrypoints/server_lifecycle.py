@@ -1,0 +1,131 @@
+"""The server's processes: start the scheduler process and wait for it, run uvicorn while watching it, stop it.
+
+Exit status (launch_server): 0 after SIGINT/SIGTERM; 1 when startup fails or a fatal error stops the server (the
+scheduler process died or reported a crash, the output loop failed), so a supervisor that restarts on failure
+restarts it. In-flight requests get an error (a 500 body, or an error event then [DONE] on a stream) first.
+The scheduler process never outlives this one (PR_SET_PDEATHSIG + a parent watchdog in scheduler_process.py), and
+the IPC directory of a server killed without cleanup is removed by the next start (PortArgs.init_new).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import socket
+import time
+
+from sglang.srt.managers.port_args import PortArgs
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_STARTUP_TIMEOUT_S = 600.0
+SCHEDULER_STOP_TIMEOUT_S = 5.0
+# how long uvicorn waits for open connections at a stop; with the scheduler's watch interval this keeps a fatal
+# stop well under 5 s (in-flight requests are failed at once, so their connections close quickly)
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 3.0
+SCHEDULER_WATCH_INTERVAL_S = 0.2
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise SystemExit(f"Cannot bind {host}:{port} ({e.strerror}); pick another port with --port.") from None
+
+
+def launch_scheduler_process(server_args: ServerArgs, port_args: PortArgs):
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+
+    ctx = mp.get_context("spawn")  # never fork a process that may hold threads, sockets or a torch runtime
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=run_scheduler_process, args=(server_args, port_args, writer, os.getpid()), name="sglang-scheduler",
+        daemon=True,
+    )
+    proc.start()
+    writer.close()
+    return proc, reader
+
+
+def wait_for_scheduler(proc, reader, timeout_s: float = SCHEDULER_STARTUP_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if reader.poll(0.2):
+            try:
+                info = reader.recv()
+            except EOFError:
+                break
+            if info.get("status") != "ready":
+                raise RuntimeError(f"The scheduler failed to start: {info.get('message')}")
+            return info
+        if not proc.is_alive():
+            break
+    raise RuntimeError(f"The scheduler process exited during startup (exit code {proc.exitcode}); see its log above.")
+
+
+def stop_process(proc) -> None:
+    if proc is None or not proc.is_alive():
+        return
+    proc.terminate()
+    proc.join(SCHEDULER_STOP_TIMEOUT_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(SCHEDULER_STOP_TIMEOUT_S)
+
+
+async def serve(app, tm: TokenizerManager, proc, server_args: ServerArgs, started: float) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=server_args.host,
+        port=server_args.port,
+        log_level=server_args.log_level,
+        access_log=server_args.log_level == "debug",
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    )
+    server = uvicorn.Server(config)
+
+    def stop():
+        server.should_exit = True
+
+    tm.on_fatal = stop
+
+    async def watch():
+        while True:
+            if server.should_exit:
+                # end in-flight streams now (finish_reason "abort", then [DONE]) rather than at the graceful timeout
+                tm.is_shutting_down = True
+                tm.abort_all()
+                return
+            if not proc.is_alive():
+                tm.scheduler_died(f"the scheduler process exited with code {proc.exitcode}")
+                return
+            await asyncio.sleep(SCHEDULER_WATCH_INTERVAL_S)
+
+    async def announce():
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.05)
+        if server.started:
+            url = f"http://{server_args.host}:{server_args.port}"
+            print(f"SGLang server ready at {url} (model: {tm.served_model_name}, "
+                  f"startup {time.perf_counter() - started:.1f} s)", flush=True)
+
+    watcher = asyncio.ensure_future(watch())
+    announcer = asyncio.ensure_future(announce())
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+        announcer.cancel()
+
+
+def raise_system_exit(signum, frame):
+    raise SystemExit(0)

@@ -1,0 +1,161 @@
+"""Split-KV paged decode attention: one query token per request against its whole sequence in the KV pool.
+
+Two kernels per layer:
+  1. `_decode_split_kernel`, grid (B, KV heads, num_kv_splits): the program for (b, kv head g, split s) takes the
+     G = H_q / KV query heads that share KV head g as the rows of one tile (so GQA reads each K/V token once per
+     group) and attends over the token range of split s. Request b uses k_b = min(num_kv_splits,
+     ceil(seq_len / tiles.decode_min_split_tokens)) splits of L = ceil(seq_len / k_b) tokens each: split s covers tokens
+     [s * L, min((s + 1) * L, seq_len)); programs of splits s >= k_b (short sequences) return at once. Token t of
+     request b lives in pool slot req_to_token[req_pool_indices[b], t] (any page size: the table holds one slot per
+     token). A split writes its normalised partial output to partial_out[b, h, s, :] and its log-sum-exp to
+     lse[b, h, s].
+  2. `_decode_merge_kernel`, grid (B,): merges the k_b splits of every head of request b by their log-sum-exp
+     weights (recomputing the same split ranges) and writes o[b, :, :] in the output dtype.
+
+partial_out fp32 [R, H_q, num_kv_splits, Dv] and lse fp32 [R, H_q, num_kv_splits] (R >= B) are the backend's planned
+workspace (mem_plan/backends.py, "attn_logits"/"attn_lse"): passed in, never allocated here.
+
+The kernels avoid calling @triton.jit helpers (tl.cdiv included): under the CPU interpreter every such call costs
+milliseconds, and the program counts above already dominate its run time.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
+
+
+@lazy_jit
+def _decode_split_kernel(
+    Q, K_pool, V_pool, Req_to_token, Req_pool_indices, Seq_lens, Partial_out, Lse, sm_scale,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    MIN_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
+
+    seq_len = tl.load(Seq_lens + b).to(tl.int64)
+    num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
+    split_len = (seq_len + num_splits - 1) // num_splits
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    if (split < num_splits) & (end > start):
+        row = tl.load(Req_pool_indices + b).to(tl.int64)
+        offs_g = tl.arange(0, BLOCK_H)
+        mask_g = offs_g < GROUP
+        heads = kv_head * GROUP + offs_g  # the query heads of this KV head (rows past GROUP are padding)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_d = offs_d < HEAD_DIM
+        mask_dv = offs_dv < V_DIM
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_g[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(K_pool + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [BLOCK_D, BLOCK_N]
+            qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [BLOCK_H, BLOCK_N] fp32
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_pool + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
+                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+        out_ptrs = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_dv[None, :]
+        tl.store(out_ptrs, acc / l_i[:, None], mask=mask_g[:, None] & mask_dv[None, :])
+        tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_g)
+
+
+@lazy_jit
+def _decode_merge_kernel(
+    Partial_out, Lse, Seq_lens, O,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    seq_len = tl.load(Seq_lens + b).to(tl.int64)
+    num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
+    split_len = (seq_len + num_splits - 1) // num_splits
+    offs_h = tl.arange(0, BLOCK_HQ)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_h = offs_h < NUM_HEADS
+    mask = mask_h[:, None] & (offs_dv < V_DIM)[None, :]
+
+    m_run = tl.full([BLOCK_HQ], float("-inf"), tl.float32)
+    weight_sum = tl.zeros([BLOCK_HQ], tl.float32)
+    acc = tl.zeros([BLOCK_HQ, BLOCK_DV], tl.float32)
+    for split in range(0, num_splits):
+        if split * split_len < seq_len:
+            lse = tl.load(Lse + b * stride_lb + offs_h * stride_lh + split, mask=mask_h, other=0.0)
+            part = tl.load(Partial_out + b * stride_pb + offs_h[:, None] * stride_ph + split * stride_ps
+                           + offs_dv[None, :], mask=mask, other=0.0)
+            m_new = tl.maximum(m_run, lse)
+            rescale = tl.exp(m_run - m_new)
+            w = tl.exp(lse - m_new)
+            acc = acc * rescale[:, None] + w[:, None] * part
+            weight_sum = weight_sum * rescale + w
+            m_run = m_new
+    tl.store(O + b * stride_ob + offs_h[:, None] * stride_oh + offs_dv[None, :],
+             (acc / weight_sum[:, None]).to(O.dtype.element_ty), mask=mask)
+
+
+def decode_attention_fwd(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, o: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, partial_out: torch.Tensor, lse: torch.Tensor,
+    sm_scale: float, tiles: AttentionTiles | None = None, max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """o[b, h] = softmax(q[b, h] . K_b^T * sm_scale) V_b over the first seq_lens[b] tokens of request b.
+
+    q [B, H_q, D]; k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of the pool); o [B, H_q, Dv] (written);
+    req_to_token [rows, max_ctx]; req_pool_indices, seq_lens [B] (every seq_len >= 1);
+    partial_out fp32 [>= B, H_q, splits, Dv], lse fp32 [>= B, H_q, splits] (splits = partial_out.shape[2]).
+    max_seq_len: max(seq_lens) when the host knows it (eager decode): the grid then has only the splits the longest
+    request uses. None (CUDA graphs: a fixed grid) launches all splits; the unused ones return at once.
+    """
+    bs, num_q_heads, head_dim = q.shape
+    num_kv_heads, v_dim = k_pool.shape[1], v_pool.shape[2]
+    num_splits = partial_out.shape[2]
+    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
+    assert partial_out.shape[0] >= bs and partial_out.shape[1] == num_q_heads and partial_out.shape[3] == v_dim, (
+        f"split-KV workspace {tuple(partial_out.shape)} does not fit batch {bs} x {num_q_heads} heads x {v_dim}")
+    assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and q.stride(2) == 1 and o.stride(2) == 1
+    tiles = tiles or default_tiles()
+    group = num_q_heads // num_kv_heads
+    block_dv = dot_tile(v_dim)
+    grid_splits = num_splits
+    if max_seq_len is not None:
+        grid_splits = max(1, min(num_splits, triton.cdiv(max_seq_len, tiles.decode_min_split_tokens)))
+    _decode_split_kernel[(bs, num_kv_heads, grid_splits)](
+        q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, partial_out, lse, sm_scale,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        req_to_token.stride(0), partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
+        BLOCK_H=max(MIN_DOT_TILE, triton.next_power_of_2(group)), BLOCK_D=dot_tile(head_dim), BLOCK_DV=block_dv,
+        BLOCK_N=tiles.decode_block_n,
+    )
+    _decode_merge_kernel[(bs,)](
+        partial_out, lse, seq_lens, o,
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
+        o.stride(0), o.stride(1),
+        NUM_HEADS=num_q_heads, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_DV=block_dv,
+    )
+    return o

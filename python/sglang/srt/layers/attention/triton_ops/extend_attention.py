@@ -1,0 +1,132 @@
+"""Paged extend (prefill) attention: new tokens attend to their request's cached prefix and, causally, to each other.
+
+Grid (B, KV heads, ceil(max_extend_len / BLOCK_M)); the program for (b, kv head g, m) handles new tokens
+[m * BLOCK_M, (m + 1) * BLOCK_M) of request b for all G = H_q / KV query heads that share KV head g (GQA): its
+BLOCK_M * BLOCK_G query rows are (token i, head) pairs, row r = token r // BLOCK_G, head g * G + r % BLOCK_G (rows
+of padding heads, r % BLOCK_G >= G, and of tokens past extend_len are computed on zeros and never stored), so each
+K/V block is read once per group. Programs whose first token is past extend_len return at once. One online
+softmax runs over:
+  1. the cached prefix, tokens [0, prefix_len) of the sequence, read from the pool through
+     req_to_token[req_pool_indices[b], t] (any page size: the table holds one slot per token) -- no mask;
+  2. the new tokens themselves, read from the contiguous k/v of this forward, rows qo_start[b] + j, with the causal
+     mask j <= i (new token i sits at sequence position prefix_len + i).
+q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
+the extend lengths. The softmax step is written out twice rather than called as a @triton.jit helper: under the CPU
+interpreter every helper call costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.tiles import AttentionTiles, default_tiles, dot_tile
+
+
+@lazy_jit
+def _extend_kernel(
+    Q, K_new, V_new, O, K_pool, V_pool, Req_to_token, Req_pool_indices, Qo_start, Extend_lens, Prefix_lens, sm_scale,
+    stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    m_block = tl.program_id(2).to(tl.int64)
+
+    extend_len = tl.load(Extend_lens + b).to(tl.int64)
+    if m_block * BLOCK_M < extend_len:
+        qo_start = tl.load(Qo_start + b).to(tl.int64)
+        prefix_len = tl.load(Prefix_lens + b).to(tl.int64)
+        row = tl.load(Req_pool_indices + b).to(tl.int64)
+
+        rows = tl.arange(0, BLOCK_M * BLOCK_G)
+        tok = m_block * BLOCK_M + rows // BLOCK_G  # new-token index within the request
+        g = rows % BLOCK_G
+        heads = kv_head * GROUP + g
+        mask_r = (tok < extend_len) & (g < GROUP)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_d = offs_d < HEAD_DIM
+        mask_dv = offs_dv < V_DIM
+        q = tl.load(Q + (qo_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)  # [ROWS, BLOCK_D]
+        m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_DV], tl.float32)
+
+        # 1. the cached prefix, through req_to_token
+        for n0 in range(0, prefix_len, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < prefix_len
+            slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+            k = tl.load(K_pool + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [BLOCK_D, BLOCK_N]
+            qk = tl.dot(q, k, input_precision="ieee") * sm_scale
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_pool + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
+                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+
+        # 2. the new tokens, causally: keys up to the last token of this block
+        keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
+        for n0 in range(0, keys_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < keys_end
+            k = tl.load(K_new + (qo_start + offs_n)[None, :] * stride_knt + kv_head * stride_knh + offs_d[:, None],
+                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
+            qk = tl.dot(q, k, input_precision="ieee") * sm_scale
+            qk = tl.where((tok[:, None] >= offs_n[None, :]) & mask_n[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_new + (qo_start + offs_n)[:, None] * stride_vnt + kv_head * stride_vnh + offs_dv[None, :],
+                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+
+        tl.store(O + (qo_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_dv[None, :],
+                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_r[:, None] & mask_dv[None, :])
+
+
+def extend_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, qo_start: torch.Tensor, extend_lens: torch.Tensor,
+    prefix_lens: torch.Tensor, max_extend_len: int, sm_scale: float, tiles: AttentionTiles | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens over [cached prefix, new tokens] for every request of the batch.
+
+    q [N, H_q, D], k [N, KV, D], v [N, KV, Dv] (the new tokens, requests concatenated); o [N, H_q, Dv] (written);
+    k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer); req_to_token [rows, max_ctx]; req_pool_indices, qo_start,
+    extend_lens, prefix_lens [B]; max_extend_len = max(extend_lens) (sizes the grid).
+    """
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, v_dim = k.shape[1], v.shape[2]
+    assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
+    assert all(t.stride(-1) == 1 for t in (q, k, v, o, k_pool, v_pool))
+    bs = req_pool_indices.shape[0]
+    if bs == 0 or max_extend_len == 0:
+        return o
+    tiles = tiles or default_tiles()
+    group = num_q_heads // num_kv_heads
+    block_g = triton.next_power_of_2(group)
+    block_m = max(1, tiles.extend_rows // block_g)  # tokens per program; rows = block_m * block_g >= 16 for tl.dot
+    grid = (bs, num_kv_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k, v, o, k_pool, v_pool, req_to_token, req_pool_indices, qo_start, extend_lens, prefix_lens, sm_scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_N=tiles.extend_block_n,
+        BLOCK_D=dot_tile(head_dim), BLOCK_DV=dot_tile(v_dim),
+    )
+    return o

@@ -1,0 +1,65 @@
+"""Fault confinement: an exception inside a scheduler step fails only the requests it concerns.
+
+Steps of a batch, and what a fault in each one does (batch_runner.py applies this):
+    prefill / decode (the forward), sample     non-OOM: a batch of several requests is split in halves and each half
+                                               retried, so a request-specific fault ends up failing that request alone;
+                                               a batch of one fails its request.
+                                               OOM: decode retracts part of the batch (decode_memory.py) and retries
+                                               the rest; prefill splits the batch, then halves a lone request's chunk;
+                                               only a request that does not fit even alone fails.
+    detokenize                                 fails the one request.
+    preparing a batch (admission, allocation)  fails the requests the batch had taken in.
+Retrying is safe because a forward writes KV only into the slots allocated for its new tokens (the same slots on a
+retry) and kv_len advances only after forward and sampling both succeeded.
+A failed request finishes with {"type": "abort", "message": "The <step> step failed: ...", "status_code": 500}; its
+KV and request slot are freed without caching. After a fault the scheduler checks its memory invariants and, if they
+do not hold, rebuilds the free lists from the requests and the prefix cache; if they still do not hold it raises
+SchedulerStateCorrupt, the only exception that leaves Scheduler.step().
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FAULT_STATUS_CODE = 500
+
+
+class StepFault(Exception):
+    """An exception raised in a named step of a batch (the original is `cause`)."""
+
+    def __init__(self, step: str, cause: BaseException):
+        super().__init__(f"{step}: {type(cause).__name__}: {cause}")
+        self.step = step
+        self.cause = cause
+
+
+class SchedulerStateCorrupt(RuntimeError):
+    """The KV / request-slot bookkeeping is inconsistent and could not be repaired: the scheduler must stop."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+
+
+@contextmanager
+def step_phase(step: str):
+    """Tag any exception raised inside with the step it happened in."""
+    try:
+        yield
+    except StepFault:
+        raise
+    except Exception as e:  # noqa: BLE001 - every fault of a batch is confined, whatever its type
+        raise StepFault(step, e) from e
+
+
+def fault_message(step: str, cause: BaseException) -> str:
+    return f"The {step} step failed for this request: {type(cause).__name__}: {cause}"
+
+
+def log_fault(what: str, cause: BaseException) -> None:
+    logger.error("%s: %s: %s", what, type(cause).__name__, cause, exc_info=(type(cause), cause, cause.__traceback__))

@@ -1,0 +1,125 @@
+"""KV memory of requests: prefix matching, slot allocation, release, and the integrity invariant.
+
+Every KV page is in exactly one of three places:
+    the allocator's free list | owned by an unfinished request (slots [prefix_len, alloc_len) of its row) |
+    the radix cache (locked by requests that borrow it, or evictable)
+check_integrity() asserts free + owned + cached == total for KV pages, and free + held == total for request slots.
+rebuild_free_lists() is the repair after a fault: it recomputes both free lists from the holders and the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+
+class ReqMemory:
+    def __init__(self, req_to_token_pool, allocator, tree_cache: Optional[RadixCache], page_size: int):
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.page_size = page_size
+
+    # ------------------------------------------------------------------ sizes
+    def evictable_tokens(self) -> int:
+        return self.tree_cache.evictable_size() if self.tree_cache is not None else 0
+
+    def used_tokens(self) -> int:
+        """Tokens held by requests (free and evictable cache excluded)."""
+        return self.allocator.size - self.allocator.available_size() - self.evictable_tokens()
+
+    # ------------------------------------------------------------------ admission
+    def match_prefix(self, req: Req) -> Tuple[List[int], object]:
+        if self.tree_cache is None:
+            return [], None
+        # keep at least one token to compute: the logits of the last prompt token are needed
+        return self.tree_cache.match_prefix(req.fill_ids[: req.fill_len - 1])
+
+    def admit(self, req: Req, prefix_slots: List[int], node) -> None:
+        """Give the request a row, borrowing (and locking) the cached prefix."""
+        req.prefix_len = len(prefix_slots)
+        req.last_node = node
+        if node is not None:
+            self.tree_cache.inc_lock_ref(node)
+        req.req_pool_idx = self.req_to_token_pool.alloc()
+        if prefix_slots:
+            self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(prefix_slots)] = torch.tensor(prefix_slots)
+        req.kv_len = req.alloc_len = len(prefix_slots)
+
+    def alloc(self, req: Req, num_new: int) -> Optional[List[int]]:
+        """Slots for tokens [alloc_len, alloc_len + num_new), recorded in the request's row (evicting cached
+        prefixes if needed); None, allocating nothing, if they do not fit."""
+        # the slot of the request's last token matters only when its last page may have room (page_size > 1)
+        cur = req.alloc_len
+        last = 0
+        if self.page_size > 1 and cur:
+            last = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, cur - 1])
+        slots = self.allocator.alloc(cur, last, num_new)
+        if slots is None and self.tree_cache is not None:
+            need = self.allocator.pages_needed(cur, num_new) * self.page_size
+            self.tree_cache.evict(need - self.allocator.available_size())
+            slots = self.allocator.alloc(cur, last, num_new)
+        if slots is None:
+            return None
+        self.req_to_token_pool.req_to_token[req.req_pool_idx, cur : cur + num_new] = torch.tensor(slots)
+        req.alloc_len = cur + num_new
+        return slots
+
+    # ------------------------------------------------------------------ release
+    def release(self, req: Req, cache: bool) -> None:
+        """Give back a request's KV slots and row; with cache=True its computed tokens enter the prefix cache.
+        Slots allocated for tokens never computed (kv_len..alloc_len) are always freed."""
+        if req.req_pool_idx is None:
+            return
+        ps = self.page_size
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.alloc_len].tolist()
+        if cache and self.tree_cache is not None:
+            aligned = req.kv_len // ps * ps
+            n_cached = self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned])
+            self.allocator.free(slots[req.prefix_len : n_cached])  # our duplicates of already cached pages
+            self.allocator.free(slots[aligned:])  # the partly filled last page and uncomputed slots
+        else:
+            self.allocator.free(slots[req.prefix_len :])
+        if req.last_node is not None:
+            self.tree_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.reset_memory_state()
+
+    def flush(self) -> None:
+        if self.tree_cache is not None:
+            self.tree_cache.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()
+
+    # ------------------------------------------------------------------ invariants
+    def _owned_pages(self, req: Req) -> int:
+        ps = self.page_size
+        return -(-req.alloc_len // ps) - req.prefix_len // ps
+
+    def check_integrity(self, holders: List[Req]) -> None:
+        """free + held by requests + cached == total, for KV pages and for request slots (AssertionError if not)."""
+        in_use = sum(self._owned_pages(r) for r in holders)
+        if self.tree_cache is not None:
+            self.tree_cache.check_integrity()
+            in_use += self.tree_cache.total_size() // self.page_size
+        self.allocator.check_integrity(in_use)
+        self.req_to_token_pool.check_integrity(len(holders))
+
+    def rebuild_free_lists(self, holders: Iterable[Req]) -> None:
+        """Repair: every page neither owned by a holder nor cached is free; every row not held is free."""
+        ps = self.page_size
+        used_pages = set()
+        rows = set()
+        r2t = self.req_to_token_pool.req_to_token
+        for r in holders:
+            rows.add(r.req_pool_idx)
+            used_pages.update(s // ps for s in r2t[r.req_pool_idx, r.prefix_len : r.alloc_len].tolist())
+        if self.tree_cache is not None:
+            used_pages.update(s // ps for s in self.tree_cache.all_slots())
+        self.allocator.free_pages = [p for p in range(self.allocator.num_pages, 0, -1) if p not in used_pages]
+        pool = self.req_to_token_pool
+        pool.free_slots = [s for s in range(1, pool.size + 1) if s not in rows]

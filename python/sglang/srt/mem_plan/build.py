@@ -1,0 +1,193 @@
+"""build_plan_inputs(): ServerArgs + model + device + measured terms -> PlanInputs. The one place both the model
+runner (model_runner_kv_cache_mixin.py) and `sglang plan` (cli/plan.py) turn flags into plan inputs.
+
+What differs between the two is only where the hardware facts and the measured terms come from:
+    server      DeviceFacts from the device (measure.py); MeasuredTerms measured (weights, activation peak, encoder)
+    sglang plan DeviceFacts from a GPU preset or `--device cpu [--total-memory-gb]`; MeasuredTerms from the declared
+                formulas (formula_terms) or `--measured TERM=BYTES`
+Every other input -- KV cell, request slots, chunk, graph batch, backend buffers, sampler rows, req_to_token, the
+budget cap -- is resolved here from the same flags by the same code. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs, workspace_spec
+from sglang.srt.mem_plan.budget import CPU_DEFAULT_AVAILABLE_SHARE, cpu_default_cap_bytes
+from sglang.srt.mem_plan.dtypes import dtype_bytes
+from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
+from sglang.srt.mem_plan.inputs import PlanInputs
+from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
+from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_ELEM_BYTES, sampler_bytes_per_slot
+from sglang.srt.mem_plan.tiers import tier_defaults
+from sglang.srt.mem_plan.units import GiB, MiB
+
+logger = logging.getLogger(__name__)
+
+# Default chunked-prefill size on CPU: large enough that one chunk keeps the cores busy, small enough that the
+# profile forward and the attention scores of one chunk stay in the hundreds of MiB for small models.
+CPU_DEFAULT_CHUNKED_PREFILL_SIZE = 2048
+# Request slots on CPU when --max-running-requests is unset. Upstream's rule (2048-4096 slots) is sized for GPUs; on
+# CPU every slot costs a sampler row of vocab entries (~1.2 MiB for a 49k vocabulary), so 4096 slots would take GiBs
+# of the budget from the KV pool for a batch no CPU decodes efficiently. GPUs keep upstream's rule.
+CPU_DEFAULT_MAX_RUNNING_REQUESTS = 256
+# Declared CUDA-graph term for the dry run: upstream's reserve of 2 MiB per captured decode batch size.
+CUDA_GRAPH_BYTES_PER_BS = 2 * MiB
+MEASURED_TERMS = ("weights", "activations", "cuda_graphs", "encoder")
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the plan needs to know about the device (measured by the server, a preset for `sglang plan`)."""
+
+    kind: str  # "cpu" or "cuda"
+    pre_load_free_bytes: int  # free (CPU: available) memory before weights load, MIN over ranks
+    total_bytes: Optional[int] = None  # memory.total (picks upstream's GPU tier defaults)
+    fused_cpu_decode: bool = False  # the fused CPU decode kernel serves this model (torch_native needs no gather)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model as the plan sees it: config.json geometry + resolved context length and dtypes."""
+
+    shape: ModelShape
+    context_len: int
+    dtype: str  # canonical weight dtype (mem_plan/dtypes.py)
+    kv_cache_dtype: str
+
+    @property
+    def has_encoder(self) -> bool:
+        return bool(self.shape.encoders)
+
+
+@dataclass(frozen=True)
+class MeasuredTerms:
+    """The terms the server measures and `sglang plan` computes by formula (or takes from --measured)."""
+
+    weight_bytes: int
+    activation_bytes: int
+    cuda_graph_bytes: int = 0
+    encoder_bytes: int = 0
+    sources: dict = field(default_factory=dict)  # term -> measured / formula / declared
+    encoder_detail: str = ""
+
+
+def resolve_chunked_prefill_size(sa, device: DeviceFacts, context_len: int) -> int:
+    size = sa.chunked_prefill_size
+    if size == -1:
+        return context_len  # chunking disabled: one prefill may be a whole context
+    if size is not None:
+        return size
+    if device.kind == "cpu":
+        return min(CPU_DEFAULT_CHUNKED_PREFILL_SIZE, context_len)
+    total_mib = device.total_bytes // MiB if device.total_bytes else None
+    return min(tier_defaults(total_mib, sa.tp_size)[0], context_len)
+
+
+def resolve_max_running_requests(sa, device: DeviceFacts) -> Optional[int]:
+    if sa.max_running_requests is not None or device.kind != "cpu":
+        return sa.max_running_requests
+    return CPU_DEFAULT_MAX_RUNNING_REQUESTS
+
+
+def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
+    if device.kind == "cpu" or sa.disable_cuda_graph:
+        return 0
+    if sa.cuda_graph_max_bs is not None:
+        return sa.cuda_graph_max_bs
+    total_mib = device.total_bytes // MiB if device.total_bytes else None
+    return tier_defaults(total_mib, sa.tp_size)[1]
+
+
+def resolve_cap(sa, device: DeviceFacts) -> tuple[Optional[int], str]:
+    """(cap_bytes, what set it): --max-total-memory-gb, else on CPU without --mem-fraction-static the default share
+    of available RAM (budget.CPU_DEFAULT_AVAILABLE_SHARE), else no cap."""
+    if sa.max_total_memory_gb:
+        return int(sa.max_total_memory_gb * GiB), "--max-total-memory-gb"
+    if device.kind == "cpu" and sa.mem_fraction_static is None:
+        return (cpu_default_cap_bytes(device.pre_load_free_bytes),
+                f"the CPU default ({CPU_DEFAULT_AVAILABLE_SHARE:.0%} of available RAM)")
+    return None, "none"
+
+
+def attention_shape(sa, model: ModelFacts) -> AttentionShape:
+    return model.shape.attention_shape(model.context_len, sa.tp_size, num_kv_splits=sa.triton_attention_num_kv_splits,
+                                       model_dtype_bytes=dtype_bytes(model.dtype),
+                                       kv_dtype_bytes=dtype_bytes(model.kv_cache_dtype))
+
+
+def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cuda_graph_max_bs: int) -> BackendInputs:
+    """The inputs the attention backend is built with -- and, at R = G = 0, what its declared workspace is fitted
+    from. The runner passes the plan's slot count and graph batch size."""
+    return BackendInputs(attention_shape(sa, model), num_reqs, cuda_graph_max_bs,
+                         max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
+                         fused_cpu_decode=device.fused_cpu_decode)
+
+
+def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
+    """The dry run's stand-ins for the measured terms (declared formulas in model_shapes.py / encoder.py)."""
+    shape, tp = model.shape, sa.tp_size
+    chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
+    if sa.encoder_mem_reserve is not None:
+        encoder = encoder_reservation_bytes(None, 1, sa.encoder_mem_reserve)
+        detail = "--encoder-mem-reserve"
+    else:
+        encoder = sum(encoder_reservation_bytes(e, sa.encoder_batch_size) for e in shape.encoders)
+        detail = "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {sa.encoder_batch_size}"
+                           for e in shape.encoders)
+    return MeasuredTerms(
+        weight_bytes=shape.weight_bytes(tp, model.dtype) + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0),
+        activation_bytes=shape.activation_bytes(chunk, tp, model.dtype, device.kind),
+        cuda_graph_bytes=resolve_cuda_graph_max_bs(sa, device) * CUDA_GRAPH_BYTES_PER_BS,
+        encoder_bytes=encoder,
+        sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula", "encoder": "declared"},
+        encoder_detail=detail,
+    )
+
+
+def mm_cache_bytes(sa, model: ModelFacts) -> int:
+    """The image-embedding cache term: --mm-embedding-cache-mb for models with encoders."""
+    return sa.mm_embedding_cache_mb * MiB if model.has_encoder else 0
+
+
+def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: MeasuredTerms,
+                      mm_embedding_cache_bytes: Optional[int] = None) -> PlanInputs:
+    """PlanInputs for this ServerArgs on this device with these measured terms (see the module docstring)."""
+    cap_bytes, cap_source = resolve_cap(sa, device)
+    graph_bs = resolve_cuda_graph_max_bs(sa, device)
+    cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
+    return PlanInputs(
+        pre_load_free_bytes=device.pre_load_free_bytes,
+        device_total_bytes=device.total_bytes,
+        weight_bytes=measured.weight_bytes,
+        kv_cell_bytes=cell.cell_bytes,
+        context_len=model.context_len,
+        page_size=sa.page_size,
+        mem_fraction_static=sa.mem_fraction_static,
+        max_running_requests=resolve_max_running_requests(sa, device),
+        max_total_tokens=sa.max_total_tokens,
+        cap_bytes=cap_bytes,
+        cap_source=cap_source,
+        chunked_prefill_size=resolve_chunked_prefill_size(sa, device, model.context_len),
+        activation_bytes=measured.activation_bytes,
+        workspace=workspace_spec(sa.attention_backend or "torch_native", backend_inputs(sa, model, device, 0, 0)),
+        logits_per_req_bytes=sampler_bytes_per_slot(model.shape.text.vocab_size),
+        req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,
+        cuda_graph_bytes=measured.cuda_graph_bytes,
+        cuda_graph_max_bs=graph_bs,
+        encoder_bytes=measured.encoder_bytes,
+        encoder_detail=measured.encoder_detail,
+        mm_cache_bytes=mm_cache_bytes(sa, model) if mm_embedding_cache_bytes is None else mm_embedding_cache_bytes,
+        tp_size=sa.tp_size,
+        sources=dict(measured.sources),
+    )
+
+
+def log_cap_rule(inputs: PlanInputs) -> None:
+    if inputs.cap_bytes is not None and inputs.cap_source != "--max-total-memory-gb":
+        logger.info("Memory budget: %s = %.2f GiB of %.2f GiB available; --max-total-memory-gb or "
+                    "--mem-fraction-static override it.", inputs.cap_source, inputs.cap_bytes / GiB,
+                    inputs.pre_load_free_bytes / GiB)

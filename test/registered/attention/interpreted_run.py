@@ -1,0 +1,92 @@
+"""Runs Triton work in a fresh process with TRITON_INTERPRET=1, for the CPU tests of the Triton backend.
+
+triton fixes the interpreter mode of its own library (tl.max, tl.sum, ...) when it is first imported, and in a test
+process something else (transformers, another test) may already have imported it without the variable. So the
+interpreted work runs in a child process whose environment has TRITON_INTERPRET=1 from the start; it prints one
+JSON line that the test reads. Not a test file (run_suite collects test_*.py only).
+
+    python interpreted_run.py kernels            -> {case: max abs error}
+    python interpreted_run.py engine '<json>'    -> run_engine(**json)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULT_PREFIX = "RESULT_JSON:"
+
+
+def run_in_interpreter(*args: str, timeout_s: float = 600) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "interpreted_run.py"), *args], env=env,
+                         capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if out.returncode != 0 or not lines:
+        raise AssertionError(f"interpreted run failed (rc {out.returncode}):\n{out.stdout[-3000:]}\n"
+                             f"{out.stderr[-5000:]}")
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def run_engine(model_path, backend, engine_kwargs, batches, max_new_tokens):
+    """Greedy outputs of each batch (one generate call each, in order) plus the engine's state afterwards."""
+    from sglang import Engine
+
+    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    t0 = time.perf_counter()
+    engine = Engine(model_path=model_path, dtype="float32", attention_backend=backend, log_level="warning",
+                    **engine_kwargs)
+    t1 = time.perf_counter()
+    try:
+        outputs = []
+        for batch in batches:
+            key = "input_ids" if isinstance(batch[0], list) else "prompt"
+            outs = engine.generate(**{key: batch}, sampling_params=sampling)
+            outputs.append([{"output_ids": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"]}
+                            for o in outs])
+        engine.scheduler.check_integrity()
+        return {"outputs": outputs, "num_retractions": engine.scheduler.num_retractions,
+                "startup_s": t1 - t0, "generate_s": time.perf_counter() - t1}
+    finally:
+        engine.shutdown()
+
+
+def kernel_errors() -> dict:
+    """Max abs error of every kernel case, keyed 'kind|tiles|dtype|page_size|case index', plus two runs with a wrong
+    softmax scale ('sensitivity|...') that must be far off."""
+    import torch
+    from triton_attention_cases import DECODE_CASES, EXTEND_CASES, run_decode, run_extend
+
+    from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
+    from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
+    from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES, INTERPRETER_TILES
+
+    assert interpreted()
+    use_single_threaded_blas()
+    errors = {}
+    for tiles_name, tiles in (("gpu", GPU_TILES), ("interpreter", INTERPRETER_TILES)):
+        for dtype in (torch.float32, torch.float16):
+            for page_size in (1, 16):
+                for i, c in enumerate(DECODE_CASES):
+                    errors[f"decode|{tiles_name}|{dtype}|{page_size}|{i}"] = run_decode(
+                        page_size=page_size, dtype=dtype, tiles=tiles, **c)
+                for i, c in enumerate(EXTEND_CASES):
+                    errors[f"extend|{tiles_name}|{dtype}|{page_size}|{i}"] = run_extend(
+                        page_size=page_size, dtype=dtype, tiles=tiles, **c)
+        c = dict(seq_lens=[9, 40], num_q_heads=4, num_kv_heads=1, head_dim=32, num_splits=2, v_dim=16)
+        errors[f"decode|{tiles_name}|{torch.float32}|16|v_dim"] = run_decode(page_size=16, dtype=torch.float32,
+                                                                              tiles=tiles, **c)
+    errors["sensitivity|decode"] = run_decode(page_size=1, dtype=torch.float32, scale_error=1.5, **DECODE_CASES[0])
+    errors["sensitivity|extend"] = run_extend(page_size=1, dtype=torch.float32, scale_error=1.5, **EXTEND_CASES[0])
+    return errors
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    if sys.argv[1] == "kernels":
+        result = kernel_errors()
+    else:
+        result = run_engine(**json.loads(sys.argv[2]))
+    print(RESULT_PREFIX + json.dumps(result), flush=True)

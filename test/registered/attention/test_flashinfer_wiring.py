@@ -1,0 +1,122 @@
+"""FlashInfer backend wiring on CPU, through a stand-in `flashinfer` module (sglang.test.attention_standins).
+
+This checks wiring, not numerics: the stand-in has the real wrappers' signatures (flashinfer-python 0.7.2), checks
+what the kernels assume (int32 CSR arrays, NHD paged cache [pages, page_size, KV, D], fp16/bf16, fixed CUDA-graph
+buffers), and computes attention with torch from the page table it is handed. Comparing that with torch_native over
+the same pools catches a wrong page table (indptr / indices / last-page lengths), a wrong causal alignment or a
+wrong pool view; the planned workspaces must be the objects the library gets, and a step allocates nothing large.
+"""
+
+import unittest
+
+import torch
+
+from sglang.srt.mem_plan.backends import FLASHINFER_INT_WORKSPACE_BYTES
+from sglang.test.attention_harness import BackendHarness, max_abs_diff
+from sglang.test.attention_standins import AllocationRecorder, install, make_flashinfer
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="cpu")
+
+BF16_TOL = 2e-2  # one or two bf16 ulps at |out| ~ 1; a wrong key set is off by O(0.1..1)
+STEP_ALLOC_LIMIT_BYTES = 64 * 1024  # index arrays of these tiny batches; the workspace is 384 MiB
+
+
+class TestFlashInferWiring(unittest.TestCase):
+    def run_steps(self, page_size, dtype=torch.bfloat16):
+        with install(make_flashinfer()) as fi:
+            h = BackendHarness("flashinfer", page_size=page_size, dtype=dtype)
+            rows = [h.new_request() for _ in range(3)]
+            steps = [[5, 17, 9], [3, 1, 8], [1, 1, 1], [1, 1, 1]]  # prefill, extend over a cached prefix, decode
+            for new_lens in steps:
+                fb = h.batch(rows, new_lens)
+                qkv = h.qkv(sum(new_lens))
+                with AllocationRecorder() as rec:
+                    got = h.run(h.backend, fb, qkv)
+                want = h.run(h.reference, fb, qkv)
+                with self.subTest(page_size=page_size, new_lens=new_lens):
+                    self.assertLess(max_abs_diff(got, want), BF16_TOL)
+                    self.assertLess(rec.largest_bytes, STEP_ALLOC_LIMIT_BYTES)
+            late = h.new_request()  # a request joining while the others hold long prefixes
+            got, want = h.step(rows + [late], [2, 4, 1, 11])
+            self.assertLess(max_abs_diff(got, want), BF16_TOL)
+        return h, fi.calls
+
+    def test_outputs_match_torch_native_page_sizes_1_4_16(self):
+        for page_size in (1, 4, 16):
+            self.run_steps(page_size)
+
+    def test_fp16(self):
+        self.run_steps(4, dtype=torch.float16)
+
+    def test_plan_once_per_forward_with_the_planned_buffers(self):
+        h, calls = self.run_steps(4)
+        b = h.backend.buffers
+        self.assertEqual(b["int_workspace"].numel(), FLASHINFER_INT_WORKSPACE_BYTES)
+        # both wrappers got the planned workspaces, the very same storage
+        for init in calls.named("prefill_init") + calls.named("decode_init"):
+            self.assertEqual(init["float_workspace_buffer"].data_ptr(), b["workspace"].data_ptr())
+        resets = calls.named("reset_workspace_buffer")
+        self.assertEqual(len(resets), 2)
+        for r in resets:
+            self.assertEqual(r["float_workspace_buffer"].data_ptr(), b["workspace"].data_ptr())
+            self.assertEqual(r["int_workspace_buffer"].data_ptr(), b["int_workspace"].data_ptr())
+        # one plan per forward (5 forwards: 3 extend, 2 decode), one run per layer per forward
+        self.assertEqual(len(calls.named("prefill_plan")), 3)
+        self.assertEqual(len(calls.named("decode_plan")), 2)
+        self.assertEqual(len(calls.named("prefill_run")), 3 * h.num_layers)
+        self.assertEqual(len(calls.named("decode_run")), 2 * h.num_layers)
+        for plan in calls.named("prefill_plan"):
+            self.assertTrue(plan["causal"])
+            self.assertEqual(plan["page_size"], 4)
+            self.assertEqual(plan["sm_scale"], h.head_dim ** -0.5)
+            self.assertEqual(plan["qo_indptr"].data_ptr(), b["qo_indptr"].data_ptr())  # a view of the plan's buffer
+            self.assertEqual(plan["paged_kv_indptr"].data_ptr(), b["kv_indptr_0"].data_ptr())
+        for plan in calls.named("decode_plan"):
+            self.assertEqual(plan["indptr"].data_ptr(), b["kv_indptr_0"].data_ptr())
+            self.assertEqual(plan["last_page_len"].data_ptr(), b["kv_last_page_len"].data_ptr())
+            self.assertEqual(plan["q_data_type"], torch.bfloat16)
+
+    def test_cuda_graph_decode_uses_the_planned_fixed_buffers(self):
+        with install(make_flashinfer()) as fi:
+            h = BackendHarness("flashinfer", page_size=4, graph_bs=2, num_reqs=4)
+            rows = [h.new_request() for _ in range(2)]
+            h.step(rows, [7, 13])
+            fb = h.batch(rows, [1, 1])
+            h.backend.init_forward_metadata_capture_cuda_graph(2, fb.req_pool_indices, fb.seq_lens_cpu)
+            init = fi.calls.named("decode_init")[-1]
+            b = h.backend.buffers
+            self.assertTrue(init["use_cuda_graph"])
+            self.assertEqual(init["paged_kv_indices_buffer"].data_ptr(), b["cuda_graph_kv_indices_0"].data_ptr())
+            self.assertEqual(init["paged_kv_indptr_buffer"].data_ptr(), b["kv_indptr_0"].data_ptr())
+            self.assertEqual(len(init["paged_kv_indptr_buffer"]), 3)
+            self.assertEqual(init["paged_kv_last_page_len_buffer"].data_ptr(), b["kv_last_page_len"].data_ptr())
+            qkv = h.qkv(2)
+            got = [h.backend.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(h.layers, qkv)]
+            self.assertLess(max_abs_diff(got, h.run(h.reference, fb, qkv)), BF16_TOL)
+            # replay: the same wrapper re-planned for longer sequences reads the same fixed buffers
+            fb2 = h.batch(rows, [1, 1])
+            h.backend.init_forward_metadata_replay_cuda_graph(2, fb2.req_pool_indices, fb2.seq_lens_cpu)
+            self.assertIs(fi.calls.named("decode_plan")[-1]["wrapper"], init["wrapper"])
+            qkv = h.qkv(2)
+            got = [h.backend.forward(q, k, v, layer, fb2) for layer, (q, k, v) in zip(h.layers, qkv)]
+            self.assertLess(max_abs_diff(got, h.run(h.reference, fb2, qkv)), BF16_TOL)
+            with self.assertRaisesRegex(ValueError, "graph batch 3"):
+                h.backend.init_forward_metadata_capture_cuda_graph(3, fb.req_pool_indices, fb.seq_lens_cpu)
+
+    def test_refuses_float32_and_foreign_scaling(self):
+        with install(make_flashinfer()):
+            with self.assertRaisesRegex(ValueError, "float16/bfloat16.*--dtype bfloat16"):
+                BackendHarness("flashinfer", dtype=torch.float32)
+            h = BackendHarness("flashinfer")
+            rows = [h.new_request()]
+            fb = h.batch(rows, [4])
+            h.backend.init_forward_metadata(fb)
+            q, k, v = h.qkv(4)[0]
+            h.layers[0].scaling = 0.5
+            with self.assertRaisesRegex(NotImplementedError, "scales by 0.5"):
+                h.backend.forward(q, k, v, h.layers[0], fb)
+
+
+if __name__ == "__main__":
+    unittest.main()
