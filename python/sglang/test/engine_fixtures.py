@@ -66,6 +66,14 @@ def make_random_qwen3(path: str, seed: int = 0) -> str:
     return path
 
 
+def assert_idle_and_intact(engine) -> None:
+    """Nothing queued, running or holding KV; free + held + cached == total for pages and request slots."""
+    s = engine.scheduler
+    s.check_integrity()
+    assert not s.reqs and not s.running and not s.waiting_queue
+    assert s.get_stats()["num_used_tokens"] == 0
+
+
 def shutdown(engine) -> None:
     engine.shutdown()
     gc.collect()

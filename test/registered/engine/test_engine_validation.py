@@ -9,7 +9,7 @@ from sglang import Engine
 from sglang.srt.sampling import validation as v
 from sglang.srt.sampling.validation import ParamError
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.engine_fixtures import shutdown
+from sglang.test.engine_fixtures import assert_idle_and_intact as idle_and_intact, shutdown
 
 register_cpu_ci(est_time=25, suite="cpu")
 
@@ -19,13 +19,6 @@ def engine():
     e = Engine(context_length=128, max_total_memory_gb=1.5, chunked_prefill_size=128, log_level="warning")
     yield e
     shutdown(e)
-
-
-def idle_and_intact(engine):
-    s = engine.scheduler
-    s.check_integrity()
-    assert not s.reqs and not s.running and not s.waiting_queue
-    assert s.get_stats()["num_used_tokens"] == 0
 
 
 CASES = [

@@ -13,15 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from pydantic import ValidationError
-
-from sglang.srt.entrypoints.openai.protocol import GenerateRequest
+from sglang.srt.entrypoints.openai.protocol import GenerateRequest, validate_request_body
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.request_tokenizer import RequestTokenizer
 from sglang.srt.sampling.sampling_params import choice_sampling_params
 from sglang.srt.sampling.validation import ParamError, check_token_ids_in_vocab
-from sglang.srt.sampling.validation_errors import describe_validation_error
 
 SAMPLING_PREFIX = "sampling_params."  # how both paths name a sampling parameter in messages and `param`
 
@@ -33,13 +30,7 @@ class GenerateBatch:
 
 
 def parse_generate_request(data: Any) -> GenerateRequest:
-    if not isinstance(data, dict):
-        raise RequestError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
-    try:
-        return GenerateRequest.model_validate(data)
-    except ValidationError as e:
-        message, param = describe_validation_error(e, GenerateRequest)
-        raise RequestError(400, message, param=param) from None
+    return validate_request_body(data, GenerateRequest)
 
 
 def _as_list(value: Any, count: int, name: str) -> list:

@@ -13,7 +13,8 @@ from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
 from sglang.srt.mem_plan.planner import plan_memory
 from sglang.srt.mem_plan.slots import SlotRule, max_num_reqs
 from sglang.srt.mem_plan.solver import SlotCost, linear_regime_tokens, solve_max_tokens
-from sglang.srt.mem_plan.specs import KVCellSpec, WorkspaceSpec, kv_dtype_bytes, req_to_token_bytes
+from sglang.srt.mem_plan.sizes import req_to_token_bytes
+from sglang.srt.mem_plan.specs import KVCellSpec, WorkspaceSpec, kv_dtype_bytes
 
 __all__ = [
     "KVCellSpec",

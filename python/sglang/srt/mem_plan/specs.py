@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.mem_plan.dtypes import dtype_bytes, resolve_kv_cache_dtype
-from sglang.srt.mem_plan.sizes import req_to_token_bytes  # noqa: F401  (re-exported)
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str = "bfloat16") -> int:

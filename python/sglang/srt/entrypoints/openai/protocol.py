@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling import validation as v
 from sglang.srt.sampling.sampling_params import SamplingParamsModel, StopList, StopStr, TokenId
+from sglang.srt.sampling.validation_errors import describe_validation_error
 
 Rid = Annotated[str, v.RID.field(..., pattern=v.RID_PATTERN)]
 
@@ -235,3 +237,15 @@ class GenerateRequest(OpenAIModel):
 class AbortRequest(OpenAIModel):
     rid: str = Field("", max_length=v.MAX_RID_CHARS, description="The request to abort ('' with abort_all).")
     abort_all: bool = v.FLAG.field(False)
+
+
+def validate_request_body(data: Any, model_cls: type) -> Any:
+    """A parsed JSON body as `model_cls`, or RequestError(400) naming the field (the HTTP routes and the Engine's
+    request builder both come through here, so their messages are the same)."""
+    if not isinstance(data, dict):
+        raise RequestError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        message, param = describe_validation_error(e, model_cls)
+        raise RequestError(400, message, param=param) from None

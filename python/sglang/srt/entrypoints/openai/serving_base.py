@@ -15,10 +15,11 @@ import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 
-from sglang.srt.entrypoints.openai.errors import describe_validation_error, error_response
+from sglang.srt.entrypoints.openai.errors import error_response
+from sglang.srt.entrypoints.openai.protocol import validate_request_body
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.sampling.validation import MAX_JSON_DEPTH, ParamError
 
@@ -82,13 +83,7 @@ async def parse_body(raw_request: Request, model_cls: Type[BaseModel]) -> Any:
         raise RequestError(
             400, f"We could not parse the JSON body of your request ({e}). Send a valid JSON object."
         ) from None
-    if not isinstance(data, dict):
-        raise RequestError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as e:
-        message, param = describe_validation_error(e, model_cls)
-        raise RequestError(400, message, param=param) from None
+    return validate_request_body(data, model_cls)
 
 
 def check_sampling_params(params: dict, vocab_size: int, names: Optional[dict] = None, prefix: str = "") -> None:
