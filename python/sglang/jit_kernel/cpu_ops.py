@@ -1,11 +1,15 @@
-"""CPU kernels for bf16 decode on AVX-512 BF16 machines, built on first use and cached.
+"""CPU kernels for bf16 decode on AVX-512 BF16 machines: the `sgl_kernel` package, or built on first use.
 
 `get_cpu_ops()` returns the compiled module, or None when the kernels cannot be used here (another CPU, no C++
 compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes the same thing.
-The sources are in `csrc/cpu/`; the build goes to torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
-`~/.cache/torch_extensions`) under a name that changes with the sources, so an edit rebuilds and an unchanged
-tree loads in well under a second. `python -m sglang.jit_kernel.cpu_ops` builds it ahead of time (the install
-script does) and prints whether it is in use.
+The sources are in the checkout's `sgl-kernel/csrc/cpu/`. Where they are found, in order:
+1. the `sgl_kernel` package (`pip install --no-build-isolation ./sgl-kernel`, which scripts/install.sh runs), when it
+   was built from sources with the checkout's digest;
+2. otherwise a build on first use into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
+   `~/.cache/torch_extensions`) under a name that changes with the sources, so an edit rebuilds and an unchanged
+   tree loads in well under a second.
+`python -m sglang.jit_kernel.cpu_ops` loads them and prints what is in use. `SGLANG_CPU_AMX=0` switches the AMX
+GEMM off (to run and measure the non-AMX path on an AMX machine).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-CSRC_DIR = Path(__file__).parent / "csrc" / "cpu"
+# python/sglang/jit_kernel/cpu_ops.py -> the checkout's root
+CSRC_DIR = Path(__file__).resolve().parents[3] / "sgl-kernel" / "csrc" / "cpu"
 ENV_SWITCH = "SGLANG_CPU_KERNELS"  # "0" turns the kernels off
+AMX_ENV_SWITCH = "SGLANG_CPU_AMX"  # "0" keeps the kernels but never uses AMX tiles
 
 _lock = threading.Lock()
 _ops: Optional[ModuleType] = None
@@ -47,7 +53,9 @@ def cpu_kernels_expected() -> bool:
     return cpu_has_avx512_bf16() and os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-def _source_digest() -> str:
+def source_digest() -> str:
+    """sha256 over the sorted file names and contents of the kernel sources (sgl-kernel/setup.py records the same
+    digest in the package it builds)."""
     h = hashlib.sha256()
     for path in sorted(CSRC_DIR.iterdir()):
         h.update(path.name.encode())
@@ -79,7 +87,7 @@ def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()
-    name = f"sgl_cpu_kernels_{_source_digest()}"
+    name = f"sgl_cpu_kernels_{source_digest()}"
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
@@ -102,6 +110,23 @@ def _build() -> ModuleType:
     return module
 
 
+def _prebuilt() -> Optional[ModuleType]:
+    """The `sgl_kernel` package's module when it was built from these sources; None (and why, logged) otherwise."""
+    try:
+        import sgl_kernel
+    except ImportError:
+        return None
+    try:
+        module, digest = sgl_kernel.load()
+    except Exception as e:  # built for another torch, a broken install
+        logger.info("sgl_kernel is installed but does not load (%s: %s); building the kernels instead.", type(e).__name__, e)
+        return None
+    if CSRC_DIR.is_dir() and digest != source_digest():
+        logger.info("sgl_kernel was built from other sources (%s, checkout %s); building the checkout's.", digest, source_digest())
+        return None
+    return module
+
+
 def get_cpu_ops() -> Optional[ModuleType]:
     """The compiled kernels, or None (the reason is in `cpu_ops_status()`)."""
     global _ops, _tried, _reason
@@ -118,7 +143,11 @@ def get_cpu_ops() -> Optional[ModuleType]:
             _reason = "this CPU has no AVX-512 BF16 instructions"
         else:
             try:
-                module = _build()
+                module = _prebuilt()
+                if module is None:
+                    if not CSRC_DIR.is_dir():
+                        raise FileNotFoundError(f"no sgl_kernel package and no kernel sources at {CSRC_DIR}")
+                    module = _build()
                 if module.cpu_supported():
                     _ops, _reason = module, "in use"
                 else:
@@ -146,7 +175,7 @@ def amx_available() -> bool:
     """Whether the AMX GEMM (`amx_linear`) can run here: the kernels are loaded and Linux granted the tile state."""
     global _amx
     ops = get_cpu_ops()
-    if ops is None:
+    if ops is None or os.environ.get(AMX_ENV_SWITCH, "1") == "0":
         return False
     if _amx is None:
         _amx = bool(ops.amx_supported())
@@ -160,9 +189,14 @@ def cpu_ops_status() -> str:
 
 def cpu_kernels_summary() -> str:
     """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'not used: <why>'."""
-    if get_cpu_ops() is None:
+    ops = get_cpu_ops()
+    if ops is None:
         return f"not used: {cpu_ops_status()}"
-    return "in use, with AMX" if amx_available() else "in use, without AMX"
+    source = "sgl_kernel package" if ops.__name__.startswith("sgl_kernel") else "built on first use"
+    if amx_available():
+        return f"in use, with AMX ({source})"
+    off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""
+    return f"in use, without AMX{off} ({source})"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Query layouts:
            which the memory plan reserves.
 
 On a CPU with AVX-512 BF16 and a bf16 pool, decode instead calls one fused kernel per layer
-(jit_kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
+(sgl-kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
 through req_to_token: no gathered copy, no padding, no mask.
 """
 
