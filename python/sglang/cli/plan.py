@@ -26,9 +26,8 @@ from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_me
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
-from sglang.srt.mem_plan.model_shapes import model_shape_from_path
+from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config
 from sglang.srt.mem_plan.sizes import (
-    SAMPLER_BYTES_PER_VOCAB_ENTRY,
     UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES,
     UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY,
     req_to_token_bytes,
@@ -48,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang plan", description="Plan memory for `sglang serve` flags, without "
                                 "weights or a GPU. Takes every `sglang serve` flag, plus the hardware group below.")
     ServerArgs.add_cli_args(p)
-    p.add_argument("--tp", dest="tp_size", type=int, default=argparse.SUPPRESS, help="Alias of --tp-size (the plan accepts any size).")
+    p.add_argument("--tp", dest="tp_size", type=int, default=argparse.SUPPRESS, help="Alias of --tp-size; the plan is per rank.")
     hw = p.add_argument_group("hardware (what replaces the device in the dry run)")
     hw.add_argument("--gpu", default=None, help=f"GPU preset: {', '.join(GPU_PRESETS)}.")
     hw.add_argument("--total-memory-gb", type=float, default=None,
@@ -62,13 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    tp = ns.tp_size
-    ns.tp_size = 1  # ServerArgs serves one rank; the plan may describe N (set after validation below)
     try:
         sa = ServerArgs.from_cli_args(ns)
     except ValueError as e:
         parser.error(str(e))
-    sa.tp_size = tp
     if ns.gpu is None and sa.device != "cpu":
         parser.error("say which hardware to plan for: --gpu PRESET, or --device cpu [--total-memory-gb N].")
     if ns.gpu is not None and sa.device == "cpu":
@@ -99,15 +95,18 @@ def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
 
 
 def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
-    path = sa.model_path
+    path, gguf_path = sa.model_path, None
     if path is None or path.endswith(".gguf"):  # the bundled default model / a GGUF: its converted config.json
         from sglang.srt.model_loader import resolve_model_path
+        from sglang.srt.model_loader.model_path import gguf_source_path
 
-        path = resolve_model_path(sa)
-    shape = model_shape_from_path(path)
+        path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
+    cfg = load_config(path)
+    shape = model_shape_from_config(cfg)
     dtype = resolve_model_dtype(sa.dtype, device_kind, shape.text.dtype)
     context_len = sa.context_length or shape.text.max_position_embeddings
-    return B.ModelFacts(shape, context_len, dtype, resolve_kv_cache_dtype(sa.kv_cache_dtype, dtype)), path
+    fmt = B.plan_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, dtype)
+    return B.ModelFacts(shape, context_len, dtype, resolve_kv_cache_dtype(sa.kv_cache_dtype, dtype), fmt), path
 
 
 def plan_inputs(sa: ServerArgs, ns, model: B.ModelFacts, device: B.DeviceFacts) -> PlanInputs:
@@ -135,12 +134,11 @@ def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
             "kv_tokens_lost": without.max_total_num_tokens - plan.max_total_num_tokens}
 
 
-def upstream_comparison(inputs: PlanInputs, backend: str, gpu) -> dict:
+def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) -> dict:
     """What upstream's classic formula would do on the same inputs: y from the tier reserve (AITER-derated),
     KV = y * pre - weights, and everything else left to the unplanned (1 - y) * pre slack. Upstream's own table
     and sampler sizes (int32 req_to_token, 8 B per vocabulary entry) are what its slack must hold."""
-    upstream_logits_per_req = (inputs.logits_per_req_bytes // SAMPLER_BYTES_PER_VOCAB_ENTRY
-                               * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY)
+    upstream_logits_per_req = vocab_size * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY
     y = inputs.mem_fraction_static or upstream_mem_fraction(
         gpu.memory_total_mib, backend, inputs.context_len, tp_size=inputs.tp_size,
         chunked_prefill_size=inputs.chunked_prefill_size)
@@ -193,7 +191,10 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
     if gpu is not None and sa.attention_backend is None:
         sa.attention_backend = gpu.default_attention_backend  # the preset's vendor backend
-    model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
+    try:
+        model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
+    except ValueError as e:  # a flag combination the server would refuse too (e.g. --quantization gguf on safetensors)
+        build_parser().error(str(e))
     device = device_facts(sa, ns, model)
     inputs = plan_inputs(sa, ns, model, device)
     backend = sa.attention_backend or "torch_native"
@@ -202,20 +203,23 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         "model": _model_name(path), "model_type": shape.text.model_type, "num_params": shape.num_params,
         "weight_dtype": model.dtype, "gpu": gpu.name if gpu else "cpu",
         "gpu_memory_total_mib": gpu.memory_total_mib if gpu else None,
-        "pre_load_free_bytes": device.pre_load_free_bytes, "tp_size": sa.tp_size, "context_len": model.context_len,
+        "pre_load_free_bytes": device.pre_load_free_bytes, "tp_size": sa.tp_size, "dp_size": sa.dp_size,
+        "context_len": model.context_len,
         "attention_backend": backend, "kv_cache_dtype": sa.kv_cache_dtype, "kv_cell_bytes": inputs.kv_cell_bytes,
     }
     where = (f"{gpu.name} x tp={sa.tp_size}" if gpu else f"CPU ({gib(device.pre_load_free_bytes):.2f} GiB available)")
+    if sa.dp_size > 1:  # the plan below is one replica's (memory flags are per replica; CPU RAM is shared: / dp)
+        where += f" x dp={sa.dp_size} replicas, each planned as below"
     lines = [
         f"sglang plan: {header['model']} ({shape.text.model_type}, {shape.num_params / 1e9:.2f}B params, "
         f"{model.dtype}) on {where}",
         f"  context {model.context_len:,} | attention {backend} | kv cache {sa.kv_cache_dtype} "
         f"({inputs.kv_cell_bytes:,} B/token/rank) | page {inputs.page_size}",
-        f"  budget: {gib(device.pre_load_free_bytes):.2f} GiB pre-load free per rank"
+        f"  budget: {gib(inputs.pre_load_free_bytes):.2f} GiB pre-load free per rank"
         + (f" (memory.total {gpu.memory_total_mib:,} MiB; typical free before load)" if gpu else ""),
         "",
     ]
-    upstream = upstream_comparison(inputs, backend, gpu) if gpu else None
+    upstream = upstream_comparison(inputs, backend, gpu, shape.text.vocab_size) if gpu else None
     try:
         plan = plan_memory(inputs)
     except MemoryPlanError as e:
@@ -247,12 +251,11 @@ def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[
     for tp in candidates:
         if tp <= sa.tp_size:
             continue
-        trial = dataclasses.replace(sa, tp_size=1)
-        trial.tp_size = tp
         try:
+            trial = dataclasses.replace(sa, tp_size=tp)  # per-rank plan (ValueError: nnodes does not divide tp)
             plan_memory(plan_inputs(trial, ns, model, device_facts(trial, ns, model)))
             return tp
-        except MemoryPlanError:
+        except (MemoryPlanError, ValueError):
             continue
     return None
 

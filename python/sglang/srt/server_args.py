@@ -15,17 +15,27 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS as _TOOL_CALL_PARSERS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
 from sglang.srt.mem_plan.dtypes import KV_CACHE_DTYPE_CHOICES as _KV_CACHE_DTYPE_CHOICES
+from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS as _PLAN_ONLY_QUANTIZATIONS
+from sglang.srt.parser.reasoning_parser import REASONING_PARSERS as _REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp32"]
 KV_CACHE_DTYPE_CHOICES = list(_KV_CACHE_DTYPE_CHOICES)  # one table: mem_plan/dtypes.py
 DEVICE_CHOICES = ["auto", "cpu", "cuda", "hip"]
+# layers/quantization/__init__.py resolves the first three; fp8 / awq / gptq are sized by `sglang plan` only
+# (mem_plan/quantization_sizes.py) and refused by the CPU server
+QUANTIZATION_CHOICES = ["none", "gguf", "w8a8_int8", *_PLAN_ONLY_QUANTIZATIONS]
 ATTENTION_BACKEND_CHOICES = list(_ATTENTION_BACKENDS)  # one list: mem_plan/backends.py
 SCHEDULE_POLICY_CHOICES = ["fcfs", "lpm", "random"]
 LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
+TOOL_CALL_PARSER_CHOICES = list(_TOOL_CALL_PARSERS)  # one table: function_call/detectors.py
+REASONING_PARSER_CHOICES = list(_REASONING_PARSERS)  # one table: parser/reasoning_parser.py
+GRAMMAR_BACKEND_CHOICES = ["xgrammar", "none"]
+LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
 
 def _f(default, help: str, choices=None, flag: Optional[str] = None, **kwargs):
@@ -57,6 +67,15 @@ class ServerArgs:
         choices=DTYPE_CHOICES,
     )
     kv_cache_dtype: str = _f("auto", "KV cache dtype; 'auto' follows --dtype.", choices=KV_CACHE_DTYPE_CHOICES)
+    quantization: Optional[str] = _f(
+        None,
+        "Weight format of the linear layers (layers/quantization/). 'gguf': a .gguf model's Q4_0/Q4_1/Q8_0 "
+        "blocks are served as they are (other GGUF types are requantized to Q8_0 blocks); 'w8a8_int8': int8 "
+        "weights with one scale per 32 weights, activations quantized to int8 per 32 values at run time; 'none': "
+        "dense weights of --dtype. Unset: 'gguf' for a .gguf model on a CPU with the AVX-512 VNNI kernels (the "
+        "bundled default too) unless --dtype is float32, else 'none'.",
+        choices=QUANTIZATION_CHOICES,
+    )
     context_length: Optional[int] = _f(
         None, "Maximum context length (prompt + output). Default: the model's max_position_embeddings."
     )
@@ -125,8 +144,10 @@ class ServerArgs:
         "Memory reserved for multimodal encoders, in GiB. Default: computed from the encoder spec at the "
         "largest accepted input (0 for text-only models).",
     )
-    cuda_graph_max_bs: Optional[int] = _f(None, "Largest CUDA-graph batch size. Default: picked from device memory.")
-    disable_cuda_graph: bool = _f(False, "Do not capture CUDA graphs.")
+    cuda_graph_max_bs: Optional[int] = _f(
+        None, "Largest decode batch replayed from a CUDA graph (CUDA GPUs with the triton or flashinfer attention "
+        "backend; graph memory is measured and planned). Default: picked from device memory.")
+    disable_cuda_graph: bool = _f(False, "Do not capture CUDA graphs: decode runs eagerly.")
 
     # ---- scheduling ----
     schedule_policy: str = _f("fcfs", "Order of admission from the waiting queue.", choices=SCHEDULE_POLICY_CHOICES)
@@ -143,9 +164,54 @@ class ServerArgs:
     triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
     num_threads: Optional[int] = _f(None, "CPU threads for torch. Default: all cores.")
 
-    # ---- parallelism: upstream's flags; this runtime runs one rank (`sglang plan --tp N` plans multi-GPU) ----
-    tp_size: int = _f(1, "Tensor parallel size. Only 1 is supported by this runtime.")
+    # ---- structured output (srt/constrained/) ----
+    grammar_backend: str = _f(
+        "xgrammar", "Backend for json_schema / regex / ebnf / response_format constraints; 'none' refuses them.",
+        choices=GRAMMAR_BACKEND_CHOICES,
+    )
+    grammar_cache_mb: int = _f(64, "Byte budget (MiB) of the compiled-grammar cache (keyed by grammar kind and text).")
+
+    # ---- tool calling and reasoning (srt/function_call/, srt/parser/) ----
+    tool_call_parser: Optional[str] = _f(
+        None,
+        "Format of the model's tool calls, parsed into OpenAI `tool_calls` on /v1/chat/completions. Unset: tool "
+        "calls stay in `content`, and tool_choice 'required' or a named function is refused.",
+        choices=TOOL_CALL_PARSER_CHOICES,
+    )
+    reasoning_parser: Optional[str] = _f(
+        None,
+        "Format of a reasoning model's <think> block, returned as `reasoning_content` apart from `content` on "
+        "/v1/chat/completions. Unset: the thoughts stay in `content`.",
+        choices=REASONING_PARSER_CHOICES,
+    )
+
+    # ---- parallelism: upstream's flags (torch.distributed: gloo on CPU, nccl on CUDA; srt/distributed/) ----
+    tp_size: int = _f(
+        1,
+        "Tensor parallel size: one process per rank, each holding 1/N of the attention heads, MLP and vocabulary. "
+        "Memory flags (--max-total-memory-gb, --mem-fraction-static) are per rank, as upstream's are per GPU; on "
+        "CPU the ranks of a node share its RAM, so each rank plans from available RAM / ranks on the node.",
+    )
     pp_size: int = _f(1, "Pipeline parallel size. Only 1 is supported by this runtime.")
+    dp_size: int = _f(
+        1,
+        "Data parallel size: N independent replicas (each its own scheduler process, model copy, KV pool and memory "
+        "plan) behind one HTTP server that dispatches each request to one of them (--load-balance-method). Memory "
+        "flags are per replica, like --tp-size's per rank; on CPU the replicas share the RAM, so each plans from "
+        "available RAM / N (managers/data_parallel_controller.py).",
+    )
+    load_balance_method: str = _f(
+        "round_robin",
+        "How --dp-size picks a replica: round_robin; shortest_queue (fewest unfinished requests); total_tokens "
+        "(fewest unfinished prompt + max-new tokens).",
+        choices=LOAD_BALANCE_METHOD_CHOICES,
+    )
+    nnodes: int = _f(1, "Number of nodes the --tp-size ranks are spread over (tp-size / nnodes ranks per node).")
+    node_rank: int = _f(0, "This node's index in [0, nnodes). Node 0 serves the HTTP API; the others only run ranks.")
+    dist_init_addr: Optional[str] = _f(
+        None, "host:port where the ranks meet (torch.distributed TCP rendezvous). Required with --nnodes > 1; "
+        "on one node a free port on 127.0.0.1 is picked."
+    )
 
     # ---- multimodal ----
     max_image_pixels: Optional[int] = _f(None, "Largest accepted image (width*height); larger images are resized.")
@@ -194,11 +260,21 @@ class ServerArgs:
             raise ValueError("--schedule-conservativeness must be positive.")
         if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
             raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
-        if self.tp_size != 1 or self.pp_size != 1:
-            raise ValueError(
-                f"--tp-size {self.tp_size} / --pp-size {self.pp_size}: this runtime serves on one rank; use 1. "
-                "To see how a model would fit on N GPUs, run `sglang plan --tp N`."
-            )
+        if self.pp_size != 1:
+            raise ValueError(f"--pp-size {self.pp_size}: pipeline parallelism is not supported; use 1 (and --tp-size).")
+        if self.nnodes < 1 or not (0 <= self.node_rank < self.nnodes) or self.tp_size % self.nnodes:
+            raise ValueError(f"--nnodes {self.nnodes} / --node-rank {self.node_rank}: need 0 <= node-rank < nnodes "
+                             f"and nnodes dividing --tp-size {self.tp_size}.")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address, the same on every node).")
+        if self.dp_size < 1:
+            raise ValueError(f"--dp-size must be a positive number, got {self.dp_size!r}.")
+        if self.dp_size > 1 and (self.tp_size > 1 or self.nnodes > 1):
+            raise ValueError(f"--dp-size {self.dp_size} with --tp-size {self.tp_size} / --nnodes {self.nnodes}: "
+                             "data parallelism runs single-rank replicas on one node; use --tp-size 1 --nnodes 1, or "
+                             "run one server per TP group behind sglang-router (docs/router.md).")
+        if self.dist_init_addr is not None and not self.dist_init_addr.rpartition(":")[2].isdigit():
+            raise ValueError(f"--dist-init-addr {self.dist_init_addr!r}: use host:port.")
         if not (0 < self.port < 65536):
             raise ValueError(f"--port must be in 1..65535, got {self.port}.")
 

@@ -10,8 +10,10 @@
 #include "activation.h"
 #include "amx_gemm.h"
 #include "decode_attention.h"
+#include "gemm_bf16.h"
 #include "gemv.h"
 #include "norm.h"
+#include "quant_linear.h"
 #include "rope.h"
 
 namespace {
@@ -85,6 +87,43 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& weight) {
     sgl_cpu::amx_release();
   });
   if (full * 16 < N) sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, full * 16, N);  // the last N % 16 weight rows
+  return y;
+}
+
+// W [N, K] -> the same weights in the VNNI layout of gemm_bf16.h (same shape and element count: it replaces W)
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  check_bf16_cpu(weight, "weight");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % sgl_cpu::kPackRows == 0 && weight.size(1) % sgl_cpu::kPackK == 0,
+              "pack_linear_weight: weight must be [N, K] with N a multiple of ", sgl_cpu::kPackRows, " and K of ",
+              sgl_cpu::kPackK, ", got ", weight.sizes());
+  at::Tensor wc = weight.contiguous();
+  const int64_t N = wc.size(0), K = wc.size(1);
+  at::Tensor packed = at::empty_like(wc);
+  const uint16_t* wp = bf16_ptr(wc);
+  uint16_t* pp = bf16_ptr(packed);
+  at::parallel_for(0, N / sgl_cpu::kPackRows, 16, [&](int64_t b0, int64_t b1) {
+    sgl_cpu::pack_vnni_bf16(wp, N, K, pp, b0, b1);
+  });
+  return packed;
+}
+
+// x [M, K] @ W^T with W given packed (pack_linear_weight) -> [M, N], any M
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
+  check_bf16_cpu(x, "x");
+  check_bf16_cpu(packed, "packed");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 2 && x.size(1) == packed.size(1) && packed.is_contiguous() &&
+                  packed.size(0) % sgl_cpu::kPackRows == 0 && packed.size(1) % sgl_cpu::kPackK == 0,
+              "packed_linear: shapes ", x.sizes(), " and ", packed.sizes(), " do not match");
+  at::Tensor xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = packed.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const uint16_t* xp = bf16_ptr(xc);
+  const uint16_t* pp = bf16_ptr(packed);
+  uint16_t* yp = bf16_ptr(y);
+  // work unit: one block of 16 output columns; a thread's share is contiguous so its stream is one range of memory
+  at::parallel_for(0, N / sgl_cpu::kPackRows, 4, [&](int64_t b0, int64_t b1) {
+    sgl_cpu::gemm_vnni_bf16(xp, M, pp, N, K, yp, b0, b1);
+  });
   return y;
 }
 
@@ -206,7 +245,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const int64_t* tokens = table + rp[b] * ld_table;
     for (int64_t j = 0; j < lp[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
   }
-  // 3. attention, a (request, query head) per task
+  // 3. attention
   at::Tensor qc = q.contiguous();
   const uint16_t* qp = bf16_ptr(qc);
   at::Tensor out = at::empty({B, H * D}, q.options());
@@ -214,13 +253,21 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t group = H / KV;
   const float fscale = (float)scale;
   if (!bad_slot) {
-    at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(max_len);
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / H, h = t % H;
-        sgl_cpu::decode_attention_head(qp + (b * H + h) * D, kc, vc, KV, h / group, D, table + rp[b] * ld_table,
-                                       lp[b], fscale, scores.data(), op + (b * H + h) * D);
-      }
+    // a task per (request, KV head) serves the query heads of its group; tasks are split over the threads by their
+    // key counts (mixed lengths would leave one thread idle with an even split by count)
+    const int64_t tasks = B * KV;
+    std::vector<int64_t> cost(tasks);
+    for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + 16;  // + a per-task overhead in key equivalents
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
+    const std::vector<int64_t> first = sgl_cpu::split_by_cost(cost, parts);
+    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> scores(4 * max_len);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t t = first[p]; t < first[p + 1]; ++t) {
+          const int64_t b = t / KV, kv_head = t % KV, h0 = b * H + kv_head * group;
+          sgl_cpu::decode_attention_group(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, lp[b],
+                                          fscale, scores.data(), op + h0 * D);
+        }
     });
   }
   TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");
@@ -235,9 +282,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv, "x [M, K] @ weight [N, K]^T in bf16 with fp32 accumulation (few-row decode GEMM)");
   m.def("amx_supported", &amx_supported, "True when AMX tiles can be used in this process (CPU and OS permission)");
   m.def("amx_linear", &amx_linear, "x [M <= 64, K] @ weight [N, K]^T in bf16 with AMX tiles, weights in place");
+  m.def("pack_linear_weight", &pack_linear_weight, "weight [N, K] -> the same weights in gemm_bf16.h's VNNI layout");
+  m.def("packed_linear", &packed_linear, "x [M, K] @ W^T from a packed weight (AVX-512 BF16, no AMX), any M");
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
   m.def("decode_attention_head_dims", &sgl_cpu::decode_attention_head_dims, "head_dim values decode_attention supports");
+  m.def("quant_supported", &quant_supported, "True when this CPU has the AVX-512 VNNI instructions quant_linear uses");
+  m.def("quant_linear", &quant_linear,
+        "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
   m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
 }

@@ -71,8 +71,12 @@ def test_server_args_validation_names_the_flag():
         ServerArgs(schedule_policy="lifo")
     with pytest.raises(ValueError, match=r"--page-size must be a positive number"):
         ServerArgs(page_size=0)
-    with pytest.raises(ValueError, match=r"--tp-size 2 .* serves on one rank"):
-        ServerArgs(tp_size=2)
+    with pytest.raises(ValueError, match=r"--nnodes 2 / --node-rank 0: .* nnodes dividing --tp-size 3"):
+        ServerArgs(tp_size=3, nnodes=2, dist_init_addr="127.0.0.1:5000")
+    with pytest.raises(ValueError, match=r"--nnodes > 1 needs --dist-init-addr"):
+        ServerArgs(tp_size=2, nnodes=2)
+    with pytest.raises(ValueError, match=r"--pp-size 2: pipeline parallelism is not supported"):
+        ServerArgs(pp_size=2)
 
 
 if __name__ == "__main__":

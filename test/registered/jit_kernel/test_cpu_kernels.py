@@ -43,6 +43,30 @@ class TestCpuKernels(unittest.TestCase):
                 self.assertTrue(torch.equal(self.ops.gemv(x[:rows], w), out[:rows]), (n, k, rows))
             self.assertTrue(torch.equal(self.ops.gemv(x[4:5], w), out[4:5]))
 
+    def test_packed_linear_matches_fp32_reference_and_is_batch_invariant(self):
+        """The non-AMX GEMM on weights packed in the VNNI layout: within a bf16 rounding of the fp32 product for 1-70
+        rows, each row bit-identical whatever its batch mates; the packed tensor unpacks to the original, and the torch
+        path of a packed weight (kernels switched off) is exactly F.linear on the original."""
+        from sglang.srt.layers.packed_linear import packed_linear, unpack_weight
+
+        for n, k in ((960, 576), (576, 1536), (16, 32), (3072, 64)):
+            w = torch.randn(n, k, dtype=BF16)
+            packed = self.ops.pack_linear_weight(w)
+            self.assertEqual((packed.shape, packed.dtype), (w.shape, BF16))
+            self.assertTrue(torch.equal(unpack_weight(packed), w))
+            x = torch.randn(70, k, dtype=BF16)
+            out = self.ops.packed_linear(x, packed)
+            ref = x.float() @ w.float().t()
+            torch.testing.assert_close(out.float(), ref, atol=1e-2 * k**0.5, rtol=2 ** -7)
+            for rows in (1, 2, 7, 8, 9, 17, 33, 64):
+                self.assertTrue(torch.equal(self.ops.packed_linear(x[:rows], packed), out[:rows]), (n, k, rows))
+                self.assertTrue(torch.equal(self.ops.packed_linear(x[rows - 1 : rows], packed), out[rows - 1 : rows]))
+            bias = torch.randn(n, dtype=BF16)
+            with cpu_kernels_disabled():
+                self.assertTrue(torch.equal(packed_linear(x[:5], packed, bias), F.linear(x[:5], w, bias)))
+        with self.assertRaisesRegex(RuntimeError, "multiple of 16"):
+            self.ops.pack_linear_weight(torch.zeros(24, 64, dtype=BF16))
+
     def test_amx_linear_matches_fp32_reference_and_is_batch_invariant(self):
         from sglang.jit_kernel.cpu_ops import amx_available
 
@@ -105,12 +129,25 @@ class TestCpuKernels(unittest.TestCase):
             self.assertTrue(torch.equal(x[:, n_qk:], qkv[:, n_qk:]))  # v untouched
 
     def test_decode_attention_matches_sdpa_and_writes_the_pool(self):
-        # 3 requests: a task per (request, head); 8 requests: a task per request (all heads in one pass over K)
+        # a task per (request, KV head) serves its group of query heads, 4 per pass over the keys: groups of 3
+        # (SmolLM2), 1, 4, 5 (a pass of 4 and one of 1) and 8, with mixed lengths split over the threads by cost
         for lens in ([1, 37, 128], [1, 37, 128, 16, 17, 90, 5, 64]):
             self._check_decode_attention(lens)
+        for heads, kv, d in ((4, 4, 96), (8, 2, 32), (10, 2, 160), (8, 1, 128), (4, 1, 256)):
+            self._check_decode_attention([3, 128, 1, 77], heads, kv, d)
 
-    def _check_decode_attention(self, lens):
-        heads, kv, d, slots, bs = 9, 3, 64, 800, len(lens)
+    def test_decode_attention_is_batch_invariant(self):
+        """A request's attention output is the same alone and among other requests of any lengths."""
+        lens = [5, 128, 1, 64, 33, 100]
+        full, args = self._check_decode_attention(lens)
+        q, k_new, v_new, k_cache, v_cache, req_to_token, rows, seq_lens, loc = args
+        for b in range(len(lens)):
+            one = self.ops.decode_attention(q[b : b + 1], k_new[b : b + 1], v_new[b : b + 1], k_cache, v_cache,
+                                            req_to_token, rows[b : b + 1], seq_lens[b : b + 1], loc[b : b + 1], 0.125)
+            self.assertTrue(torch.equal(one, full[b : b + 1]), b)
+
+    def _check_decode_attention(self, lens, heads=9, kv=3, d=64):
+        slots, bs = 800, len(lens)
         k_cache = torch.randn(slots, kv, d, dtype=BF16)
         v_cache = torch.randn(slots, kv, d, dtype=BF16)
         req_to_token = torch.zeros(bs + 1, 128, dtype=torch.int64)
@@ -133,6 +170,7 @@ class TestCpuKernels(unittest.TestCase):
             vv = v_cache[idx].float().transpose(0, 1)
             ref = F.scaled_dot_product_attention(q[b].float().view(kv, heads // kv, d), kk, vv, scale=d**-0.5)
             torch.testing.assert_close(out[b].float(), ref.reshape(-1), atol=2e-2, rtol=2e-2)
+        return out, (q, k_new, v_new, k_cache, v_cache, req_to_token, rows, seq_lens, loc)
 
     def test_decode_attention_rejects_slots_outside_the_pool(self):
         k_cache = torch.zeros(16, 1, 32, dtype=BF16)

@@ -2,7 +2,8 @@
 
 For each cap, the dry run (`sglang plan --device cpu` with the same flags and this machine's available RAM) and a
 real sglang.Engine start are compared term by term: every formula/declared term byte for byte, the terms the
-server measures (weights, activations) within 10% of the dry run's formulas, the KV pool within 3%. The real start
+server measures (weights; activations where the startup peak exceeded the formula) within 10% of the dry run's
+formulas, the KV pool within 3%. The real start
 also proves allocation == plan (ModelRunner.check_allocation runs at startup) and, without a cap flag, the CPU
 default budget (half of the available RAM) with the cap flags overriding it."""
 
@@ -22,9 +23,6 @@ register_cpu_ci(est_time=100, suite="cpu")
 GiB = 2**30
 MEASURED_TOLERANCE = 0.10
 KV_TOKENS_TOLERANCE = 0.03
-# At a 1 GiB cap the KV pool is ~160 MB, so the activation peak's run-to-run spread (103-115 MB measured) moves the
-# server's own pool by +-3% between starts (6,695-6,917 tokens over 3 starts): no prediction can be tighter than that.
-KV_TOKENS_TOLERANCE_1_GIB = 0.06
 
 
 def dry_run(*flags) -> dict:
@@ -43,7 +41,9 @@ engine = sglang.Engine(log_level="warning", **json.loads(sys.argv[1]))
 try:
     out = engine.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
     assert out["meta_info"]["completion_tokens"] >= 1
-    print("PLAN=" + json.dumps(engine.get_server_info()["memory_plan"]))
+    info = engine.get_server_info()
+    plan = dict(info["memory_plan"], measured_activation_bytes=info["memory_plan_per_rank"][0]["activation_bytes"])
+    print("PLAN=" + json.dumps(plan))
 finally:
     engine.shutdown()
 """
@@ -83,6 +83,8 @@ class TestPlanMatchesServer(unittest.TestCase):
                     self.assertEqual(term["source"], want[name]["source"])
                     self.assertEqual(term["num_bytes"], want[name]["num_bytes"], (term, want[name]))
                     self.assertEqual(term["detail"], want[name]["detail"])
+        # CPU activations: the formula, guarded by the startup measurement (never below the peak that was seen)
+        self.assertGreaterEqual(got["activations"]["num_bytes"], served["measured_activation_bytes"])
         t_served, t_planned = served["max_total_num_tokens"], planned["max_total_num_tokens"]
         self.assertLessEqual(abs(t_served - t_planned), kv_tolerance * t_served, (t_served, t_planned))
         return served
@@ -91,7 +93,7 @@ class TestPlanMatchesServer(unittest.TestCase):
         self.check(2)
 
     def test_cap_1_gib(self):
-        self.check(1, KV_TOKENS_TOLERANCE_1_GIB)
+        self.check(1)
 
     def test_cap_4_gib(self):
         self.check(4)
@@ -101,6 +103,15 @@ class TestPlanMatchesServer(unittest.TestCase):
         self.assertEqual(served["budget_bytes"], int(served["pre_load_free_bytes"] * CPU_DEFAULT_AVAILABLE_SHARE))
         self.assertIn("CPU default", served["cap_source"])
         self.assertIn("CPU default", served["limited_by"] + served["cap_source"])
+
+
+class TestCpuActivationTerm(unittest.TestCase):
+    def test_formula_unless_the_measured_peak_is_higher(self):
+        from sglang.srt.mem_plan.build import cpu_activation_term
+
+        self.assertEqual(cpu_activation_term(100, 90), (100, "formula"))
+        self.assertEqual(cpu_activation_term(100, 100), (100, "formula"))
+        self.assertEqual(cpu_activation_term(100, 101), (101, "measured"))
 
 
 class TestCpuDefaultBudgetInTheDryRun(unittest.TestCase):

@@ -157,6 +157,7 @@ def test_server_info_and_flush(base_url, headers):
     info = requests.get(f"{base_url}/server_info", headers=headers).json()
     assert info["max_total_num_tokens"] > 0 and info["memory_integrity"] == "ok"
     assert info["port"] == int(base_url.rsplit(":", 1)[1]) and "version" in info
+    assert info["cuda_graphs"] == {"enabled": False, "reason": "cpu: no CUDA graphs here, decode runs eagerly"}
     from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
 
     if cpu_kernels_expected():  # the default bf16 server decodes through the CPU kernels, and says so

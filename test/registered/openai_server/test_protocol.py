@@ -49,7 +49,8 @@ def test_extensions_reach_sampling_params():
 
 
 def test_unsupported_features_are_named():
-    assert ChatCompletionRequest.model_validate({"messages": MSG, "response_format": {"type": "json_object"}}).unsupported()[0] == "response_format"
+    rf = ChatCompletionRequest.model_validate({"messages": MSG, "response_format": {"type": "json_object"}})
+    assert rf.unsupported() is None and rf.sampling_params(8)["json_schema"] == '{"type": "object"}'  # issue 14
     assert CompletionRequest.model_validate({"prompt": "x", "best_of": 3}).unsupported()[0] == "best_of"
     assert CompletionRequest.model_validate({"prompt": "x"}).unsupported() is None
 

@@ -32,17 +32,29 @@ def configure_logging(level: str) -> None:
 
 class Engine:
     def __init__(self, server_args: Optional[ServerArgs] = None, **kwargs):
+        from sglang.srt.distributed.launch import start_engine_ranks
         from sglang.srt.managers.scheduler import Scheduler
 
         self.server_args = server_args or ServerArgs(**kwargs)
+        if self.server_args.dp_size > 1:
+            raise ValueError(f"dp_size={self.server_args.dp_size}: sglang.Engine runs one replica in this process; "
+                             "serve data parallelism with `sglang serve --dp-size N` (or several servers behind "
+                             "sglang-router, docs/router.md).")
         configure_logging(self.server_args.log_level)
-        self.scheduler = Scheduler(self.server_args)
-        self.scheduler.warmup()
+        # --tp-size N: this process is rank 0, the other ranks are child processes (srt/distributed/)
+        self.server_args, self.tp_ranks = start_engine_ranks(self.server_args)
+        try:
+            self.scheduler = Scheduler(self.server_args)
+            self.scheduler.warmup()
+        except BaseException:
+            if self.tp_ranks is not None:
+                self.tp_ranks.stop()
+            raise
         self.tokenizer = self.scheduler.tokenizer
         s = self.scheduler
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, getattr(s.model_runner, "mm_processor", None), s.model_config.vocab_size, s.context_len,
-            s.max_req_len, s.max_req_len - 1,
+            s.max_req_len, s.max_req_len - 1, grammar_backend=self.server_args.grammar_backend,
         )
 
     # ------------------------------------------------------------------ requests
@@ -132,6 +144,10 @@ class Engine:
         for rid in list(self.scheduler.reqs):
             self.scheduler.abort_request(rid)
         self.scheduler.step()
+        if self.tp_ranks is not None:
+            self.tp_ranks.stopping.set()
+            self.scheduler.model_runner.shutdown_tp()
+            self.tp_ranks.stop()
         self.scheduler = None
 
     def __enter__(self):

@@ -40,6 +40,7 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.server_lifecycle import (
+    SCHEDULER_STARTUP_TIMEOUT_S,
     check_port_free,
     launch_scheduler_process,
     raise_system_exit,
@@ -48,6 +49,7 @@ from sglang.srt.entrypoints.server_lifecycle import (
     wait_for_scheduler,
 )
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
+from sglang.srt.managers.data_parallel_controller import ReplicaProcesses
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, preload_tokenizer
 from sglang.srt.server_args import ServerArgs
@@ -117,6 +119,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             return json_response({"status": "ok"})
         return error_response(503, "The server did not produce a token in time.")
 
+    @app.get("/model_info")  # upstream's current name; sglang-router asks it first
     @app.get("/get_model_info")
     async def get_model_info():
         return json_response({
@@ -221,6 +224,10 @@ def launch_server(server_args: ServerArgs) -> None:
         format="[%(asctime)s] %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    if server_args.node_rank > 0:  # a follower node of a multi-node TP server: its ranks, no HTTP API
+        from sglang.srt.distributed.server_ranks import run_follower_node
+
+        sys.exit(run_follower_node(server_args))
     check_port_free(server_args.host, server_args.port)
     port_args = PortArgs.init_new()  # also removes IPC directories left by servers that died without cleanup
     proc = tm = None
@@ -228,9 +235,20 @@ def launch_server(server_args: ServerArgs) -> None:
     # uvicorn re-raises the signal that stopped it; turn SIGTERM into SystemExit so the cleanup below runs
     signal.signal(signal.SIGTERM, raise_system_exit)
     try:
-        proc, reader = launch_scheduler_process(server_args, port_args)
-        preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
-        info = wait_for_scheduler(proc, reader)
+        if server_args.dp_size > 1:  # N replicas behind one dispatcher (managers/data_parallel_controller.py)
+            proc = ReplicaProcesses(server_args, port_args)
+            preloaded = preload_tokenizer(server_args)
+            info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
+        elif server_args.tp_size > 1:  # TP rank 0 (the scheduler) + this node's follower ranks (srt/distributed/)
+            from sglang.srt.distributed.server_ranks import TpServerRanks
+
+            proc = TpServerRanks(server_args, port_args)
+            preloaded = preload_tokenizer(server_args)
+            info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
+        else:
+            proc, reader = launch_scheduler_process(server_args, port_args)
+            preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
+            info = wait_for_scheduler(proc, reader)
         tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
         asyncio.run(serve(app, tm, proc, server_args, started))

@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import socket
 import time
+from typing import Optional
 
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -70,6 +71,9 @@ def wait_for_scheduler(proc, reader, timeout_s: float = SCHEDULER_STARTUP_TIMEOU
 
 
 def stop_process(proc) -> None:
+    if proc is not None and hasattr(proc, "stop"):  # a process group (ReplicaProcesses, TpServerRanks): all of it
+        proc.stop()
+        return
     if proc is None or not proc.is_alive():
         return
     proc.terminate()
@@ -77,6 +81,13 @@ def stop_process(proc) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join(SCHEDULER_STOP_TIMEOUT_S)
+
+
+def process_death(proc) -> Optional[str]:
+    """Why the scheduler side stopped, or None while it runs; a process group names the replica or rank."""
+    if hasattr(proc, "death"):
+        return proc.death()
+    return None if proc.is_alive() else f"the scheduler process exited with code {proc.exitcode}"
 
 
 async def serve(app, tm: TokenizerManager, proc, server_args: ServerArgs, started: float) -> None:
@@ -105,8 +116,9 @@ async def serve(app, tm: TokenizerManager, proc, server_args: ServerArgs, starte
                 tm.is_shutting_down = True
                 tm.abort_all()
                 return
-            if not proc.is_alive():
-                tm.scheduler_died(f"the scheduler process exited with code {proc.exitcode}")
+            death = process_death(proc)
+            if death is not None:
+                tm.scheduler_died(death)
                 return
             await asyncio.sleep(SCHEDULER_WATCH_INTERVAL_S)
 

@@ -1,4 +1,5 @@
-"""LogitsProcessor: pick the rows that need logits and project them onto the vocabulary."""
+"""LogitsProcessor: pick the rows that need logits and project them onto the vocabulary (with tp ranks: each rank's
+vocabulary slice, all-gathered in rank order before the sampler sees them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from sglang.srt.distributed.communication_op import tp_all_gather
 from sglang.srt.layers.linear import linear
 
 if TYPE_CHECKING:
@@ -38,5 +40,5 @@ class LogitsProcessor(nn.Module):
         indices = compute_logits_indices(forward_batch)
         if indices is not None:
             hidden_states = hidden_states[indices]
-        logits = linear(hidden_states, lm_head.weight)
+        logits = tp_all_gather(linear(hidden_states, lm_head.weight), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]
         return logits[:, : self.vocab_size].float()

@@ -34,6 +34,11 @@ def _halves(items: list) -> Tuple[list, list]:
     return items[:mid], items[mid:]
 
 
+def grammar_bitmask(sched: "Scheduler"):
+    """The preallocated token bitmask of structured output (None when the grammar backend is off)."""
+    return sched.grammar_backend.bitmask if sched.grammar_backend is not None else None
+
+
 def _alive(req: Req) -> bool:
     return req.req_pool_idx is not None and not req.finished()
 
@@ -98,7 +103,7 @@ def _extend_confined(sched: "Scheduler", units: List[ExtendUnit]) -> None:
         if done:
             with step_phase("sample"):
                 _inject(sched, "sample", [units[i][0] for i in done])
-                out = sample(logits[done], [units[i][0] for i in done])
+                out = sample(logits[done], [units[i][0] for i in done], grammar_bitmask(sched))
     except StepFault as f:
         _recover_extend(sched, units, f)
         return
@@ -168,7 +173,7 @@ def _decode_confined(sched: "Scheduler", reqs: List[Req]) -> None:
             logits = _forward_decode(sched, reqs)
         with step_phase("sample"):
             _inject(sched, "sample", reqs)
-            out = sample(logits, reqs)
+            out = sample(logits, reqs, grammar_bitmask(sched))
     except StepFault as f:
         if len(reqs) > 1 and is_oom(f.cause):
             sched.on_fault(f"Decode batch of {len(reqs)} requests ran out of memory in the {f.step} step", f.cause)

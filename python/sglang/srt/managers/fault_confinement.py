@@ -42,6 +42,11 @@ class SchedulerStateCorrupt(RuntimeError):
     """The KV / request-slot bookkeeping is inconsistent and could not be repaired: the scheduler must stop."""
 
 
+class TpRankFailure(SchedulerStateCorrupt):
+    """A forward failed with tensor parallelism: the ranks are out of step (or one is gone); the server must stop.
+    Never confined to requests (step_phase and Scheduler.step re-raise it)."""
+
+
 def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
 
@@ -51,7 +56,7 @@ def step_phase(step: str):
     """Tag any exception raised inside with the step it happened in."""
     try:
         yield
-    except StepFault:
+    except (StepFault, SchedulerStateCorrupt):
         raise
     except Exception as e:  # noqa: BLE001 - every fault of a batch is confined, whatever its type
         raise StepFault(step, e) from e

@@ -93,3 +93,4 @@ class GetInfoReq:
 class RpcReply:
     kind: str
     payload: Any = None
+    dp_rank: int = 0  # which --dp-size replica answered

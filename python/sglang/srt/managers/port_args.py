@@ -13,6 +13,7 @@ user's, or one still being created), is never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -84,6 +85,7 @@ class PortArgs:
     ipc_dir: str
     scheduler_input_ipc_name: str
     tokenizer_ipc_name: str
+    dp_rank: int = 0  # the --dp-size replica a scheduler process serves as (stamped on its RpcReply)
 
     @classmethod
     def init_new(cls, root: Optional[str] = None) -> "PortArgs":
@@ -99,6 +101,11 @@ class PortArgs:
             scheduler_input_ipc_name=f"ipc://{os.path.join(ipc_dir, 'scheduler_input')}",
             tokenizer_ipc_name=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}",
         )
+
+    def for_replica(self, dp_rank: int) -> "PortArgs":
+        """Data-parallel replica dp_rank: its own input socket; every replica's outputs go to the one tokenizer."""
+        return dataclasses.replace(self, scheduler_input_ipc_name=f"{self.scheduler_input_ipc_name}_{dp_rank}",
+                                   dp_rank=dp_rank)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

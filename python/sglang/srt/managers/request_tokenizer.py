@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from sglang.srt.constrained.grammar_check import check_request_grammar
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, new_rid
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -32,13 +33,14 @@ def max_token_bytes(tokenizer: Any) -> Optional[int]:
 
 class RequestTokenizer:
     def __init__(self, tokenizer: Any, mm_processor: Any, vocab_size: int, context_len: int, max_req_len: int,
-                 max_req_input_len: int):
+                 max_req_input_len: int, grammar_backend: str = "xgrammar"):
         self.tokenizer = tokenizer
         self.mm_processor = mm_processor
         self.vocab_size = vocab_size
         self.context_len = context_len
         self.max_req_len = max_req_len
         self.max_req_input_len = max_req_input_len
+        self.grammar_backend = grammar_backend
         per_token = max_token_bytes(tokenizer) if tokenizer is not None else None
         self.max_prompt_chars: Optional[int] = (
             max_req_input_len * per_token * PROMPT_CHARS_MARGIN if per_token else None
@@ -135,6 +137,7 @@ class RequestTokenizer:
         try:
             sp = SamplingParams.from_dict(params)
             sp.verify(self.vocab_size)
+            check_request_grammar(sp.grammar, self.grammar_backend)  # parses, and the server has a backend
         except (ValueError, TypeError) as e:
             raise RequestError(400, str(e), param=getattr(e, "param", None)) from e
         return TokenizedGenerateReqInput(

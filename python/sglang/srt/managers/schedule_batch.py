@@ -70,6 +70,8 @@ class Req:
         self.output_token_logprobs: List[float] = []
         self.output_top_logprobs: List[List[tuple]] = []
         self.generator: Optional[torch.Generator] = None
+        # structured output: the matcher (constrained/request_grammar.py), set once the grammar has compiled
+        self.grammar = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
 
@@ -98,7 +100,9 @@ class Req:
         self.output_ids.append(token_id)
         n_out = len(self.output_ids)
         sp = self.sampling_params
-        if token_id in self.stop_token_ids and n_out >= sp.min_new_tokens:
+        if self.grammar is not None and self.grammar.accept(token_id):  # the grammar is complete
+            self.finished_reason = {"type": "stop", "matched": token_id}
+        elif token_id in self.stop_token_ids and n_out >= sp.min_new_tokens:
             self.finished_reason = {"type": "stop", "matched": token_id}
         elif n_out >= self.max_new_tokens:
             self.finished_reason = {"type": "length", "length": self.max_new_tokens}

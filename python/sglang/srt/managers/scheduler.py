@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from sglang.srt.constrained.scheduler_hooks import admit_compiled, build_backend, hold_for_grammar
 from sglang.srt.managers.batch_runner import run_decode, run_extend
 from sglang.srt.managers.decode_memory import OomRunningCap
 from sglang.srt.managers.fault_confinement import (
@@ -83,6 +84,8 @@ class Scheduler:
         self.pending_outputs: List[ReqOutput] = []
         self.batch_reqs: List[Req] = []  # requests the step in progress has taken in (failed by a stray fault)
         self.oom_cap = OomRunningCap()
+        # structured output: compiled grammars, the batch bitmask, requests waiting for a compile (None: off)
+        self.grammar_backend = build_backend(self)
 
         # counters
         self.num_retractions = 0
@@ -114,6 +117,8 @@ class Scheduler:
             req.finished_reason = {"type": "length", "length": 0}
             self.finish(req)
             return
+        if hold_for_grammar(self, req):
+            return
         self.waiting_queue.append(req)
 
     def abort_request(self, rid: str, message: str = "Request aborted") -> None:
@@ -125,7 +130,8 @@ class Scheduler:
         self.finish(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running or self.chunked_req or self.pending_outputs)
+        return bool(self.waiting_queue or self.running or self.chunked_req or self.pending_outputs
+                    or (self.grammar_backend is not None and len(self.grammar_backend)))
 
     def step(self) -> List[ReqOutput]:
         """Run one prefill or decode batch; return output deltas of the requests that advanced or finished.
@@ -134,6 +140,7 @@ class Scheduler:
         leaves this method."""
         faults_before = self.num_faults
         self.batch_reqs = []
+        admit_compiled(self)  # requests whose grammar compiled join the waiting queue
         with torch.inference_mode():
             try:
                 plan = schedule_prefill(self)
@@ -141,6 +148,8 @@ class Scheduler:
                     run_extend(self, plan)
                 elif self.running:
                     run_decode(self)
+            except SchedulerStateCorrupt:
+                raise
             except Exception as e:  # noqa: BLE001 - a fault outside a confined forward/sample/detokenize
                 involved = [r for r in self.batch_reqs if r.rid in self.reqs]
                 self.on_fault(f"Scheduler step failed while preparing a batch; failing {len(involved)} request(s)", e)
@@ -219,6 +228,7 @@ class Scheduler:
             "num_faults": self.num_faults,
             "num_failed_reqs": self.num_failed_reqs,
             "num_memory_repairs": self.num_memory_repairs,
+            **(self.grammar_backend.stats() if self.grammar_backend is not None else {}),
         }
 
     def get_server_info(self) -> dict:
@@ -238,7 +248,12 @@ class Scheduler:
             "device": self.device,
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
             "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
+            "quantization": getattr(self.model_runner, "quantization", None),
+            "cuda_graphs": self.model_runner.cuda_graph_info(),
             "memory_plan": plan.to_dict() if plan is not None else None,
+            "tp_size": self.server_args.tp_size,
+            # what each TP rank measured and allocated under the (shared, per-rank) plan above
+            "memory_plan_per_rank": getattr(self.model_runner, "rank_memory", None),
             "stats": self.get_stats(),
         }
 
@@ -260,6 +275,8 @@ class Scheduler:
             self.running.remove(req)
         if req is self.chunked_req:
             self.chunked_req = None
+        if self.grammar_backend is not None:
+            self.grammar_backend.remove(req)
 
     def append_token(self, req: Req, out: SampleOutput, row: int) -> None:
         """Record row `row` of a sampling result for `req` (detokenizes; may finish the request)."""
@@ -276,6 +293,8 @@ class Scheduler:
     def finish(self, req: Req) -> None:
         """A finished request: its computed tokens enter the prefix cache, its last output is queued."""
         self.memory.release(req, cache=True)
+        if req.grammar is not None:
+            req.grammar.release()
         self.reqs.pop(req.rid, None)
         if self.faults is not None:
             self.faults.forget(req.rid)

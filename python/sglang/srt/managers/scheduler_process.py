@@ -12,6 +12,9 @@ the process stops (a "fatal" RpcReply, exit code 1) only when step() raises Sche
 bookkeeping could not be repaired, or on a bug in this loop itself.
 
 The process never outlives its parent: PR_SET_PDEATHSIG on Linux plus a watchdog thread polling the parent pid.
+With --tp-size N this process is TP rank 0 (the only rank that schedules; srt/distributed/): SIGTERM then only
+asks the loop to stop at its next step boundary, where it sends the other ranks "stop" (they are never left inside
+a collective) and exits 0.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class SchedulerProcess:
         self.send_to_tokenizer = self.context.socket(zmq.PUSH)
         self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
         self.last_stats_push = 0.0
+        self.stop_requested = threading.Event()  # SIGTERM with tp > 1: stop at the next step boundary
+        self.dp_rank = port_args.dp_rank  # stamped on every reply (data_parallel_controller.py)
 
     # ------------------------------------------------------------------ input
     def recv_requests(self, block: bool) -> list:
@@ -132,7 +137,7 @@ class SchedulerProcess:
             self.send_to_tokenizer.send_pyobj(BatchReqOutput(outputs))
 
     def reply(self, kind: str, payload: Any) -> None:
-        self.send_to_tokenizer.send_pyobj(RpcReply(kind, payload))
+        self.send_to_tokenizer.send_pyobj(RpcReply(kind, payload, self.dp_rank))
 
     def maybe_push_stats(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -143,7 +148,7 @@ class SchedulerProcess:
     # ------------------------------------------------------------------ loop
     def event_loop(self) -> None:
         busy = False
-        while True:
+        while not self.stop_requested.is_set():
             for req in self.recv_requests(block=not self.scheduler.has_work()):
                 self.process_input(req)
             if self.scheduler.has_work():
@@ -153,6 +158,8 @@ class SchedulerProcess:
             elif busy:
                 busy = False
                 self.maybe_push_stats(force=True)
+            else:
+                self.scheduler.model_runner.ping_tp()  # idle (a poll timed out): are the other TP ranks there?
 
 
 def error_output(req: TokenizedGenerateReqInput, message: str, status_code: int) -> ReqOutput:
@@ -183,7 +190,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
     kill_itself_when_parent_died(parent_pid if parent_pid is not None else os.getppid())
     logging.basicConfig(
         level=server_args.log_level.upper(),
-        format="[%(asctime)s scheduler] %(levelname)s %(message)s",
+        format="[%(asctime)s scheduler" + (f" dp{port_args.dp_rank}" if server_args.dp_size > 1 else "")
+               + "] %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
     try:
@@ -192,6 +200,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
         scheduler = Scheduler(server_args)
         scheduler.warmup()
         proc = SchedulerProcess(scheduler, server_args, port_args)
+        if server_args.tp_size > 1:
+            signal.signal(signal.SIGTERM, lambda signum, frame: proc.stop_requested.set())
         info = ready_info(scheduler)
     except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
         logger.error("Scheduler failed to start:\n%s", traceback.format_exc())
@@ -201,6 +211,10 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
     pipe_writer.close()
     try:
         proc.event_loop()
+        logger.info("Stop requested: releasing the other TP ranks")  # only reached on a requested stop (tp > 1)
+        scheduler.model_runner.shutdown_tp()
+        logger.info("TP ranks released")
+        sys.exit(0)
     except SystemExit:  # SIGTERM from the parent: a normal stop
         raise
     except BaseException as e:  # noqa: BLE001

@@ -22,8 +22,12 @@ import zmq
 import zmq.asyncio
 
 from sglang.srt.managers.chat_templating import ChatTemplater
+from sglang.srt.managers.data_parallel_controller import (
+    DataParallelController,
+    aggregate_stats,
+    merge_server_info,
+)
 from sglang.srt.managers.io_struct import (
-    AbortReq,
     BatchReqOutput,
     FlushCacheReq,
     GetInfoReq,
@@ -83,7 +87,7 @@ class TokenizerManager:
             self.image_token = self.tokenizer.convert_ids_to_tokens(self.mm_processor.image_token_id)
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, self.mm_processor, self.vocab_size, self.context_len, self.max_req_len,
-            self.max_req_input_len,
+            self.max_req_input_len, grammar_backend=server_args.grammar_backend,
         )
         self.offloop = OffLoopExecutor()
         self.template_sandbox: Optional[TemplateSandbox] = None
@@ -97,13 +101,14 @@ class TokenizerManager:
         self.context = zmq.asyncio.Context(2)
         self.recv_from_scheduler = self.context.socket(zmq.PULL)
         self.recv_from_scheduler.bind(port_args.tokenizer_ipc_name)
-        self.send_to_scheduler = self.context.socket(zmq.PUSH)
-        self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
+        # one replica, or --dp-size N of them: requests go to one, aborts to its owner, control RPCs to all
+        self.dispatcher = DataParallelController(self.context, port_args, server_args)
 
         self.start_time = time.time()
         self.rid_to_state: Dict[str, ReqState] = {}
-        self.rpc_waiters: Dict[str, collections.deque] = collections.defaultdict(collections.deque)
-        self.scheduler_stats: dict = {}
+        self.rpc_waiters: Dict[tuple, collections.deque] = collections.defaultdict(collections.deque)  # (kind, dp_rank)
+        self.replica_stats: Dict[int, dict] = {}
+        self.scheduler_stats: dict = {}  # all replicas together (aggregate_stats)
         self.last_receive_time = 0.0
         self.fatal_error: Optional[str] = None
         self.is_shutting_down = False
@@ -213,7 +218,7 @@ class TokenizerManager:
         self.rid_to_state[req.rid] = state
         if self.server_args.log_requests:
             logger.info("rid=%s input_tokens=%d params=%s", req.rid, len(req.input_ids), req.sampling_params.to_dict())
-        self.send_to_scheduler.send_pyobj(req)
+        self.dispatcher.send_request(req)
         collected: List[ReqOutput] = []
         try:
             while True:
@@ -287,29 +292,32 @@ class TokenizerManager:
 
     def abort_request(self, rid: str) -> None:
         if self.fatal_error is None:
-            self.send_to_scheduler.send_pyobj(AbortReq(rid))
+            self.dispatcher.abort(rid)
 
     def abort_all(self) -> None:
         for rid in list(self.rid_to_state):
             self.abort_request(rid)
 
     # ================================================================== control RPCs
-    async def rpc(self, req: Any, kind: str, timeout: float = RPC_TIMEOUT_S) -> Any:
+    async def rpc(self, req: Any, kind: str, timeout: float = RPC_TIMEOUT_S) -> List[Any]:
+        """Send a control request to every replica; their payloads in dp_rank order."""
         if self.fatal_error is not None:
             raise RequestError(503, f"The server is not healthy: {self.fatal_error}")
-        fut = asyncio.get_running_loop().create_future()
-        self.rpc_waiters[kind].append(fut)
-        self.send_to_scheduler.send_pyobj(req)
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in range(self.dispatcher.num_replicas)]
+        for rank, fut in enumerate(futs):
+            self.rpc_waiters[(kind, rank)].append(fut)
+        self.dispatcher.broadcast(req)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return list(await asyncio.wait_for(asyncio.gather(*futs), timeout))
         except asyncio.TimeoutError:
             raise RequestError(503, f"The scheduler did not answer {kind!r} within {timeout:.0f} s.") from None
 
     async def flush_cache(self) -> bool:
-        return await self.rpc(FlushCacheReq(), "flush_cache")
+        return all(await self.rpc(FlushCacheReq(), "flush_cache"))
 
     async def get_server_info(self) -> dict:
-        return await self.rpc(GetInfoReq(), "server_info")
+        return merge_server_info(await self.rpc(GetInfoReq(), "server_info"), self.dispatcher)
 
     async def health_generate(self) -> bool:
         """True when the scheduler produces a token (or any output) within HEALTH_GENERATE_TIMEOUT_S."""
@@ -353,6 +361,8 @@ class TokenizerManager:
     def dispatch_outputs(self, outputs: List[ReqOutput]) -> None:
         now = self.last_receive_time
         for out in outputs:
+            if out.finished:
+                self.dispatcher.on_finished(out.rid)
             state = self.rid_to_state.get(out.rid)
             if state is None:
                 continue  # aborted by its client; the scheduler's abort confirmation lands here
@@ -370,14 +380,16 @@ class TokenizerManager:
 
     def dispatch_reply(self, reply: RpcReply) -> None:
         if reply.kind == "stats":
-            self.scheduler_stats = reply.payload
+            self.replica_stats[reply.dp_rank] = reply.payload
+            self.scheduler_stats = aggregate_stats(self.replica_stats)
             if self.metrics is not None:
-                self.metrics.set_scheduler_stats(reply.payload)
+                self.metrics.set_scheduler_stats(self.scheduler_stats)
             return
         if reply.kind == "fatal":
-            self.scheduler_died(str(reply.payload))
+            prefix = f"data-parallel replica {reply.dp_rank}: " if self.dispatcher.num_replicas > 1 else ""
+            self.scheduler_died(f"{prefix}{reply.payload}")
             return
-        waiters = self.rpc_waiters.get(reply.kind)
+        waiters = self.rpc_waiters.get((reply.kind, reply.dp_rank))
         while waiters:
             fut = waiters.popleft()
             if not fut.done():

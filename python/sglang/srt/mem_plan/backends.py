@@ -33,6 +33,8 @@ DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, 
 
 # the attention backends, in the order --attention-backend lists them (the registry and ServerArgs read this)
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "aiter")
+# the backends with a CUDA-graph decode path (capture/replay hooks; model_executor/cuda_graph_runner.py)
+GRAPH_BACKENDS = ("triton", "flashinfer")
 AITER_PARTITION_TOKENS = 256  # hard-wired in the AITER paged-attention kernel
 FLASHINFER_WORKSPACE_BYTES = 384 * MiB
 FLASHINFER_WORKSPACE_LARGE_BYTES = 512 * MiB  # upstream forces this for these architecture families

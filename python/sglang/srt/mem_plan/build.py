@@ -11,17 +11,31 @@ budget cap -- is resolved here from the same flags by the same code. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs, workspace_spec
+from sglang.srt.mem_plan.backends import GRAPH_BACKENDS, AttentionShape, BackendInputs, workspace_spec
 from sglang.srt.mem_plan.budget import CPU_DEFAULT_AVAILABLE_SHARE, cpu_default_cap_bytes
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
-from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_ELEM_BYTES, sampler_bytes_per_slot
+from sglang.srt.mem_plan.quantization_sizes import (
+    PLAN_ONLY_QUANTIZATIONS,
+    WeightFormat,
+    gguf_linear_type,
+    quantized_weight_bytes,
+    weight_format,
+)
+from sglang.srt.mem_plan.sizes import (
+    REQ_TO_TOKEN_ELEM_BYTES,
+    grammar_bitmask_bytes_per_slot,
+    grammar_cache_budget_bytes,
+    sampler_bytes_per_slot,
+    sampler_fixed_bytes,
+)
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import GiB, MiB
 
@@ -57,6 +71,7 @@ class ModelFacts:
     context_len: int
     dtype: str  # canonical weight dtype (mem_plan/dtypes.py)
     kv_cache_dtype: str
+    weight_format: WeightFormat = WeightFormat()  # the linear layers' format (quantization_sizes.py)
 
     @property
     def has_encoder(self) -> bool:
@@ -94,7 +109,8 @@ def resolve_max_running_requests(sa, device: DeviceFacts) -> Optional[int]:
 
 
 def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
-    if device.kind == "cpu" or sa.disable_cuda_graph:
+    """G: 0 on a CPU, with --disable-cuda-graph, or with a backend that has no graph decode path."""
+    if device.kind == "cpu" or sa.disable_cuda_graph or (sa.attention_backend or "torch_native") not in GRAPH_BACKENDS:
         return 0
     if sa.cuda_graph_max_bs is not None:
         return sa.cuda_graph_max_bs
@@ -127,6 +143,21 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
                          fused_cpu_decode=device.fused_cpu_decode)
 
 
+def plan_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Optional[str], device_kind: str,
+                       dtype: str) -> WeightFormat:
+    """The linear layers' format a start with these flags holds: --quantization resolved as the runtime resolves it
+    (layers/quantization: unset serves a .gguf's blocks on CPU), else the checkpoint's quantization_config. fp8, awq
+    and gptq are sized for `sglang plan` only."""
+    quant = sa.quantization
+    if quant not in PLAN_ONLY_QUANTIZATIONS:
+        from sglang.srt.layers.quantization import resolve_quantization  # torch-free
+
+        quant = resolve_quantization(quant, gguf_path is not None, device_kind, dtype == "float32", sa.tp_size)
+        quant = None if quant == "none" else quant
+    gguf_type = gguf_linear_type(gguf_path) if quant == "gguf" else ""
+    return weight_format(quant, hf_quant_config, gguf_type)
+
+
 def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     """The dry run's stand-ins for the measured terms (declared formulas in model_shapes.py / encoder.py)."""
     shape, tp = model.shape, sa.tp_size
@@ -139,7 +170,8 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
         detail = "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {sa.encoder_batch_size}"
                            for e in shape.encoders)
     return MeasuredTerms(
-        weight_bytes=shape.weight_bytes(tp, model.dtype) + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0),
+        weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype))
+                      + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0)),
         activation_bytes=shape.activation_bytes(chunk, tp, model.dtype, device.kind),
         cuda_graph_bytes=resolve_cuda_graph_max_bs(sa, device) * CUDA_GRAPH_BYTES_PER_BS,
         encoder_bytes=encoder,
@@ -148,17 +180,49 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     )
 
 
+def cpu_activation_term(formula_bytes: int, measured_bytes: int) -> tuple[int, str]:
+    """The activations term on CPU: (bytes, source).
+
+    A CPU's activation peak is read as peak RSS, which moves by several MB between identical starts (glibc arenas,
+    oneDNN scratch, thread timing): a plan built on it would give the same flags a different KV pool on each start
+    and a dry run could never predict it. So the declared formula (fitted to cover that spread, model_shapes.py) is
+    the term on both sides, and the startup measurement guards it: a peak above the formula replaces it (source
+    "measured"), so the reservation never falls short of what was seen."""
+    if measured_bytes <= formula_bytes:
+        return formula_bytes, "formula"
+    return measured_bytes, "measured"
+
+
 def mm_cache_bytes(sa, model: ModelFacts) -> int:
     """The image-embedding cache term: --mm-embedding-cache-mb for models with encoders."""
     return sa.mm_embedding_cache_mb * MiB if model.has_encoder else 0
 
 
+def grammar_terms(sa, model: ModelFacts) -> tuple[int, int]:
+    """(bitmask bytes per request slot, compiled-grammar cache bytes); both 0 with --grammar-backend none."""
+    if getattr(sa, "grammar_backend", "none") == "none":
+        return 0, 0
+    return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), grammar_cache_budget_bytes(sa.grammar_cache_mb)
+
+
+def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:
+    """On CPU the --dp-size replicas of one server share the RAM: each plans from available / dp_size (the CPU default
+    share and every cap then apply within it). On GPUs each replica has its own device: unchanged.
+    Likewise the --tp-size ranks of one node (tp_size / nnodes of them): each rank plans from its share."""
+    dp = getattr(sa, "dp_size", 1) * max(1, sa.tp_size // getattr(sa, "nnodes", 1))
+    if device.kind != "cpu" or dp == 1:
+        return device
+    return dataclasses.replace(device, pre_load_free_bytes=device.pre_load_free_bytes // dp)
+
+
 def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: MeasuredTerms,
                       mm_embedding_cache_bytes: Optional[int] = None) -> PlanInputs:
     """PlanInputs for this ServerArgs on this device with these measured terms (see the module docstring)."""
+    device = cpu_replica_share(sa, device)
     cap_bytes, cap_source = resolve_cap(sa, device)
     graph_bs = resolve_cuda_graph_max_bs(sa, device)
     cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
+    grammar_per_req, grammar_cache = grammar_terms(sa, model)
     return PlanInputs(
         pre_load_free_bytes=device.pre_load_free_bytes,
         device_total_bytes=device.total_bytes,
@@ -174,6 +238,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         chunked_prefill_size=resolve_chunked_prefill_size(sa, device, model.context_len),
         activation_bytes=measured.activation_bytes,
         workspace=workspace_spec(sa.attention_backend or "torch_native", backend_inputs(sa, model, device, 0, 0)),
+        logits_bytes=sampler_fixed_bytes(model.shape.text.vocab_size),
         logits_per_req_bytes=sampler_bytes_per_slot(model.shape.text.vocab_size),
         req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,
         cuda_graph_bytes=measured.cuda_graph_bytes,
@@ -182,6 +247,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         encoder_detail=measured.encoder_detail,
         mm_cache_bytes=mm_cache_bytes(sa, model) if mm_embedding_cache_bytes is None else mm_embedding_cache_bytes,
         tp_size=sa.tp_size,
+        grammar_per_req_bytes=grammar_per_req,
+        grammar_cache_bytes=grammar_cache,
         sources=dict(measured.sources),
     )
 

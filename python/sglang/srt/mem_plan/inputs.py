@@ -19,6 +19,7 @@ DEFAULT_SOURCES = {
     "cuda_graphs": "measured",
     "encoder": "declared",
     "mm_embedding_cache": "declared",
+    "grammar": "declared",
     "safety_margin": "formula",
 }
 
@@ -64,10 +65,13 @@ class PlanInputs:
     min_kv_tokens: Optional[int] = None
     mm_cache_bytes: int = 0  # multimodal embedding cache budget (--mm-embedding-cache-mb)
     encoder_detail: str = ""  # how the encoder term was obtained, for the rendered plan
+    grammar_per_req_bytes: int = 0  # structured output: bitmask row per request slot (sizes.py)
+    grammar_cache_bytes: int = 0  # structured output: compiled-grammar cache budget (--grammar-cache-mb)
 
     def __post_init__(self):
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
-                     "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes"):
+                     "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes",
+                     "grammar_per_req_bytes", "grammar_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):

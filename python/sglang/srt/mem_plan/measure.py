@@ -2,7 +2,8 @@
 
 CPU: peak RSS is reset by writing "5" to /proc/self/clear_refs and read back as VmHWM from /proc/self/status
 (Linux); current RSS is VmRSS; available memory comes from psutil.
-CUDA/HIP: torch.cuda.mem_get_info / reset_peak_memory_stats / max_memory_allocated.
+CUDA/HIP: torch.cuda.mem_get_info / reset_peak_memory_stats / max_memory_allocated; a device index of None is the
+current device (each TP rank sets its own).
 Distributed: min_across_ranks() so every rank plans from the tightest device.
 """
 
@@ -61,7 +62,7 @@ def cpu_available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def cuda_free_and_total_bytes(device: int = 0) -> tuple[int, int]:
+def cuda_free_and_total_bytes(device: Optional[int] = None) -> tuple[int, int]:
     import torch
 
     torch.cuda.empty_cache()
@@ -69,19 +70,19 @@ def cuda_free_and_total_bytes(device: int = 0) -> tuple[int, int]:
     return int(free), int(total)
 
 
-def cuda_reset_peak(device: int = 0) -> None:
+def cuda_reset_peak(device: Optional[int] = None) -> None:
     import torch
 
     torch.cuda.reset_peak_memory_stats(device)
 
 
-def cuda_peak_allocated_bytes(device: int = 0) -> int:
+def cuda_peak_allocated_bytes(device: Optional[int] = None) -> int:
     import torch
 
     return int(torch.cuda.max_memory_allocated(device))
 
 
-def cuda_allocated_bytes(device: int = 0) -> int:
+def cuda_allocated_bytes(device: Optional[int] = None) -> int:
     import torch
 
     return int(torch.cuda.memory_allocated(device))
@@ -118,7 +119,7 @@ class PeakMeasurement:
 
 
 @contextlib.contextmanager
-def measure_peak(device: str = "cpu", device_index: int = 0) -> Iterator[PeakMeasurement]:
+def measure_peak(device: str = "cpu", device_index: Optional[int] = None) -> Iterator[PeakMeasurement]:
     """Measure the peak memory of a block (e.g. the profile forward at chunked_prefill_size).
 
     CPU: peak RSS (VmHWM after a reset) minus the RSS at entry. CUDA/HIP: peak allocated minus allocated at entry.
@@ -137,7 +138,8 @@ def measure_peak(device: str = "cpu", device_index: int = 0) -> Iterator[PeakMea
         m.peak_bytes = cuda_peak_allocated_bytes(device_index)
 
 
-def pre_load_free_bytes(device: str = "cpu", device_index: int = 0, cap_bytes: Optional[int] = None) -> int:
+def pre_load_free_bytes(device: str = "cpu", device_index: Optional[int] = None,
+                        cap_bytes: Optional[int] = None) -> int:
     """Free memory before weights load, MIN over ranks. CPU: psutil available memory."""
     if device == "cpu":
         free = cpu_available_bytes()

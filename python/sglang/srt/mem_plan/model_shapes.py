@@ -4,7 +4,8 @@ Supported: llama / mistral / qwen2 / qwen3 (dense), qwen2_moe / qwen3_moe / mixt
 and composite VLM configs (text_config + vision_config [siglip / clip] [+ audio_config], llava-style projector;
 a Qwen3-Omni "thinker_config" wrapper is unwrapped). Counts follow the checkpoint's tensors: tied embeddings
 counted once, q/k norms, biases, MoE experts and router (and DeepSeek's score-correction bias). Not counted:
-vocab padding, DeepSeek's MTP layer, quantisation scales (quantised checkpoints are counted at torch_dtype).
+vocab padding, DeepSeek's MTP layer. Counts are at torch_dtype; quantized linear layers (values, scales, zero
+points) are sized by quantization_sizes.py, which build.py applies to the weights term.
 
 Per-rank counts under TP shard heads, intermediate sizes and the vocabulary (ceil division); norms, routers,
 latent (MLA down-) projections and encoders are replicated; KV heads are replicated when tp > num_kv_heads.

@@ -30,7 +30,7 @@ class _Resolved:
     graph_bs: int
     rule: SlotRule
     slot_cost: SlotCost
-    fixed_runtime: int  # activations + logits + cuda graphs + encoder + mm embedding cache + safety margin
+    fixed_runtime: int  # activations + logits + cuda graphs + encoder + mm cache + grammar cache + safety margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
 
@@ -47,12 +47,12 @@ class _Resolved:
         row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
         slot_cost = SlotCost(
             fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
-            per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes,
+            per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes + x.grammar_per_req_bytes,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
         )
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + x.mm_cache_bytes
-                         + margin)
+                         + x.grammar_cache_bytes + margin)
         max_tokens = x.max_total_tokens
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
@@ -95,6 +95,9 @@ class _Resolved:
             MemoryTerm("encoder", x.encoder_bytes, src("encoder"), x.encoder_detail),
             MemoryTerm("mm_embedding_cache", x.mm_cache_bytes, src("mm_embedding_cache"),
                        "image embeddings by content hash" if x.mm_cache_bytes else ""),
+            MemoryTerm("grammar", x.grammar_cache_bytes + x.grammar_per_req_bytes * num_reqs, src("grammar"),
+                       f"compiled-grammar cache {x.grammar_cache_bytes:,} + bitmask {x.grammar_per_req_bytes:,} x "
+                       f"{num_reqs:,} slots" if x.grammar_cache_bytes or x.grammar_per_req_bytes else ""),
             MemoryTerm("safety_margin", self.margin, src("safety_margin"),
                        "stated by caller" if x.safety_margin_bytes is not None else
                        f"{B.SAFETY_MARGIN_FRACTION:.0%} of budget in [64 MiB, 1 GiB]"),

@@ -5,9 +5,18 @@ req_to_token   int64 [(num_reqs + 1), context_len + REQ_TO_TOKEN_EXTRA_COLUMNS];
                tokens past the context, e.g. speculative drafts) in int32.
 kv pool        [layers, num_tokens + page_size, kv_heads, head_dim] for K and for V: the first page is a dummy page
                that padded reads point at (memory_pool.MHATokenToKVPool, allocator.py).
-sampler        float32/int64 rows of vocabulary size per running request (sampling/sampler.py):
-               logits (4 B), a softmax/log-softmax copy (4 B), sorted probabilities (4 B) + their int64 sort
-               indices (8 B) for top-p/top-k, and the scattered result (4 B) = 24 B per vocabulary entry.
+sampler        per running request, at the sampler's peak, the multinomial draw (sampling/sampler.py): fp32 rows of
+               vocabulary size -- the logits, their log-softmax (logprobs), the temperature-scaled logits, the
+               probabilities, the rows copied for torch.multinomial and its exponential race (4 B each) = 24 B per
+               vocabulary entry. Top-k/top-p sort no vocabulary (sampling/topk_topp.py): a 1 B keep mask per entry,
+               freed before the draw, and per row SAMPLER_TOPK_CANDIDATES candidates (value, id, cumulative mass,
+               three masks); plus one fixed term, the rare rows sorted in full SAMPLER_SORT_FALLBACK_ROWS at a time
+               (row copy, sorted values, int64 order, cumulative mass, masks) and the int64 rank row. (The full-sort
+               sampler this replaced peaked at ~39 B per entry: sorted values and int64 order for every row, their
+               cumulative sums, masks, a scattered copy.)
+grammar        structured output (srt/constrained/): the token bitmask, int32 [request slots, ceil(vocab / 32)]
+               (one bit per vocabulary entry, allocated once by GrammarBackend), plus the compiled-grammar cache
+               budget (--grammar-cache-mb); both 0 with --grammar-backend none.
 """
 
 from __future__ import annotations
@@ -16,7 +25,13 @@ REQ_TO_TOKEN_EXTRA_COLUMNS = 4
 REQ_TO_TOKEN_DTYPE = "int64"
 REQ_TO_TOKEN_ELEM_BYTES = 8
 UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES = 4  # upstream SGLang's int32 table, for comparisons
-SAMPLER_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 4 + 8 + 4
+SAMPLER_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 4 + 4 + 4 + 4
+SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY = 1  # the top-k/top-p keep mask (and min-p's compare), never live at the draw
+SAMPLER_TOPK_CANDIDATES = 1024
+SAMPLER_BYTES_PER_CANDIDATE = 4 + 8 + 4 + 1 + 1 + 1
+SAMPLER_SORT_FALLBACK_ROWS = 4
+SAMPLER_SORT_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 8 + 4 + 1 + 1 + 1 + 1
+SAMPLER_RANK_BYTES_PER_VOCAB_ENTRY = 8  # the int64 rank row the full-sort fallback compares with top_k
 # upstream SGLang's GPU sampler (fused top-k/top-p kernels, no full sort): fp32 logits + fp32 probabilities
 UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY = 4 + 4
 
@@ -38,4 +53,29 @@ def kv_pool_rows(num_tokens: int, page_size: int) -> int:
 
 def sampler_bytes_per_slot(vocab_size: int) -> int:
     """Sampler/logits bytes one running request holds at once (module docstring)."""
-    return vocab_size * SAMPLER_BYTES_PER_VOCAB_ENTRY
+    return vocab_size * SAMPLER_BYTES_PER_VOCAB_ENTRY + min(vocab_size, SAMPLER_TOPK_CANDIDATES) * SAMPLER_BYTES_PER_CANDIDATE
+
+
+def sampler_fixed_bytes(vocab_size: int) -> int:
+    """The sampler's scratch that does not grow with the batch: the full-sort fallback rows (module docstring)."""
+    return vocab_size * (SAMPLER_SORT_FALLBACK_ROWS * SAMPLER_SORT_BYTES_PER_VOCAB_ENTRY
+                         + SAMPLER_RANK_BYTES_PER_VOCAB_ENTRY)
+
+
+GRAMMAR_BITMASK_DTYPE = "int32"
+GRAMMAR_BITMASK_WORD_BYTES = 4
+GRAMMAR_BITMASK_TOKENS_PER_WORD = 32
+
+
+def grammar_bitmask_words(vocab_size: int) -> int:
+    """int32 words of one bitmask row: ceil(vocab_size / 32)."""
+    return -(-vocab_size // GRAMMAR_BITMASK_TOKENS_PER_WORD)
+
+
+def grammar_bitmask_bytes_per_slot(vocab_size: int) -> int:
+    """Bytes of one request slot's row of the grammar bitmask."""
+    return grammar_bitmask_words(vocab_size) * GRAMMAR_BITMASK_WORD_BYTES
+
+
+def grammar_cache_budget_bytes(grammar_cache_mb: int) -> int:
+    return grammar_cache_mb * 2**20

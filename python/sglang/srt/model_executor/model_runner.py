@@ -6,7 +6,9 @@ Startup order (each step's memory is accounted in the plan, see model_runner_kv_
     3. multimodal models: profile the encoder at its largest input x encoder batch size (reservation, measured)
        and set up the processor, embedding cache and encoder admission (multimodal/runner_setup.py)
        profile one forward at the chunked-prefill size (activation peak, measured)
+       GPU with a graph backend: capture the decode graphs on scratch pools (cuda_graphs, measured)
     4. plan (pure) -> allocate the request table, KV pool, allocator and attention backend
+    5. capture the decode graphs over the real pools, checked against the plan (cuda_graph_runner.py)
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def _unique_tensor_bytes(model) -> int:
 
 
 class ModelRunner(ModelRunnerKVCacheMixin):
-    def __init__(self, server_args: ServerArgs):
+    cuda_graph_runner = None  # set by init_cuda_graphs() where decode replays graphs
+
+    def __init__(self, server_args: ServerArgs, tp_rank: int = 0):
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, pre_load_free_bytes, trim_cpu_heap
         from sglang.srt.model_loader import load_model, resolve_model_path
@@ -61,8 +65,16 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         from sglang.srt.layers.attention.attention_registry import check_attention_backend
 
         check_attention_backend(server_args.attention_backend, self.device)  # wrong device / missing library
+        # tensor parallel: join the group before anything is measured (measurements are reduced over the ranks)
+        self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
+        ranks_per_node = server_args.tp_size // server_args.nnodes
+        if self.tp_size > 1:
+            from sglang.srt.distributed.parallel_state import init_tp_group
+
+            init_tp_group(self.tp_size, tp_rank, server_args.dist_init_addr, self.device)
         if self.device == "cpu":
-            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+            # the ranks of a node share its cores: each gets its share (at least one thread)
+            torch.set_num_threads(server_args.num_threads or max(1, (os.cpu_count() or 1) // ranks_per_node))
         seed = server_args.random_seed if server_args.random_seed is not None else random.randint(0, 2**31 - 1)
         torch.manual_seed(seed)
         random.seed(seed)
@@ -71,6 +83,18 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
+        from sglang.srt.layers.quantization import resolve_quantization
+        from sglang.srt.model_loader.model_path import gguf_source_path
+
+        # the linear layers' weight format (layers/quantization/): the default CPU start serves GGUF blocks
+        self.gguf_path = gguf_source_path(server_args)
+        kernels = False
+        if self.device == "cpu" and server_args.quantization is None and self.gguf_path is not None:
+            from sglang.srt.layers.quantization.linear_method import quant_kernels
+
+            kernels = quant_kernels() is not None
+        self.quantization = resolve_quantization(server_args.quantization, self.gguf_path is not None, self.device,
+                                                 self.dtype == torch.float32, server_args.tp_size, kernels)
 
         # bf16 on CPU runs the AVX-512 BF16 / AMX kernels where they apply: load (or build) them now, so their code
         # is part of the baseline below and the log says which path decode takes
@@ -88,7 +112,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         # 2. load
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.model = load_model(self.model_config, self.device)
+            self.model = load_model(self.model_config, self.device, self.quantization, self.gguf_path)
         tensor_bytes = _unique_tensor_bytes(self.model)
         self.weight_bytes = tensor_bytes
         if self.device == "cpu":
@@ -121,10 +145,55 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        """Logits (float32 [B, V]) of the last token of each request in the batch."""
+        """Logits (float32 [B, V]) of the last token of each request in the batch. With tp ranks, rank 0 first
+        broadcasts the batch so every rank runs the same forward (distributed/batch_sync.py); a failure then leaves
+        the ranks out of step, so it is fatal (TpRankFailure) instead of confined to the batch's requests."""
+        if self.tp_size == 1:
+            return self.forward_local(forward_batch)
+        from sglang.srt.distributed.batch_sync import FORWARD, pack_forward_batch
+        from sglang.srt.distributed.communication_op import tp_broadcast_object
+        from sglang.srt.managers.fault_confinement import TpRankFailure
+
+        try:
+            tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token)))
+            return self.forward_local(forward_batch)
+        except Exception as e:  # noqa: BLE001
+            raise TpRankFailure(f"TP rank 0: the forward failed, the ranks are out of step: "
+                                f"{type(e).__name__}: {e}") from e
+
+    def ping_tp(self) -> None:
+        """Rank 0, idle: one no-op broadcast, which fails (TpRankFailure) when a rank is gone."""
+        if self.tp_size == 1:
+            return
+        from sglang.srt.distributed.batch_sync import PING
+        from sglang.srt.distributed.communication_op import tp_broadcast_object
+        from sglang.srt.managers.fault_confinement import TpRankFailure
+
+        try:
+            tp_broadcast_object((PING, None))
+        except Exception as e:  # noqa: BLE001
+            raise TpRankFailure(f"TP rank 0 lost another rank while idle: {type(e).__name__}: {e}") from e
+
+    def shutdown_tp(self) -> None:
+        """Rank 0: release the followers (they leave their loop and exit) and leave the group."""
+        if self.tp_size == 1:
+            return
+        from sglang.srt.distributed.batch_sync import stop_message
+        from sglang.srt.distributed.communication_op import tp_broadcast_object
+        from sglang.srt.distributed.parallel_state import destroy_tp_group
+
+        tp_broadcast_object(stop_message())
+        destroy_tp_group()
+        self.tp_size = 1
+
+    @torch.inference_mode()
+    def forward_local(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """This rank's forward (every rank calls it with the same batch)."""
         move_to_device(forward_batch, self.device)
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
+        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
+            return self.cuda_graph_runner.replay(forward_batch)  # decode of <= cuda_graph_max_bs requests
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)

@@ -6,6 +6,9 @@ here:
     weights             measured (bytes of the loaded tensors; on CPU at least the RSS the load added)
     activations         measured: peak of one profile forward at the chunked-prefill size
     encoder             measured by multimodal models at their largest input (or --encoder-mem-reserve)
+With tp ranks every rank measures and the plan charges each rank the tightest value: free memory MIN over the
+ranks (measure.pre_load_free_bytes), weights and activations MAX over the ranks; so every rank computes the same
+per-rank plan (its KV pool holds its KV heads) and the token indices rank 0 hands out are valid on every rank.
 Everything else (KV cell, request slots, sampler rows, req_to_token, the attention backend's declared buffers, the
 budget cap) is declared or formula, identical to the dry run byte for byte. Allocation uses the plan's numbers and
 the same declarations, and check_allocation() asserts the tables and backend buffers match the plan exactly.
@@ -14,6 +17,7 @@ the same declarations, and check_allocation() asserts the tables and backend buf
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -86,14 +90,53 @@ class ModelRunnerKVCacheMixin:
         del kv, r2t, backend, fb
         return meter.increase_bytes
 
+    def graph_factory(self):
+        """What captures decode graphs here: real CUDA graphs on a GPU, nothing on a CPU (decode runs eagerly)."""
+        if not str(self.device).startswith("cuda"):
+            return None
+        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphFactory
+
+        return CudaGraphFactory()
+
+    def _graph_runner(self, r2t, kv, backend, graph_bs: int):
+        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+        return CudaGraphRunner(self.model.forward, backend, r2t, kv, graph_bs, self.device, self.graph_factory())
+
+    def profile_cuda_graph_bytes(self, graph_bs: int) -> int:
+        """Device memory of capturing the decode graphs up to graph_bs, on scratch pools (a dry capture before the
+        plan: the graphs hold their activations and outputs, not the pools, so scratch pools measure the same)."""
+        if graph_bs <= 0 or self.graph_factory() is None:
+            return 0
+        page = self.server_args.page_size
+        r2t = ReqToTokenPool(graph_bs, req_to_token_row_len(self.context_len), self.device)
+        kv = self._kv_pool(page)  # every captured row reads and writes the dummy page only
+        backend = self._attention_backend(r2t, kv, graph_bs, graph_bs)
+        runner = self._graph_runner(r2t, kv, backend, graph_bs)
+        measured = runner.capture().measured_bytes
+        del runner, backend, kv, r2t
+        return measured
+
     def measured_terms(self, chunk: int) -> B.MeasuredTerms:
+        from sglang.srt.distributed.communication_op import tp_max_int
+
         mm = self.multimodal
+        self.own_activation_bytes = self.profile_activation_bytes(chunk)
+        activation_bytes, activation_source = tp_max_int(self.own_activation_bytes), "measured"
+        if str(self.device) == "cpu":
+            model = self.model_facts()
+            formula = model.shape.activation_bytes(chunk, self.server_args.tp_size, model.dtype, "cpu")
+            activation_bytes, activation_source = B.cpu_activation_term(formula, activation_bytes)
+            logger.info("Activation peak at chunk %d: measured %.1f MB, formula %.1f MB -> plan uses the %s",
+                        chunk, self.own_activation_bytes / 2**20, formula / 2**20, activation_source)
         return B.MeasuredTerms(
-            weight_bytes=self.weight_bytes,
-            activation_bytes=self.profile_activation_bytes(chunk),
+            weight_bytes=tp_max_int(self.weight_bytes),
+            activation_bytes=activation_bytes,
+            cuda_graph_bytes=self.profile_cuda_graph_bytes(B.resolve_cuda_graph_max_bs(self.server_args,
+                                                                                       self.device_facts())),
             encoder_bytes=mm.encoder_reserve_bytes,
             encoder_detail=mm.encoder_reserve_detail,
-            sources={"weights": "measured", "activations": "measured", "cuda_graphs": "measured",
+            sources={"weights": "measured", "activations": activation_source, "cuda_graphs": "measured",
                      "encoder": mm.encoder_reserve_source},
         )
 
@@ -120,11 +163,24 @@ class ModelRunnerKVCacheMixin:
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
                                                     plan.max_running_requests, plan.cuda_graph_max_bs)
         self.check_allocation()
+        self.rank_memory = self.gather_rank_memory()
+        self.init_cuda_graphs()
         logger.info(
             "KV cache is allocated. #tokens: %d, #request slots: %d, %.2f GiB, mem_fraction_static=%.3f (%s)",
             plan.max_total_num_tokens, plan.max_running_requests, self.token_to_kv_pool.mem_usage_bytes() / 2**30,
             plan.mem_fraction_static, plan.mem_fraction_static_source,
         )
+
+    def gather_rank_memory(self) -> list:
+        """What each TP rank measured and allocated (rank order), for /server_info; [this rank] at tp == 1."""
+        from sglang.srt.distributed.communication_op import tp_all_gather_object
+
+        mine = {"tp_rank": getattr(self, "tp_rank", 0), "pid": os.getpid(), "device": self.device,
+                "pre_load_rss_bytes": getattr(self, "pre_load_rss_bytes", 0), "weight_bytes": self.weight_bytes,
+                "activation_bytes": self.own_activation_bytes, "allocated_bytes": self.allocated_bytes(),
+                "max_total_num_tokens": self.max_total_num_tokens,
+                "plan_total_bytes": self.memory_plan.total_bytes}
+        return tp_all_gather_object(mine)
 
     def allocated_bytes(self) -> dict:
         """Bytes actually allocated for the planned tables, by plan term."""
@@ -143,3 +199,42 @@ class ModelRunnerKVCacheMixin:
         assert got["kv_cache"] == plan.bytes_of("kv_cache"), (got, plan.bytes_of("kv_cache"))
         assert got["attention_workspace_persistent"] == declared <= plan.bytes_of("attention_workspace"), (
             got, declared, plan.bytes_of("attention_workspace"))
+
+    # ------------------------------------------------------------------ CUDA graphs (after allocation)
+    def init_cuda_graphs(self) -> None:
+        """Capture the decode graphs over the real pools and check their memory against the plan's term."""
+        from sglang.srt.model_executor.cuda_graph_runner import check_graph_memory, graph_memory_error
+
+        plan = self.memory_plan
+        self.cuda_graph_runner, self.cuda_graph_capture, self.cuda_graph_check = None, None, None
+        if plan.cuda_graph_max_bs <= 0 or self.graph_factory() is None:
+            return
+        runner = self._graph_runner(self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend,
+                                    plan.cuda_graph_max_bs)
+        self.cuda_graph_capture = runner.capture()
+        slack = plan.bytes_of("safety_margin") + plan.headroom_bytes
+        self.cuda_graph_check = check = check_graph_memory(plan.bytes_of("cuda_graphs"),
+                                                           self.cuda_graph_capture.measured_bytes, slack)
+        if not check.fits:
+            from sglang.srt.mem_plan import MemoryPlanError
+
+            raise MemoryPlanError(graph_memory_error(check, plan.cuda_graph_max_bs))
+        if check.excess_bytes:
+            logger.warning("CUDA graphs took %d B more than planned; the safety margin absorbs it.",
+                           check.excess_bytes)
+        self.cuda_graph_runner = runner
+
+    def cuda_graph_info(self) -> dict:
+        """For /server_info: whether decode replays CUDA graphs, and their planned vs measured memory."""
+        runner = getattr(self, "cuda_graph_runner", None)
+        if runner is None:
+            if self.graph_factory() is None:
+                reason = f"{self.device}: no CUDA graphs here, decode runs eagerly"
+            elif self.server_args.disable_cuda_graph:
+                reason = "--disable-cuda-graph"
+            else:
+                reason = f"--attention-backend {self.server_args.attention_backend or 'torch_native'} has no graphs"
+            return {"enabled": False, "reason": reason}
+        return {"enabled": True, "batch_sizes": runner.batch_sizes, "num_replays": runner.num_replays,
+                "planned_bytes": self.cuda_graph_check.planned_bytes,
+                "measured_bytes": self.cuda_graph_check.measured_bytes}

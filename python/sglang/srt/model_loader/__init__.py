@@ -8,10 +8,10 @@
 from sglang.srt.model_loader.model_path import resolve_model_path, resolve_tokenizer_path
 
 
-def load_model(model_config, device=None):
+def load_model(model_config, device=None, quantization="none", gguf_path=None):
     from sglang.srt.model_loader.loader import load_model as _load_model
 
-    return _load_model(model_config, device)
+    return _load_model(model_config, device, quantization, gguf_path)
 
 
 __all__ = ["resolve_model_path", "resolve_tokenizer_path", "load_model"]

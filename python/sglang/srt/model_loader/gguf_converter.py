@@ -231,3 +231,54 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
         json.dump(config, f, indent=2)
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(generation, f, indent=2)
+
+
+# Linear-layer tensors served in their own blocks with --quantization gguf (layers/quantization/); the rest (the
+# embedding, an untied lm_head, norms) are read dense from the converted directory.
+QUANTIZED_LINEAR_SUFFIXES = tuple(
+    f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+)
+
+
+def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(hf_name, tensor) for a model built with --quantization gguf: the linear layers' tensors in the staging form
+    of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored, rope rows unpermuted; other types
+    requantized to Q8_0-style blocks), every other tensor dense from model_dir's safetensors.
+    kinds counts the linear tensors per GGUF type name (for the load log)."""
+    import gguf
+
+    from sglang.srt.layers.quantization import packing
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+    reader = gguf.GGUFReader(gguf_path)
+    meta = GGUFMetadata(reader)
+    permuted = _ARCHS[meta.arch][2]
+    heads = {"q_proj": meta.arch_get("attention.head_count")}
+    heads["k_proj"] = meta.arch_get("attention.head_count_kv", heads["q_proj"])
+    served = set()
+    for t in reader.tensors:
+        name = _hf_tensor_name(t.name)
+        if not name.endswith(QUANTIZED_LINEAR_SUFFIXES) or len(t.shape) != 2:
+            continue
+        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
+        ggml_type = int(t.tensor_type)
+        if ggml_type in packing.GGUF_BLOCK_BYTES:
+            raw = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True).reshape(rows, -1))
+            staging = packing.staging_from_gguf(raw, ggml_type)
+            kind = packing.GGUF_TYPE_NAMES[ggml_type]
+        else:
+            from gguf.quants import dequantize
+
+            dense = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(rows, cols)
+            staging = packing.staging_q8_blocks(torch.from_numpy(np.ascontiguousarray(dense)))
+            kind = f"{t.tensor_type.name}->Q8_0"
+        proj = name.split(".")[-2]
+        if permuted and proj in heads:
+            staging = torch.from_numpy(unpermute_rope_rows(staging.numpy(), heads[proj])).contiguous()
+        kinds[kind] = kinds.get(kind, 0) + 1
+        served.add(name)
+        yield name, staging
+    del reader
+    for name, tensor in safetensors_weights_iterator(model_dir):
+        if name not in served:
+            yield name, tensor

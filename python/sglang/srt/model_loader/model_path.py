@@ -91,6 +91,12 @@ def resolve_model_path(server_args: "ServerArgs") -> str:
     )
 
 
+def gguf_source_path(server_args: "ServerArgs") -> Optional[str]:
+    """The .gguf file --model-path (or the bundled default) names, else None (--quantization gguf reads it)."""
+    path = server_args.model_path or default_model_path()
+    return path if os.path.isfile(path) and path.endswith(".gguf") else None
+
+
 def resolve_tokenizer_path(server_args: "ServerArgs", model_dir: str) -> str:
     """--tokenizer-path if set (a .gguf is converted like a model), else the resolved model directory."""
     path = server_args.tokenizer_path

@@ -1,4 +1,6 @@
-"""Llama (SmolLM2, Llama-2/3 with rope scaling): GQA, merged qkv / gate_up projections, optional tied embeddings."""
+"""Llama (SmolLM2, Llama-2/3 with rope scaling): GQA, merged qkv / gate_up projections, optional tied embeddings.
+Tensor parallel: qkv and gate_up column-parallel, o_proj and down_proj row-parallel (one all-reduce each), the
+vocabulary split over the ranks (layers/linear.py, layers/vocab_embedding.py)."""
 
 from __future__ import annotations
 
@@ -43,14 +45,16 @@ class LlamaAttention(nn.Module):
     def __init__(self, config, layer_id: int):
         super().__init__()
         self.hidden_size = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // total_heads
         bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
-        self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
-        self.o_proj = RowParallelLinear(self.q_size, self.hidden_size, bias=getattr(config, "o_proj_bias", False))
+        self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        # this rank's heads (all of them at tp == 1); KV heads are replicated when tp > KV heads
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, self.hidden_size,
+                                        bias=getattr(config, "o_proj_bias", False))
         rope = get_rope_parameters(config)
         self.rotary_emb = get_rope(
             self.head_dim,

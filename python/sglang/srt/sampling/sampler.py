@@ -2,7 +2,8 @@
 
 Order of operations per row (each step skipped when every row leaves it at its neutral value):
   penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
-  -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
+  -> logit_bias -> grammar bitmask (structured output, constrained/logits_mask.py: one masking call for the batch;
+  the grammar wins over min_new_tokens) -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
   -> temperature -> top-k -> top-p -> min-p -> multinomial (a per-request torch.Generator when a seed is given).
 
 Runs under torch.inference_mode, so it may update the logits a forward returned (inference tensors) in place.
@@ -15,11 +16,13 @@ Nothing that is NaN or inf reaches softmax-then-multinomial.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence, Set
+from typing import Any, List, Optional, Protocol, Sequence, Set
 
 import torch
 
+from sglang.srt.constrained.logits_mask import apply_grammar_mask_, apply_logit_bias_, has_grammar
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.topk_topp import filter_probs_
 
 
 class Req(Protocol):
@@ -32,6 +35,7 @@ class Req(Protocol):
     return_logprob: bool
     top_logprobs_num: int
     generator: Optional[torch.Generator]
+    grammar: Optional[Any]  # structured output: constrained/request_grammar.RequestGrammar, or None
 
     @property
     def fill_ids(self) -> Sequence[int]: ...
@@ -84,14 +88,15 @@ def _apply_penalties(logits: torch.Tensor, reqs: List[Req]) -> None:
         if sp.repetition_penalty != 1.0:
             # clamped into float32's range, so the factor is never 0 or inf (0 * inf would make NaN)
             rp = _clamp(sp.repetition_penalty, PENALTY_FACTOR_MIN, PENALTY_FACTOR_MAX)
-            seen = torch.tensor(req.fill_ids, dtype=torch.int64)
+            seen = torch.tensor(req.fill_ids, dtype=torch.int64, device=row.device)
             seen = seen[(seen >= 0) & (seen < vocab)].unique()
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / rp, vals * rp)
         if (sp.frequency_penalty or sp.presence_penalty) and req.output_ids:
             fp = _clamp(sp.frequency_penalty, -PENALTY_FACTOR_MAX, PENALTY_FACTOR_MAX)
             pp = _clamp(sp.presence_penalty, -PENALTY_FACTOR_MAX, PENALTY_FACTOR_MAX)
-            counts = torch.bincount(torch.tensor(req.output_ids, dtype=torch.int64), minlength=vocab)[:vocab]
+            counts = torch.bincount(torch.tensor(req.output_ids, dtype=torch.int64, device=row.device),
+                                    minlength=vocab)[:vocab]
             row -= fp * counts.to(row.dtype)
             row -= pp * (counts > 0).to(row.dtype)
 
@@ -104,12 +109,15 @@ def _mask_stops_before_min_tokens(logits: torch.Tensor, reqs: List[Req]) -> None
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
-    """logits: float32 [B, V] (modified in place)."""
+def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torch.Tensor] = None) -> SampleOutput:
+    """logits: float32 [B, V] (modified in place). grammar_bitmask: the preallocated int32 [>= B, ceil(V / 32)]
+    buffer, needed when a request has a grammar."""
     greedy = [r.sampling_params.is_greedy for r in reqs]
     want_lp = any(r.return_logprob for r in reqs)
     penalise = any(r.sampling_params.has_penalties for r in reqs)
     mask = any(r.sampling_params.min_new_tokens > len(r.output_ids) for r in reqs)
+    biased = any(r.sampling_params.logit_bias for r in reqs)
+    constrained = any(has_grammar(r) for r in reqs)
     if penalise or mask or want_lp or not all(greedy):
         _make_finite_(logits)
         if penalise:
@@ -121,6 +129,11 @@ def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
             _unmask_dead_rows_(logits, unmasked)
         else:
             _unmask_dead_rows_(logits)
+
+    if biased:
+        apply_logit_bias_(logits, reqs)
+    if constrained:  # last: a row the grammar leaves without a finite logit samples uniformly among its tokens
+        apply_grammar_mask_(logits, reqs, grammar_bitmask)
 
     token_logprobs = top_logprobs = None
     if want_lp:
@@ -150,7 +163,7 @@ def sample(logits: torch.Tensor, reqs: List[Req]) -> SampleOutput:
 def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) -> torch.Tensor:
     B, V = logits.shape
     temps = torch.tensor([1.0 if g else min(r.sampling_params.temperature, MAX_TEMPERATURE)
-                          for r, g in zip(reqs, greedy)], dtype=logits.dtype)
+                          for r, g in zip(reqs, greedy)], dtype=logits.dtype, device=logits.device)
     logits = logits / temps.view(-1, 1)
     _make_finite_(logits)  # a tiny temperature can push the largest logits to +inf
     probs = torch.softmax(logits, dim=-1)
@@ -158,24 +171,9 @@ def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) ->
     top_ks = [r.sampling_params.top_k for r in reqs]
     top_ps = [r.sampling_params.top_p for r in reqs]
     min_ps = [r.sampling_params.min_p for r in reqs]
-    need_sort = any(k != -1 and k < V for k in top_ks) or any(p < 1.0 for p in top_ps)
-    if need_sort:
-        sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
-        ranks = torch.arange(V).view(1, -1)
-        k_t = torch.tensor([V if k == -1 else min(k, V) for k in top_ks]).view(-1, 1)
-        drop = ranks >= k_t
-        p_t = torch.tensor(top_ps, dtype=probs.dtype).view(-1, 1)
-        # keep the smallest set whose mass reaches top_p: drop a token if the mass before it already does
-        cum_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= cum_before > p_t
-        drop[:, 0] = False
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(1, sorted_idx, sorted_probs)
-    if any(m > 0 for m in min_ps):
-        m_t = torch.tensor(min_ps, dtype=probs.dtype).view(-1, 1)
-        probs = probs.masked_fill(probs < probs.max(dim=-1, keepdim=True).values * m_t, 0.0)
+    filter_probs_(probs, top_ks, top_ps, min_ps)  # no vocabulary sort: sampling/topk_topp.py
 
-    out = torch.empty(B, dtype=torch.int64)
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
     unseeded = [i for i, r in enumerate(reqs) if r.generator is None and not greedy[i]]
     if unseeded:
         out[unseeded] = torch.multinomial(probs[unseeded], 1).view(-1)
@@ -183,5 +181,6 @@ def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) ->
         if greedy[i]:
             out[i] = torch.argmax(logits[i])
         elif r.generator is not None:
-            out[i] = torch.multinomial(probs[i], 1, generator=r.generator)[0]
+            # a seeded request draws on the CPU (its generator lives there): the same tokens on any device
+            out[i] = torch.multinomial(probs[i].cpu(), 1, generator=r.generator)[0]
     return out

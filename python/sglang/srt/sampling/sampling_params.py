@@ -9,12 +9,12 @@ value and the allowed range; the HTTP layer turns them into 400 responses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sglang.srt.sampling import validation as v
-from sglang.srt.sampling.validation import ParamError, check_token_ids_in_vocab
+from sglang.srt.sampling.validation import ParamError, check_logit_bias, check_token_ids_in_vocab
 from sglang.srt.sampling.validation_errors import describe_validation_error
 
 _GREEDY_EPS = 1e-6
@@ -40,6 +40,11 @@ class SamplingParams:
     no_stop_trim: bool = False
     seed: Optional[int] = None
     n: int = 1
+    # structured output: at most one grammar (srt/constrained/); logit_bias: "token id" -> bias added to its logit
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    logit_bias: Optional[Dict[str, float]] = None
     # normalised forms, filled by normalize()
     stop_strs: List[str] = field(default_factory=list)
 
@@ -59,11 +64,20 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
+    @property
+    def grammar(self) -> Optional[Tuple[str, str]]:
+        """(kind, text) of the request's constraint -- kind is json_schema, regex or ebnf -- or None."""
+        for kind in v.GRAMMAR_FIELDS:
+            if getattr(self, kind) is not None:
+                return kind, getattr(self, kind)
+        return None
+
     def verify(self, vocab_size: Optional[int] = None) -> None:
         """Check every field again (values may have been set after from_dict), and token ids against the vocabulary."""
         validate_sampling_params(self.to_dict())
         if vocab_size is not None and self.stop_token_ids:
             check_token_ids_in_vocab(self.stop_token_ids, vocab_size, "stop_token_ids")
+        check_logit_bias(self.logit_bias, vocab_size)
 
     def normalize(self) -> None:
         if self.stop is None:
@@ -111,12 +125,18 @@ class SamplingParamsModel(BaseModel):
     no_stop_trim: bool = v.FLAG.field(_DEFAULTS.no_stop_trim)
     seed: Optional[int] = v.SEED.field(_DEFAULTS.seed)
     n: int = v.N.field(_DEFAULTS.n)
+    json_schema: Optional[str] = v.GRAMMAR.field(_DEFAULTS.json_schema)
+    regex: Optional[str] = v.GRAMMAR.field(_DEFAULTS.regex)
+    ebnf: Optional[str] = v.GRAMMAR.field(_DEFAULTS.ebnf)
+    logit_bias: Optional[Dict[str, float]] = v.LOGIT_BIAS.field(_DEFAULTS.logit_bias)
 
     @model_validator(mode="after")
     def _across_fields(self) -> "SamplingParamsModel":
         v.check_top_k(self.top_k)
         v.check_min_max(self.min_new_tokens, self.max_new_tokens, "min_new_tokens", "max_new_tokens")
         v.check_seed_with_n(self.seed, self.n)
+        v.check_one_grammar({name: getattr(self, name) for name in v.GRAMMAR_FIELDS})
+        v.check_logit_bias(self.logit_bias)
         return self
 
 

@@ -20,6 +20,10 @@ Limits and why (types are strict everywhere: a bool is not a number, a string is
   stop_token_ids      at most 256 ids, each in [0, vocab size)
   logprobs            chat top_logprobs / top_logprobs_num [0, 20]; completions logprobs [0, 5] (OpenAI's limits)
   rid                 1..256 characters, no control characters
+  json_schema/regex/  at most one per request, 1..262,144 characters (compile time grows with the grammar); whether
+  ebnf                it is a valid grammar is xgrammar's to say (srt/constrained/grammar_check.py)
+  logit_bias          at most 1024 entries "token id" -> bias in [-100, 100] (OpenAI's range; 100 forces, -100
+                      bans), each id in [0, vocab size)
   JSON bodies         nested at most 64 levels (deeper ones would exhaust the recursion of repr/pickle)
 """
 
@@ -44,6 +48,10 @@ MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_RID_CHARS = 256
 MAX_JSON_DEPTH = 64
+MAX_GRAMMAR_CHARS = 262_144
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1024
 RID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 
 
@@ -125,6 +133,9 @@ STOP = Rule(
     list, words=f"a string or a list of at most {MAX_STOP_SEQUENCES} strings, each of 1 to {MAX_STOP_CHARS} characters"
 )
 STOP_TOKEN_IDS = Rule(list, words=f"a list of at most {MAX_STOP_TOKEN_IDS} token ids, each in [0, vocab size)")
+GRAMMAR = Rule(str, max_chars=MAX_GRAMMAR_CHARS, note="; at most one of json_schema, regex, ebnf per request")
+LOGIT_BIAS = Rule(dict, words=f"an object of at most {MAX_LOGIT_BIAS_ENTRIES} entries mapping a token id (a string "
+                               f"of digits, in [0, vocab size)) to a bias in [-100, 100]")
 
 # a token id before the vocabulary is known; the vocabulary check comes with the model (SamplingParams.verify)
 TOKEN_ID_FIELD = Field(ge=0, le=MAX_TOKEN_COUNT)
@@ -171,3 +182,28 @@ def check_token_ids_in_vocab(ids, vocab_size: int, param: str) -> None:
     if bad is not None:
         raise ParamError(param, f"Token id {bad} is outside the vocabulary", bad,
                          f"token ids in [0, {vocab_size}) (the model's vocabulary size is {vocab_size})")
+
+
+def check_one_grammar(values: dict) -> None:
+    """At most one of json_schema, regex, ebnf (values: field -> value or None)."""
+    given = [name for name in GRAMMAR_FIELDS if values.get(name) is not None]
+    if len(given) > 1:
+        raise ParamError(given[1], f"Only one constraint may be given per request, but {' and '.join(given)} are set",
+                         values[given[1]], f"one of {', '.join(GRAMMAR_FIELDS)}")
+
+
+def check_logit_bias(bias: Optional[dict], vocab_size: Optional[int] = None, param: str = "logit_bias") -> None:
+    """Keys are token ids written as decimal strings; values are finite numbers in [-100, 100]."""
+    if bias is None:
+        return
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ParamError(param, f"{len(bias)} entries is too many", f"<{len(bias)} entries>", LOGIT_BIAS.allowed)
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ParamError(param, f"Key {key!r} is not a token id", key, LOGIT_BIAS.allowed)
+        if vocab_size is not None and int(key) >= vocab_size:
+            raise ParamError(param, f"Token id {key} is outside the vocabulary", key,
+                             f"token ids in [0, {vocab_size}) (the model's vocabulary size is {vocab_size})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ParamError(param, f"The bias of token {key} is not a number in [-100, 100]", value,
+                             LOGIT_BIAS.allowed)

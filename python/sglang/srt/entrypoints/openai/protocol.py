@@ -12,10 +12,12 @@ is OpenAI's: ChatCompletion / ChatCompletionChunk / Completion objects and the `
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sglang.srt.function_call.tool_types import Tool, ToolChoice
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling import validation as v
 from sglang.srt.sampling.sampling_params import SamplingParamsModel, StopList, StopStr, TokenId
@@ -24,8 +26,25 @@ from sglang.srt.sampling.validation_errors import describe_validation_error
 Rid = Annotated[str, v.RID.field(..., pattern=v.RID_PATTERN)]
 
 
+def check_response_format_schema(schema_text: str) -> None:
+    """response_format's schema must be one xgrammar accepts (its parser; the vocabulary compile comes later)."""
+    from sglang.srt.constrained.grammar_check import parse_grammar, xgrammar_message
+
+    try:
+        parse_grammar("json_schema", schema_text)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise v.ParamError("response_format", f"xgrammar could not compile json_schema.schema: {xgrammar_message(e)}",
+                           schema_text, "a JSON schema xgrammar can compile") from None
+
+
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def upstream_only(value: Any, why: str) -> Any:
+    """A field of upstream's request schema this server accepts only at its no-op value (sglang-router, which
+    re-serializes every body with upstream's defaults, always sends it); any other value is a 400 saying why."""
+    return Field(value, description=f"Allowed: only {str(value).lower()}; {why}")
 
 
 class StreamOptions(OpenAIModel):
@@ -33,9 +52,43 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool = False
 
 
+RESPONSE_FORMAT_ALLOWED = ('{"type": "text"}, {"type": "json_object"}, or {"type": "json_schema", "json_schema": '
+                           '{"name": ..., "schema": {...}, "strict": true}}')
+JSON_SCHEMA_FORMAT_KEYS = {"name": str, "description": str, "schema": dict, "strict": bool}
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object: any JSON object (upstream's mapping)
+
+
 class ResponseFormat(OpenAIModel):
+    """OpenAI's structured output, enforced by the grammar backend as a json_schema constraint (srt/constrained/)."""
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[Dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ResponseFormat":
+        js = self.json_schema
+        if self.type != "json_schema":
+            if js is not None:
+                raise v.ParamError("json_schema", f"Only type 'json_schema' takes json_schema (type is {self.type!r})",
+                                   js, RESPONSE_FORMAT_ALLOWED)
+            return self
+        if js is None or not isinstance(js.get("name"), str) or not js["name"]:
+            raise v.ParamError("json_schema", "type 'json_schema' needs json_schema with a non-empty name", js,
+                               RESPONSE_FORMAT_ALLOWED)
+        for key, value in js.items():
+            kind = JSON_SCHEMA_FORMAT_KEYS.get(key)
+            if kind is None or not isinstance(value, kind):
+                raise v.ParamError(f"json_schema.{key}", "Unknown key or wrong type" if kind is None else
+                                   f"Input should be a {kind.__name__}", value, RESPONSE_FORMAT_ALLOWED)
+        return self
+
+    def constraint_json_schema(self) -> Optional[str]:
+        """The JSON schema (a JSON string) the output must match, or None for plain text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema.get("schema") is None:
+            return JSON_OBJECT_SCHEMA
+        return json.dumps(self.json_schema["schema"])
 
 
 class SamplingFields(OpenAIModel):
@@ -44,7 +97,8 @@ class SamplingFields(OpenAIModel):
     model: Optional[str] = None
     frequency_penalty: float = v.PENALTY.field(0.0)
     presence_penalty: float = v.PENALTY.field(0.0)
-    logit_bias: Optional[Dict[str, float]] = None
+    logit_bias: Optional[Dict[str, float]] = v.LOGIT_BIAS.field(None)
+    response_format: Optional[ResponseFormat] = None
     n: int = v.N.field(1)
     seed: Optional[int] = v.SEED.field(None)
     stop: Optional[Union[StopStr, StopList]] = v.STOP.field(None)
@@ -64,6 +118,10 @@ class SamplingFields(OpenAIModel):
     stop_token_ids: Optional[List[TokenId]] = v.STOP_TOKEN_IDS.field(None, max_length=v.MAX_STOP_TOKEN_IDS)
     no_stop_trim: bool = v.FLAG.field(False)
     rid: Optional[Rid] = Field(None, description=v.RID.description)
+    json_schema: Optional[str] = v.GRAMMAR.field(None)  # structured output, SGLang's names (one at most)
+    regex: Optional[str] = v.GRAMMAR.field(None)
+    ebnf: Optional[str] = v.GRAMMAR.field(None)
+    return_hidden_states: Literal[False] = upstream_only(False, "this server does not return hidden states.")
 
     # the output-length field and its name, per API
     @property
@@ -79,7 +137,24 @@ class SamplingFields(OpenAIModel):
         v.check_top_k(self.top_k)
         v.check_min_max(self.min_tokens, self.max_output_tokens, "min_tokens", self.max_tokens_param)
         v.check_seed_with_n(self.seed, self.n)
+        v.check_logit_bias(self.logit_bias)
+        v.check_one_grammar({name: getattr(self, name) for name in v.GRAMMAR_FIELDS})
+        rf_schema = self.response_format.constraint_json_schema() if self.response_format is not None else None
+        if rf_schema is not None:
+            given = [name for name in v.GRAMMAR_FIELDS if getattr(self, name) is not None]
+            if given:
+                raise v.ParamError(given[0], "response_format already constrains the output", getattr(self, given[0]),
+                                   "at most one of response_format (json_object / json_schema), json_schema, regex, "
+                                   "ebnf")
+            check_response_format_schema(rf_schema)
         return self
+
+    def constraint(self) -> Dict[str, str]:
+        """The grammar sampling param this request sets: {"json_schema" | "regex" | "ebnf": text}, or {}."""
+        rf_schema = self.response_format.constraint_json_schema() if self.response_format is not None else None
+        if rf_schema is not None:
+            return {"json_schema": rf_schema}
+        return {name: getattr(self, name) for name in v.GRAMMAR_FIELDS if getattr(self, name) is not None}
 
     def sampling_params(self, max_new_tokens: Optional[int]) -> dict:
         """The SamplingParams dict of choice `index` 0; serving code offsets the seed per choice."""
@@ -98,6 +173,8 @@ class SamplingFields(OpenAIModel):
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "no_stop_trim": self.no_stop_trim,
             "seed": self.seed,
+            "logit_bias": self.logit_bias,
+            **self.constraint(),
         }
         if self.temperature is not None:
             params["temperature"] = self.temperature
@@ -107,8 +184,6 @@ class SamplingFields(OpenAIModel):
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(param, message) for a valid-looking request this server cannot honour, else None."""
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported by this server; remove it."
         return None
 
 
@@ -154,6 +229,7 @@ class ChatMessage(OpenAIModel):
     name: Optional[str] = None
     tool_calls: Optional[List[Dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None  # an earlier reply's thoughts, sent back by some clients
 
     def text(self, image_placeholder: Optional[str] = None) -> str:
         """The text parts joined; image parts become image_placeholder (a multimodal model's image token)."""
@@ -173,9 +249,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Optional[int] = v.TOP_LOGPROBS.field(None)
     max_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
     max_completion_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
-    response_format: Optional[ResponseFormat] = None
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = None
     store: Optional[bool] = None
     metadata: Optional[Dict[str, str]] = None
@@ -183,6 +258,10 @@ class ChatCompletionRequest(SamplingFields):
     # SGLang extensions
     continue_final_message: bool = False
     chat_template_kwargs: Optional[Dict[str, Any]] = None
+    # upstream's reasoning switches (serving_chat.py): with --reasoning-parser, separate_reasoning moves the reasoning
+    # to reasoning_content and stream_reasoning streams it; without a parser they change nothing (as upstream)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @property
     def max_output_tokens(self) -> Optional[int]:
@@ -195,13 +274,6 @@ class ChatCompletionRequest(SamplingFields):
     def unsupported(self):
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs requires logprobs to be true."
-        if self.response_format is not None and self.response_format.type != "text":
-            return "response_format", (
-                f"response_format type {self.response_format.type!r} (constrained decoding) is not supported "
-                "by this server; use 'text' or omit it."
-            )
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice", "Only tool_choice 'none' or 'auto' is supported by this server."
         return super().unsupported()
 
 
@@ -232,6 +304,14 @@ class GenerateRequest(OpenAIModel):
     top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
     image_data: Optional[Any] = None
     model: Optional[str] = None
+    # upstream fields sglang-router always sends (see upstream_only)
+    return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")
+    log_metrics: Literal[True] = upstream_only(True, "every request is counted in the metrics.")
+    return_hidden_states: Literal[False] = upstream_only(False, "this server does not return hidden states.")
+    background: Literal[False] = upstream_only(False, "requests run in the foreground.")
+    no_logs: Literal[False] = upstream_only(False, "request logging is set by --log-requests.")
+    return_bytes: Literal[False] = upstream_only(False, "outputs are text.")
+    return_entropy: Literal[False] = upstream_only(False, "this server does not return entropies.")
 
 
 class AbortRequest(OpenAIModel):

@@ -1,8 +1,11 @@
-"""POST /v1/chat/completions: the model's chat template, n choices, streaming or not, logprobs, usage.
+"""POST /v1/chat/completions: the model's chat template, n choices, streaming or not, logprobs, usage, tool calls
+and reasoning.
 
 Streaming follows OpenAI's chunk sequence per choice: a first delta carrying the role, content deltas, then an
 empty delta with finish_reason; with stream_options.include_usage every chunk has "usage": null and one last chunk
-with no choices carries the usage.
+with no choices carries the usage. With --reasoning-parser / --tool-call-parser each choice's text goes through a
+ChatOutputParser (srt/parser/chat_output.py): deltas then carry reasoning_content and tool_calls too, and a reply
+that ends in calls finishes with "tool_calls".
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse,
     usage_dict,
 )
+from sglang.srt.function_call.tool_call_stream import ToolCallStream
+from sglang.srt.function_call.tool_plan import ToolPlan, plan_tools, template_tool_calls
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.parser.chat_output import ChatOutputParser, finish_reason_with_calls
+from sglang.srt.parser.reasoning_parser import ReasoningParser
 from sglang.srt.sampling.sampling_params import choice_sampling_params
 
 # roles the common chat templates know; OpenAI's newer "developer" role is the old "system"
@@ -41,9 +48,11 @@ class OpenAIServingChat(OpenAIServingBase):
             if m.name is not None:
                 msg["name"] = m.name
             if m.tool_calls is not None:
-                msg["tool_calls"] = m.tool_calls
+                msg["tool_calls"] = template_tool_calls(m.tool_calls)
             if m.tool_call_id is not None:
                 msg["tool_call_id"] = m.tool_call_id
+            if m.reasoning_content is not None:  # templates that show earlier thoughts (Qwen3) read it
+                msg["reasoning_content"] = m.reasoning_content
             messages.append(msg)
             images.extend(m.image_urls())
         return messages, images
@@ -63,15 +72,39 @@ class OpenAIServingChat(OpenAIServingBase):
             content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": top})
         return content
 
+    def tool_plan(self, req: ChatCompletionRequest) -> ToolPlan:
+        """Runs off the event loop: a forced choice turns every function's schema into grammar text."""
+        tm, args = self.tokenizer_manager, self.tokenizer_manager.server_args
+        special = getattr(tm.tokenizer, "all_special_tokens", None) or ()
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, args.tool_call_parser, special,
+                          getattr(args, "grammar_backend", None))
+        if plan.ebnf is not None and req.constraint():
+            raise RequestError(400, "tool_choice 'required' or a named function is enforced with a grammar, and "
+                               "response_format / json_schema / regex / ebnf already constrains this request's "
+                               "output; use one or the other.", param="tool_choice")
+        return plan
+
+    def output_parser(self, req: ChatCompletionRequest, plan: ToolPlan) -> ChatOutputParser:
+        """A fresh parser for one choice's output."""
+        name = self.tokenizer_manager.server_args.reasoning_parser
+        thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+        # a grammar-forced call has no room for thoughts
+        reasoning = ReasoningParser(name) if name and req.separate_reasoning and thinking and not plan.forced else None
+        tools = ToolCallStream(plan.detector, plan.function_names, plan.forced) if plan.detector else None
+        return ChatOutputParser(reasoning, tools, stream_reasoning=req.stream_reasoning)
+
     async def create(self, req: ChatCompletionRequest, raw_request: Request) -> Response:
         tm = self.tokenizer_manager
+        plan = await tm.offloop.run(self.tool_plan, req) if req.tools else self.tool_plan(req)
         base = req.sampling_params(req.max_output_tokens)
+        if plan.ebnf is not None:
+            base["ebnf"] = plan.ebnf
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
                               {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param})
         messages, images = self.template_messages(req)
         prompt = await tm.apply_chat_template(
             messages,
-            tools=req.tools if req.tool_choice != "none" else None,
+            tools=plan.template_tools,
             continue_final_message=req.continue_final_message,
             template_kwargs=req.chat_template_kwargs,
         )
@@ -95,10 +128,10 @@ class OpenAIServingChat(OpenAIServingBase):
             tokenized.append(t)
         gen = tm.generate_many(tokenized, raw_request)
         if req.stream:
-            return await self.stream(req, gen, len(ids))
-        return await self.complete(req, gen, len(ids))
+            return await self.stream(req, gen, len(ids), plan)
+        return await self.complete(req, gen, len(ids), plan)
 
-    async def complete(self, req: ChatCompletionRequest, gen, prompt_tokens: int) -> Response:
+    async def complete(self, req: ChatCompletionRequest, gen, prompt_tokens: int, plan: ToolPlan) -> Response:
         outs: List[Optional[ReqOutput]] = [None] * req.n
         async for i, out in gen:
             outs[i] = out
@@ -106,11 +139,12 @@ class OpenAIServingChat(OpenAIServingBase):
             raise RequestError(499, "Client disconnected.")
         choices = []
         for i, out in enumerate(outs):
+            parser = self.output_parser(req, plan)
             choices.append({
                 "index": i,
-                "message": {"role": "assistant", "content": out.new_text},
+                "message": parser.message(out.new_text),
                 "logprobs": {"content": self.logprobs_content(out)} if req.logprobs else None,
-                "finish_reason": finish_reason_str(out.finish_reason),
+                "finish_reason": finish_reason_with_calls(finish_reason_str(out.finish_reason), parser),
                 "matched_stop": matched_stop(out.finish_reason),
             })
         return json_response({
@@ -122,7 +156,9 @@ class OpenAIServingChat(OpenAIServingBase):
             "usage": usage_dict(prompt_tokens, sum(o.completion_tokens for o in outs), outs[0].cached_tokens),
         })
 
-    async def stream(self, req: ChatCompletionRequest, gen: AsyncIterator, prompt_tokens: int) -> Response:
+    async def stream(
+        self, req: ChatCompletionRequest, gen: AsyncIterator, prompt_tokens: int, plan: ToolPlan
+    ) -> Response:
         try:
             first = await self.first_item(gen)
         except RequestError:
@@ -142,18 +178,22 @@ class OpenAIServingChat(OpenAIServingBase):
 
         async def events() -> AsyncIterator[bytes]:
             completion_tokens, cached = {}, 0
-            started = set()
+            parsers = {}
             item = first
             while item is not None:
                 i, out = item
-                if i not in started:
-                    started.add(i)
+                if i not in parsers:
+                    parsers[i] = self.output_parser(req, plan)
                     yield chunk(i, {"role": "assistant", "content": ""})
-                if out.new_text or (req.logprobs and out.new_token_ids):
-                    lp = {"content": self.logprobs_content(out)} if req.logprobs else None
-                    yield chunk(i, {"content": out.new_text}, logprobs=lp)
+                deltas = parsers[i].feed(out.new_text, out.finished)
+                if not deltas and req.logprobs and out.new_token_ids:
+                    deltas = [{"content": ""}]  # the logprobs still go out with this step
+                for k, delta in enumerate(deltas):
+                    lp = {"content": self.logprobs_content(out)} if req.logprobs and k == 0 else None
+                    yield chunk(i, delta, logprobs=lp)
                 if out.finished:
-                    yield chunk(i, {}, finish_reason_str(out.finish_reason), matched=matched_stop(out.finish_reason))
+                    reason = finish_reason_with_calls(finish_reason_str(out.finish_reason), parsers[i])
+                    yield chunk(i, {}, reason, matched=matched_stop(out.finish_reason))
                 completion_tokens[i] = out.completion_tokens
                 if i == 0:
                     cached = out.cached_tokens

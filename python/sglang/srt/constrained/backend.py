@@ -1,0 +1,129 @@
+"""GrammarBackend: the scheduler's side of constrained decoding (xgrammar) for one tokenizer.
+
+Holds the compiled-grammar cache, the token bitmask buffer (allocated once, sized by the memory plan's grammar
+term) and the requests waiting for their grammar to compile. The scheduler calls:
+    hold(req)      a request with a grammar: start (or join) its compile; it waits here, not in the waiting queue
+    pop_ready()    requests whose compile finished: ready ones get a matcher (req.grammar), failed ones an error
+    remove(req)    an aborted request leaves the queue
+    wait(s)        block up to s seconds for a compile when there is nothing else to run
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang.srt.constrained.grammar_cache import GrammarCache
+from sglang.srt.constrained.grammar_check import invalid_grammar_error
+from sglang.srt.constrained.request_grammar import RequestGrammar
+from sglang.srt.mem_plan.sizes import GRAMMAR_BITMASK_DTYPE, grammar_bitmask_words
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarBackend:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], max_batch_rows: int,
+                 cache_budget_bytes: int, num_compile_threads: int = 1):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        # one row per request a batch can sample at once; int32 words, bit t % 32 of word t // 32 = token t
+        self.bitmask = torch.zeros(max_batch_rows, grammar_bitmask_words(vocab_size),
+                                   dtype=getattr(torch, GRAMMAR_BITMASK_DTYPE))
+        self._info_lock = threading.Lock()
+        self._compiler = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
+        self.cache = GrammarCache(self._compile, cache_budget_bytes, num_compile_threads)
+        self.waiting: List[Tuple[Any, Future]] = []
+        self.num_live_matchers = 0
+
+    # ------------------------------------------------------------------ compile (worker thread)
+    def _get_compiler(self):
+        import xgrammar as xgr
+
+        with self._info_lock:
+            if self._compiler is None:
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.stop_token_ids)
+                # our GrammarCache is the cache (one budget, one eviction rule); xgrammar's own stays off
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def _compile(self, kind: str, text: str):
+        compiler = self._get_compiler()
+        if kind == "json_schema":
+            # compact JSON (no free whitespace): a small model cannot wander into endless spaces or newlines
+            return compiler.compile_json_schema(text, any_whitespace=False)
+        if kind == "regex":
+            return compiler.compile_regex(text)
+        if kind == "ebnf":
+            return compiler.compile_grammar(text)
+        raise ValueError(f"unknown grammar kind {kind!r}")
+
+    # ------------------------------------------------------------------ scheduler side
+    def hold(self, req: Any) -> None:
+        kind, text = req.sampling_params.grammar
+        self.waiting.append((req, self.cache.get(kind, text)))
+
+    def remove(self, req: Any) -> bool:
+        for i, (r, _) in enumerate(self.waiting):
+            if r is req:
+                del self.waiting[i]
+                return True
+        return False
+
+    def pop_ready(self) -> Tuple[List[Any], List[Tuple[Any, str]]]:
+        """(requests now holding a matcher, [(request, 400 message)] for grammars xgrammar refused), in arrival
+        order; both leave the queue."""
+        ready, failed, still = [], [], []
+        for req, fut in self.waiting:
+            if not fut.done():
+                still.append((req, fut))
+                continue
+            kind, text = req.sampling_params.grammar
+            err = fut.exception()
+            if err is not None:
+                failed.append((req, str(invalid_grammar_error(kind, text, err))))
+                continue
+            req.grammar = self.new_matcher(kind, fut.result())
+            ready.append(req)
+        self.waiting = still
+        return ready, failed
+
+    def new_matcher(self, kind: str, compiled: Any) -> RequestGrammar:
+        import xgrammar as xgr
+
+        self.num_live_matchers += 1
+        return RequestGrammar(kind, xgr.GrammarMatcher(compiled), self._released)
+
+    def _released(self) -> None:
+        self.num_live_matchers -= 1
+
+    def wait(self, timeout_s: float) -> None:
+        if self.waiting:
+            wait([f for _, f in self.waiting], timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def stats(self) -> dict:
+        return {"num_grammar_waiting_reqs": len(self.waiting), "num_live_grammar_matchers": self.num_live_matchers,
+                "grammar_cache_entries": len(self.cache), "grammar_cache_bytes": self.cache.cached_bytes,
+                "grammar_compiles": self.cache.num_compiles, "grammar_cache_hits": self.cache.num_hits}
+
+    def shutdown(self) -> None:
+        self.cache.shutdown()
+
+
+def build_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Optional[Sequence[int]],
+                          max_batch_rows: int) -> Optional[GrammarBackend]:
+    """The scheduler's backend, or None with --grammar-backend none or without a tokenizer."""
+    from sglang.srt.mem_plan.sizes import grammar_cache_budget_bytes
+
+    if server_args.grammar_backend == "none" or tokenizer is None:
+        return None
+    return GrammarBackend(tokenizer, vocab_size, list(eos_token_ids or []), max_batch_rows,
+                          grammar_cache_budget_bytes(server_args.grammar_cache_mb))

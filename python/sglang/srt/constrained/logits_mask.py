@@ -1,0 +1,45 @@
+"""What the sampler applies for structured output, to the whole batch at once: logit_bias, then the grammar bitmask.
+
+apply_logit_bias_     logits[i, id] += bias for every (id, bias) of row i's logit_bias
+apply_grammar_mask_   one bitmask row per constrained request (its matcher fills it), one masking call for the batch;
+                      a constrained row left with no finite allowed logit gets a uniform choice among its allowed
+                      tokens, so the grammar holds even then
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import torch
+
+
+def has_grammar(req: Any) -> bool:
+    return getattr(req, "grammar", None) is not None
+
+
+def apply_logit_bias_(logits: torch.Tensor, reqs: List[Any]) -> None:
+    for i, req in enumerate(reqs):
+        bias = req.sampling_params.logit_bias
+        if bias:
+            ids = torch.tensor([int(k) for k in bias], dtype=torch.int64, device=logits.device)
+            vals = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+            logits[i].index_add_(0, ids, vals)
+
+
+def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional[torch.Tensor]) -> None:
+    """logits: float32 [B, V]; bitmask: the preallocated int32 [>= B, ceil(V / 32)] buffer."""
+    import xgrammar as xgr
+
+    rows = [i for i, r in enumerate(reqs) if has_grammar(r)]
+    if not rows:
+        return
+    assert bitmask is not None and bitmask.shape[0] >= len(reqs), "the grammar bitmask has a row per batch request"
+    for i in rows:
+        reqs[i].grammar.fill_bitmask(bitmask, i)
+    vocab = logits.shape[1]
+    xgr.apply_token_bitmask_inplace(logits, bitmask[: len(reqs)], vocab_size=vocab, indices=rows)
+    sub = logits if len(rows) == len(reqs) else logits[rows]
+    dead = [rows[j] for j in torch.nonzero(sub.amax(dim=1) == float("-inf")).view(-1).tolist()]
+    if dead:
+        logits[dead] = 0.0
+        xgr.apply_token_bitmask_inplace(logits, bitmask[: len(reqs)], vocab_size=vocab, indices=dead)

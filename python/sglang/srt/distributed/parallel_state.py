@@ -1,0 +1,80 @@
+"""Tensor-parallel process groups (torch.distributed): who am I, how many are we, which group to talk to.
+
+One process per TP rank; the world is exactly the TP group (no pipeline / data parallel ranks inside it).
+    device_group   the backend of the tensors the model reduces: gloo on CPU, nccl on CUDA
+    cpu_group      always gloo: pickled Python objects (the scheduled batches rank 0 broadcasts)
+Before init_tp_group() (and in every tp=1 process) get_tp_size() == 1 and get_tp_rank() == 0, so layers built
+outside a distributed run are the plain single-rank layers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# A collective waits this long for its peers. Followers wait in a broadcast while the server is idle, so this is
+# not a liveness check: a dead rank closes its sockets (gloo raises at once) or is reaped by the parent process.
+COLLECTIVE_TIMEOUT = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class TpGroup:
+    rank: int
+    size: int
+    device: str  # "cpu" or "cuda"
+    device_group: Any
+    cpu_group: Any
+
+
+_TP: Optional[TpGroup] = None
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what} {numerator} is not divisible by --tp-size {denominator}.")
+    return numerator // denominator
+
+
+def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, device: str) -> TpGroup:
+    """Join the TP group at tcp://init_addr (host:port) as rank tp_rank; blocks until all tp_size ranks joined."""
+    global _TP
+    if _TP is not None:
+        raise RuntimeError("the tensor-parallel group is already initialised in this process")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(tp_rank % torch.cuda.device_count())
+    dist.init_process_group(backend=backend, init_method=f"tcp://{init_addr}", world_size=tp_size, rank=tp_rank,
+                            timeout=COLLECTIVE_TIMEOUT)
+    world = dist.group.WORLD
+    cpu_group = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    _TP = TpGroup(tp_rank, tp_size, device, world, cpu_group)
+    logger.info("TP rank %d of %d joined the group at %s (%s)", tp_rank, tp_size, init_addr, backend)
+    return _TP
+
+
+def destroy_tp_group() -> None:
+    global _TP
+    if _TP is None:
+        return
+    _TP = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_tp_group() -> Optional[TpGroup]:
+    return _TP
+
+
+def get_tp_rank() -> int:
+    return _TP.rank if _TP is not None else 0
+
+
+def get_tp_size() -> int:
+    return _TP.size if _TP is not None else 1

@@ -1,0 +1,71 @@
+"""Dense bf16 linear weights packed once at load for CPUs without AMX (sgl-kernel/csrc/cpu/gemm_bf16.h).
+
+Without AMX tiles, a decode batch of 9-64 rows used to fall to torch.mm; with the weights in the VNNI layout that
+VDPBF16PS reads, one kernel serves every row count (decode and prefill) at the instruction-throughput bound. The
+packed tensor replaces the nn.Linear weight in place: same shape [N, K], dtype and bytes (so the plan's weights term
+is unchanged and measured as before), with the attribute `vnni_packed` set. `linear()` (layers/linear.py) sends such
+a weight here for every call.
+
+    prepack_dense_linear_weights(model)   after loading (model_loader/loader.py); a no-op with AMX, in fp32, on other
+                                          CPUs, or with SGLANG_CPU_KERNELS=0
+    packed_linear(x, weight, bias)        the kernel; inside cpu_kernels_disabled() (A/B tests) the torch path on the
+                                          unpacked weight, which is exactly the original
+Quantized layers (--quantization) hold no dense weight and are left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.jit_kernel.cpu_ops import amx_available, get_cpu_ops
+
+PACK_ROWS = 16  # output rows per packed block (kPackRows)
+PACK_K = 32  # input columns must be a multiple (kPackK)
+
+
+def packable(weight: Optional[torch.Tensor]) -> bool:
+    return (weight is not None and weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.is_cpu
+            and weight.shape[0] % PACK_ROWS == 0 and weight.shape[1] % PACK_K == 0
+            and not getattr(weight, "vnni_packed", False))
+
+
+def prepack_dense_linear_weights(model: nn.Module) -> int:
+    """Pack every dense bf16 LinearBase weight in place when the non-AMX kernel serves this machine; returns the
+    count."""
+    from sglang.srt.layers.linear import LinearBase
+
+    ops = get_cpu_ops()
+    if ops is None or amx_available() or not hasattr(ops, "pack_linear_weight"):
+        return 0
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None) if isinstance(module, LinearBase) else None
+        if getattr(module, "quant_method", None) is None and packable(weight):
+            weight.data = ops.pack_linear_weight(weight.data)  # the original is freed: one copy is held
+            weight.vnni_packed = True
+            count += 1
+    return count
+
+
+def unpack_weight(packed: torch.Tensor) -> torch.Tensor:
+    """The nn.Linear layout [N, K] of a packed weight ([N/16][K/2][16][2] -> [N][K])."""
+    n, k = packed.shape
+    return packed.view(n // PACK_ROWS, k // 2, PACK_ROWS, 2).permute(0, 2, 1, 3).reshape(n, k)
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) for a packed weight."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    ops = get_cpu_ops() if x2.dtype == torch.bfloat16 else None
+    if ops is not None and x2.shape[0] > 0:
+        out = ops.packed_linear(x2, weight)
+        if bias is not None:
+            out = out + bias
+    else:
+        out = F.linear(x2, unpack_weight(weight).to(x2.dtype), bias)
+    return out.reshape(*shape[:-1], weight.shape[0])

@@ -1,0 +1,68 @@
+"""Quantized linear layers (--quantization): which weight format each LinearBase gets, resolved once at startup.
+
+    resolve_quantization(server_args, model_is_gguf, device, dtype) -> "none" | "gguf" | "w8a8_int8"
+    with quantization_config(name): build the model   # LinearBase.__init__ asks linear_quant_method(layer)
+
+Unset --quantization means 'gguf' for a .gguf model on CPU (the bundled default model too: llama.cpp serves it from
+its Q4_1 blocks) where the quant_linear kernel runs, unless the dtype is float32, which stays the exact dequantized
+HF reference path; 'none' otherwise (tp > 1, GPUs, CPUs without AVX-512 VNNI, SGLANG_CPU_KERNELS=0).
+An explicit value always wins. Only the transformer's linear layers are quantized; the embedding, the lm_head
+(tied to the embedding in small models) and the norms stay dense in --dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Iterator, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
+
+QUANTIZATION_METHODS = ("none", "gguf", "w8a8_int8")
+
+_state = threading.local()
+
+
+def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, device: str, is_float32: bool,
+                         tp_size: int = 1, kernels: bool = True) -> str:
+    """The weight format a start uses; raises ValueError (naming the flag) for combinations that cannot work.
+    kernels: whether quant_linear runs here (without it a quantized layer dequantizes per call, so unset stays
+    'none')."""
+    if quantization is None:
+        served = model_is_gguf and device == "cpu" and not is_float32 and tp_size == 1 and kernels
+        return "gguf" if served else "none"
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"--quantization {quantization!r} is sized by `sglang plan` only; this runtime serves "
+                         f"{', '.join(QUANTIZATION_METHODS)}.")
+    if quantization == "gguf" and not model_is_gguf:
+        raise ValueError("--quantization gguf needs a .gguf --model-path (its blocks are served as they are); "
+                         "for a safetensors checkpoint use --quantization w8a8_int8 or leave it unset.")
+    if quantization != "none" and tp_size > 1:
+        raise ValueError(f"--quantization {quantization} with --tp-size {tp_size}: quantized layers are not sharded "
+                         "over ranks yet; use --tp-size 1 or --quantization none.")
+    return quantization
+
+
+@contextlib.contextmanager
+def quantization_config(method: str) -> Iterator[None]:
+    """Inside this block every LinearBase built takes `method`'s weights ('none': the dense weight)."""
+    old = getattr(_state, "method", "none")
+    _state.method = method
+    try:
+        yield
+    finally:
+        _state.method = old
+
+
+def linear_quant_method(layer) -> Optional["QuantLinearMethod"]:
+    """The quant method for a LinearBase being built (None: dense weight). Called by LinearBase.__init__."""
+    method = getattr(_state, "method", "none")
+    if method == "none":
+        return None
+    from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
+
+    return QuantLinearMethod(method)
+
+
+__all__ = ["QUANTIZATION_METHODS", "resolve_quantization", "quantization_config", "linear_quant_method"]

@@ -1,0 +1,121 @@
+"""QuantLinearMethod: the weights and the GEMM of one quantized LinearBase.
+
+Loading: create_weights gives the layer a staging `weight` that the layer's own weight_loader fills shard by shard
+(q/k/v, gate/up: the same row ranges as the dense path), in the staging form of packing.py for 'gguf' (the GGUF
+iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. When every row has arrived the layer packs it
+(packing.pack) into the buffer `qweight`, the only copy it keeps, and drops the staging weight; `weight` is then
+None. finalize_quantized_layers() checks after loading that no layer was left unpacked.
+Forward: the quant_linear kernel (sgl-kernel/csrc/cpu/quant_gemm.h) when the CPU kernels are in use, else the torch
+path: dequantize the packed weight to the input's dtype for this call and F.linear.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.srt.layers.quantization import packing
+
+
+_kernel_ok: Optional[bool] = None
+
+
+def quant_kernels():
+    """The compiled kernels when quant_linear can run here (AVX-512 VNNI and BF16), else None (torch path)."""
+    global _kernel_ok
+    ops = get_cpu_ops()
+    if ops is None:
+        return None
+    if _kernel_ok is None:
+        _kernel_ok = hasattr(ops, "quant_linear") and bool(ops.quant_supported())
+    return ops if _kernel_ok else None
+
+
+class QuantLinearMethod:
+    def __init__(self, method: str):
+        self.method = method  # "gguf" | "w8a8_int8"
+
+    # ---- weights
+    def create_weights(self, layer: nn.Module) -> None:
+        rows, cols = layer.output_size, layer.input_size
+        if self.method == "gguf":
+            staging = torch.empty(rows, -(-cols // packing.BLOCK) * packing.STAGING_BLOCK_BYTES, dtype=torch.uint8)
+        else:
+            staging = torch.empty(rows, cols, dtype=torch.float32)
+        layer.weight = nn.Parameter(staging, requires_grad=False)
+        layer.weight.weight_loader = self._loader(layer)
+        layer.quant_bits = 0  # 4 or 8 once packed
+        layer.register_buffer("qweight", None)
+        layer._quant_rows_loaded = 0
+
+    def _loader(self, layer: nn.Module):
+        def load(param: nn.Parameter, loaded_weight, shard_id=None) -> None:
+            if self.method == "gguf" and loaded_weight.dtype != torch.uint8:
+                raise ValueError(f"--quantization gguf: {type(layer).__name__} got a dense tensor; the GGUF "
+                                 "iterator must yield the staging form (model_loader/gguf_weights.py)")
+            if self.method == "w8a8_int8":
+                loaded_weight = loaded_weight.float()
+            type(layer).weight_loader(layer, param, loaded_weight, shard_id)
+            layer._quant_rows_loaded += loaded_weight.shape[0] if shard_id is not None else param.shape[0]
+            if layer._quant_rows_loaded >= layer.output_size:
+                self.pack(layer)
+
+        return load
+
+    def pack(self, layer: nn.Module) -> None:
+        staging = layer.weight.data
+        if self.method == "w8a8_int8":
+            staging = packing.staging_q8_blocks(staging)
+        bits = packing.staging_bits(staging) if self.method == "gguf" else 8
+        layer.qweight = packing.pack(staging, bits)
+        layer.quant_bits = bits
+        del layer.weight
+        layer.register_parameter("weight", None)
+
+    def load_packed(self, layer: nn.Module, packed: torch.Tensor) -> None:
+        """Take an already packed weight (the packed-weights cache) instead of loading shards."""
+        rows, cols = layer.output_size, layer.input_size
+        bits = 4 if packed.shape[-1] == packing.record_bytes(4) else 8
+        expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), packing.record_bytes(bits))
+        if tuple(packed.shape) != expected:
+            raise ValueError(f"packed weight {tuple(packed.shape)} does not fit a [{rows}, {cols}] layer {expected}")
+        layer.qweight = packed.clone()
+        layer.quant_bits = bits
+        layer._quant_rows_loaded = rows
+        del layer.weight
+        layer.register_parameter("weight", None)
+
+    # ---- forward
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        packed = layer.qweight
+        if packed is None:
+            raise RuntimeError(f"{type(layer).__name__} was never packed: its checkpoint tensors did not all load")
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        ops = quant_kernels() if x2.is_cpu and x2.dtype in (torch.bfloat16, torch.float32) else None
+        if ops is not None:
+            out = ops.quant_linear(x2, packed, layer.output_size, layer.quant_bits)
+            if bias is not None:
+                out = out + bias
+        else:
+            w = packing.unpack_dequantize(packed, layer.quant_bits, layer.output_size, layer.input_size, x2.dtype)
+            out = F.linear(x2, w.to(x2.device), bias)
+        return out.reshape(*shape[:-1], layer.output_size)
+
+
+def finalize_quantized_layers(model: nn.Module) -> int:
+    """After load_weights: every quantized layer must be packed. Returns how many are."""
+    packed = 0
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None:
+            continue
+        if getattr(module, "qweight", None) is None:
+            raise ValueError(f"quantized layer {name} got {module._quant_rows_loaded} of {module.output_size} rows "
+                             "from the checkpoint")
+        packed += 1
+    return packed

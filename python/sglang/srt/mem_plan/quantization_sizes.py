@@ -1,0 +1,170 @@
+"""Bytes of quantized linear weights: the one place the weights term learns the weight format (torch-free).
+
+Which tensors are quantized: the linear layers of the transformer blocks (attention q/k/v/o or MLA's projections,
+dense MLP gate/up/down, MoE experts and shared experts). Embeddings, lm_head, norms, biases, MoE routers and
+encoders stay in the model dtype, as in upstream SGLang and in this runtime (layers/quantization/).
+
+Bytes of one [rows, cols] weight (rows = output features, cols = input features):
+    none          rows * cols * dtype bytes
+    fp8           rows * cols * 1 + fp32 scales: one per tensor, or one per weight_block_size [bn, bk] block
+                  (DeepSeek-style block fp8: ceil(rows/bn) * ceil(cols/bk) * 4)
+    w8a8_int8     this runtime's CPU packed form (below) at 8 bits: int8 values + fp16 scale and offset per 32
+    awq           4-bit values (int32-packed qweight) + per group of group_size input columns and each output row:
+                  an fp16 scale and a 4-bit zero point (qzeros int32-packed)  -> rows*cols/2 + groups*rows*(2 + 1/2)
+    gptq          the same + g_idx, one int32 per input column (zero points are stored even when symmetric)
+    gguf          the runtime's CPU packed form for Q4_0 / Q4_1 (4 bits) and Q8_0 (8 bits); other GGUF types are
+                  dequantized to the model dtype at load. The file itself holds GGUF_BLOCK_BYTES per 32 weights
+                  (Q4_0 4.5 bits/weight, Q4_1 5.0, Q8_0 8.5), what llama.cpp keeps in memory.
+CPU packed form (sgl-kernel quant_gemm.h, layers/quantization/packing.py): records of 16 rows x 32 weights with an
+fp16 d and c per row, rows padded to 16 and columns to 32: 16 * 32 * bits / 8 + 64 bytes per record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# GGUF block formats: weights per block and bytes per block (ggml's type table)
+GGUF_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256,
+                      "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256}
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110,
+                    "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292}
+# GGUF types the runtime serves from their blocks (bits of the packed form); the rest are dequantized at load
+GGUF_PACKED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+
+CPU_PACK_ROWS = 16  # rows per packed record
+CPU_PACK_COLS = 32  # weights per row of a record
+CPU_PACK_HEADER_BYTES = CPU_PACK_ROWS * 2 * 2  # fp16 d and c per row
+FP8_SCALE_BYTES = 4
+AWQ_SCALE_BYTES = 2
+GPTQ_G_IDX_BYTES = 4
+DEFAULT_GROUP_SIZE = 128
+
+# formats `sglang plan` sizes that the CPU runtime does not serve (GPU checkpoints)
+PLAN_ONLY_QUANTIZATIONS = ("fp8", "awq", "gptq")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gguf_file_bytes(rows: int, cols: int, gguf_type: str) -> int:
+    """Bytes of a [rows, cols] tensor in a GGUF file (rows of whole blocks)."""
+    return rows * _cdiv(cols, GGUF_BLOCK_WEIGHTS[gguf_type]) * GGUF_BLOCK_BYTES[gguf_type]
+
+
+def cpu_packed_bytes(rows: int, cols: int, bits: int) -> int:
+    """Bytes of this runtime's packed CPU form of a [rows, cols] weight at 4 or 8 bits."""
+    record = CPU_PACK_HEADER_BYTES + CPU_PACK_ROWS * CPU_PACK_COLS * bits // 8
+    return _cdiv(rows, CPU_PACK_ROWS) * _cdiv(cols, CPU_PACK_COLS) * record
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the quantized linear weights are held. method: none | fp8 | w8a8_int8 | awq | gptq | gguf."""
+
+    method: str = "none"
+    bits: int = 16
+    group_size: int = DEFAULT_GROUP_SIZE  # awq / gptq; -1: one group over all input columns
+    block_size: Optional[tuple[int, int]] = None  # fp8 weight_block_size
+    gguf_type: str = ""  # gguf: the linear tensors' type
+
+    def matrix_bytes(self, rows: int, cols: int, dense_bytes: int) -> int:
+        """Bytes held for one [rows, cols] linear weight; dense_bytes is the model dtype's element size."""
+        m = self.method
+        if m == "none" or (m == "gguf" and self.gguf_type not in GGUF_PACKED_BITS):
+            return rows * cols * dense_bytes
+        if m == "gguf":
+            return cpu_packed_bytes(rows, cols, GGUF_PACKED_BITS[self.gguf_type])
+        if m == "w8a8_int8":
+            return cpu_packed_bytes(rows, cols, 8)
+        if m == "fp8":
+            scales = _cdiv(rows, self.block_size[0]) * _cdiv(cols, self.block_size[1]) if self.block_size else 1
+            return rows * cols + scales * FP8_SCALE_BYTES
+        if m in ("awq", "gptq"):
+            groups = _cdiv(cols, self.group_size) if self.group_size > 0 else 1
+            values = _cdiv(rows * cols * self.bits, 8)
+            per_group = groups * (rows * AWQ_SCALE_BYTES + _cdiv(rows * self.bits, 8))  # scales + zero points
+            return values + per_group + (cols * GPTQ_G_IDX_BYTES if m == "gptq" else 0)
+        raise ValueError(f"unknown weight format {m!r}")
+
+
+def gguf_linear_type(gguf_path: Optional[str]) -> str:
+    """The type most of a GGUF file's block tensors (blk.*.weight, 2-D) have, e.g. 'Q4_1' (header only)."""
+    if not gguf_path:
+        return ""
+    import gguf
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return max(counts, key=counts.get) if counts else ""
+
+
+def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] = None,
+                  gguf_type: str = "") -> WeightFormat:
+    """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint)."""
+    cfg = hf_quant_config or {}
+    method = quantization or str(cfg.get("quant_method", "none")).lower()
+    if method in ("none", ""):
+        return WeightFormat()
+    if method == "fp8":
+        block = cfg.get("weight_block_size")
+        return WeightFormat("fp8", 8, block_size=tuple(block) if block else None)
+    if method in ("awq", "gptq"):
+        bits = int(cfg.get("bits", cfg.get("w_bit", 4)))
+        group = int(cfg.get("group_size", cfg.get("q_group_size", DEFAULT_GROUP_SIZE)))
+        return WeightFormat(method, bits, group_size=group)
+    if method == "w8a8_int8":
+        return WeightFormat("w8a8_int8", 8)
+    if method == "gguf":
+        return WeightFormat("gguf", GGUF_PACKED_BITS.get(gguf_type, 16), gguf_type=gguf_type)
+    raise ValueError(f"--quantization {method!r}: the planner knows none, gguf, w8a8_int8, fp8, awq and gptq")
+
+
+def linear_matrices(text, tp: int = 1) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the quantized linear weights of a TextShape (model_shapes.py) on one TP rank: the same
+    shapes text_params counts (which adds biases, norms, routers, embeddings on top)."""
+    from sglang.srt.mem_plan.specs import kv_heads_per_rank
+
+    s, H = text, text.hidden_size
+    nq = _cdiv(s.num_q_heads, tp)
+    mats: list[tuple[int, int, int]] = []
+    L = s.num_layers
+    if s.is_mla:
+        qk_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
+        if s.q_lora_rank:
+            mats += [(s.q_lora_rank, H, L), (nq * qk_dim, s.q_lora_rank, L)]
+        else:
+            mats.append((nq * qk_dim, H, L))
+        mats += [(s.kv_lora_rank + s.qk_rope_head_dim, H, L),  # kv_a_proj_with_mqa
+                 (nq * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank, L),  # kv_b_proj
+                 (H, nq * s.v_head_dim, L)]  # o_proj
+    else:
+        d, nkv = s.head_dim, kv_heads_per_rank(s.num_kv_heads, tp)
+        mats += [((nq + 2 * nkv) * d, H, L), (H, nq * d, L)]  # qkv, o
+    num_sparse = len(s.sparse_layers)
+
+    def mlp(inter: int, count: int) -> None:
+        if inter and count:
+            mats.extend([(2 * inter, H, count), (H, inter, count)])  # gate+up, down
+
+    mlp(_cdiv(s.intermediate_size, tp), L - num_sparse)
+    mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_experts)
+    if s.shared_expert_intermediate_size:
+        mlp(_cdiv(s.shared_expert_intermediate_size, tp), num_sparse)
+    elif s.num_shared_experts:
+        mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_shared_experts)
+    return mats
+
+
+def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2) -> int:
+    """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
+    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes."""
+    total = sum(shape.params(tp).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
+    if fmt.method == "none":
+        return total
+    for rows, cols, count in linear_matrices(shape.text, tp):
+        total += count * (fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - rows * cols * dense_dtype_bytes)
+    return total

@@ -1,0 +1,134 @@
+"""Structured output through the HTTP server: the real `openai` client's `chat.completions.parse` with a pydantic
+model, response_format json_object / json_schema on chat and completions (streamed too), SGLang's json_schema /
+regex / ebnf in extra_body and in /generate's sampling_params, logit_bias, and 400s for bad grammars and biases
+with the server still serving."""
+
+import json
+import re
+from typing import List, Literal
+
+import jsonschema
+import openai
+import pytest
+import requests
+from pydantic import BaseModel, Field
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
+
+register_cpu_ci(est_time=60, suite="cpu")
+
+MSG = [{"role": "user", "content": "Give me the weather in a European capital as JSON."}]
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "Rome", "Berlin"]
+    temperature_c: int = Field(ge=-30, le=50)
+    sunny: bool
+    tags: List[Literal["wind", "rain", "sun"]] = Field(max_length=2)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = popen_launch_server(other_args=DEFAULT_SMALL_SERVER_ARGS)
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(autouse=True)
+def server_intact(request):
+    yield
+    if "server" in request.fixturenames:
+        info = requests.get(f"{request.getfixturevalue('server').base_url}/server_info", timeout=30).json()
+        stats = info["scheduler"]["stats"] if "scheduler" in info else info["stats"]
+        assert stats["num_live_grammar_matchers"] == 0 and stats["num_grammar_waiting_reqs"] == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_openai_parse_returns_a_pydantic_object(client, model, temperature):
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    resp = parse(model=model, messages=MSG, response_format=Weather, max_tokens=64, temperature=temperature)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Weather)
+    assert Weather.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_json_object_on_chat_and_completions_streamed_and_not(client, model):
+    chat = client.chat.completions.create(model=model, messages=MSG, response_format={"type": "json_object"},
+                                          max_tokens=64, temperature=0)
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    comp = client.completions.create(model=model, prompt="A JSON object describing a cat:", max_tokens=64,
+                                     extra_body={"response_format": {"type": "json_object"}}, temperature=0)
+    assert isinstance(json.loads(comp.choices[0].text), dict)
+    chunks = client.chat.completions.create(model=model, messages=MSG, response_format={"type": "json_object"},
+                                            max_tokens=64, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat.choices[0].message.content
+
+
+def test_json_schema_on_completions_with_n(server):
+    schema = Weather.model_json_schema()
+    body = {"prompt": "Weather report as JSON:", "max_tokens": 64, "n": 3, "temperature": 0.8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}}}
+    r = requests.post(f"{server.base_url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    for c in r.json()["choices"]:
+        jsonschema.validate(json.loads(c["text"]), schema)
+
+
+def test_native_grammars_in_extra_body_and_generate(client, model, server):
+    pattern = r"[A-Z]{3}-[0-9]{3}"
+    chat = client.chat.completions.create(model=model, messages=MSG, max_tokens=16, temperature=0.8,
+                                          extra_body={"regex": pattern})
+    assert re.fullmatch(pattern, chat.choices[0].message.content)
+    ebnf = 'root ::= "answer: " ("yes" | "no")'
+    r = requests.post(f"{server.base_url}/generate", timeout=60,
+                      json={"text": "Is the sky blue?", "sampling_params": {"ebnf": ebnf, "max_new_tokens": 8}})
+    assert r.status_code == 200 and r.json()["text"] in ("answer: yes", "answer: no"), r.text
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 3, "maxItems": 3}
+    r = requests.post(f"{server.base_url}/generate", timeout=60, json={
+        "text": "Three digits:", "sampling_params": {"json_schema": json.dumps(schema), "max_new_tokens": 16}})
+    jsonschema.validate(json.loads(r.json()["text"]), schema)
+
+
+def test_logit_bias_on_chat_and_completions(client, model, server):
+    tok = requests.post(f"{server.base_url}/v1/tokenize", json={"prompt": " banana"}, timeout=30).json()["tokens"]
+    forced = tok[0]
+    chat = client.chat.completions.create(model=model, messages=MSG, max_tokens=3, temperature=0,
+                                          logit_bias={str(forced): 100})
+    comp = client.completions.create(model=model, prompt="Hello", max_tokens=3, temperature=0.7,
+                                     logit_bias={str(forced): 100})
+    ids = requests.post(f"{server.base_url}/v1/tokenize", json={"prompt": comp.choices[0].text},
+                        timeout=30).json()["tokens"]
+    assert ids == [forced] * 3
+    assert chat.choices[0].message.content.strip().startswith("banana")
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+     "response_format", 'Unsupported type "objec"'),
+    ({"extra_body": {"regex": "[0-9"}}, "regex", "Regex parsing error"),
+    ({"extra_body": {"ebnf": "root ::= missing"}}, "ebnf", 'Rule "missing" is not defined'),
+    ({"extra_body": {"regex": "a", "json_schema": "{}"}}, "regex", "Only one constraint"),
+    ({"logit_bias": {"5": 250}}, "logit_bias", "[-100, 100]"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias", "not a token id"),
+])
+def test_bad_constraints_are_400_and_server_keeps_serving(client, model, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=model, messages=MSG, max_tokens=8, **extra)
+    err = ei.value.body
+    assert ei.value.status_code == 400 and err["param"] == param and words in err["message"], err
+    ok = client.chat.completions.create(model=model, messages=MSG, max_tokens=4, extra_body={"regex": "ok"})
+    assert ok.choices[0].message.content == "ok"

@@ -1,0 +1,223 @@
+"""CUDA-graph decode logic on a CPU (model_executor/cuda_graph_runner.py). A CPU has no CUDA graphs: these tests run
+the runner with the EagerGraphFactory stand-in, which records every capture/replay and runs the captured callable
+eagerly, copying into the captured output as a real replay does. They check the WIRING (which sizes are captured,
+padding, static-buffer copies, where the dummy rows read and write, the measure -> plan -> check decision) and that
+a padded replay computes the same tokens as eager decode; they do not check CUDA-graph capture itself (the CUDA suite
+does: test_cuda_graph_gpu.py).
+
+  * pure functions: capture buckets, padding, static-buffer fill, the plan-vs-measured verdict;
+  * a fake model + fake backend in this process: replayed logits == eager logits for the live rows, and the padded
+    rows write KV slot 0 only;
+  * end to end (child process, Triton interpreter, fp32): a small random-weight Qwen3 through sglang.Engine with
+    --attention-backend triton, decode graphs up to batch 8 vs --disable-cuda-graph: same greedy tokens for decode
+    batches of 1, 3 (padded to 4), 5 (padded to 8) and 9 (over the largest graph: eager); each padded replay changes
+    only the live rows' KV slots and the dummy slot 0; the plan's cuda_graphs term is measured (dry capture before
+    the plan) and /server_info says what ran.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang.srt.model_executor.cuda_graph_runner import (
+    DUMMY_KV_SLOT, DUMMY_REQ_ROW, CudaGraphRunner, EagerGraphFactory, StaticInputs, capture_batch_sizes,
+    check_graph_memory, graph_memory_error, padded_batch_size)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import make_random_qwen3
+
+register_cpu_ci(est_time=90, suite="cpu")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ------------------------------------------------------------------ pure functions
+def test_capture_batch_sizes():
+    assert capture_batch_sizes(0) == []
+    assert capture_batch_sizes(1) == [1]
+    assert capture_batch_sizes(3) == [1, 2, 3]
+    assert capture_batch_sizes(8) == [1, 2, 4, 8]
+    assert capture_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    sizes = capture_batch_sizes(600)
+    assert sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 600
+    steps = {b - a for a, b in zip(sizes[4:], sizes[5:-1])}
+    assert steps == {8, 16, 32}
+    for max_bs in (1, 7, 8, 9, 160, 256, 257, 512, 777):
+        sizes = capture_batch_sizes(max_bs)
+        assert sizes == sorted(set(sizes)) and sizes[-1] == max_bs
+        # every batch 1..max_bs pads to a captured size at most one bucket step above it
+        for bs in range(1, max_bs + 1):
+            p = padded_batch_size(bs, sizes)
+            assert p >= bs and p in sizes and (p - bs) < max(bs, 32)
+        assert padded_batch_size(max_bs + 1, sizes) is None
+
+
+def _decode_batch(ids, positions, rows, seq_lens, locs) -> ForwardBatch:
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    return ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(ids), input_ids=t(ids), positions=t(positions),
+                        req_pool_indices=t(rows), seq_lens=t(seq_lens), out_cache_loc=t(locs), seq_lens_cpu=seq_lens)
+
+
+def test_static_inputs_pad_to_the_dummy_row_and_slot():
+    s = StaticInputs.allocate(8, "cpu")
+    s.input_ids.fill_(99)  # stale contents of an earlier, larger batch
+    s.out_cache_loc.fill_(99)
+    s.copy_batch(_decode_batch([5, 6, 7], [10, 3, 4], [2, 1, 3], [11, 4, 5], [40, 41, 42]), 4)
+    assert s.input_ids[:4].tolist() == [5, 6, 7, 0]
+    assert s.positions[:4].tolist() == [10, 3, 4, 0]
+    assert s.req_pool_indices[:4].tolist() == [2, 1, 3, DUMMY_REQ_ROW]
+    assert s.seq_lens[:4].tolist() == [11, 4, 5, 1]
+    assert s.out_cache_loc[:4].tolist() == [40, 41, 42, DUMMY_KV_SLOT]
+    assert s.out_cache_loc[4:].tolist() == [99] * 4  # rows past the padded size are not read by graph 4
+
+
+def test_graph_memory_verdict():
+    ok = check_graph_memory(planned_bytes=100 << 20, measured_bytes=90 << 20, slack_bytes=0)
+    assert ok.fits and ok.excess_bytes == 0
+    absorbed = check_graph_memory(planned_bytes=100 << 20, measured_bytes=110 << 20, slack_bytes=64 << 20)
+    assert absorbed.fits and absorbed.excess_bytes == 10 << 20
+    short = check_graph_memory(planned_bytes=100 << 20, measured_bytes=300 << 20, slack_bytes=64 << 20)
+    assert not short.fits
+    msg = graph_memory_error(short, 256)
+    assert "--cuda-graph-max-bs" in msg and "--disable-cuda-graph" in msg and "256" in msg
+
+
+def test_which_runs_get_graphs():
+    from sglang.srt.mem_plan.build import DeviceFacts, resolve_cuda_graph_max_bs
+    from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+    from sglang.srt.server_args import ServerArgs
+
+    gpu = DeviceFacts("cuda", 70 << 30, 80 << 30)
+    cpu = DeviceFacts("cpu", 16 << 30, 32 << 30)
+    graph_bs = lambda device, **kw: resolve_cuda_graph_max_bs(ServerArgs(**kw), device)  # noqa: E731
+    assert graph_bs(gpu, attention_backend="triton") > 0
+    assert graph_bs(gpu, attention_backend="flashinfer", cuda_graph_max_bs=24) == 24
+    assert graph_bs(gpu, attention_backend="triton", disable_cuda_graph=True) == 0
+    assert graph_bs(gpu) == graph_bs(gpu, attention_backend="aiter") == 0  # no graph decode path
+    assert graph_bs(cpu, attention_backend="triton", cuda_graph_max_bs=8) == 0
+    runner = ModelRunnerKVCacheMixin()  # what /server_info reports on a CPU
+    runner.device, runner.server_args = "cpu", ServerArgs()
+    assert runner.graph_factory() is None
+    assert runner.cuda_graph_info() == {"enabled": False, "reason": "cpu: no CUDA graphs here, decode runs eagerly"}
+
+
+# ------------------------------------------------------------------ fake model + backend (wiring)
+class FakeBackend:
+    """Records the hooks; reads and writes a [slots] 'KV pool' through req_to_token like a real decode kernel."""
+
+    backend_name = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu):
+        self.calls.append(("capture", bs, list(seq_lens_cpu)))
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu):
+        self.calls.append(("replay", bs, list(seq_lens_cpu)))
+
+
+def _fake_model(kv: torch.Tensor, r2t: torch.Tensor, vocab: int):
+    weight = torch.randn(vocab, generator=torch.Generator().manual_seed(0))
+
+    def forward(input_ids, positions, fb):
+        kv.index_copy_(0, fb.out_cache_loc, (input_ids * 10 + positions).float())  # "write K/V"
+        rows = r2t[fb.req_pool_indices]  # [B, ctx]
+        mask = torch.arange(r2t.shape[1])[None, :] < fb.seq_lens[:, None]
+        ctx = (kv[rows] * mask).sum(1)  # "attend" over the request's first seq_len slots
+        return torch.outer(ctx, weight)  # [B, V]
+
+    return forward
+
+
+def test_padded_replay_matches_eager_and_writes_only_the_dummy_slot():
+    slots, ctx, vocab = 64, 8, 5
+    r2t = torch.zeros(6, ctx, dtype=torch.int64)
+    for row in range(1, 6):  # request row r owns slots 8r .. 8r+7
+        r2t[row] = torch.arange(8 * row, 8 * row + ctx)
+    kv = torch.randn(slots)
+    forward, backend, factory = _fake_model(kv, r2t, vocab), FakeBackend(), EagerGraphFactory()
+    runner = CudaGraphRunner(forward, backend, None, None, max_bs=4, device="cpu", factory=factory)
+    runner.capture()
+    assert [e for e in factory.events] == [("capture", 4), ("capture", 2), ("capture", 1)]
+    assert [c[:2] for c in backend.calls] == [("capture", 4), ("capture", 2), ("capture", 1)]
+
+    fb = _decode_batch([3, 4, 5], [2, 5, 1], [1, 3, 4], [3, 6, 2], [10, 29, 33])
+    kv_eager = kv.clone()
+    eager = _fake_model(kv_eager, r2t, vocab)(fb.input_ids, fb.positions, fb)
+    kv_before = kv.clone()
+    got = runner.replay(fb)
+    assert factory.events[-1] == ("replay", 4) and backend.calls[-1] == ("replay", 4, [3, 6, 2, 1])
+    torch.testing.assert_close(got, eager)
+    changed = set((kv != kv_before).nonzero().view(-1).tolist())
+    assert changed <= {10, 29, 33, DUMMY_KV_SLOT} and {10, 29, 33} <= changed
+    assert torch.equal(kv[1:], kv_eager[1:])  # everything but the dummy slot as after an eager forward
+    assert runner.can_run(fb) and not runner.can_run(_decode_batch(*[[1] * 5] * 5))
+
+
+# ------------------------------------------------------------------ end to end (Triton interpreter)
+MAX_NEW = 4
+BATCHES = [
+    [[(i * 13) % 400 + 3 for i in range(n)] for n in (5, 40, 17)],  # decode bs 3 -> graph 4
+    [[(i * 7 + j) % 450 + 2 for i in range(9 + 11 * j)] for j in range(5)],  # bs 5 -> graph 8
+    [[(i * 5 + j) % 300 + 4 for i in range(6 + j)] for j in range(9)],  # bs 9 > 8: eager
+    [[11, 12, 13, 14]],  # bs 1 -> graph 1, no padding
+]
+ENGINE_KW = dict(skip_tokenizer_init=True, max_total_memory_gb=1, chunked_prefill_size=512, cuda_graph_max_bs=8)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    path = make_random_qwen3(str(tmp_path_factory.mktemp("qwen3") / "m"))
+    args = json.dumps(dict(model_path=path, engine_kwargs=ENGINE_KW, batches=BATCHES, max_new_tokens=MAX_NEW))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "graph_run.py"), args], env=env, capture_output=True,
+                         text=True, timeout=900)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
+    assert out.returncode == 0 and lines, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return json.loads(lines[-1][len("RESULT_JSON:"):])
+
+
+def test_graphs_give_the_eager_tokens(runs):
+    g, e = runs["graphs"], runs["eager"]
+    assert all(len(o) == MAX_NEW for batch in g["outputs"] for o in batch)
+    assert g["outputs"] == e["outputs"]
+    assert g["num_retractions"] == e["num_retractions"] == 0
+
+
+def test_captures_and_padded_replays(runs):
+    g = runs["graphs"]
+    captures = [bs for kind, bs in g["events"] if kind == "capture"]
+    assert captures == [8, 4, 2, 1] * 2  # the dry capture on scratch pools, then the one over the real pools
+    replays = [bs for kind, bs in g["events"] if kind == "replay"]
+    steps = MAX_NEW - 1  # the first token comes from the prefill
+    # the 9-request batch decodes eagerly; before the batches, the engine's warm-up request batch replays too
+    live = [w["bs"] for w in g["writes"]]
+    assert live == [3] * steps + [5] * steps + [1] * steps
+    assert replays[-len(live):] == [4] * steps + [8] * steps + [1] * steps
+    assert g["cuda_graphs"]["enabled"] and g["cuda_graphs"]["batch_sizes"] == [1, 2, 4, 8]
+    assert g["cuda_graphs"]["num_replays"] == len(replays)
+    assert "cuda_graph_attn_logits" in g["graph_buffers"]
+    assert runs["eager"]["events"] == [] and runs["eager"]["cuda_graphs"] == {"enabled": False,
+                                                                              "reason": "--disable-cuda-graph"}
+
+
+def test_padded_rows_write_only_the_dummy_slot(runs):
+    writes = runs["graphs"]["writes"]
+    assert len(writes) == 3 * (MAX_NEW - 1)
+    for w in writes:
+        changed, live = set(w["changed"]), set(w["live"])
+        assert live <= changed <= live | {DUMMY_KV_SLOT}, w
+        padded = padded_batch_size(w["bs"], [1, 2, 4, 8])
+        assert (DUMMY_KV_SLOT in changed) == (padded > w["bs"]), w
+
+
+def test_graph_memory_is_a_measured_plan_term(runs):
+    g, e = runs["graphs"], runs["eager"]
+    assert g["plan_graph_bs"] == 8 and g["graph_term"]["source"] == "measured"
+    assert g["cuda_graphs"]["planned_bytes"] == g["graph_term"]["num_bytes"]
+    assert e["plan_graph_bs"] == 0 and e["graph_term"]["num_bytes"] == 0

@@ -1,0 +1,133 @@
+"""The quantized GEMM (sgl-kernel/csrc/cpu/quant_gemm.h) and its packing against an independent reference.
+
+The reference weights come from the `gguf` package's own quantize/dequantize (written from the GGUF block format,
+independent of our packing code); int8 weight-only from a per-row formula computed here. The kernel quantizes
+activations to int8 per 32 values (as llama.cpp does), so it is compared twice: with that quantization emulated in
+float64 (tight: only fp32 summation and the bf16 output rounding differ) and with the exact float product (loose).
+"""
+
+import unittest
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sglang.jit_kernel.cpu_ops import cpu_kernels_disabled, cpu_kernels_expected, cpu_ops_status
+from sglang.srt.layers.quantization import packing
+from sglang.srt.layers.quantization.linear_method import quant_kernels
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="cpu")
+
+ROWS = (1, 2, 7, 8, 9, 16, 33, 64)
+GGUF_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+
+
+def gguf_weight(kind: str, n: int, k: int, rng):
+    """(staging form, fp32 reference [n, k]) of a random weight quantized by the gguf package."""
+    import gguf.quants as gq
+
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    raw = gq.quantize(w, GGUF_TYPES[kind])
+    ref = torch.from_numpy(gq.dequantize(raw, GGUF_TYPES[kind]).reshape(n, k).astype(np.float32))
+    return packing.staging_from_gguf(torch.from_numpy(raw), GGUF_TYPES[kind]), ref
+
+
+def int8_weight(n: int, k: int, rng):
+    """w8a8_int8's weights: int8 with one fp16 scale max|w| / 127 per 32 weights of a row (K padded with zeros)."""
+    w = torch.from_numpy((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
+    ref = torch.empty_like(w)
+    for start in range(0, k, 32):
+        blk = w[:, start : start + 32]
+        scale = (blk.abs().amax(1, keepdim=True) / 127).half().float()
+        ref[:, start : start + 32] = torch.clamp(torch.round(blk / scale), -127, 127) * scale
+    return packing.staging_q8_blocks(w), ref
+
+
+def emulated(x: torch.Tensor, w_ref: torch.Tensor, bits: int) -> torch.Tensor:
+    """x @ w_ref^T with x quantized to int8 per block of 32 (scale max|x| / 127, round to nearest), in float64;
+    with 8-bit weights the rounding residual is quantized once more (scale d / 254) and added."""
+    m, k = x.shape
+    blocks = -(-k // 32)
+    xb = F.pad(x.float(), (0, blocks * 32 - k)).reshape(m, blocks, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    xq = q.double() * d.double()
+    if bits == 8:
+        r = torch.round((xb - q * d) * torch.where(d > 0, 254 / d, torch.zeros_like(d)))
+        xq = xq + r.double() * (d.double() / 254)
+    return xq.reshape(m, -1)[:, :k] @ w_ref.double().t()
+
+
+@unittest.skipUnless(cpu_kernels_expected(), "no AVX-512 BF16 on this CPU, or SGLANG_CPU_KERNELS=0")
+class TestQuantKernels(unittest.TestCase):
+    def setUp(self):
+        self.ops = quant_kernels()
+        self.assertIsNotNone(self.ops, f"quant_linear not available: {cpu_ops_status()}")
+        self.rng = np.random.default_rng(0)
+        torch.manual_seed(0)
+
+    def check(self, staging, ref, n, k, dtype=torch.bfloat16):
+        bits = packing.staging_bits(staging)
+        packed = packing.pack(staging, bits)
+        self.assertEqual(packed.numel(), packing.packed_bytes(n, k, bits))
+        # the packing round-trips to the reference weights exactly (the torch path uses this)
+        self.assertTrue(torch.equal(packing.unpack_dequantize(packed, bits, n, k, torch.float32), ref))
+        x = torch.randn(max(ROWS), k).to(dtype)
+        out = self.ops.quant_linear(x, packed, n, bits)
+        self.assertEqual((out.shape, out.dtype), ((max(ROWS), n), dtype))
+        exact = x.double() @ ref.double().t()
+        scale = exact.abs().max().item()
+        err_emulated = (out.double() - emulated(x, ref, bits)).abs().max().item() / scale
+        err_exact = (out.double() - exact).abs().max().item() / scale
+        self.assertLess(err_emulated, 4e-3 if dtype == torch.bfloat16 else 1e-4, (n, k, bits))
+        self.assertLess(err_exact, 3e-2 if bits == 4 else 5e-3, (n, k, bits))
+        for rows in ROWS:  # a row's result does not depend on its batch mates
+            self.assertTrue(torch.equal(self.ops.quant_linear(x[:rows], packed, n, bits), out[:rows]), rows)
+            self.assertTrue(torch.equal(self.ops.quant_linear(x[rows - 1 : rows], packed, n, bits), out[rows - 1 : rows]))
+        return bits
+
+    def test_gguf_types_with_row_and_column_tails(self):
+        for kind in GGUF_TYPES:
+            for n, k in ((64, 64), (50, 96), (17, 1536), (960, 576), (1, 32)):
+                bits = self.check(*gguf_weight(kind, n, k, self.rng), n, k)
+                self.assertEqual(bits, 8 if kind == "Q8_0" else 4)
+
+    def test_int8_weight_only_with_k_tails(self):
+        for n, k in ((64, 64), (40, 100), (33, 7), (576, 1536)):
+            self.assertEqual(self.check(*int8_weight(n, k, self.rng), n, k), 8)
+
+    def test_float32_activations(self):
+        self.check(*gguf_weight("Q4_1", 48, 128, self.rng), 48, 128, dtype=torch.float32)
+
+    def test_torch_path_matches_dense_reference(self):
+        """Without the kernels the layer dequantizes per call: exactly F.linear on the reference weights."""
+        from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
+        from sglang.srt.layers.linear import ReplicatedLinear
+
+        staging, ref = gguf_weight("Q4_0", 40, 64, self.rng)
+        with __import__("sglang.srt.layers.quantization", fromlist=["x"]).quantization_config("gguf"):
+            layer = ReplicatedLinear(64, 40, bias=True)
+        self.assertIsInstance(layer.quant_method, QuantLinearMethod)
+        layer.bias.data.normal_()
+        layer.weight.weight_loader(layer.weight, staging)
+        self.assertIsNone(layer.weight)
+        x = torch.randn(5, 64)
+        with cpu_kernels_disabled():
+            torch.testing.assert_close(layer(x), F.linear(x, ref, layer.bias), rtol=0, atol=1e-6)
+        out = layer(x)  # the kernel, fp32 in and out
+        torch.testing.assert_close(out, F.linear(x, ref, layer.bias), rtol=0, atol=3e-2 * out.abs().max().item())
+
+    def test_bad_arguments_are_refused(self):
+        staging, _ = gguf_weight("Q8_0", 32, 64, self.rng)
+        packed = packing.pack(staging, 8)
+        with self.assertRaisesRegex(RuntimeError, "tiles"):
+            self.ops.quant_linear(torch.randn(2, 64, dtype=torch.bfloat16), packed, 100, 8)
+        with self.assertRaisesRegex(RuntimeError, "blocks"):
+            self.ops.quant_linear(torch.randn(2, 96, dtype=torch.bfloat16), packed, 32, 8)
+        with self.assertRaisesRegex(RuntimeError, "packed"):
+            self.ops.quant_linear(torch.randn(2, 64, dtype=torch.bfloat16), packed, 32, 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
