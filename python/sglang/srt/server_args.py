@@ -70,8 +70,9 @@ class ServerArgs:
     quantization: Optional[str] = _f(
         None,
         "Weight format of the linear layers (layers/quantization/). 'gguf': a .gguf model's Q4_0/Q4_1/Q8_0 "
-        "blocks are served as they are (other GGUF types are requantized to Q8_0 blocks); 'w8a8_int8': int8 "
-        "weights with one scale per 32 weights, activations quantized to int8 per 32 values at run time; 'none': "
+        "blocks are served as they are (other GGUF types are requantized to 8-bit blocks); 'w8a8_int8': 8-bit "
+        "weights with a fitted fp16 step and offset per 32 weights, activations quantized to int8 per 32 values "
+        "at run time; 'none': "
         "dense weights of --dtype. Unset: 'gguf' for a .gguf model on a CPU with the AVX-512 VNNI kernels (the "
         "bundled default too) unless --dtype is float32, else 'none'.",
         choices=QUANTIZATION_CHOICES,
@@ -156,6 +157,12 @@ class ServerArgs:
     )
     disable_radix_cache: bool = _f(False, "Disable the prefix (radix) cache.")
     stream_interval: int = _f(1, "Stream an update every this many decode tokens.")
+    disable_overlap_schedule: bool = _f(
+        False, "Do not overlap a step's CPU work (detokenizing, stop strings, outputs) with the next step's forward "
+        "(managers/overlap_worker.py). Default: off on CPU, where no gain was measured, and on devices not measured.")
+    enable_overlap_schedule: bool = _f(
+        False, "Overlap the scheduler's CPU work (detokenizing, stop strings, sending outputs, reading requests) with "
+        "the forward, on a second thread; greedy tokens are the same as without.")
 
     # ---- kernels ----
     attention_backend: Optional[str] = _f(
@@ -258,6 +265,11 @@ class ServerArgs:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking.")
         if self.schedule_conservativeness <= 0:
             raise ValueError("--schedule-conservativeness must be positive.")
+        if self.enable_overlap_schedule and self.disable_overlap_schedule:
+            raise ValueError("--enable-overlap-schedule and --disable-overlap-schedule contradict; pass one.")
+        if self.enable_overlap_schedule and self.tp_size > 1:
+            raise ValueError("--enable-overlap-schedule with --tp-size > 1 is not supported (the TP collectives run "
+                             "on the scheduler thread); drop one of the two.")
         if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
             raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
         if self.pp_size != 1:

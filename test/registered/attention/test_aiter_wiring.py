@@ -10,10 +10,11 @@ with torch_native over the same pools. The workspace handed to every decode call
 import unittest
 
 import torch
+from backend_fixtures import check_steps
 
 from sglang.srt.mem_plan.backends import aiter_decode_workspace_per_req_bytes, declare
-from sglang.test.attention_harness import BackendHarness, max_abs_diff
-from sglang.test.attention_standins import AllocationRecorder, install, make_aiter
+from sglang.test.attention_harness import BackendHarness
+from sglang.test.attention_standins import install, make_aiter
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="cpu")
@@ -27,17 +28,10 @@ class TestAiterWiring(unittest.TestCase):
         with install(make_aiter()) as aiter:
             h = BackendHarness("aiter", page_size=page_size, dtype=dtype, context_len=context_len)
             rows = [h.new_request() for _ in range(4)]
-            # 300 tokens: two 256-token partitions for the decode kernel
-            for new_lens in ([5, 300, 9, 1], [3, 1, 8, 2], [1, 1, 1, 1], [1, 1, 1, 1]):
-                fb = h.batch(rows, new_lens)
-                qkv = h.qkv(sum(new_lens))
-                with AllocationRecorder() as rec:
-                    got = h.run(h.backend, fb, qkv)
-                want = h.run(h.reference, fb, qkv)
-                with self.subTest(page_size=page_size, new_lens=new_lens):
-                    self.assertLess(max_abs_diff(got, want), BF16_TOL)
-                    # per step: the page indices and the output, never a second workspace
-                    self.assertLess(rec.largest_bytes, h.backend.buffers["workspace"].numel() // 2)
+            # 300 tokens: two 256-token partitions for the decode kernel; per step the forward allocates the page
+            # indices and the output, never a second workspace
+            check_steps(self, h, rows, [[5, 300, 9, 1], [3, 1, 8, 2], [1, 1, 1, 1], [1, 1, 1, 1]], BF16_TOL,
+                        h.backend.buffers["workspace"].numel() // 2)
         return h, aiter.calls
 
     def test_outputs_match_torch_native(self):

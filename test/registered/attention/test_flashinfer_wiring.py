@@ -10,10 +10,11 @@ wrong pool view; the planned workspaces must be the objects the library gets, an
 import unittest
 
 import torch
+from backend_fixtures import check_steps
 
 from sglang.srt.mem_plan.backends import FLASHINFER_INT_WORKSPACE_BYTES
 from sglang.test.attention_harness import BackendHarness, max_abs_diff
-from sglang.test.attention_standins import AllocationRecorder, install, make_flashinfer
+from sglang.test.attention_standins import install, make_flashinfer
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="cpu")
@@ -27,16 +28,9 @@ class TestFlashInferWiring(unittest.TestCase):
         with install(make_flashinfer()) as fi:
             h = BackendHarness("flashinfer", page_size=page_size, dtype=dtype)
             rows = [h.new_request() for _ in range(3)]
-            steps = [[5, 17, 9], [3, 1, 8], [1, 1, 1], [1, 1, 1]]  # prefill, extend over a cached prefix, decode
-            for new_lens in steps:
-                fb = h.batch(rows, new_lens)
-                qkv = h.qkv(sum(new_lens))
-                with AllocationRecorder() as rec:
-                    got = h.run(h.backend, fb, qkv)
-                want = h.run(h.reference, fb, qkv)
-                with self.subTest(page_size=page_size, new_lens=new_lens):
-                    self.assertLess(max_abs_diff(got, want), BF16_TOL)
-                    self.assertLess(rec.largest_bytes, STEP_ALLOC_LIMIT_BYTES)
+            # prefill, extend over a cached prefix, decode
+            check_steps(self, h, rows, [[5, 17, 9], [3, 1, 8], [1, 1, 1], [1, 1, 1]], BF16_TOL,
+                        STEP_ALLOC_LIMIT_BYTES)
             late = h.new_request()  # a request joining while the others hold long prefixes
             got, want = h.step(rows + [late], [2, 4, 1, 11])
             self.assertLess(max_abs_diff(got, want), BF16_TOL)

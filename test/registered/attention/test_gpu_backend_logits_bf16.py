@@ -4,17 +4,10 @@ is the same, and greedy continuations agree on most of their first tokens (bf16 
 
 import unittest
 
-import sglang
+from backend_fixtures import engine_generate, for_each_platform_backend
+
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import (
-    ENGINE_KW,
-    NO_GPU_REASON,
-    PROMPTS,
-    free_gpu_memory,
-    gpu_kind,
-    missing_library,
-    platform_backends,
-)
+from sglang.test.gpu_backends import NO_GPU_REASON, PROMPTS, gpu_kind
 
 register_cuda_ci(est_time=120, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=120, suite="stage-a-test-1-gpu-amd")
@@ -25,14 +18,8 @@ MAX_NEW_TOKENS = 16
 
 
 def run(backend: str) -> list:
-    engine = sglang.Engine(attention_backend=backend, dtype="bfloat16", **ENGINE_KW)
-    try:
-        return engine.generate(PROMPTS, {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True},
-                               return_logprob=True, top_logprobs_num=5)
-    finally:
-        engine.shutdown()
-        del engine
-        free_gpu_memory()
+    sampling = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    return engine_generate(backend, "bfloat16", sampling, return_logprob=True, top_logprobs_num=5)
 
 
 def shared_prefix(a, b) -> int:
@@ -49,19 +36,19 @@ class TestGpuBackendLogitsBf16(unittest.TestCase):
         cls.reference = run("torch_native")
 
     def test_close_to_torch_native(self):
-        for backend in platform_backends():
-            if missing_library(backend):
-                self.skipTest(missing_library(backend))
-            for prompt, got, want in zip(PROMPTS, run(backend), self.reference):
-                with self.subTest(backend=backend, prompt=prompt):
-                    top_got = {tid: lp for lp, tid, _ in got["meta_info"]["output_top_logprobs"][0]}
-                    top_want = {tid: lp for lp, tid, _ in want["meta_info"]["output_top_logprobs"][0]}
-                    shared = set(top_got) & set(top_want)
-                    self.assertGreaterEqual(len(shared), 3)
-                    self.assertLess(max(abs(top_got[t] - top_want[t]) for t in shared), LOGPROB_TOL)
-                    self.assertEqual(got["output_ids"][0], want["output_ids"][0])
-                    self.assertGreaterEqual(shared_prefix(got["output_ids"], want["output_ids"]),
-                                            MIN_SHARED_PREFIX_TOKENS)
+        for_each_platform_backend(self, self.check_close)
+
+    def check_close(self, backend: str):
+        for prompt, got, want in zip(PROMPTS, run(backend), self.reference):
+            with self.subTest(prompt=prompt):
+                top_got = {tid: lp for lp, tid, _ in got["meta_info"]["output_top_logprobs"][0]}
+                top_want = {tid: lp for lp, tid, _ in want["meta_info"]["output_top_logprobs"][0]}
+                shared = set(top_got) & set(top_want)
+                self.assertGreaterEqual(len(shared), 3)
+                self.assertLess(max(abs(top_got[t] - top_want[t]) for t in shared), LOGPROB_TOL)
+                self.assertEqual(got["output_ids"][0], want["output_ids"][0])
+                self.assertGreaterEqual(shared_prefix(got["output_ids"], want["output_ids"]),
+                                        MIN_SHARED_PREFIX_TOKENS)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,58 @@ def test_batch_mask_matches_brute_force_and_leaves_free_rows(compiler):
         assert torch.equal(logits[row, sorted(allowed)], before[row, sorted(allowed)])
 
 
+def test_rows_filled_during_the_forward_are_used_once_and_only_where_still_exact(compiler, monkeypatch):
+    from sglang.srt.constrained.bitmask_fill import BitmaskFiller
+
+    regexes, prefixes = ["(ab|a)+b", "yes|no", "1[12]*"], [[1], [], [7, 8]]
+    words = xgr.get_bitmask_shape(1, len(VOCAB))[1]
+    filler = BitmaskFiller(torch.zeros(8, words, dtype=torch.int32))
+    reqs = []
+    for rx, pre in zip(regexes, prefixes):
+        g, _ = grammar_of(compiler, rx)
+        g.filler = filler
+        for t in pre:
+            g.accept(t)
+        reqs.append(FakeReq(g))
+        reqs[-1].rx, reqs[-1].accepted = rx, list(pre)
+    reqs.insert(1, FakeReq(None))
+    synced = []
+    real_fill = RequestGrammar.fill_bitmask
+    monkeypatch.setattr(RequestGrammar, "fill_bitmask", lambda g, bm, row: (synced.append(row), real_fill(g, bm, row)))
+    real_now = BitmaskFiller.fill  # several rows at sample time: the worker thread and the sampler share them
+    monkeypatch.setattr(BitmaskFiller, "fill", lambda f, gs, rows: (synced.extend(rows), real_now(f, gs, rows)))
+
+    def check(batch):
+        logits = torch.randn(len(batch), len(VOCAB))
+        apply_grammar_mask_(logits, batch, filler.bitmask)
+        for row, req in enumerate(batch):
+            if req.grammar is None:
+                assert torch.isfinite(logits[row]).all()
+                continue
+            allowed = allowed_by_brute_force(compiler, req.rx, req.accepted)
+            assert {t for t in range(len(VOCAB)) if logits[row, t] > float("-inf")} == allowed, (req.rx, row)
+
+    filler.start(reqs)
+    check(reqs)
+    assert synced == [] and filler.num_jobs == 1  # every constrained row came from the worker thread
+    filler.start(reqs)
+    check(reqs[2:])  # a retry in halves: other rows for these requests -> filled again here
+    check(reqs[:2])  # the job's rows were taken once (row 0 was just overwritten) -> filled again here too
+    assert synced == [0, 1, 0]
+    synced.clear()
+    filler.start(reqs)
+    check([reqs[2]])  # a retry of one request: its row moved -> filled here, over the job's row 0
+    check(reqs[:2])  # so row 0 no longer holds what the job wrote for reqs[0]: filled again, not reused
+    assert synced == [0, 0]
+    synced.clear()
+    filler.start(reqs)
+    reqs[0].grammar.accept(3)  # the matcher moved on after the fill ("a" + "ab"): its row is stale
+    reqs[0].accepted.append(3)
+    check(reqs)
+    assert synced == [0]
+    filler.shutdown()
+
+
 def test_dead_row_gets_a_uniform_choice_among_allowed(compiler):
     g, _ = grammar_of(compiler, "yes|no")
     logits = torch.full((1, len(VOCAB)), float("-inf"))

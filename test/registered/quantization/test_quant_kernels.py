@@ -33,15 +33,33 @@ def gguf_weight(kind: str, n: int, k: int, rng):
     return packing.staging_from_gguf(torch.from_numpy(raw), GGUF_TYPES[kind]), ref
 
 
+def staging_values(staging: torch.Tensor, k: int) -> torch.Tensor:
+    """The weights a staging form stands for, decoded here from its bytes (per block: fp16 d, fp16 c, 32 u)."""
+    raw = staging.numpy().reshape(staging.shape[0], -1, 36)
+    d = raw[:, :, 0:2].copy().view(np.float16).astype(np.float64)
+    c = raw[:, :, 2:4].copy().view(np.float16).astype(np.float64)
+    w = d * raw[:, :, 4:].astype(np.float64) + c
+    return torch.from_numpy(w.reshape(staging.shape[0], -1)[:, :k].astype(np.float32))
+
+
+def range_fit_sq_error(w: torch.Tensor) -> tuple:
+    """Squared error per 32-block of 8-bit levels spanning the block's range: c = min, d = (max - min) / 255 (the
+    start of packing's fit, without the fp16 rounding of d and c), and of the symmetric max|w| / 127 scale."""
+    blocks = w.double().reshape(w.shape[0], -1, 32)
+    lo, hi = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    d = (hi - lo) / 255
+    ranged = torch.round((blocks - lo) / d) * d + lo
+    s = blocks.abs().amax(-1, keepdim=True) / 127
+    symmetric = torch.round(blocks / s) * s
+    return (ranged - blocks).square().sum(-1), (symmetric - blocks).square().sum(-1)
+
+
 def int8_weight(n: int, k: int, rng):
-    """w8a8_int8's weights: int8 with one fp16 scale max|w| / 127 per 32 weights of a row (K padded with zeros)."""
+    """w8a8_int8's weights (8-bit levels with an fp16 step and offset per 32 weights of a row; their fit is tested
+    in test_int8_blocks_fit) and the values they stand for."""
     w = torch.from_numpy((rng.standard_normal((n, k)) * 0.05).astype(np.float32))
-    ref = torch.empty_like(w)
-    for start in range(0, k, 32):
-        blk = w[:, start : start + 32]
-        scale = (blk.abs().amax(1, keepdim=True) / 127).half().float()
-        ref[:, start : start + 32] = torch.clamp(torch.round(blk / scale), -127, 127) * scale
-    return packing.staging_q8_blocks(w), ref
+    staging = packing.staging_q8_blocks(w)
+    return staging, staging_values(staging, k)
 
 
 def emulated(x: torch.Tensor, w_ref: torch.Tensor, bits: int) -> torch.Tensor:
@@ -96,6 +114,26 @@ class TestQuantKernels(unittest.TestCase):
     def test_int8_weight_only_with_k_tails(self):
         for n, k in ((64, 64), (40, 100), (33, 7), (576, 1536)):
             self.assertEqual(self.check(*int8_weight(n, k, self.rng), n, k), 8)
+
+    def test_int8_blocks_fit(self):
+        """The blocks' levels fit better than the plain range fit and far better than the symmetric int8 scale (one
+        outlier no longer halves its block's resolution), and weights on a 4-bit block grid (dequantized Q4_1)
+        come back almost exactly."""
+        import gguf.quants as gq
+
+        w = torch.from_numpy((self.rng.standard_normal((64, 1024)) * 0.05).astype(np.float32))
+        w[:, ::97] *= 8  # outliers on one side of their blocks
+        fit = (staging_values(packing.staging_q8_blocks(w), 1024).double() - w.double()).reshape(64, -1, 32)
+        ranged, symmetric = range_fit_sq_error(w)
+        self.assertLess(fit.square().sum().item(), 0.95 * ranged.sum().item())
+        self.assertLess(fit.square().sum().item(), 0.5 * symmetric.sum().item())
+        raw = gq.quantize(w.numpy(), GGUF_TYPES["Q4_1"])
+        on_grid = torch.from_numpy(gq.dequantize(raw, GGUF_TYPES["Q4_1"]).reshape(64, 1024).astype(np.float32))
+        back = staging_values(packing.staging_q8_blocks(on_grid), 1024)
+        self.assertLess((back - on_grid).norm().item(), 1e-3 * on_grid.norm().item())
+        tail = torch.from_numpy((self.rng.standard_normal((3, 40)) * 0.05).astype(np.float32))  # K tail of 8
+        back = staging_values(packing.staging_q8_blocks(tail), 40)
+        self.assertLess((back - tail).abs().max().item(), (tail.amax(1) - tail.amin(1)).max().item() / 255)
 
     def test_float32_activations(self):
         self.check(*gguf_weight("Q4_1", 48, 128, self.rng), 48, 128, dtype=torch.float32)

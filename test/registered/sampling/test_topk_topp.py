@@ -5,11 +5,12 @@ of each row written here independently:
     count, and ties at the cut (same count kept, every strictly larger token kept, the rest from the tied ones);
   * frequencies: tokens drawn through sampler.sample() with fixed seeds follow the reference's renormalised
     distribution (total-variation distance within a sampling tolerance);
-  * memory: the filter's peak allocation (torch profiler, CPU) stays within what mem_plan/sizes.py charges for it,
-    where a full sort of every row needs an order of magnitude more.
+  * memory: the filter's peak allocation (torch profiler, CPU: alloc_peak.py) stays within what mem_plan/sizes.py
+    charges for it, where a full sort of every row needs an order of magnitude more.
 """
 
 import torch
+from alloc_peak import peak_alloc_bytes
 
 from sglang.srt.mem_plan.sizes import (
     SAMPLER_BYTES_PER_CANDIDATE, SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY, SAMPLER_TOPK_CANDIDATES, sampler_fixed_bytes)
@@ -122,29 +123,16 @@ def test_frequencies_match_the_reference_distribution():
         assert tv < 0.06, (kw, tv)  # E[TV] ~ 0.02-0.04 for <= 30 tokens at 3000 draws
 
 
-def _peak_alloc_bytes(fn) -> int:
-    """Peak bytes allocated by fn on the CPU, above what was live when it started (torch profiler events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    cur = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        cur += e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
-        peak = max(peak, cur)
-    return peak
-
-
 def test_filter_memory_within_the_planned_bytes():
     batch, vocab = 16, 65536
     per_slot = vocab * SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY + SAMPLER_TOPK_CANDIDATES * SAMPLER_BYTES_PER_CANDIDATE
     probs = _rows(batch, vocab, 11)
     # rows settled by their candidates (top-k <= candidates): no sort at all
-    settled = _peak_alloc_bytes(lambda: filter_probs_(probs.clone(), [40] * batch, [0.9] * batch, [0.02] * batch))
+    settled = peak_alloc_bytes(lambda: filter_probs_(probs.clone(), [40] * batch, [0.9] * batch, [0.02] * batch))
     # flat rows with top-p only: the full-sort fallback, a few rows at a time (the fixed term)
-    mixed = _peak_alloc_bytes(lambda: filter_probs_(probs.clone(), [-1, 40] * (batch // 2), [0.9] * batch,
-                                                    [0.02] * batch))
-    full_sort = _peak_alloc_bytes(lambda: probs.sort(dim=-1, descending=True))  # values + int64 order alone
+    mixed = peak_alloc_bytes(lambda: filter_probs_(probs.clone(), [-1, 40] * (batch // 2), [0.9] * batch,
+                                                   [0.02] * batch))
+    full_sort = peak_alloc_bytes(lambda: probs.sort(dim=-1, descending=True))  # values + int64 order alone
     clone = batch * vocab * 4  # the probs.clone() inside the measured calls
     print(f"per entry: settled {(settled - clone) / (batch * vocab):.2f} B, with the fallback "
           f"{(mixed - clone) / (batch * vocab):.2f} B, planned {per_slot / vocab:.2f} B + the fixed "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Set
 
 import torch
 
+from sglang.srt.configs.hf_config_snapshot import load_hf_config
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype, torch_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
 
@@ -101,12 +102,15 @@ class ModelConfig:
         path = model_path or server_args.model_path
         if path is None:
             raise ValueError("ModelConfig needs a local model directory; call model_loader.resolve_model_path first.")
+        from sglang.srt.model_loader.model_path import startup_cache_dir
+
         return cls.from_pretrained(
             path,
             dtype=server_args.dtype,
             kv_cache_dtype=server_args.kv_cache_dtype,
             context_length=server_args.context_length,
             device=server_args.device,
+            startup_cache_dir=startup_cache_dir(server_args),
         )
 
     @classmethod
@@ -117,13 +121,16 @@ class ModelConfig:
         kv_cache_dtype: str = "auto",
         context_length: Optional[int] = None,
         device: str = "auto",
+        startup_cache_dir: Optional[str] = None,
     ) -> "ModelConfig":
+        """startup_cache_dir: where a snapshot of the resolved HF config is read or written (hf_config_snapshot.py);
+        None always runs AutoConfig."""
         config_file = os.path.join(model_path, "config.json")
         if not os.path.isfile(config_file):
             raise FileNotFoundError(f"{model_path!r} is not a Hugging Face model directory (no config.json).")
         with open(config_file) as f:
             config_dict = json.load(f)
-        hf_config = _load_hf_config(model_path)
+        hf_config = load_hf_config(model_path, startup_cache_dir)
         text_config = getattr(hf_config, "text_config", None) or hf_config
         architectures = config_dict.get("architectures") or []
         if not architectures:
@@ -189,8 +196,3 @@ def _resolve_context_len(override: Optional[int], max_position_embeddings: int) 
         )
     return override
 
-
-def _load_hf_config(model_path: str):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path, trust_remote_code=False)

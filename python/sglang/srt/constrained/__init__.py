@@ -4,8 +4,10 @@
     scheduler.add_request     GrammarQueue.add: compile in the background (GrammarCache, keyed by kind + text);
                               the request waits there, other requests keep running
     each step                 GrammarQueue.pop_ready -> waiting queue (or a 400 abort if xgrammar refused it)
-    sampler                   logits_mask.apply_grammar_mask_: one bitmask row per constrained request, filled by its
-                              matcher, applied to the whole batch at once (greedy and sampled alike)
+    decode forward            bitmask_fill.BitmaskFiller.start: a worker thread fills the batch's bitmask rows meanwhile
+    sampler                   logits_mask.apply_grammar_mask_: one bitmask row per constrained request (rows the worker
+                              has not reached are shared between it and the sampler), applied to the whole batch at
+                              once (greedy and sampled alike)
     commit                    RequestGrammar.accept: advance the matcher; a terminated grammar finishes the request
     finish / abort            RequestGrammar.release: the matcher is dropped (GrammarBackend.num_live_matchers)
 

@@ -5,6 +5,7 @@ term) and the requests waiting for their grammar to compile. The scheduler calls
     hold(req)      a request with a grammar: start (or join) its compile; it waits here, not in the waiting queue
     pop_ready()    requests whose compile finished: ready ones get a matcher (req.grammar), failed ones an error
     remove(req)    an aborted request leaves the queue
+    filler.start(reqs)  before a decode forward: fill the batch's bitmask rows on a worker thread meanwhile
     wait(s)        block up to s seconds for a compile when there is nothing else to run
 """
 
@@ -17,6 +18,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.constrained.bitmask_fill import BitmaskFiller
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
 from sglang.srt.constrained.request_grammar import RequestGrammar
@@ -34,6 +36,7 @@ class GrammarBackend:
         # one row per request a batch can sample at once; int32 words, bit t % 32 of word t // 32 = token t
         self.bitmask = torch.zeros(max_batch_rows, grammar_bitmask_words(vocab_size),
                                    dtype=getattr(torch, GRAMMAR_BITMASK_DTYPE))
+        self.filler = BitmaskFiller(self.bitmask)  # a decode batch's rows, filled while its forward runs
         self._info_lock = threading.Lock()
         self._compiler = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
         self.cache = GrammarCache(self._compile, cache_budget_bytes, num_compile_threads)
@@ -97,7 +100,7 @@ class GrammarBackend:
         import xgrammar as xgr
 
         self.num_live_matchers += 1
-        return RequestGrammar(kind, xgr.GrammarMatcher(compiled), self._released)
+        return RequestGrammar(kind, xgr.GrammarMatcher(compiled), self._released, self.filler)
 
     def _released(self) -> None:
         self.num_live_matchers -= 1
@@ -115,6 +118,7 @@ class GrammarBackend:
                 "grammar_compiles": self.cache.num_compiles, "grammar_cache_hits": self.cache.num_hits}
 
     def shutdown(self) -> None:
+        self.filler.shutdown()
         self.cache.shutdown()
 
 

@@ -1,7 +1,8 @@
 """What the sampler applies for structured output, to the whole batch at once: logit_bias, then the grammar bitmask.
 
 apply_logit_bias_     logits[i, id] += bias for every (id, bias) of row i's logit_bias
-apply_grammar_mask_   one bitmask row per constrained request (its matcher fills it), one masking call for the batch;
+apply_grammar_mask_   one bitmask row per constrained request (its matcher fills it, or the BitmaskFiller did during
+                      the forward: bitmask_fill.py), one masking call for the batch;
                       a constrained row left with no finite allowed logit gets a uniform choice among its allowed
                       tokens, so the grammar holds even then
 """
@@ -34,8 +35,17 @@ def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional
     if not rows:
         return
     assert bitmask is not None and bitmask.shape[0] >= len(reqs), "the grammar bitmask has a row per batch request"
-    for i in rows:
-        reqs[i].grammar.fill_bitmask(bitmask, i)
+    filled = {}  # rows the BitmaskFiller filled during the forward, for this request at this position
+    for filler in {reqs[i].grammar.filler for i in rows} - {None}:
+        filled.update(filler.take())
+    stale = [i for i in rows if filled.get(reqs[i].grammar) != (i, reqs[i].grammar.num_accepted)]
+    filler = reqs[stale[0]].grammar.filler if stale else None
+    if len(stale) > 1 and filler is not None and filler.bitmask is bitmask \
+            and all(reqs[i].grammar.filler is filler for i in stale):
+        filler.fill([reqs[i].grammar for i in stale], stale)  # its worker thread and this one share the rows
+    else:
+        for i in stale:
+            reqs[i].grammar.fill_bitmask(bitmask, i)
     vocab = logits.shape[1]
     xgr.apply_token_bitmask_inplace(logits, bitmask[: len(reqs)], vocab_size=vocab, indices=rows)
     sub = logits if len(rows) == len(reqs) else logits[rows]

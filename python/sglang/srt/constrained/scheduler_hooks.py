@@ -1,8 +1,9 @@
-"""The scheduler's three calls into constrained decoding, kept here so scheduler.py stays about batching.
+"""The scheduler's four calls into constrained decoding, kept here so scheduler.py stays about batching.
 
     build_backend(sched)          at startup: a GrammarBackend sized by the plan's request slots, or None
     hold_for_grammar(sched, req)  add_request: a request with a grammar waits for its compile (True), others don't
     admit_compiled(sched)         each step: compiled -> waiting queue; refused by xgrammar -> finished with a 400
+    fill_ahead(sched, reqs)       before a decode forward: its grammar bitmask rows fill meanwhile (bitmask_fill.py)
 """
 
 from __future__ import annotations
@@ -57,3 +58,8 @@ def admit_compiled(sched: Any) -> None:
     for req, message in failed:
         req.abort(message, status_code=INVALID_GRAMMAR_STATUS)
         sched.finish(req)
+
+
+def fill_ahead(sched: Any, reqs: Any) -> None:
+    if sched.grammar_backend is not None:
+        sched.grammar_backend.filler.start(reqs)

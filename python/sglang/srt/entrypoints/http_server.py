@@ -1,4 +1,6 @@
-"""The HTTP server: FastAPI routes over a TokenizerManager, and launch_server() which runs the whole thing.
+"""The HTTP server: launch_server() runs the whole thing; the FastAPI routes over a TokenizerManager are in
+http_app.py, imported after the scheduler process is spawned (its start, the critical path of the ready time, then
+overlaps with importing FastAPI, the OpenAI layer and the tokenizer in this process).
 
 Process layout (like upstream):
     main process       uvicorn + FastAPI + TokenizerManager (tokenization, request state, SSE)
@@ -18,27 +20,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from sglang.srt.entrypoints.http_middleware import APIKeyMiddleware, RequestBodyLimitMiddleware
-from sglang.srt.entrypoints.openai.errors import error_response
-from sglang.srt.entrypoints.openai.openapi_bodies import install_request_schemas, json_body
-from sglang.srt.entrypoints.openai.protocol import (
-    AbortRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    TokenizeRequest,
-)
-from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.server_lifecycle import (
     SCHEDULER_STARTUP_TIMEOUT_S,
     check_port_free,
@@ -48,169 +30,21 @@ from sglang.srt.entrypoints.server_lifecycle import (
     stop_process,
     wait_for_scheduler,
 )
-from sglang.srt.entrypoints.serving_generate import ServingGenerate
-from sglang.srt.managers.data_parallel_controller import ReplicaProcesses
 from sglang.srt.managers.port_args import PortArgs
-from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, preload_tokenizer
+from sglang.srt.managers.tokenizer_loading import preload_tokenizer
 from sglang.srt.server_args import ServerArgs
-from sglang.version import __version__
+from sglang.srt.utils.startup_timing import process_age_s
 
 logger = logging.getLogger(__name__)
 
 
-# ====================================================================== app
-def create_app(tm: TokenizerManager) -> FastAPI:
-    server_args = tm.server_args
+def __getattr__(name: str):
+    """create_app lives in http_app.py, imported lazily: the scheduler process is spawned before FastAPI loads."""
+    if name == "create_app":
+        from sglang.srt.entrypoints.http_app import create_app
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        tm.start()
-        yield
-        tm.is_shutting_down = True
-        tm.abort_all()
-        if tm.template_sandbox is not None:
-            await tm.template_sandbox.aclose()
-
-    app = FastAPI(title="SGLang", version=__version__, lifespan=lifespan)
-    app.state.tokenizer_manager = tm
-    # the last added runs first: the API key is checked before any body is read
-    app.add_middleware(RequestBodyLimitMiddleware, max_body_mb=server_args.max_request_body_mb)
-    if server_args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
-
-    serving_chat = OpenAIServingChat(tm)
-    serving_completion = OpenAIServingCompletion(tm)
-    serving_tokenize = OpenAIServingTokenize(tm)
-    serving_detokenize = OpenAIServingDetokenize(tm)
-    serving_generate = ServingGenerate(tm)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_exception_handler(request: Request, exc: StarletteHTTPException):
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
-            message = f"Unknown endpoint {request.method} {request.url.path}."
-        elif exc.status_code == 405:
-            message = f"Method {request.method} is not allowed for {request.url.path}."
-        return error_response(exc.status_code, message)
-
-    @app.exception_handler(RequestError)
-    async def request_error_handler(request: Request, exc: RequestError):
-        return error_response(exc.status_code, exc.message, exc.param, exc.code)
-
-    @app.exception_handler(Exception)
-    async def internal_error_handler(request: Request, exc: Exception):
-        logger.exception("Internal error on %s", request.url.path)
-        return error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")
-
-    # ---------------------------------------------------------------- health and info
-    @app.get("/health")
-    async def health():
-        """{"status": "ok"}; 503 with an error body when the scheduler has failed or the server is stopping."""
-        if not tm.is_healthy:
-            return error_response(503, tm.fatal_error or "The server is shutting down.")
-        return json_response({"status": "ok"})
-
-    @app.get("/health_generate")
-    async def health_generate():
-        """Like /health, after the scheduler has produced a token (behind the API key: it runs a generation)."""
-        if not tm.is_healthy:
-            return error_response(503, tm.fatal_error or "The server is shutting down.")
-        if await tm.health_generate():
-            return json_response({"status": "ok"})
-        return error_response(503, "The server did not produce a token in time.")
-
-    @app.get("/model_info")  # upstream's current name; sglang-router asks it first
-    @app.get("/get_model_info")
-    async def get_model_info():
-        return json_response({
-            "model_path": tm.model_path,
-            "tokenizer_path": tm.tokenizer_path,
-            "served_model_name": tm.served_model_name,
-            "is_generation": True,
-            "context_len": tm.context_len,
-            "vocab_size": tm.vocab_size,
-        })
-
-    async def server_info():
-        info = await tm.get_server_info()
-        return json_response({**server_args.to_dict(), **info, "version": __version__})
-
-    app.get("/server_info")(server_info)
-    app.get("/get_server_info")(server_info)
-
-    @app.post("/flush_cache")
-    async def flush_cache():
-        if await tm.flush_cache():
-            return PlainTextResponse("Cache flushed.\n")
-        return error_response(400, "Cache not flushed: requests are running or waiting; retry when the server is idle.")
-
-    # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
-    install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest])
-
-    @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
-    async def abort_request(raw_request: Request):
-        req = await parse_body(raw_request, AbortRequest)
-        if req.abort_all:
-            tm.abort_all()
-        elif req.rid:
-            tm.abort_request(req.rid)
-        else:
-            raise RequestError(400, "Send a rid, or abort_all: true.", param="rid")
-        return Response(status_code=200)
-
-    # ---------------------------------------------------------------- generation
-    @app.put("/generate", openapi_extra=json_body(GenerateRequest))
-    @app.post("/generate", openapi_extra=json_body(GenerateRequest))
-    async def generate(raw_request: Request):
-        return await serving_generate.handle_request(raw_request)
-
-    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
-    async def v1_completions(raw_request: Request):
-        return await serving_completion.handle_request(raw_request)
-
-    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
-    async def v1_chat_completions(raw_request: Request):
-        return await serving_chat.handle_request(raw_request)
-
-    @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
-    @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
-    async def tokenize(raw_request: Request):
-        return await serving_tokenize.handle_request(raw_request)
-
-    @app.api_route("/v1/detokenize", methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
-    @app.api_route("/detokenize", methods=["POST"], openapi_extra=json_body(DetokenizeRequest))
-    async def detokenize(raw_request: Request):
-        return await serving_detokenize.handle_request(raw_request)
-
-    def model_card() -> dict:
-        return {
-            "id": tm.served_model_name,
-            "object": "model",
-            "created": int(tm.start_time),
-            "owned_by": "sglang",
-            "root": tm.model_path,
-            "max_model_len": tm.context_len,
-        }
-
-    @app.get("/v1/models")
-    async def list_models():
-        return json_response({"object": "list", "data": [model_card()]})
-
-    @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str):
-        serving_chat.check_model(model)
-        return json_response(model_card())
-
-    # ---------------------------------------------------------------- metrics
-    if tm.metrics is not None:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        @app.get("/metrics")
-        async def metrics():
-            return Response(tm.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ====================================================================== launch
@@ -219,6 +53,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
     Exits with status 1 when startup fails or a fatal error stops the server (see server_lifecycle.py)."""
     started = time.perf_counter()
+    imports_s = process_age_s()
     logging.basicConfig(
         level=server_args.log_level.upper(),
         format="[%(asctime)s] %(levelname)s %(message)s",
@@ -236,6 +71,8 @@ def launch_server(server_args: ServerArgs) -> None:
     signal.signal(signal.SIGTERM, raise_system_exit)
     try:
         if server_args.dp_size > 1:  # N replicas behind one dispatcher (managers/data_parallel_controller.py)
+            from sglang.srt.managers.data_parallel_controller import ReplicaProcesses
+
             proc = ReplicaProcesses(server_args, port_args)
             preloaded = preload_tokenizer(server_args)
             info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
@@ -247,8 +84,18 @@ def launch_server(server_args: ServerArgs) -> None:
             info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
         else:
             proc, reader = launch_scheduler_process(server_args, port_args)
+            t_spawned = time.perf_counter()
             preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
+            import sglang.srt.entrypoints.http_app  # noqa: F401 - FastAPI and the OpenAI layer, also overlapping
+
+            t_tokenizer = time.perf_counter()
             info = wait_for_scheduler(proc, reader)
+            logger.info("Main process: imports %.2f s before launch, scheduler spawn %.2f s, tokenizer preload %.2f s "
+                        "+ API imports (beside the scheduler's start), then waited %.2f s for the scheduler", imports_s,
+                        t_spawned - started, t_tokenizer - t_spawned, time.perf_counter() - t_tokenizer)
+        from sglang.srt.entrypoints.http_app import create_app  # loaded while the scheduler started
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
         tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
         asyncio.run(serve(app, tm, proc, server_args, started))

@@ -15,11 +15,13 @@ import multiprocessing as mp
 import os
 import socket
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from sglang.srt.managers.port_args import PortArgs
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
+
+if TYPE_CHECKING:  # the main process imports it after spawning the scheduler (http_server.py)
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 

@@ -3,14 +3,18 @@ confined to the requests they concern (policy in fault_confinement.py).
 
 A batch is a list of units; each attempt is forward + sample, and only when both succeed does it commit
 (kv_len += n, then each request's new token is appended and detokenized, one request at a time).
+With the overlap schedule (overlap_worker.py) the batch is built here, its forward + sample run on the forward
+thread while the scheduler thread decodes the previous step's text; a request that text finished is no longer
+alive at commit and its token is dropped.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 
+from sglang.srt.constrained.scheduler_hooks import fill_ahead
 from sglang.srt.managers.decode_memory import ensure_decode_memory, retract_for_oom
 from sglang.srt.managers.fault_confinement import StepFault, fault_message, is_oom, step_phase
 from sglang.srt.managers.schedule_batch import Req
@@ -43,9 +47,18 @@ def _alive(req: Req) -> bool:
     return req.req_pool_idx is not None and not req.finished()
 
 
+def _attempt(sched: "Scheduler", job: Callable[[], SampleOutput]) -> SampleOutput:
+    """Forward + sample of a built batch: here, or on the forward thread overlapped with the previous text."""
+    return job() if sched.overlap is None else sched.overlap.run(job)
+
+
 # ====================================================================== commit
 def _commit_token(sched: "Scheduler", req: Req, out: SampleOutput, row: int) -> None:
     """Append the sampled token; a fault while detokenizing fails this request only."""
+    if not _alive(req):  # finished by the overlapped text of the previous step: this token is dropped
+        if sched.overlap is not None:
+            sched.overlap.num_dropped_tokens += 1
+        return
     try:
         with step_phase("detokenize"):
             _inject(sched, "detokenize", [req])
@@ -59,7 +72,7 @@ def _commit_token(sched: "Scheduler", req: Req, out: SampleOutput, row: int) -> 
 
 
 # ====================================================================== extend
-def _forward_extend(sched: "Scheduler", units: List[ExtendUnit]) -> torch.Tensor:
+def _build_extend(sched: "Scheduler", units: List[ExtendUnit]) -> ForwardBatch:
     reqs = [r for r, _ in units]
     lens = [n for _, n in units]
     input_ids: List[int] = []
@@ -72,7 +85,7 @@ def _forward_extend(sched: "Scheduler", units: List[ExtendUnit]) -> torch.Tensor
         input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + n])
         positions.extend(range(r.kv_len, r.kv_len + n))
         out_loc.append(r2t[r.req_pool_idx, r.kv_len : r.kv_len + n])
-    fb = ForwardBatch(
+    return ForwardBatch(
         forward_mode=ForwardMode.EXTEND,
         batch_size=len(reqs),
         input_ids=torch.tensor(input_ids, dtype=torch.int64),
@@ -88,32 +101,43 @@ def _forward_extend(sched: "Scheduler", units: List[ExtendUnit]) -> torch.Tensor
         logits_indices=torch.tensor(lens).cumsum(0) - 1,
         mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
     )
-    _inject(sched, "prefill", reqs)
-    return sched.model_runner.forward(fb)
 
 
 def _extend_confined(sched: "Scheduler", units: List[ExtendUnit]) -> None:
     if not units:
         return
+    reqs = [r for r, _ in units]
+    done = [i for i, (r, n) in enumerate(units) if r.kv_len + n == r.fill_len]
+    done_reqs = [reqs[i] for i in done]
+    bitmask = grammar_bitmask(sched)
+
+    def job() -> Optional[SampleOutput]:
+        with step_phase("prefill"):
+            _inject(sched, "prefill", reqs)
+            logits = sched.model_runner.forward(fb)
+        if not done:
+            return None
+        with step_phase("sample"):
+            _inject(sched, "sample", done_reqs)
+            return sample(logits[done], done_reqs, bitmask)
+
     try:
         with step_phase("prefill"):
-            logits = _forward_extend(sched, units)
-        done = [i for i, (r, n) in enumerate(units) if r.kv_len + n == r.fill_len]
-        out = None
-        if done:
-            with step_phase("sample"):
-                _inject(sched, "sample", [units[i][0] for i in done])
-                out = sample(logits[done], [units[i][0] for i in done], grammar_bitmask(sched))
+            fb = _build_extend(sched, units)
+        out = _attempt(sched, job)
     except StepFault as f:
-        _recover_extend(sched, units, f)
+        _recover_extend(sched, [(r, n) for r, n in units if _alive(r)], f)
         return
     for r, n in units:
-        r.kv_len += n
+        if _alive(r):  # not finished by the overlapped text of the previous step
+            r.kv_len += n
     for j, i in enumerate(done):
         _commit_token(sched, units[i][0], out, j)
 
 
 def _recover_extend(sched: "Scheduler", units: List[ExtendUnit], f: StepFault) -> None:
+    if not units:
+        return
     rids = [r.rid for r, _ in units]
     if len(units) > 1:
         what = "out of memory" if is_oom(f.cause) else "failed"
@@ -145,12 +169,12 @@ def run_extend(sched: "Scheduler", plan: PrefillPlan) -> None:
 
 
 # ====================================================================== decode
-def _forward_decode(sched: "Scheduler", reqs: List[Req]) -> torch.Tensor:
+def _build_decode(sched: "Scheduler", reqs: List[Req]) -> ForwardBatch:
     r2t = sched.memory.req_to_token_pool.req_to_token
     rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
     positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
     seq_lens = [r.kv_len + 1 for r in reqs]
-    fb = ForwardBatch(
+    return ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=len(reqs),
         input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
@@ -161,20 +185,30 @@ def _forward_decode(sched: "Scheduler", reqs: List[Req]) -> torch.Tensor:
         seq_lens_cpu=seq_lens,
         mm_inputs=None,
     )
-    _inject(sched, "decode", reqs)
-    return sched.model_runner.forward(fb)
 
 
 def _decode_confined(sched: "Scheduler", reqs: List[Req]) -> None:
     if not reqs:
         return
-    try:
+    bitmask = grammar_bitmask(sched)
+
+    def job() -> SampleOutput:
         with step_phase("decode"):
-            logits = _forward_decode(sched, reqs)
+            _inject(sched, "decode", reqs)
+            logits = sched.model_runner.forward(fb)
         with step_phase("sample"):
             _inject(sched, "sample", reqs)
-            out = sample(logits, reqs, grammar_bitmask(sched))
+            return sample(logits, reqs, bitmask)
+
+    try:
+        with step_phase("decode"):
+            fb = _build_decode(sched, reqs)
+            fill_ahead(sched, reqs)  # grammar bitmask rows fill on a worker thread during the forward
+        out = _attempt(sched, job)
     except StepFault as f:
+        reqs = [r for r in reqs if _alive(r)]  # the overlapped text may have finished some
+        if not reqs:
+            return
         if len(reqs) > 1 and is_oom(f.cause):
             sched.on_fault(f"Decode batch of {len(reqs)} requests ran out of memory in the {f.step} step", f.cause)
             _decode_confined(sched, retract_for_oom(sched, reqs))
@@ -188,7 +222,8 @@ def _decode_confined(sched: "Scheduler", reqs: List[Req]) -> None:
             sched.fail(reqs[0], fault_message(f.step, f.cause))
         return
     for r in reqs:
-        r.kv_len += 1
+        if _alive(r):  # not finished by the overlapped text of the previous step
+            r.kv_len += 1
     for j, r in enumerate(reqs):
         _commit_token(sched, r, out, j)
 

@@ -97,6 +97,12 @@ class Req:
 
     # ------------------------------------------------------------------ progress
     def append_token(self, token_id: int) -> None:
+        self.append_token_id(token_id)
+        self.add_token_text(len(self.output_ids))
+
+    def append_token_id(self, token_id: int) -> None:
+        """The token-level half of append_token (what the next forward and sampling need): the id, the grammar,
+        stop tokens, max_new_tokens. The overlap schedule decodes the text a step later (add_token_text)."""
         self.output_ids.append(token_id)
         n_out = len(self.output_ids)
         sp = self.sampling_params
@@ -106,6 +112,12 @@ class Req:
             self.finished_reason = {"type": "stop", "matched": token_id}
         elif n_out >= self.max_new_tokens:
             self.finished_reason = {"type": "length", "length": self.max_new_tokens}
+
+    def add_token_text(self, n_out: int) -> None:
+        """The text half of append_token for output token n_out (1-based): detokenize it, check stop strings.
+        Tokens are added in order, each before the next one's append_token_id."""
+        token_id = self.output_ids[n_out - 1]
+        sp = self.sampling_params
         if self.detok is None:
             return
         # A matched stop token is not part of the text.

@@ -7,8 +7,10 @@ returned in place):
     * otherwise decode every running request by one token; if the pool runs short, evict cached prefixes, then
       retract requests back to the waiting queue (they re-prefill later and finish with the same output;
       decode_memory.py).
-Forward, sampling and commit live in batch_runner.py. A fault in a step fails only the requests it concerns and the
-scheduler keeps serving (fault_confinement.py); faults can be injected for tests (fault_injection.py).
+Forward, sampling and commit live in batch_runner.py. With the overlap schedule (overlap_worker.py) a step's
+forward + sampling run on a second thread while this one decodes the previous step's text (stop strings, outputs).
+A fault in a step fails only the requests it concerns and the scheduler keeps serving (fault_confinement.py); faults
+can be injected for tests (fault_injection.py).
 The scheduler runs in-process for the offline Engine and in its own process behind ZMQ for the HTTP server
 (scheduler_process.py); its public surface is add_request / abort_request / step / flush_cache / get_server_info /
 get_stats / check_integrity.
@@ -17,6 +19,7 @@ get_stats / check_integrity.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Dict, List, Optional
 
 import torch
@@ -31,6 +34,7 @@ from sglang.srt.managers.fault_confinement import (
 )
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
+from sglang.srt.managers.overlap_worker import OverlapSchedule, overlap_enabled
 from sglang.srt.managers.prefill_scheduler import schedule_prefill
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.schedule_batch import Req
@@ -54,7 +58,9 @@ class Scheduler:
         if tokenizer is None and not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            tokenizer = get_tokenizer(self.tokenizer_path)
+            from sglang.srt.model_loader.model_path import startup_cache_dir
+
+            tokenizer = get_tokenizer(self.tokenizer_path, startup_cache_dir(server_args))
         self.tokenizer = tokenizer
         self.device = mr.device
 
@@ -86,6 +92,11 @@ class Scheduler:
         self.oom_cap = OomRunningCap()
         # structured output: compiled grammars, the batch bitmask, requests waiting for a compile (None: off)
         self.grammar_backend = build_backend(self)
+        # overlap schedule: None when off (--disable-overlap-schedule, or the device's default)
+        self.overlap: Optional[OverlapSchedule] = (
+            OverlapSchedule(self) if overlap_enabled(server_args, self.device) else None)
+        if self.overlap is not None:
+            weakref.finalize(self, self.overlap.shutdown)
 
         # counters
         self.num_retractions = 0
@@ -125,13 +136,15 @@ class Scheduler:
         req = self.reqs.get(rid)
         if req is None:
             return
+        self._flush_text(req)
         self._take_out(req)
         req.abort(message)
         self.finish(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting_queue or self.running or self.chunked_req or self.pending_outputs
-                    or (self.grammar_backend is not None and len(self.grammar_backend)))
+                    or (self.grammar_backend is not None and len(self.grammar_backend))
+                    or (self.overlap is not None and self.overlap.num_pending()))
 
     def step(self) -> List[ReqOutput]:
         """Run one prefill or decode batch; return output deltas of the requests that advanced or finished.
@@ -139,6 +152,7 @@ class Scheduler:
         Faults fail the requests they concern (their outputs are in the return value); only SchedulerStateCorrupt
         leaves this method."""
         faults_before = self.num_faults
+        forward_ct_before = self.forward_ct
         self.batch_reqs = []
         admit_compiled(self)  # requests whose grammar compiled join the waiting queue
         with torch.inference_mode():
@@ -148,6 +162,8 @@ class Scheduler:
                     run_extend(self, plan)
                 elif self.running:
                     run_decode(self)
+                if self.overlap is not None and self.forward_ct == forward_ct_before:
+                    self.overlap.drain_now()  # no forward to overlap the previous step's text with
             except SchedulerStateCorrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - a fault outside a confined forward/sample/detokenize
@@ -161,9 +177,11 @@ class Scheduler:
         outputs, self.pending_outputs = self.pending_outputs, []
         return outputs
 
-    def warmup(self, num_tokens: int = 32, batch_size: int = 4, max_new_tokens: int = 4) -> None:
+    def warmup(self, num_tokens: int = 8, batch_size: int = 4, max_new_tokens: int = 4) -> None:
         """Run a few tiny requests through prefill and decode so the first real request does not pay for kernel
-        setup (oneDNN primitives, allocator growth); leaves the pools and the prefix cache as they were."""
+        setup (oneDNN primitives, allocator growth); leaves the pools and the prefix cache as they were. 4 x 8 tokens
+        already take the prefill GEMM path (more than 8 rows) and batch-4 decode the GEMV path; more tokens only add
+        compute to the ready time."""
         from sglang.srt.managers.io_struct import new_rid
         from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -250,6 +268,7 @@ class Scheduler:
             "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
             "quantization": getattr(self.model_runner, "quantization", None),
             "cuda_graphs": self.model_runner.cuda_graph_info(),
+            "overlap_schedule": self.overlap is not None,
             "memory_plan": plan.to_dict() if plan is not None else None,
             "tp_size": self.server_args.tp_size,
             # what each TP rank measured and allocated under the (shared, per-rank) plan above
@@ -284,14 +303,38 @@ class Scheduler:
             req.output_token_logprobs.append(out.token_logprobs[row])
             if out.top_logprobs is not None and out.top_logprobs[row] is not None:
                 req.output_top_logprobs.append(out.top_logprobs[row])
-        req.append_token(out.next_token_ids[row])
         self.total_generated_tokens += 1
+        if self.overlap is None:
+            req.append_token(out.next_token_ids[row])
+            self._maybe_stream(req)
+            return
+        req.append_token_id(out.next_token_ids[row])
+        self.overlap.defer(req)  # its text is decoded while the next forward runs
+        if req.finished():
+            self.overlap.flush(req)  # a finished request's output needs its text now
+
+    def decode_text(self, req: Req, n_out: int) -> None:
+        """The text half of output token n_out (detokenize, stop strings), then a streamed output if one is due."""
+        req.add_token_text(n_out)
+        self._maybe_stream(req)
+
+    def _flush_text(self, req: Req) -> None:
+        """Before a request finishes outside a commit: decode its queued text (a fault there is logged only)."""
+        if self.overlap is None:
+            return
+        try:
+            self.overlap.flush(req)
+        except Exception as e:  # noqa: BLE001 - the request is finishing anyway
+            log_fault(f"Request {req.rid}: decoding its last text failed", e)
+
+    def _maybe_stream(self, req: Req) -> None:
         interval = self.server_args.stream_interval
         if req.stream and not req.finished() and (len(req.output_ids) - req.sent_token_len) >= interval:
             self.pending_outputs.append(self._make_output(req))
 
     def finish(self, req: Req) -> None:
         """A finished request: its computed tokens enter the prefix cache, its last output is queued."""
+        self._flush_text(req)
         self.memory.release(req, cache=True)
         if req.grammar is not None:
             req.grammar.release()
@@ -307,6 +350,7 @@ class Scheduler:
 
     def fail(self, req: Req, message: str) -> None:
         """A fault hit this request: it finishes with a 500 abort; its memory is freed without caching."""
+        self._flush_text(req)
         self._take_out(req)
         self.memory.release(req, cache=False)
         req.abort(message, status_code=FAULT_STATUS_CODE)

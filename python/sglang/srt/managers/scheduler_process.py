@@ -42,6 +42,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.startup_timing import process_age_s
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class SchedulerProcess:
         self.last_stats_push = 0.0
         self.stop_requested = threading.Event()  # SIGTERM with tp > 1: stop at the next step boundary
         self.dp_rank = port_args.dp_rank  # stamped on every reply (data_parallel_controller.py)
+        self.early_inputs: list = []  # read during a step's forward (overlap schedule), handled after the step
+        if getattr(scheduler, "overlap", None) is not None:
+            scheduler.overlap.window_hook = self.overlap_window
 
     # ------------------------------------------------------------------ input
     def recv_requests(self, block: bool) -> list:
@@ -146,10 +150,18 @@ class SchedulerProcess:
             self.reply("stats", self.scheduler.get_stats())
 
     # ------------------------------------------------------------------ loop
+    def overlap_window(self) -> None:
+        """Called inside a step while its forward runs (overlap schedule): send the outputs ready so far and read
+        the new messages; they are handled after the step (handling may finish requests the forward is using)."""
+        outputs, self.scheduler.pending_outputs = self.scheduler.pending_outputs, []
+        self.send_outputs(outputs)
+        self.early_inputs.extend(self.recv_requests(block=False))
+
     def event_loop(self) -> None:
         busy = False
         while not self.stop_requested.is_set():
-            for req in self.recv_requests(block=not self.scheduler.has_work()):
+            inputs, self.early_inputs = self.early_inputs, []
+            for req in inputs + self.recv_requests(block=not inputs and not self.scheduler.has_work()):
                 self.process_input(req)
             if self.scheduler.has_work():
                 busy = True
@@ -181,6 +193,21 @@ def ready_info(scheduler: Any) -> dict:
     return info
 
 
+def log_startup_breakdown(scheduler: Any, t_imports: float, t_init: float, t_warmup: float) -> None:
+    """One line saying where the scheduler's startup went (the ready time of `sglang serve` is mostly this)."""
+    now = time.perf_counter()
+    phases = dict(getattr(scheduler.model_runner, "startup_s", None) or {})
+    runner_s = sum(phases.values())
+    parts = [f"process start + imports {process_age_s() - (now - t_imports):.2f} s",
+             f"scheduler imports {t_init - t_imports:.2f} s"]
+    parts += [f"{name} {sec:.2f} s" for name, sec in phases.items()]
+    source = getattr(scheduler.model_runner, "activation_peak_source", None)
+    if source is not None and "memory_plan" in phases:
+        parts[-1] += f" (activation peak {source()})"
+    parts += [f"tokenizer + scheduler setup {t_warmup - t_init - runner_s:.2f} s", f"warmup {now - t_warmup:.2f} s"]
+    logger.info("Scheduler ready %.2f s after its process started: %s", process_age_s(), ", ".join(parts))
+
+
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_writer, parent_pid: Optional[int] = None):
     """Entry point of the scheduler process. Sends one dict through `pipe_writer`: ready_info() or an error."""
     # Ctrl-C reaches the whole process group; the parent decides when this process stops (SIGTERM).
@@ -195,10 +222,14 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
         datefmt="%H:%M:%S",
     )
     try:
+        t_imports = time.perf_counter()
         from sglang.srt.managers.scheduler import Scheduler
 
+        t_init = time.perf_counter()
         scheduler = Scheduler(server_args)
+        t_warmup = time.perf_counter()
         scheduler.warmup()
+        log_startup_breakdown(scheduler, t_imports, t_init, t_warmup)
         proc = SchedulerProcess(scheduler, server_args, port_args)
         if server_args.tp_size > 1:
             signal.signal(signal.SIGTERM, lambda signum, frame: proc.stop_requested.set())

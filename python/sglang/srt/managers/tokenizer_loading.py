@@ -35,7 +35,7 @@ def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
     """
     if server_args.skip_tokenizer_init:
         return None
-    from sglang.srt.model_loader.model_path import cache_root, default_model_path, gguf_cache_dir
+    from sglang.srt.model_loader.model_path import cache_root, default_model_path, gguf_cache_dir, startup_cache_dir
 
     try:
         path = server_args.tokenizer_path or server_args.model_path or default_model_path()
@@ -45,7 +45,7 @@ def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
             return None
         from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-        return path, get_tokenizer(path)
+        return path, get_tokenizer(path, startup_cache_dir(server_args))
     except Exception as e:  # the scheduler reports real problems; this is only a head start
         logger.debug("Tokenizer preload skipped: %s", e)
         return None

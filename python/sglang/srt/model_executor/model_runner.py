@@ -60,6 +60,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, pre_load_free_bytes, trim_cpu_heap
         from sglang.srt.model_loader import load_model, resolve_model_path
 
+        started = time.perf_counter()
+        self.startup_s = {}  # seconds per startup phase, for the scheduler's startup log line
         self.server_args = server_args
         self.device = resolve_device(server_args.device)
         from sglang.srt.layers.attention.attention_registry import check_attention_backend
@@ -83,6 +85,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
+        self.startup_s["config"] = time.perf_counter() - started
         from sglang.srt.layers.quantization import resolve_quantization
         from sglang.srt.model_loader.model_path import gguf_source_path
 
@@ -104,6 +107,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
             self.cpu_kernels = cpu_kernels_summary()
             logger.info("CPU kernels: %s", self.cpu_kernels)
+        self.startup_s["kernels"] = time.perf_counter() - started - self.startup_s["config"]
         # 1. measure before load
         self.pre_load_free_bytes = pre_load_free_bytes(self.device)
         # what this process held before loading: the baseline that measured usage is compared against
@@ -121,14 +125,17 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             # without the trim, run to run; about the tensors with it)
             trim_cpu_heap()
             self.weight_bytes = max(tensor_bytes, cpu_current_rss_bytes() - self.pre_load_rss_bytes)
+        self.startup_s["load"] = time.perf_counter() - t0
         logger.info("Loaded %s in %.2f s (%.1f MiB of weights, %.1f MiB charged to the plan, dtype %s)", self.model_path,
-                    time.perf_counter() - t0, tensor_bytes / 2**20, self.weight_bytes / 2**20, self.dtype)
+                    self.startup_s["load"], tensor_bytes / 2**20, self.weight_bytes / 2**20, self.dtype)
         # 3. multimodal: encoder reservation and embedding cache, set before the plan charges them
         from sglang.srt.multimodal.runner_setup import setup_multimodal
 
         self.multimodal = setup_multimodal(self.model, self.model_config, self.model_path, server_args, self.device)
         # 3-4. profile, plan, allocate
+        t0 = time.perf_counter()
         self.init_memory_pool()
+        self.startup_s["memory_plan"] = time.perf_counter() - t0
 
     @property
     def context_len(self) -> int:

@@ -5,6 +5,8 @@ Every consumer that lives beside the KV pool is a term of the plan; the inputs a
 here:
     weights             measured (bytes of the loaded tensors; on CPU at least the RSS the load added)
     activations         measured: peak of one profile forward at the chunked-prefill size
+                        (a CPU start of one rank reuses the peak an earlier start with identical inputs
+                        measured: activation_cache.py; the plan's notes then name the cache file)
     encoder             measured by multimodal models at their largest input (or --encoder-mem-reserve)
 With tp ranks every rank measures and the plan charges each rank the tightest value: free memory MIN over the
 ranks (measure.pre_load_free_bytes), weights and activations MAX over the ranks; so every rank computes the same
@@ -16,6 +18,7 @@ the same declarations, and check_allocation() asserts the tables and backend buf
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -120,15 +123,23 @@ class ModelRunnerKVCacheMixin:
     def measured_terms(self, chunk: int) -> B.MeasuredTerms:
         from sglang.srt.distributed.communication_op import tp_max_int
 
+        from sglang.srt.model_executor.activation_cache import activation_cache_applies, cpu_activation_peak
+
         mm = self.multimodal
-        self.own_activation_bytes = self.profile_activation_bytes(chunk)
+        # a CPU start of one rank reuses the peak an earlier start with the same inputs measured (activation_cache.py)
+        self.activation_measurement = cpu_activation_peak(self, chunk) if activation_cache_applies(self) else None
+        if self.activation_measurement is not None:
+            self.own_activation_bytes = self.activation_measurement.value_bytes
+        else:
+            self.own_activation_bytes = self.profile_activation_bytes(chunk)
         activation_bytes, activation_source = tp_max_int(self.own_activation_bytes), "measured"
         if str(self.device) == "cpu":
             model = self.model_facts()
             formula = model.shape.activation_bytes(chunk, self.server_args.tp_size, model.dtype, "cpu")
             activation_bytes, activation_source = B.cpu_activation_term(formula, activation_bytes)
-            logger.info("Activation peak at chunk %d: measured %.1f MB, formula %.1f MB -> plan uses the %s",
-                        chunk, self.own_activation_bytes / 2**20, formula / 2**20, activation_source)
+            logger.info("Activation peak at chunk %d: %s %.1f MB, formula %.1f MB -> plan uses the %s",
+                        chunk, self.activation_peak_source(), self.own_activation_bytes / 2**20, formula / 2**20,
+                        activation_source)
         return B.MeasuredTerms(
             weight_bytes=tp_max_int(self.weight_bytes),
             activation_bytes=activation_bytes,
@@ -140,6 +151,22 @@ class ModelRunnerKVCacheMixin:
                      "encoder": mm.encoder_reserve_source},
         )
 
+    def activation_peak_source(self) -> str:
+        """"measured", or "measured (cached <file>)" when an earlier start's measurement was reused."""
+        m = getattr(self, "activation_measurement", None)
+        return m.source if m is not None else "measured"
+
+    def note_cached_measurement(self, plan, chunk: int):
+        """The plan, with a note naming the cache file when the activation peak guarding it was not measured now."""
+        m = getattr(self, "activation_measurement", None)
+        if m is None or not m.cached:
+            return plan
+        from sglang.srt.mem_plan.measurement_cache import REMEASURE_ENV
+
+        note = (f"Activation peak at chunk {chunk}: {m.value_bytes:,} B, measured (cached {m.path}) by an earlier "
+                f"start with the same model, flags, code and machine; {REMEASURE_ENV}=1 measures it again.")
+        return dataclasses.replace(plan, notes=plan.notes + (note,))
+
     # ------------------------------------------------------------------ plan + allocate
     def init_memory_pool(self) -> None:
         from sglang.srt.mem_plan import plan_memory
@@ -150,7 +177,7 @@ class ModelRunnerKVCacheMixin:
         inputs = B.build_plan_inputs(sa, model, device, self.measured_terms(chunk),
                                      mm_embedding_cache_bytes=self.multimodal.mm_embedding_cache_bytes)
         B.log_cap_rule(inputs)
-        self.memory_plan = plan = plan_memory(inputs)
+        self.memory_plan = plan = self.note_cached_measurement(plan_memory(inputs), chunk)
         logger.info("Memory plan:\n%s", plan.render_table())
 
         self.max_total_num_tokens = plan.max_total_num_tokens
@@ -177,7 +204,8 @@ class ModelRunnerKVCacheMixin:
 
         mine = {"tp_rank": getattr(self, "tp_rank", 0), "pid": os.getpid(), "device": self.device,
                 "pre_load_rss_bytes": getattr(self, "pre_load_rss_bytes", 0), "weight_bytes": self.weight_bytes,
-                "activation_bytes": self.own_activation_bytes, "allocated_bytes": self.allocated_bytes(),
+                "activation_bytes": self.own_activation_bytes,
+                "activation_source": self.activation_peak_source(), "allocated_bytes": self.allocated_bytes(),
                 "max_total_num_tokens": self.max_total_num_tokens,
                 "plan_total_bytes": self.memory_plan.total_bytes}
         return tp_all_gather_object(mine)

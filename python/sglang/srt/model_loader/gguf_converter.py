@@ -243,7 +243,7 @@ QUANTIZED_LINEAR_SUFFIXES = tuple(
 def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
     """(hf_name, tensor) for a model built with --quantization gguf: the linear layers' tensors in the staging form
     of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored, rope rows unpermuted; other types
-    requantized to Q8_0-style blocks), every other tensor dense from model_dir's safetensors.
+    requantized to 8-bit blocks, packing.staging_q8_blocks), every other tensor dense from model_dir's safetensors.
     kinds counts the linear tensors per GGUF type name (for the load log)."""
     import gguf
 
@@ -271,7 +271,7 @@ def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str,
 
             dense = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(rows, cols)
             staging = packing.staging_q8_blocks(torch.from_numpy(np.ascontiguousarray(dense)))
-            kind = f"{t.tensor_type.name}->Q8_0"
+            kind = f"{t.tensor_type.name}->int8"
         proj = name.split(".")[-2]
         if permuted and proj in heads:
             staging = torch.from_numpy(unpermute_rope_rows(staging.numpy(), heads[proj])).contiguous()

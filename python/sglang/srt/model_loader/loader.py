@@ -24,7 +24,8 @@ from sglang.srt.models.registry import get_model_class
 logger = logging.getLogger(__name__)
 
 # packed linear weights of a converted GGUF (layers/quantization/packing.py layout), written on the first start
-PACKED_CACHE_FILE = "packed-gguf-v1.qweights"  # safetensors format; not *.safetensors, which the dense loader globs
+# v2: 8-bit blocks fitted with an offset. Safetensors format, not named *.safetensors (the dense loader globs those).
+PACKED_CACHE_FILE = "packed-gguf-v2.qweights"
 
 
 @contextlib.contextmanager

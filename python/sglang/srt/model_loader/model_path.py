@@ -46,6 +46,13 @@ def cache_root(server_args: Optional["ServerArgs"] = None) -> str:
     return root or os.path.join(os.path.expanduser("~"), ".cache", "sglang")
 
 
+def startup_cache_dir(server_args: Optional["ServerArgs"] = None) -> str:
+    """Where starts keep what later starts reuse (mem_plan/measurement_cache.py, configs/hf_config_snapshot.py)."""
+    from sglang.srt.mem_plan.measurement_cache import startup_cache_dir as under_root
+
+    return under_root(cache_root(server_args))
+
+
 def gguf_cache_dir(gguf_path: str, root: str) -> str:
     st = os.stat(gguf_path)
     key = f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{GGUF_CONVERTER_VERSION}"

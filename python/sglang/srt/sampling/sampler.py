@@ -4,7 +4,8 @@ Order of operations per row (each step skipped when every row leaves it at its n
   penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
   -> logit_bias -> grammar bitmask (structured output, constrained/logits_mask.py: one masking call for the batch;
   the grammar wins over min_new_tokens) -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
-  -> temperature -> top-k -> top-p -> min-p -> multinomial (a per-request torch.Generator when a seed is given).
+  -> temperature -> softmax (both in place) -> top-k -> top-p -> min-p -> multinomial (a per-request
+  torch.Generator, on the CPU, when a seed is given).
 
 Runs under torch.inference_mode, so it may update the logits a forward returned (inference tensors) in place.
 Numerically safe for any parameter value, extreme or not: after penalties and after temperature the logits are made
@@ -127,6 +128,7 @@ def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torc
             unmasked = logits.clone()
             _mask_stops_before_min_tokens(logits, reqs)
             _unmask_dead_rows_(logits, unmasked)
+            del unmasked  # not live at the draw (mem_plan/sizes.py counts the sampler's peak there)
         else:
             _unmask_dead_rows_(logits)
 
@@ -161,26 +163,34 @@ def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torc
 
 
 def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) -> torch.Tensor:
-    B, V = logits.shape
+    """Next tokens [B] int64. Turns logits into the filtered probabilities in place: the only [B, V] tensor this
+    allocates is torch.multinomial's Exp(1) noise (mem_plan/sizes.py, the sampler's peak)."""
+    # greedy rows: the first maximum of their logits, taken before the logits become probabilities
+    out = logits.argmax(dim=-1)
     temps = torch.tensor([1.0 if g else min(r.sampling_params.temperature, MAX_TEMPERATURE)
                           for r, g in zip(reqs, greedy)], dtype=logits.dtype, device=logits.device)
-    logits = logits / temps.view(-1, 1)
+    logits.div_(temps.view(-1, 1))
     _make_finite_(logits)  # a tiny temperature can push the largest logits to +inf
-    probs = torch.softmax(logits, dim=-1)
+    probs = _softmax_(logits)
 
     top_ks = [r.sampling_params.top_k for r in reqs]
     top_ps = [r.sampling_params.top_p for r in reqs]
     min_ps = [r.sampling_params.min_p for r in reqs]
     filter_probs_(probs, top_ks, top_ps, min_ps)  # no vocabulary sort: sampling/topk_topp.py
 
-    out = torch.empty(B, dtype=torch.int64, device=logits.device)
-    unseeded = [i for i, r in enumerate(reqs) if r.generator is None and not greedy[i]]
-    if unseeded:
-        out[unseeded] = torch.multinomial(probs[unseeded], 1).view(-1)
+    unseeded = [r.generator is None and not g for r, g in zip(reqs, greedy)]
+    if any(unseeded):
+        # one draw for every row (greedy and seeded rows' draws are discarded): no copy of the unseeded rows
+        drawn = torch.multinomial(probs, 1).view(-1)
+        out = torch.where(torch.tensor(unseeded, device=out.device), drawn, out)
     for i, r in enumerate(reqs):
-        if greedy[i]:
-            out[i] = torch.argmax(logits[i])
-        elif r.generator is not None:
+        if r.generator is not None and not greedy[i]:
             # a seeded request draws on the CPU (its generator lives there): the same tokens on any device
             out[i] = torch.multinomial(probs[i].cpu(), 1, generator=r.generator)[0]
     return out
+
+
+def _softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim, in place (rows have a finite maximum: _unmask_dead_rows_). Returns logits."""
+    logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+    return logits.div_(logits.sum(dim=-1, keepdim=True))

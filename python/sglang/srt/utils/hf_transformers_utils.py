@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 
-def get_tokenizer(tokenizer_path: str, **kwargs):
-    """A fast (Rust) tokenizer from a local directory."""
+def get_tokenizer(tokenizer_path: str, startup_cache_dir: Optional[str] = None, **kwargs):
+    """A fast (Rust) tokenizer from a local directory. startup_cache_dir: AutoTokenizer gets the directory's config
+    snapshot where that cannot change its choice (configs/hf_config_snapshot.py), instead of resolving it again."""
     from transformers import AutoTokenizer
 
+    if "config" not in kwargs:
+        from sglang.srt.configs.hf_config_snapshot import tokenizer_kwargs
+
+        kwargs.update(tokenizer_kwargs(tokenizer_path, startup_cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=True, trust_remote_code=False, **kwargs)
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"{tokenizer_path!r} has no fast tokenizer (tokenizer.json); only fast tokenizers are supported.")

@@ -86,14 +86,26 @@ async def parse_body(raw_request: Request, model_cls: Type[BaseModel]) -> Any:
     return validate_request_body(data, model_cls)
 
 
-def check_sampling_params(params: dict, vocab_size: int, names: Optional[dict] = None, prefix: str = "") -> None:
+def grammar_param_names(req: Any) -> dict:
+    """{"json_schema": "response_format"} when the request's json_schema comes from its response_format."""
+    rf = getattr(req, "response_format", None)
+    return {"json_schema": "response_format"} if rf is not None and rf.constraint_json_schema() is not None else {}
+
+
+def check_sampling_params(params: dict, vocab_size: int, names: Optional[dict] = None, prefix: str = "",
+                          grammar_backend: Optional[str] = None) -> None:
     """Validate the sampling params of a request before it is split into choices (seed + n - 1 is checked here) and
     its stop_token_ids against the vocabulary; a failure is a 400 whose param is the API's name of the field
-    (`names` maps SamplingParams names to it, e.g. {"min_new_tokens": "min_tokens"}, or `prefix` goes before it)."""
+    (`names` maps SamplingParams names to it, e.g. {"min_new_tokens": "min_tokens"}, or `prefix` goes before it).
+    With grammar_backend "none" a grammar is refused here, under the API's name of the field that set it."""
+    from sglang.srt.constrained.grammar_check import NO_BACKEND, check_request_grammar
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     try:
-        SamplingParams.from_dict(params).verify(vocab_size)
+        sp = SamplingParams.from_dict(params)
+        sp.verify(vocab_size)
+        if grammar_backend == NO_BACKEND:
+            check_request_grammar(sp.grammar, grammar_backend)
     except ParamError as e:
         names = names or {}
         param = prefix + names.get(e.param, e.param)

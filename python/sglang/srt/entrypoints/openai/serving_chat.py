@@ -20,6 +20,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     check_sampling_params,
     finish_reason_str,
+    grammar_param_names,
     json_response,
     matched_stop,
     sse,
@@ -100,7 +101,8 @@ class OpenAIServingChat(OpenAIServingBase):
         if plan.ebnf is not None:
             base["ebnf"] = plan.ebnf
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
-                              {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param})
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param,
+                               **grammar_param_names(req)}, grammar_backend=tm.server_args.grammar_backend)
         messages, images = self.template_messages(req)
         prompt = await tm.apply_chat_template(
             messages,

@@ -16,6 +16,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     check_sampling_params,
     finish_reason_str,
+    grammar_param_names,
     json_response,
     matched_stop,
     sse,
@@ -69,7 +70,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         prompts = self.prompts(req)
         base = req.sampling_params(req.max_tokens)
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
-                              {"min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens"})
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens",
+                               **grammar_param_names(req)}, grammar_backend=tm.server_args.grammar_backend)
         rids = self.rids(req.rid, len(prompts) * req.n)
         tokenized, echo_texts = [], []
         for p_idx, prompt in enumerate(prompts):

@@ -15,8 +15,8 @@ Two kernels per layer:
 partial_out fp32 [R, H_q, num_kv_splits, Dv] and lse fp32 [R, H_q, num_kv_splits] (R >= B) are the backend's planned
 workspace (mem_plan/backends.py, "attn_logits"/"attn_lse"): passed in, never allocated here.
 
-The kernels avoid calling @triton.jit helpers (tl.cdiv included): under the CPU interpreter every such call costs
-milliseconds, and the program counts above already dominate its run time.
+The online-softmax step over a block of keys is online_softmax.attend_key_block, shared with the extend kernel; other
+@triton.jit helpers (tl.cdiv included) are avoided: under the CPU interpreter every such call costs ~0.2 ms.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
 from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
 
 
@@ -65,18 +66,9 @@ def _decode_split_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k = tl.load(K_pool + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [BLOCK_D, BLOCK_N]
-            qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [BLOCK_H, BLOCK_N] fp32
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V_pool + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
-                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m_i = m_new
+            acc, m_i, l_i = attend_key_block(
+                q, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh, slots, stride_kt,
+                stride_vt, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], sm_scale)
         out_ptrs = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_dv[None, :]
         tl.store(out_ptrs, acc / l_i[:, None], mask=mask_g[:, None] & mask_dv[None, :])
         tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_g)

@@ -11,8 +11,7 @@ softmax runs over:
   2. the new tokens themselves, read from the contiguous k/v of this forward, rows qo_start[b] + j, with the causal
      mask j <= i (new token i sits at sequence position prefix_len + i).
 q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
-the extend lengths. The softmax step is written out twice rather than called as a @triton.jit helper: under the CPU
-interpreter every helper call costs milliseconds.
+the extend lengths. Both loops take their softmax steps with online_softmax.attend_key_block (shared with decode).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
 from sglang.srt.layers.attention.triton_ops.tiles import AttentionTiles, default_tiles, dot_tile
 
 
@@ -64,36 +64,19 @@ def _extend_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < prefix_len
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k = tl.load(K_pool + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [BLOCK_D, BLOCK_N]
-            qk = tl.dot(q, k, input_precision="ieee") * sm_scale
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V_pool + slots[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
-                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m_i = m_new
+            acc, m_i, l_i = attend_key_block(
+                q, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh, slots, stride_kt,
+                stride_vt, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], sm_scale)
 
         # 2. the new tokens, causally: keys up to the last token of this block
         keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
         for n0 in range(0, keys_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < keys_end
-            k = tl.load(K_new + (qo_start + offs_n)[None, :] * stride_knt + kv_head * stride_knh + offs_d[:, None],
-                        mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)
-            qk = tl.dot(q, k, input_precision="ieee") * sm_scale
-            qk = tl.where((tok[:, None] >= offs_n[None, :]) & mask_n[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V_new + (qo_start + offs_n)[:, None] * stride_vnt + kv_head * stride_vnh + offs_dv[None, :],
-                        mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m_i = m_new
+            causal = (tok[:, None] >= offs_n[None, :]) & mask_n[None, :]
+            acc, m_i, l_i = attend_key_block(
+                q, m_i, l_i, acc, K_new + kv_head * stride_knh, V_new + kv_head * stride_vnh, qo_start + offs_n,
+                stride_knt, stride_vnt, offs_d, mask_d, offs_dv, mask_dv, mask_n, causal, sm_scale)
 
         tl.store(O + (qo_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_dv[None, :],
                  (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_r[:, None] & mask_dv[None, :])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import types
+
 import triton
 
 
@@ -26,5 +29,38 @@ class lazy_jit:  # noqa: N801 (used as a decorator, like triton.jit)
         mode = interpreted()
         kernel = self._by_mode.get(mode)
         if kernel is None:
-            kernel = self._by_mode[mode] = triton.jit(self.fn)
+            kernel = self._by_mode[mode] = triton.jit(_bind_helpers(self.fn, mode))
         return kernel[grid]
+
+
+class lazy_jit_helper:  # noqa: N801
+    """A device function (`@triton.jit` without a grid) called from `lazy_jit` kernels, jitted per mode as well.
+
+    The kernel sees it by its module-level name: at the kernel's first launch in a mode, `lazy_jit` jits a copy of
+    the kernel whose globals map every `lazy_jit_helper` to the helper jitted for that mode.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_mode = {}
+
+    def for_mode(self, mode: bool):
+        helper = self._by_mode.get(mode)
+        if helper is None:
+            helper = self._by_mode[mode] = triton.jit(self.fn)
+        return helper
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.fn.__name__} is a Triton device function: call it from a lazy_jit kernel")
+
+
+def _bind_helpers(fn, mode: bool):
+    """fn itself when it calls no lazy_jit_helper, else a copy whose globals hold the helpers jitted for `mode`."""
+    helpers = {name: value.for_mode(mode) for name, value in fn.__globals__.items()
+               if isinstance(value, lazy_jit_helper)}
+    if not helpers:
+        return fn
+    bound = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
+                               fn.__closure__)
+    bound.__kwdefaults__ = fn.__kwdefaults__
+    return functools.update_wrapper(bound, fn, updated=())

@@ -1,0 +1,167 @@
+"""Overlap schedule: the CPU work of step N's tokens runs while step N+1's forward runs.
+
+A step appends each sampled token in two halves (schedule_batch.Req):
+    token half  (append_token_id)  the id, grammar, stop tokens, max_new_tokens: at commit, as without overlap,
+                                   because the next batch, its input ids, penalties and grammar masks need it;
+    text half   (add_token_text)   detokenizing, stop strings, streamed outputs: with overlap, queued here and run
+                                   on the scheduler thread while the next forward + sampling runs on ForwardThread
+                                   (torch ops release the GIL).
+One-step lag: a stop string found in the window finishes its request after the forward is joined; if that request
+was in the batch, its new token is dropped (kv_len does not advance, the slot is freed with the request), so the
+tokens, text and prefix-cache contents are those of the schedule without overlap.
+Invariants: at most one queued text entry per request (the window runs before the next commit); a request's queued
+text is decoded before it finishes (Scheduler.finish / abort / fail call flush); nothing in the window touches what
+the forward thread reads (kv_len, output_ids, req_to_token, the grammar matcher), and requests are finished only
+after the join, so memory is never freed under a running forward.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from sglang.srt.managers.fault_confinement import StepFault, fault_message, step_phase
+from sglang.srt.managers.schedule_batch import Req
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+
+# The overlap schedule's default per device: on only where it was measured to help. CPU (2-core x86, SmolLM2-135M
+# Q4_1): the text half is ~0.07 ms of a 20-40 ms batch-1 step and ~0.4 ms of a 150 ms batch-32 step, and the forward's
+# OpenMP threads already occupy every core, so A/B tok/s was equal within noise. GPUs: not measured yet.
+OVERLAP_DEFAULT_BY_DEVICE = {"cpu": False}
+
+
+def overlap_enabled(server_args, device: str) -> bool:
+    """--enable-overlap-schedule / --disable-overlap-schedule, else the device's measured default (off when
+    unmeasured). Never with tensor parallelism (ServerArgs refuses the flag there)."""
+    if server_args.disable_overlap_schedule or server_args.tp_size > 1:
+        return False
+    if server_args.enable_overlap_schedule:
+        return True
+    return OVERLAP_DEFAULT_BY_DEVICE.get(str(device), False)
+
+
+class ForwardThread:
+    """One daemon thread that runs forward + sampling jobs, one at a time, under torch.inference_mode."""
+
+    def __init__(self):
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._done: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._num_threads = torch.get_num_threads()  # OpenMP's thread count is per calling thread: copy it
+        self._thread = threading.Thread(target=self._loop, name="overlap-forward", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self._num_threads)
+        with torch.inference_mode():
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                try:
+                    self._done.put((job(), None))
+                except BaseException as e:  # noqa: BLE001 - re-raised on the scheduler thread
+                    self._done.put((None, e))
+
+    def submit(self, job: Callable) -> None:
+        self._jobs.put(job)
+
+    def join(self):
+        """The submitted job's result; its exception is raised here."""
+        result, exc = self._done.get()
+        if exc is not None:
+            raise exc
+        return result
+
+    def stop(self) -> None:
+        """End the thread and wait for it: a daemon thread still alive when the interpreter finalizes is killed
+        mid-unwind through torch's C++ frames (std::terminate), so it must be gone before (weakref.finalize runs this
+        at exit)."""
+        self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class OverlapSchedule:
+    """Queued text halves and the forward thread (Scheduler.overlap; None when the overlap schedule is off)."""
+
+    def __init__(self, sched: "Scheduler"):
+        self.sched = sched
+        self.pending: Dict[int, Tuple[Req, int]] = {}  # id(req) -> (req, n_out): text not yet decoded
+        self.thread = ForwardThread()
+        self.window_hook: Optional[Callable[[], None]] = None  # more CPU work for the window (the process loop's)
+        self.num_overlapped_steps = 0
+        self.num_dropped_tokens = 0  # tokens computed for requests a window finished (one-step lag)
+
+    def num_pending(self) -> int:
+        return len(self.pending)
+
+    # ------------------------------------------------------------------ text halves
+    def defer(self, req: Req) -> None:
+        assert id(req) not in self.pending, f"request {req.rid}: a second token before the first one's text"
+        self.pending[id(req)] = (req, len(req.output_ids))
+
+    def flush(self, req: Req) -> None:
+        """Decode `req`'s queued text now (before it finishes; on the scheduler thread, outside a window)."""
+        entry = self.pending.pop(id(req), None)
+        if entry is not None:
+            self.sched.decode_text(req, entry[1])
+
+    def _drain(self) -> Tuple[List[Req], List[Tuple[Req, StepFault]]]:
+        """Decode every queued text half; return the requests a stop string finished and the ones that faulted."""
+        entries, self.pending = list(self.pending.values()), {}
+        stopped, faulted = [], []
+        for req, n_out in entries:
+            try:
+                with step_phase("detokenize"):
+                    self.sched.decode_text(req, n_out)
+            except StepFault as f:
+                faulted.append((req, f))
+                continue
+            if req.finished():
+                stopped.append(req)
+        return stopped, faulted
+
+    def _settle(self, stopped: List[Req], faulted: List[Tuple[Req, StepFault]]) -> None:
+        """After the join: finish what the window stopped, fail what faulted (their memory is free to release)."""
+        sched = self.sched
+        for req in stopped:
+            if req.rid in sched.reqs:
+                sched._take_out(req)
+                sched.finish(req)
+        for req, f in faulted:
+            if req.rid in sched.reqs:
+                sched.on_fault(f"Request {req.rid} failed in the detokenize step", f.cause)
+                sched.fail(req, fault_message(f.step, f.cause))
+
+    def drain_now(self) -> None:
+        """No forward to overlap with: decode the queued text on the spot."""
+        if self.pending:
+            self._settle(*self._drain())
+
+    # ------------------------------------------------------------------ overlapped attempt
+    def run(self, job: Callable):
+        """Run `job` (forward + sampling of a batch, built already) on the forward thread while this thread
+        decodes the queued text; finish the requests that stopped, then return the job's result or raise its
+        exception."""
+        self.thread.submit(job)
+        self.num_overlapped_steps += 1
+        settled: Tuple[list, list] = ([], [])
+        try:
+            settled = self._drain()
+            if self.window_hook is not None:
+                self.window_hook()
+        finally:
+            try:
+                result = self.thread.join()  # always joined before anything else touches the batch
+            finally:
+                self._settle(*settled)
+        return result
+
+    def shutdown(self) -> None:
+        self.thread.stop()
