@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang.srt.constrained.grammar_cache import GrammarCache
-from sglang.srt.constrained.logits_mask import apply_grammar_mask_, apply_logit_bias_
+from sglang.srt.constrained.logits_mask import _add_bitmask_, apply_grammar_mask_, apply_logit_bias_
 from sglang.srt.constrained.request_grammar import GrammarRejectedToken, RequestGrammar
 from sglang.srt.sampling.sampler import sample
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -160,6 +160,25 @@ def test_rows_filled_during_the_forward_are_used_once_and_only_where_still_exact
     check(reqs)
     assert synced == [0]
     filler.shutdown()
+
+
+@pytest.mark.parametrize("vocab", [64, 1000, 49152])
+def test_byte_table_mask_equals_xgrammars_kernel(vocab):
+    """The sampler's own mask application (a byte table + one add) against xgrammar's apply_token_bitmask_inplace,
+    on random bitmasks: every row, a subset of rows, a vocabulary that is not a multiple of 32."""
+    import xgrammar as xgr
+
+    gen = torch.Generator().manual_seed(vocab)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-2**31, 2**31 - 1, (6, words), dtype=torch.int32, generator=gen)
+    logits = torch.randn(5, vocab, generator=gen)
+    for rows in ([0, 1, 2, 3, 4], [1, 3]):
+        ours, ref = logits.clone(), logits.clone()
+        _add_bitmask_(ours, bitmask, rows, 5)
+        xgr.apply_token_bitmask_inplace(ref, bitmask[:5], vocab_size=vocab, indices=rows)
+        assert torch.equal(ours, ref)
+        untouched = [i for i in range(5) if i not in rows]
+        assert torch.isinf(ours[rows]).any() and torch.equal(ours[untouched], logits[untouched])
 
 
 def test_dead_row_gets_a_uniform_choice_among_allowed(compiler):
