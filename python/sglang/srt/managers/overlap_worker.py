@@ -17,6 +17,7 @@ after the join, so memory is never freed under a running forward.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
@@ -29,10 +30,13 @@ from sglang.srt.managers.schedule_batch import Req
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
+logger = logging.getLogger(__name__)
 
 # The overlap schedule's default per device: on only where it was measured to help. CPU (2-core x86, SmolLM2-135M
 # Q4_1): the text half is ~0.07 ms of a 20-40 ms batch-1 step and ~0.4 ms of a 150 ms batch-32 step, and the forward's
-# OpenMP threads already occupy every core, so A/B tok/s was equal within noise. GPUs: not measured yet.
+# OpenMP threads already occupy every core, so A/B tok/s was equal within noise on a loaded machine; on a quiet one
+# the overlap was about 2x slower (c=32 402-424 vs 747-757 tok/s, batch-1 42 vs 104; cause not found yet: plain torch
+# ops run as fast on the forward thread). GPUs: not measured yet.
 OVERLAP_DEFAULT_BY_DEVICE = {"cpu": False}
 
 
@@ -42,6 +46,9 @@ def overlap_enabled(server_args, device: str) -> bool:
     if server_args.disable_overlap_schedule or server_args.tp_size > 1:
         return False
     if server_args.enable_overlap_schedule:
+        if str(device) == "cpu":
+            logger.warning("--enable-overlap-schedule on CPU: measured about 2x slower than without it on a quiet "
+                           "2-core machine (benchmark/README.md); it is kept for its tests and for measurement.")
         return True
     return OVERLAP_DEFAULT_BY_DEVICE.get(str(device), False)
 
