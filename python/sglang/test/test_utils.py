@@ -80,6 +80,13 @@ def kill_process_tree(pid: int, timeout_s: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=timeout_s)
 
 
+def openai_client(base_url: str, api_key: str = "none", timeout: float = 120):
+    """The real `openai` client for a test server at base_url (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
 def popen_launch_server(
     model: Optional[str] = None,
     base_url: Optional[str] = None,

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
+from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
 register_cpu_ci(est_time=25, suite="cpu")
 
@@ -30,7 +30,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(server.base_url)
 
 
 def server_info(server) -> dict:

@@ -14,7 +14,7 @@ import requests
 from pydantic import BaseModel, Field
 
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
+from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
 register_cpu_ci(est_time=60, suite="cpu")
 
@@ -37,7 +37,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(server.base_url)
 
 
 @pytest.fixture(scope="module")

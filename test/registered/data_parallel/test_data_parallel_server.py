@@ -11,7 +11,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import psutil
 import pytest
 import requests
@@ -21,7 +20,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=170, suite="cpu")
 
 from sglang.test.engine_fixtures import PROMPTS, default_model_dir, hf_greedy  # noqa: E402
-from sglang.test.test_utils import popen_launch_server  # noqa: E402
+from sglang.test.test_utils import openai_client, popen_launch_server  # noqa: E402
 
 CAP_GB = 1.5
 DP_ARGS = ["--dp-size", "2", "--dtype", "float32", "--max-total-memory-gb", str(CAP_GB),
@@ -65,7 +64,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(server.base_url)
 
 
 def test_each_replica_has_its_own_plan_matching_sglang_plan(server):

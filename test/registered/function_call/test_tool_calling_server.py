@@ -12,7 +12,6 @@ import json
 import time
 
 import jsonschema
-import openai
 import pytest
 import requests
 
@@ -20,7 +19,7 @@ from sglang.srt.function_call.detectors import make_detector
 from sglang.srt.function_call.tool_call_stream import parse_tool_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
+from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
 register_cpu_ci(est_time=110, suite="cpu")
 
@@ -50,7 +49,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(server.base_url)
 
 
 def chat(client, **kw):
