@@ -27,7 +27,7 @@ import warnings
 from importlib import metadata
 from typing import Any, Optional
 
-from sglang.srt.mem_plan.measurement_cache import write_json_atomic
+from sglang.srt.mem_plan.measurement_cache import cache_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +126,6 @@ def snapshot_key(model_path: str) -> dict:
             "transformers": metadata.version("transformers")}
 
 
-def snapshot_file(cache_dir: str, key: dict) -> str:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(cache_dir, f"hf-config-{digest}.json")
-
-
 def _split(values: dict) -> tuple[dict, dict]:
     """(plain values encoded, {name: torch dtype name}); NotPlainData for anything else."""
     plain, dtypes = {}, {}
@@ -157,7 +152,7 @@ def write_snapshot(config: Any, model_path: str, cache_dir: str) -> Optional[str
             logger.debug("No config snapshot for %s: %s does not survive the round trip", model_path, name)
             return None
     key = snapshot_key(model_path)
-    path = snapshot_file(cache_dir, key)
+    path = cache_file(cache_dir, "hf-config", key)
     write_json_atomic(path, {"key": key, "values": plain, "dtypes": dtypes}, "config snapshot")
     return path
 
@@ -166,7 +161,7 @@ def read_snapshot(model_path: str, cache_dir: str) -> Optional[HFConfigSnapshot]
     """The snapshot stored for this config.json, transformers version and directory, else None."""
     try:
         key = snapshot_key(model_path)
-        with open(snapshot_file(cache_dir, key)) as f:
+        with open(cache_file(cache_dir, "hf-config", key)) as f:
             data = json.load(f)
     except (OSError, ValueError, metadata.PackageNotFoundError):
         return None
