@@ -1,25 +1,41 @@
 """Run one CI suite of test/registered/.
 
 A file belongs to a suite when it calls register_{cpu,cuda,amd}_ci(..., suite=NAME) at module level; the markers
-are read from the AST, so listing never imports a test file. Files are run by pytest in one process, longest
-declared est_time first.
+are read from the AST, so listing never imports a test file. Files run longest declared est_time first, in groups
+of about GROUP_EST_S declared seconds, each group in its own pytest process (its own process group), so:
+- what a group leaves behind (a thread, a child process, even one in a session of its own) ends with it instead of
+  slowing the rest of the suite, and a process it left running is named in the output (a leak is a bug);
+- a group still running after its time limit (--timeout-per-file per file in it, at least) gets every thread's
+  stack printed (faulthandler, SIGABRT) and is killed; a hang is run once more (--hang-retries) and reported
+  as a hang either way. A test failure is never retried.
+A test running longer than FAULTHANDLER_TIMEOUT_S gets its stacks printed too (and keeps running). The summary at
+the end repeats, for each group that failed or hung, the end of its output.
 
-    python test/run_suite.py --suite cpu [--list] [-k EXPR] [--timeout-per-file S]
+    python test/run_suite.py --suite cpu [--list] [-k EXPR] [-x] [--timeout-per-file S] [--hang-retries N]
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List
 
 REGISTERED = Path(__file__).resolve().parent / "registered"
+ROOT = REGISTERED.parent.parent
 MARKERS = {"register_cpu_ci": "cpu", "register_cuda_ci": "cuda", "register_amd_ci": "amd"}
 PYTEST_NO_TESTS_COLLECTED = 5
+FAULTHANDLER_TIMEOUT_S = 300
+GROUP_EST_S = 60  # files declared shorter than this share a process with their neighbours in the order
+TAIL_LINES = 60
+GROUP_ENV = "RUN_SUITE_GROUP_TOKEN"  # inherited by everything a group starts (no SGLANG_ prefix: the startup caches key on those)
 
 
 @dataclass
@@ -53,12 +69,118 @@ def collect(root: Path = REGISTERED) -> list[Entry]:
     return entries
 
 
+def groups(entries: List[Entry], group_est_s: float = GROUP_EST_S) -> List[List[Entry]]:
+    """Consecutive files (in run order) whose declared times add up to about group_est_s share one process."""
+    out: List[List[Entry]] = []
+    for e in entries:
+        if out and sum(x.est_time for x in out[-1]) + e.est_time <= group_est_s:
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return out
+
+
+@dataclass
+class GroupResult:
+    files: List[str]
+    rc: int  # pytest's exit status; None-like -1 when it was killed for running past its limit
+    seconds: float
+    hung: bool
+    tail: List[str]
+    leaked: List[str] = None
+
+
+def processes_with_token(token: str) -> List[tuple]:
+    """(pid, command line) of the live processes whose environment carries GROUP_ENV=token."""
+    needle = f"{GROUP_ENV}={token}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            if (d / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found.append((int(d.name), cmd))
+    return found
+
+
+def sweep(token: str) -> List[str]:
+    """Kill what a finished group left running (its own process group, or one that started a session of its own)."""
+    leaked = processes_with_token(token)
+    for pid, _ in leaked:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return [f"pid {pid}: {cmd[:200]}" for pid, cmd in leaked]
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_group(cmd: List[str], files: List[str], limit_s: float) -> GroupResult:
+    """One pytest process over `files`, its output streamed through; killed (after a stack dump) past limit_s."""
+    start = time.monotonic()
+    tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    token = f"{os.getpid()}-{time.time_ns()}"
+    proc = subprocess.Popen(cmd + files, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True, bufsize=0, env={**os.environ, GROUP_ENV: token})
+    hung = False
+    os.set_blocking(proc.stdout.fileno(), False)
+    pending = b""
+    while True:
+        chunk = proc.stdout.read()
+        if chunk:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            tail.extend(x.decode(errors="replace") for x in lines)
+        elif proc.poll() is not None:
+            break
+        else:
+            time.sleep(0.05)
+        if not hung and time.monotonic() - start > limit_s:
+            hung = True
+            print(f"\n[run_suite] {' '.join(files)}: still running after {limit_s:.0f} s: printing every thread's "
+                  f"stack (SIGABRT), then killing it", flush=True)
+            _kill_group(proc, signal.SIGABRT)  # pytest's faulthandler prints all threads, then the process aborts
+            deadline = time.monotonic() + 10
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                chunk = proc.stdout.read()
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    pending += chunk
+            _kill_group(proc, signal.SIGKILL)
+    rc = proc.wait()
+    if pending:
+        tail.append(pending.decode(errors="replace"))
+    leaked = sweep(token)  # what the group started and left running, wherever it went
+    _kill_group(proc, signal.SIGKILL)
+    if leaked and not hung:
+        print(f"[run_suite] left running by {' '.join(files)} (killed now):\n  " + "\n  ".join(leaked), flush=True)
+    return GroupResult(files, -1 if hung else rc, time.monotonic() - start, hung, list(tail), leaked)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--suite", default="cpu")
     p.add_argument("--list", action="store_true")
     p.add_argument("-k", default=None, help="pytest -k expression")
-    p.add_argument("-x", action="store_true", help="stop at first failure")
+    p.add_argument("-x", action="store_true", help="stop at the first failing group")
+    p.add_argument("--timeout-per-file", type=float, default=900,
+                   help="seconds a file may run (a group of files gets the sum, at least this)")
+    p.add_argument("--hang-retries", type=int, default=1, help="runs more of a group that was killed as hung")
     args = p.parse_args(argv)
 
     entries = [e for e in collect() if e.suite == args.suite and not e.disabled]
@@ -69,19 +191,51 @@ def main(argv=None) -> int:
     total = sum(e.est_time for e in entries)
     print(f"suite {args.suite}: {len(entries)} files, estimated {total:.0f} s")
     for e in entries:
-        print(f"  {e.est_time:6.0f} s  {e.path.relative_to(REGISTERED.parent.parent)}")
+        print(f"  {e.est_time:6.0f} s  {e.path.relative_to(ROOT)}")
     if args.list:
         return 0
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+    # a test still running after FAULTHANDLER_TIMEOUT_S gets every thread's stack printed (it keeps running)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5",
+           "-o", f"faulthandler_timeout={FAULTHANDLER_TIMEOUT_S}"]
     if args.k:
         cmd += ["-k", args.k]
     if args.x:
         cmd.append("-x")
-    cmd += [str(e.path) for e in entries]
-    env = dict(os.environ)
-    rc = subprocess.call(cmd, env=env)
-    # pytest's 5 = "no tests collected": every file skipped itself at import (a GPU suite on a machine without one)
-    return 0 if rc == PYTEST_NO_TESTS_COLLECTED else rc
+
+    suite_start = time.monotonic()
+    results: List[GroupResult] = []
+    for group in groups(entries):
+        files = [str(e.path.relative_to(ROOT)) for e in group]
+        limit_s = args.timeout_per_file * len(group)
+        print(f"\n[run_suite] {' '.join(files)}", flush=True)
+        for attempt in range(1 + args.hang_retries):
+            res = run_group(cmd, files, limit_s)
+            results.append(res)
+            if not res.hung:
+                break
+            print(f"[run_suite] hung (attempt {attempt + 1}); " +
+                  ("running it again" if attempt < args.hang_retries else "giving up"), flush=True)
+        if args.x and res.rc not in (0, PYTEST_NO_TESTS_COLLECTED):
+            break
+    return summarize(results, time.monotonic() - suite_start)
+
+
+def summarize(results: List[GroupResult], seconds: float) -> int:
+    # the last run of each group decides; pytest's 5 = "no tests collected" (every file skipped itself at import)
+    final = {tuple(r.files): r for r in results}
+    failed = [r for r in final.values() if r.rc not in (0, PYTEST_NO_TESTS_COLLECTED)]
+    hangs = [r for r in results if r.hung]
+    leaks = [(r, x) for r in results if not r.hung for x in (r.leaked or [])]
+    print(f"\n[run_suite] ==== {len(final)} groups in {seconds:.0f} s: {len(final) - len(failed)} passed, "
+          f"{len(failed)} failed; {len(hangs)} hang(s) killed; {len(leaks)} process(es) left running ====")
+    for r, x in leaks:
+        print(f"[run_suite] left running by {' '.join(r.files)}: {x}")
+    for r in results:
+        if r.hung or r.rc not in (0, PYTEST_NO_TESTS_COLLECTED):
+            what = "HUNG (killed)" if r.hung else f"FAILED (pytest exit {r.rc})"
+            print(f"\n[run_suite] {what} after {r.seconds:.0f} s: {' '.join(r.files)}; the end of its output:")
+            print("\n".join(r.tail))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

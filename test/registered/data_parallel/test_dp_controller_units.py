@@ -26,6 +26,10 @@ from sglang.srt.mem_plan.units import GiB  # noqa: E402
 def replicas(tmp_path):
     """(make_controller(method), receive(k) -> messages replica k got so far)."""
     ctx = zmq.Context()
+    # linger 0 for every socket of the test, the dispatcher's PUSH sockets included: a controller dropped with
+    # messages not yet handed over (sent, never received, the connection still being made) would otherwise keep
+    # ctx.destroy() below waiting for ever (it closes only the sockets still open)
+    ctx.setsockopt(zmq.LINGER, 0)
     port_args = PortArgs.init_new(str(tmp_path))
     pulls = []
     for k in range(3):

@@ -3,7 +3,8 @@
 For each cap, the dry run (`sglang plan --device cpu` with the same flags and this machine's available RAM) and a
 real sglang.Engine start are compared term by term: every formula/declared term byte for byte, the terms the
 server measures (weights; activations where the startup peak exceeded the formula) within 10% of the dry run's
-formulas, the KV pool within 3%. The real start
+formulas, the KV pool within 3%, and exactly the dry run's pool less what the measured terms took beyond their
+formulas (the same solver on both sides). The real start
 also proves allocation == plan (ModelRunner.check_allocation runs at startup) and, without a cap flag, the CPU
 default budget (half of the available RAM) with the cap flags overriding it."""
 
@@ -86,6 +87,11 @@ class TestPlanMatchesServer(unittest.TestCase):
         # CPU activations: the formula, guarded by the startup measurement (never below the peak that was seen)
         self.assertGreaterEqual(got["activations"]["num_bytes"], served["measured_activation_bytes"])
         t_served, t_planned = served["max_total_num_tokens"], planned["max_total_num_tokens"]
+        # exact accounting: the KV pool is the dry run's, less what the measured terms took beyond their formulas
+        excess_bytes = sum(t["num_bytes"] - want[n]["num_bytes"] for n, t in got.items() if n != "kv_cache")
+        expected = t_planned - excess_bytes / served["kv_cell_bytes"]
+        self.assertLessEqual(abs(t_served - expected), served["page_size"] + 1, (t_served, t_planned, excess_bytes))
+        # the prediction: measured terms stay close enough to their formulas that the dry run's pool is near
         self.assertLessEqual(abs(t_served - t_planned), kv_tolerance * t_served, (t_served, t_planned))
         return served
 
