@@ -259,3 +259,46 @@ def test_server_concurrent_mixed_workload(engine, server):
     assert info["memory_integrity"] == "ok"
     assert state["num_used_tokens"] == 0 and state["num_running_reqs"] == 0
     assert server.process.poll() is None
+
+
+def test_forward_stays_on_the_scheduler_thread_and_errors_come_back_in_order():
+    """The forward runs on the calling (scheduler) thread, which owns the process's only OpenMP team; the window
+    (text halves, the process loop's messages) on the helper thread. A window error is raised after the forward,
+    a forward error wins over it, and both leave the helper ready for the next step."""
+    import threading
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.overlap_worker import OverlapSchedule
+
+    ov = OverlapSchedule(SimpleNamespace())  # no queued text: the window touches only its hook
+    seen = {}
+
+    def hook():
+        seen["window"] = threading.current_thread()
+
+    def job():
+        seen["forward"] = threading.current_thread()
+        return 7
+
+    ov.window_hook = hook
+    try:
+        assert ov.run(job) == 7
+        assert seen["forward"] is threading.current_thread()
+        assert seen["window"] is not threading.current_thread()
+
+        def bad_hook():
+            raise OSError("socket gone")
+
+        def bad_job():
+            raise RuntimeError("forward failed")
+
+        ov.window_hook = bad_hook
+        with pytest.raises(OSError, match="socket gone"):
+            ov.run(job)
+        with pytest.raises(RuntimeError, match="forward failed"):
+            ov.run(bad_job)
+        ov.window_hook = hook
+        assert ov.run(job) == 7 and ov.num_overlapped_steps == 4
+    finally:
+        ov.shutdown()
+    assert not ov.thread._thread.is_alive()

@@ -4,8 +4,12 @@ A step appends each sampled token in two halves (schedule_batch.Req):
     token half  (append_token_id)  the id, grammar, stop tokens, max_new_tokens: at commit, as without overlap,
                                    because the next batch, its input ids, penalties and grammar masks need it;
     text half   (add_token_text)   detokenizing, stop strings, streamed outputs: with overlap, queued here and run
-                                   on the scheduler thread while the next forward + sampling runs on ForwardThread
+                                   on WindowThread while the next forward + sampling runs on the scheduler thread
                                    (torch ops release the GIL).
+The forward stays on the scheduler thread because OpenMP keeps one thread team per thread that starts parallel
+regions: a second such thread (a forward thread beside the startup's team) puts more OpenMP threads than cores on a
+small CPU, and libgomp then stops spinning between regions (its throttled spin count), so every kernel call pays a
+futex wake-up: 2-8x slower small GEMMs on a 2-core machine, on both threads. The window thread runs Python only.
 One-step lag: a stop string found in the window finishes its request after the forward is joined; if that request
 was in the batch, its new token is dropped (kv_len does not advance, the slot is freed with the request), so the
 tokens, text and prefix-cache contents are those of the schedule without overlap.
@@ -22,8 +26,6 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-import torch
-
 from sglang.srt.managers.fault_confinement import StepFault, fault_message, step_phase
 from sglang.srt.managers.schedule_batch import Req
 
@@ -34,9 +36,7 @@ logger = logging.getLogger(__name__)
 
 # The overlap schedule's default per device: on only where it was measured to help. CPU (2-core x86, SmolLM2-135M
 # Q4_1): the text half is ~0.07 ms of a 20-40 ms batch-1 step and ~0.4 ms of a 150 ms batch-32 step, and the forward's
-# OpenMP threads already occupy every core, so A/B tok/s was equal within noise on a loaded machine; on a quiet one
-# the overlap was about 2x slower (c=32 402-424 vs 747-757 tok/s, batch-1 42 vs 104; cause not found yet: plain torch
-# ops run as fast on the forward thread). GPUs: not measured yet.
+# OpenMP threads already occupy every core: see benchmark/README.md for the A/B. GPUs: not measured yet.
 OVERLAP_DEFAULT_BY_DEVICE = {"cpu": False}
 
 
@@ -47,60 +47,53 @@ def overlap_enabled(server_args, device: str) -> bool:
         return False
     if server_args.enable_overlap_schedule:
         if str(device) == "cpu":
-            logger.warning("--enable-overlap-schedule on CPU: measured about 2x slower than without it on a quiet "
-                           "2-core machine (benchmark/README.md); it is kept for its tests and for measurement.")
+            logger.info("--enable-overlap-schedule on CPU: off by default there (no measured gain on a 2-core "
+                        "machine, benchmark/README.md).")
         return True
     return OVERLAP_DEFAULT_BY_DEVICE.get(str(device), False)
 
 
-class ForwardThread:
-    """One daemon thread that runs forward + sampling jobs, one at a time, under torch.inference_mode."""
+class WindowThread:
+    """One daemon thread that runs the window's jobs (Python only: text halves, the process loop's messages), one at
+    a time, while the scheduler thread runs the forward."""
 
     def __init__(self):
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self._done: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._num_threads = torch.get_num_threads()  # OpenMP's thread count is per calling thread: copy it
-        self._thread = threading.Thread(target=self._loop, name="overlap-forward", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="overlap-window", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        torch.set_num_threads(self._num_threads)
-        with torch.inference_mode():
-            while True:
-                job = self._jobs.get()
-                if job is None:
-                    return
-                try:
-                    self._done.put((job(), None))
-                except BaseException as e:  # noqa: BLE001 - re-raised on the scheduler thread
-                    self._done.put((None, e))
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._done.put((job(), None))
+            except BaseException as e:  # noqa: BLE001 - re-raised on the scheduler thread
+                self._done.put((None, e))
 
     def submit(self, job: Callable) -> None:
         self._jobs.put(job)
 
     def join(self):
-        """The submitted job's result; its exception is raised here."""
-        result, exc = self._done.get()
-        if exc is not None:
-            raise exc
-        return result
+        """(the submitted job's result, its exception or None)."""
+        return self._done.get()
 
     def stop(self) -> None:
-        """End the thread and wait for it: a daemon thread still alive when the interpreter finalizes is killed
-        mid-unwind through torch's C++ frames (std::terminate), so it must be gone before (weakref.finalize runs this
-        at exit)."""
+        """End the thread and wait for it (weakref.finalize runs this at exit)."""
         self._jobs.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
 
 class OverlapSchedule:
-    """Queued text halves and the forward thread (Scheduler.overlap; None when the overlap schedule is off)."""
+    """Queued text halves and the window thread (Scheduler.overlap; None when the overlap schedule is off)."""
 
     def __init__(self, sched: "Scheduler"):
         self.sched = sched
         self.pending: Dict[int, Tuple[Req, int]] = {}  # id(req) -> (req, n_out): text not yet decoded
-        self.thread = ForwardThread()
+        self.thread = WindowThread()
         self.window_hook: Optional[Callable[[], None]] = None  # more CPU work for the window (the process loop's)
         self.num_overlapped_steps = 0
         self.num_dropped_tokens = 0  # tokens computed for requests a window finished (one-step lag)
@@ -153,22 +146,36 @@ class OverlapSchedule:
 
     # ------------------------------------------------------------------ overlapped attempt
     def run(self, job: Callable):
-        """Run `job` (forward + sampling of a batch, built already) on the forward thread while this thread
-        decodes the queued text; finish the requests that stopped, then return the job's result or raise its
-        exception."""
-        self.thread.submit(job)
+        """Run `job` (forward + sampling of a batch, built already) on this thread while the window thread decodes
+        the queued text and does the process loop's window work; finish the requests that stopped, then return the
+        job's result or raise its exception (the job's first, else the window's)."""
+        self.thread.submit(self._window)
         self.num_overlapped_steps += 1
-        settled: Tuple[list, list] = ([], [])
         try:
-            settled = self._drain()
+            result = job()
+        except BaseException:
+            (settled, _), _ = self._join()  # the window is over before anything else touches the batch
+            self._settle(*settled)
+            raise
+        (settled, window_error), crash = self._join()
+        self._settle(*settled)
+        if window_error is not None or crash is not None:
+            raise window_error or crash
+        return result
+
+    def _join(self):
+        out, crash = self.thread.join()
+        return (out if out is not None else (([], []), None)), crash
+
+    def _window(self):
+        """On the window thread: (requests settled by the text halves, the window hook's exception or None)."""
+        settled = self._drain()
+        try:
             if self.window_hook is not None:
                 self.window_hook()
-        finally:
-            try:
-                result = self.thread.join()  # always joined before anything else touches the batch
-            finally:
-                self._settle(*settled)
-        return result
+        except BaseException as e:  # noqa: BLE001 - raised on the scheduler thread after the join
+            return settled, e
+        return settled, None
 
     def shutdown(self) -> None:
         self.thread.stop()
