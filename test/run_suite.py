@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
@@ -35,6 +35,7 @@ PYTEST_NO_TESTS_COLLECTED = 5
 FAULTHANDLER_TIMEOUT_S = 300
 GROUP_EST_S = 60  # files declared shorter than this share a process with their neighbours in the order
 TAIL_LINES = 60
+ABORT_GRACE_S = 10  # a hung group's time to print its stacks before SIGKILL
 GROUP_ENV = "RUN_SUITE_GROUP_TOKEN"  # inherited by everything a group starts (no SGLANG_ prefix: the startup caches key on those)
 
 
@@ -83,11 +84,11 @@ def groups(entries: List[Entry], group_est_s: float = GROUP_EST_S) -> List[List[
 @dataclass
 class GroupResult:
     files: List[str]
-    rc: int  # pytest's exit status; None-like -1 when it was killed for running past its limit
+    rc: int  # pytest's exit status; -1 when it was killed for running past its limit
     seconds: float
     hung: bool
     tail: List[str]
-    leaked: List[str] = None
+    leaked: List[str] = field(default_factory=list)
 
 
 def processes_with_token(token: str) -> List[tuple]:
@@ -128,43 +129,39 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def run_group(cmd: List[str], files: List[str], limit_s: float) -> GroupResult:
-    """One pytest process over `files`, its output streamed through; killed (after a stack dump) past limit_s."""
+    """One pytest process over `files`, its output streamed through; past limit_s it gets SIGABRT (pytest's
+    faulthandler prints every thread's stack) and, ABORT_GRACE_S later, SIGKILL."""
     start = time.monotonic()
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     token = f"{os.getpid()}-{time.time_ns()}"
     proc = subprocess.Popen(cmd + files, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True, bufsize=0, env={**os.environ, GROUP_ENV: token})
-    hung = False
     os.set_blocking(proc.stdout.fileno(), False)
+    kill_at = None  # set once the group is found hung
     pending = b""
     while True:
         chunk = proc.stdout.read()
         if chunk:
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
+            *lines, pending = (pending + chunk).split(b"\n")
             tail.extend(x.decode(errors="replace") for x in lines)
         elif proc.poll() is not None:
             break
         else:
             time.sleep(0.05)
-        if not hung and time.monotonic() - start > limit_s:
-            hung = True
+        now = time.monotonic()
+        if kill_at is None and now - start > limit_s:
             print(f"\n[run_suite] {' '.join(files)}: still running after {limit_s:.0f} s: printing every thread's "
                   f"stack (SIGABRT), then killing it", flush=True)
-            _kill_group(proc, signal.SIGABRT)  # pytest's faulthandler prints all threads, then the process aborts
-            deadline = time.monotonic() + 10
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-                chunk = proc.stdout.read()
-                if chunk:
-                    sys.stdout.buffer.write(chunk)
-                    pending += chunk
+            _kill_group(proc, signal.SIGABRT)
+            kill_at = now + ABORT_GRACE_S
+        elif kill_at is not None and now > kill_at:
             _kill_group(proc, signal.SIGKILL)
     rc = proc.wait()
     if pending:
         tail.append(pending.decode(errors="replace"))
+    hung = kill_at is not None
     leaked = sweep(token)  # what the group started and left running, wherever it went
     _kill_group(proc, signal.SIGKILL)
     if leaked and not hung:
@@ -225,7 +222,7 @@ def summarize(results: List[GroupResult], seconds: float) -> int:
     final = {tuple(r.files): r for r in results}
     failed = [r for r in final.values() if r.rc not in (0, PYTEST_NO_TESTS_COLLECTED)]
     hangs = [r for r in results if r.hung]
-    leaks = [(r, x) for r in results if not r.hung for x in (r.leaked or [])]
+    leaks = [(r, x) for r in results if not r.hung for x in r.leaked]
     print(f"\n[run_suite] ==== {len(final)} groups in {seconds:.0f} s: {len(final) - len(failed)} passed, "
           f"{len(failed)} failed; {len(hangs)} hang(s) killed; {len(leaks)} process(es) left running ====")
     for r, x in leaks:

@@ -129,3 +129,17 @@ def test_a_process_left_running_in_a_session_of_its_own_is_named_and_killed(tmp_
     assert not alive(child), "a detached process outlived its group"
     clean = write(tmp_path, "test_clean.py", "def test_ok():\n    pass\n")
     assert run_suite.run_group(PYTEST, [clean], limit_s=120).leaked == []
+
+
+def test_a_group_that_survives_the_stack_dump_signal_is_killed_after_the_grace(tmp_path, monkeypatch):
+    stubborn = write(tmp_path, "test_stubborn.py", """
+        import signal, time
+        def test_ignores_sigabrt():
+            signal.signal(signal.SIGABRT, signal.SIG_IGN)
+            time.sleep(600)
+        """)
+    monkeypatch.setattr(run_suite, "ABORT_GRACE_S", 2)
+    start = time.monotonic()
+    res = run_suite.run_group(PYTEST, [stubborn], limit_s=5)
+    assert res.hung and res.rc == -1
+    assert time.monotonic() - start < 40

@@ -55,7 +55,7 @@ def overlap_enabled(server_args, device: str) -> bool:
 
 class WindowThread:
     """One daemon thread that runs the window's jobs (Python only: text halves, the process loop's messages), one at
-    a time, while the scheduler thread runs the forward."""
+    a time, while the scheduler thread runs the forward. A job reports its own errors in its result."""
 
     def __init__(self):
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -68,16 +68,13 @@ class WindowThread:
             job = self._jobs.get()
             if job is None:
                 return
-            try:
-                self._done.put((job(), None))
-            except BaseException as e:  # noqa: BLE001 - re-raised on the scheduler thread
-                self._done.put((None, e))
+            self._done.put(job())
 
     def submit(self, job: Callable) -> None:
         self._jobs.put(job)
 
     def join(self):
-        """(the submitted job's result, its exception or None)."""
+        """The submitted job's result."""
         return self._done.get()
 
     def stop(self) -> None:
@@ -153,24 +150,18 @@ class OverlapSchedule:
         self.num_overlapped_steps += 1
         try:
             result = job()
-        except BaseException:
-            (settled, _), _ = self._join()  # the window is over before anything else touches the batch
+        finally:
+            settled, window_error = self.thread.join()  # the window is over before anything else touches the batch
             self._settle(*settled)
-            raise
-        (settled, window_error), crash = self._join()
-        self._settle(*settled)
-        if window_error is not None or crash is not None:
-            raise window_error or crash
+        if window_error is not None:
+            raise window_error
         return result
 
-    def _join(self):
-        out, crash = self.thread.join()
-        return (out if out is not None else (([], []), None)), crash
-
     def _window(self):
-        """On the window thread: (requests settled by the text halves, the window hook's exception or None)."""
-        settled = self._drain()
+        """On the window thread: (requests settled by the text halves, the window's exception or None); never raises."""
+        settled: Tuple[list, list] = ([], [])
         try:
+            settled = self._drain()
             if self.window_hook is not None:
                 self.window_hook()
         except BaseException as e:  # noqa: BLE001 - raised on the scheduler thread after the join
