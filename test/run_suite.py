@@ -36,6 +36,7 @@ FAULTHANDLER_TIMEOUT_S = 300
 GROUP_EST_S = 60  # files declared shorter than this share a process with their neighbours in the order
 TAIL_LINES = 60
 ABORT_GRACE_S = 10  # a hung group's time to print its stacks before SIGKILL
+LEAK_GRACE_S = 3  # a finished group's children's time to exit by themselves before they count as left running
 GROUP_ENV = "RUN_SUITE_GROUP_TOKEN"  # inherited by everything a group starts (no SGLANG_ prefix: the startup caches key on those)
 
 
@@ -111,8 +112,13 @@ def processes_with_token(token: str) -> List[tuple]:
 
 
 def sweep(token: str) -> List[str]:
-    """Kill what a finished group left running (its own process group, or one that started a session of its own)."""
+    """Kill what a finished group left running (its own process group, or one that started a session of its own)
+    after LEAK_GRACE_S (a helper such as multiprocessing's resource tracker exits on its own just after pytest)."""
+    deadline = time.monotonic() + LEAK_GRACE_S
     leaked = processes_with_token(token)
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leaked = processes_with_token(token)
     for pid, _ in leaked:
         try:
             os.kill(pid, signal.SIGKILL)
