@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=40, suite="cpu")
 
 from sglang.test.mm_fixtures import IMAGE_SIZE, data_url, make_image, make_random_llava  # noqa: E402
-from sglang.test.test_utils import popen_launch_server  # noqa: E402
+from sglang.test.test_utils import openai_client, popen_launch_server  # noqa: E402
 
 # the processor does not resize: images must be IMAGE_SIZE square, and bigger ones are refused with the limit
 NO_RESIZE = {"do_resize": False, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
@@ -42,7 +42,7 @@ class TestVlmServer(unittest.TestCase):
             other_args=["--max-total-tokens", "4096", "--max-running-requests", "8", "--context-length", "1024",
                         "--max-image-pixels", str(MAX_PIXELS), "--allowed-local-media-path", cls.media_dir,
                         "--random-seed", "0"])
-        cls.client = openai.OpenAI(base_url=f"{cls.server.base_url}/v1", api_key="none", max_retries=0, timeout=60)
+        cls.client = openai_client(cls.server.base_url, timeout=60)
         cls.model = cls.client.models.list().data[0].id
 
     @classmethod

@@ -5,7 +5,7 @@ import openai
 import pytest
 import requests
 
-from sglang.test.test_utils import DEFAULT_API_KEY_FOR_TEST, DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
+from sglang.test.test_utils import DEFAULT_API_KEY_FOR_TEST, DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +39,7 @@ def headers():
 
 @pytest.fixture(scope="session")
 def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=DEFAULT_API_KEY_FOR_TEST, max_retries=0, timeout=120)
+    return openai_client(base_url, api_key=DEFAULT_API_KEY_FOR_TEST)
 
 
 @pytest.fixture(scope="session")

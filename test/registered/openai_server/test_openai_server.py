@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import openai_client
 
 register_cpu_ci(est_time=30, suite="cpu")
 
@@ -69,7 +70,7 @@ def test_stop_sequence(client, model_name):
 def test_n_choices_and_seed(fp32_server):
     """Seeded sampling is reproducible. In fp32: in bf16 the repeat's prompt comes from the prefix cache (only the
     last token is prefilled), whose logits round differently from a full prefill, and a near-tie may sample apart."""
-    client = openai.OpenAI(base_url=f"{fp32_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(fp32_server.base_url)
     model_name = client.models.list().data[0].id
     kw = dict(model=model_name, messages=CHAT, temperature=1.0, max_tokens=8, seed=1234, n=3)
     a = client.chat.completions.create(**kw)
@@ -96,7 +97,7 @@ def test_logprobs(client, model_name):
 
 def test_concurrent_streams_match_solo(fp32_server):
     """8 concurrent greedy streams (batched prefill and decode) give each prompt the text it gets alone (fp32)."""
-    client = openai.OpenAI(base_url=f"{fp32_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(fp32_server.base_url)
     async_client = openai.AsyncOpenAI(base_url=f"{fp32_server.base_url}/v1", api_key="none", max_retries=0, timeout=120)
     model_name = client.models.list().data[0].id
     prompts = [f"Count from {i}:" for i in range(8)]

@@ -10,7 +10,6 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 import pytest
 import requests
 
@@ -20,7 +19,7 @@ register_cpu_ci(est_time=90, suite="cpu")
 
 pytest.importorskip("sglang_router", reason="sglang-router is a test extra: pip install -e 'python[test]'")
 
-from sglang.test.test_utils import find_free_port, kill_process_tree, popen_launch_server  # noqa: E402
+from sglang.test.test_utils import find_free_port, kill_process_tree, openai_client, popen_launch_server  # noqa: E402
 
 SERVER_ARGS = ["--max-total-tokens", "8192", "--max-running-requests", "16", "--chunked-prefill-size", "256",
                "--context-length", "2048", "--num-threads", "1", "--enable-metrics"]
@@ -83,7 +82,7 @@ def test_router_discovers_both_servers(router, workers):
 
 def test_64_requests_complete_and_both_servers_serve(router, workers):
     before = [served_requests(w.base_url) for w in workers]
-    client = openai.OpenAI(base_url=f"{router}/v1", api_key="none", max_retries=0, timeout=300)
+    client = openai_client(router, timeout=300)
     model = client.models.list().data[0].id
 
     def one(i):
@@ -108,7 +107,7 @@ def test_native_generate_and_streaming_through_the_router(router):
     r = requests.post(f"{router}/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["meta_info"]["completion_tokens"] == 4
-    client = openai.OpenAI(base_url=f"{router}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(router)
     model = client.models.list().data[0].id
     chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=4, stream=True))
