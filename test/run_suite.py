@@ -11,6 +11,12 @@ of about GROUP_EST_S declared seconds, each group in its own pytest process (its
 A test running longer than FAULTHANDLER_TIMEOUT_S gets its stacks printed too (and keeps running). The summary at
 the end repeats, for each group that failed or hung, the end of its output.
 
+Nothing passes unrun: a group in which pytest collected no test (exit 5) fails, saying so (with -k, only when no
+group had a test matching it). A GPU suite (GPU_SUITES) starts with a preflight, in a process of the interpreter
+that runs the tests: torch must be a build for the suite's platform and see a device, and the vendor libraries must
+import; otherwise it exits 1 with one line naming what is missing, before any test. Its tests then run with
+SUITE_GPU_ENV set, under which sglang.test.gpu_backends fails a test that would skip for want of the GPU.
+
     python test/run_suite.py --suite cpu [--list] [-k EXPR] [-x] [--timeout-per-file S] [--hang-retries N]
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +45,14 @@ TAIL_LINES = 60
 ABORT_GRACE_S = 10  # a hung group's time to print its stacks before SIGKILL
 LEAK_GRACE_S = 3  # a finished group's children's time to exit by themselves before they count as left running
 GROUP_ENV = "RUN_SUITE_GROUP_TOKEN"  # inherited by everything a group starts (no SGLANG_ prefix: the startup caches key on those)
+SUITE_GPU_ENV = "RUN_SUITE_GPU"  # = sglang.test.gpu_backends.SUITE_GPU_ENV (not imported: listing needs no torch)
+# suite -> (platform, the modules its tests need besides torch)
+GPU_SUITES = {
+    "stage-a-test-1-gpu": ("cuda", ("triton", "flashinfer")),
+    "stage-a-test-1-gpu-amd": ("rocm", ("triton", "aiter")),
+}
+PLATFORM_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
+PREFLIGHT_TIMEOUT_S = 300  # importing the vendor libraries can be slow on a cold disk
 
 
 @dataclass
@@ -92,6 +107,86 @@ class GroupResult:
     leaked: List[str] = field(default_factory=list)
 
 
+# What the preflight needs to know, gathered in a child process: a broken library may crash its importer, and the
+# tests' interpreter (sys.executable) is the one that must see the GPU.
+PROBE = r"""
+import importlib, json, os, sys
+facts = {"torch": None, "torch_error": None, "device_error": None, "cuda": None, "hip": None, "devices": 0,
+         "modules": {}, "triton_interpret": os.environ.get("TRITON_INTERPRET", "")}
+try:
+    import torch
+    facts.update(torch=torch.__version__, cuda=torch.version.cuda, hip=getattr(torch.version, "hip", None))
+    facts["devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+except Exception as e:
+    facts["torch_error" if facts["torch"] is None else "device_error"] = f"{type(e).__name__}: {e}"
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        facts["modules"][name] = None
+    except BaseException as e:
+        facts["modules"][name] = f"{type(e).__name__}: {e}".splitlines()[0]
+print("FACTS=" + json.dumps(facts))
+"""
+
+
+def gpu_facts(modules) -> dict:
+    """PROBE's facts for this interpreter; {"probe_error": ...} when the probe itself died (a crash in a library)."""
+    what = f"the preflight probe (import torch, {', '.join(modules)})"
+    try:
+        r = subprocess.run([sys.executable, "-c", PROBE, *modules], capture_output=True, text=True, cwd=ROOT,
+                           timeout=PREFLIGHT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"probe_error": f"{what} ran past {PREFLIGHT_TIMEOUT_S} s"}
+    lines = [x for x in r.stdout.splitlines() if x.startswith("FACTS=")]
+    if not lines:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"probe_error": f"{what} exited {r.returncode}: {last}"}
+    return json.loads(lines[-1][len("FACTS="):])
+
+
+def preflight_problems(suite: str, facts: dict) -> List[str]:
+    """What keeps `suite` (a GPU suite) from running on the machine these facts describe; empty when nothing."""
+    platform, modules = GPU_SUITES[suite]
+    if facts.get("probe_error"):
+        return [facts["probe_error"]]
+    if facts.get("torch_error") or not facts.get("torch"):
+        return [f"torch does not import ({facts.get('torch_error')})"]
+    torch_v, problems = facts["torch"], []
+    if platform == "cuda" and facts.get("hip"):
+        problems.append(f"torch {torch_v} is a ROCm build (torch.version.hip={facts['hip']}), not a CUDA build")
+    elif platform == "cuda" and not facts.get("cuda"):
+        problems.append(f"torch {torch_v} is not a CUDA build (torch.version.cuda is None)")
+    elif platform == "rocm" and not facts.get("hip"):
+        problems.append(f"torch {torch_v} is not a ROCm build (torch.version.hip is None)")
+    elif facts.get("device_error"):
+        problems.append(f"torch {torch_v} cannot list its devices ({facts['device_error']})")
+    elif not facts.get("devices"):
+        where = "CUDA_VISIBLE_DEVICES, the container's --gpus" if platform == "cuda" else \
+            "HIP_VISIBLE_DEVICES, the container's /dev/kfd and /dev/dri"
+        problems.append(f"torch {torch_v} sees no {PLATFORM_NAMES[platform]} device (torch.cuda.is_available() is "
+                        f"False; check the driver, {where})")
+    for name in modules:
+        err = facts.get("modules", {}).get(name, "not probed")
+        if err is not None:
+            problems.append(f"{name} does not import ({err})")
+    if facts.get("triton_interpret") not in ("", "0"):
+        problems.append(f"TRITON_INTERPRET={facts['triton_interpret']} is set: the GPU suite runs the compiled "
+                        "Triton kernels")
+    return problems
+
+
+def preflight(suite: str) -> bool:
+    """Print one line: what the GPU suite found, or what it is missing (then the suite must not run)."""
+    platform, modules = GPU_SUITES[suite]
+    found = preflight_problems(suite, gpu_facts(modules))
+    if found:
+        print(f"[run_suite] {suite}: preflight failed, no test run: {'; '.join(found)}", file=sys.stderr, flush=True)
+        return False
+    print(f"[run_suite] {suite}: preflight ok: a {PLATFORM_NAMES[platform]} device and {', '.join(modules)}",
+          flush=True)
+    return True
+
+
 def processes_with_token(token: str) -> List[tuple]:
     """(pid, command line) of the live processes whose environment carries GROUP_ENV=token."""
     needle = f"{GROUP_ENV}={token}".encode()
@@ -134,14 +229,14 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def run_group(cmd: List[str], files: List[str], limit_s: float) -> GroupResult:
-    """One pytest process over `files`, its output streamed through; past limit_s it gets SIGABRT (pytest's
-    faulthandler prints every thread's stack) and, ABORT_GRACE_S later, SIGKILL."""
+def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None = None) -> GroupResult:
+    """One pytest process over `files` (with `env` added to its environment), its output streamed through; past
+    limit_s it gets SIGABRT (pytest's faulthandler prints every thread's stack) and, ABORT_GRACE_S later, SIGKILL."""
     start = time.monotonic()
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     token = f"{os.getpid()}-{time.time_ns()}"
     proc = subprocess.Popen(cmd + files, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True, bufsize=0, env={**os.environ, GROUP_ENV: token})
+                            start_new_session=True, bufsize=0, env={**os.environ, **(env or {}), GROUP_ENV: token})
     os.set_blocking(proc.stdout.fileno(), False)
     kill_at = None  # set once the group is found hung
     pending = b""
@@ -197,6 +292,11 @@ def main(argv=None) -> int:
         print(f"  {e.est_time:6.0f} s  {e.path.relative_to(ROOT)}")
     if args.list:
         return 0
+    env = {}
+    if args.suite in GPU_SUITES:
+        if not preflight(args.suite):
+            return 1
+        env[SUITE_GPU_ENV] = GPU_SUITES[args.suite][0]
     # a test still running after FAULTHANDLER_TIMEOUT_S gets every thread's stack printed (it keeps running)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5",
            "-o", f"faulthandler_timeout={FAULTHANDLER_TIMEOUT_S}"]
@@ -212,21 +312,35 @@ def main(argv=None) -> int:
         limit_s = args.timeout_per_file * len(group)
         print(f"\n[run_suite] {' '.join(files)}", flush=True)
         for attempt in range(1 + args.hang_retries):
-            res = run_group(cmd, files, limit_s)
+            res = run_group(cmd, files, limit_s, env)
             results.append(res)
             if not res.hung:
                 break
             print(f"[run_suite] hung (attempt {attempt + 1}); " +
                   ("running it again" if attempt < args.hang_retries else "giving up"), flush=True)
-        if args.x and res.rc not in (0, PYTEST_NO_TESTS_COLLECTED):
+        if args.x and not group_ok(res, bool(args.k)):
             break
-    return summarize(results, time.monotonic() - suite_start)
+    return summarize(results, time.monotonic() - suite_start, k_filter=bool(args.k))
 
 
-def summarize(results: List[GroupResult], seconds: float) -> int:
-    # the last run of each group decides; pytest's 5 = "no tests collected" (every file skipped itself at import)
-    final = {tuple(r.files): r for r in results}
-    failed = [r for r in final.values() if r.rc not in (0, PYTEST_NO_TESTS_COLLECTED)]
+def group_ok(r: GroupResult, k_filter: bool = False) -> bool:
+    # pytest's 5, "no tests collected": every file skipped itself at import, or -k deselected them all (which is
+    # fine for one group of a -k run; summarize fails a -k run in which no group had a test)
+    return r.rc == 0 or (k_filter and r.rc == PYTEST_NO_TESTS_COLLECTED)
+
+
+def describe(r: GroupResult) -> str:
+    if r.hung:
+        return "HUNG (killed)"
+    if r.rc == PYTEST_NO_TESTS_COLLECTED:
+        return f"FAILED (pytest exit {r.rc}: no tests collected, nothing was checked)"
+    return f"FAILED (pytest exit {r.rc})"
+
+
+def summarize(results: List[GroupResult], seconds: float, k_filter: bool = False) -> int:
+    final = {tuple(r.files): r for r in results}  # the last run of each group decides
+    failed = [r for r in final.values() if not group_ok(r, k_filter)]
+    nothing_ran = bool(final) and all(r.rc == PYTEST_NO_TESTS_COLLECTED for r in final.values())
     hangs = [r for r in results if r.hung]
     leaks = [(r, x) for r in results if not r.hung for x in r.leaked]
     print(f"\n[run_suite] ==== {len(final)} groups in {seconds:.0f} s: {len(final) - len(failed)} passed, "
@@ -234,11 +348,13 @@ def summarize(results: List[GroupResult], seconds: float) -> int:
     for r, x in leaks:
         print(f"[run_suite] left running by {' '.join(r.files)}: {x}")
     for r in results:
-        if r.hung or r.rc not in (0, PYTEST_NO_TESTS_COLLECTED):
-            what = "HUNG (killed)" if r.hung else f"FAILED (pytest exit {r.rc})"
-            print(f"\n[run_suite] {what} after {r.seconds:.0f} s: {' '.join(r.files)}; the end of its output:")
+        if r.hung or not group_ok(r, k_filter):
+            print(f"\n[run_suite] {describe(r)} after {r.seconds:.0f} s: {' '.join(r.files)}; the end of its output:")
             print("\n".join(r.tail))
-    return 1 if failed else 0
+    if nothing_ran:
+        print("[run_suite] FAILED: no group collected a test (pytest exit 5 everywhere)" +
+              (": -k matched nothing" if k_filter else ""))
+    return 1 if failed or nothing_ran else 0
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 test_*.py only).
 
 - Engine level (GPU suites, test_gpu_backend_*.py): `engine_generate` runs one engine per backend and frees it,
-  `for_each_platform_backend` runs a check per backend of this machine's platform as a subtest, skipping backends
-  whose library is not installed.
+  `for_each_platform_backend` runs a check per backend of this machine's platform as a subtest; a backend whose
+  library does not import fails its subtest (gpu_backends.require_library), naming it.
 - Layer level (CPU wiring tests with stand-in libraries, test_*_wiring.py): `check_steps` runs a sequence of steps
   through a BackendHarness on the backend and on torch_native and asserts they agree and that no step allocates
   a large tensor.
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import sglang
 from sglang.test.attention_harness import BackendHarness, max_abs_diff
 from sglang.test.attention_standins import AllocationRecorder
-from sglang.test.gpu_backends import ENGINE_KW, PROMPTS, free_gpu_memory, missing_library, platform_backends
+from sglang.test.gpu_backends import ENGINE_KW, PROMPTS, free_gpu_memory, platform_backends, require_library
 
 
 def engine_generate(backend: str, dtype: str, sampling: dict, **generate_kw) -> list:
@@ -33,11 +33,10 @@ def engine_generate(backend: str, dtype: str, sampling: dict, **generate_kw) -> 
 
 
 def for_each_platform_backend(test: unittest.TestCase, check: Callable[[str], None]) -> None:
-    """check(backend) in a subtest per attention backend of this GPU platform (a missing library skips that one)."""
+    """check(backend) in a subtest per attention backend of this GPU platform (a missing library fails that one)."""
     for backend in platform_backends():
         with test.subTest(backend=backend):
-            if missing_library(backend):
-                test.skipTest(missing_library(backend))
+            require_library(backend)
             check(backend)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from sglang.test.attention_harness import BackendHarness, max_abs_diff
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, NO_GPU_REASON, gpu_kind, missing_library, platform_backends
+from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, platform_backends, require_library, requires_gpu
 
 register_cuda_ci(est_time=60, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=60, suite="stage-a-test-1-gpu-amd")
@@ -16,7 +16,7 @@ register_amd_ci(est_time=60, suite="stage-a-test-1-gpu-amd")
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-@unittest.skipIf(gpu_kind() is None, NO_GPU_REASON)
+@requires_gpu()
 class TestGpuBackendLayers(unittest.TestCase):
     def check(self, backend, dtype, page_size):
         h = BackendHarness(backend, page_size=page_size, dtype=dtype, num_q_heads=8, num_kv_heads=2, head_dim=128,
@@ -29,8 +29,7 @@ class TestGpuBackendLayers(unittest.TestCase):
 
     def test_each_backend_against_torch_native(self):
         for backend in platform_backends():
-            if missing_library(backend):
-                self.skipTest(missing_library(backend))
+            require_library(backend)
             half_only = backend in HALF_ONLY_BACKENDS
             dtypes = (torch.float16, torch.bfloat16) if half_only else (torch.float32, torch.float16)
             for dtype in dtypes:

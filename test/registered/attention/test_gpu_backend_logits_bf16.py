@@ -7,7 +7,7 @@ import unittest
 from backend_fixtures import engine_generate, for_each_platform_backend
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import NO_GPU_REASON, PROMPTS, gpu_kind
+from sglang.test.gpu_backends import PROMPTS, requires_gpu
 
 register_cuda_ci(est_time=120, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=120, suite="stage-a-test-1-gpu-amd")
@@ -29,7 +29,7 @@ def shared_prefix(a, b) -> int:
     return n
 
 
-@unittest.skipIf(gpu_kind() is None, NO_GPU_REASON)
+@requires_gpu()
 class TestGpuBackendLogitsBf16(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

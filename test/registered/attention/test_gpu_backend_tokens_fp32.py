@@ -6,7 +6,7 @@ import unittest
 from backend_fixtures import engine_generate, for_each_platform_backend
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, NO_GPU_REASON, gpu_kind
+from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, requires_gpu
 
 register_cuda_ci(est_time=120, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=120, suite="stage-a-test-1-gpu-amd")
@@ -20,7 +20,7 @@ def greedy_tokens(backend: str) -> list:
     return [o["output_ids"] for o in outs]
 
 
-@unittest.skipIf(gpu_kind() is None, NO_GPU_REASON)
+@requires_gpu()
 class TestGpuBackendTokensFp32(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -9,7 +9,7 @@ import sys
 import unittest
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, NO_GPU_REASON, gpu_kind, missing_library, platform_backends
+from sglang.test.gpu_backends import HALF_ONLY_BACKENDS, platform_backends, require_library, requires_gpu
 
 register_cuda_ci(est_time=150, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=150, suite="stage-a-test-1-gpu-amd")
@@ -53,13 +53,13 @@ def stress(backend: str) -> dict:
     return json.loads(line[len("RESULT="):])
 
 
-@unittest.skipIf(gpu_kind() is None, NO_GPU_REASON)
+@requires_gpu()
 class TestGpuMemoryPlan(unittest.TestCase):
     def test_peak_within_plan_and_pools_exact(self):
         for backend in ["torch_native"] + platform_backends():
-            if backend != "torch_native" and missing_library(backend):
-                continue
             with self.subTest(backend=backend):
+                if backend != "torch_native":
+                    require_library(backend)
                 r = stress(backend)
                 print(backend, json.dumps(r))
                 self.assertLessEqual(r["peak_reserved_bytes"], r["plan_total_bytes"])

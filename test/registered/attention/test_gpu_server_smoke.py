@@ -6,14 +6,14 @@ import unittest
 import requests
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
-from sglang.test.gpu_backends import SERVER_ARGS, NO_GPU_REASON, gpu_kind, missing_library, platform_backends
+from sglang.test.gpu_backends import SERVER_ARGS, platform_backends, require_library, requires_gpu
 from sglang.test.test_utils import popen_launch_server
 
 register_cuda_ci(est_time=120, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=120, suite="stage-a-test-1-gpu-amd")
 
 
-@unittest.skipIf(gpu_kind() is None, NO_GPU_REASON)
+@requires_gpu()
 class TestGpuServerSmoke(unittest.TestCase):
     def smoke(self, backend: str):
         import openai
@@ -48,8 +48,7 @@ class TestGpuServerSmoke(unittest.TestCase):
     def test_each_backend(self):
         for backend in platform_backends():
             with self.subTest(backend=backend):
-                if missing_library(backend):
-                    self.skipTest(missing_library(backend))
+                require_library(backend)
                 self.smoke(backend)
 
 

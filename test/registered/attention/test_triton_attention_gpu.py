@@ -1,7 +1,7 @@
 """GPU variant of test_triton_kernels_interpreted.py: the Triton attention kernels compiled for the GPU (CUDA or
 ROCm) against the float64 torch reference, with the GPU tile set -- decode + merge and extend with cached prefixes,
 GQA and MHA, page sizes 1 and 16, mixed lengths. Max abs error <= 1e-5 fp32, <= 2e-3 fp16, <= 2e-2 bf16 (bf16 is
-checked only here: the CPU interpreter's bf16 dot is wrong). Skips without a GPU."""
+checked only here: the CPU interpreter's bf16 dot is wrong). Skips without a GPU (fails instead inside a GPU suite)."""
 
 import unittest
 
@@ -9,20 +9,20 @@ import torch
 from triton_attention_cases import DECODE_CASES, EXTEND_CASES, TOL, run_decode, run_extend
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
+from sglang.test.gpu_backends import requires_gpu, skip_or_fail
 
 register_cuda_ci(est_time=60, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=60, suite="stage-a-test-1-gpu-amd")
 
 
-@unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA or ROCm GPU (the CPU interpreter variant is "
-                     "test_triton_kernels_interpreted.py)")
+@requires_gpu()  # the CPU interpreter variant is test_triton_kernels_interpreted.py
 class TestTritonKernelsGpu(unittest.TestCase):
     def setUp(self):
         from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
         from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES
 
         if interpreted():
-            self.skipTest("TRITON_INTERPRET is set: this file checks the compiled kernels")
+            skip_or_fail(self, "TRITON_INTERPRET is set: this file checks the compiled kernels")
         self.tiles = GPU_TILES
 
     def check(self, err, dtype, **case):

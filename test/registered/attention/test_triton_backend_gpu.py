@@ -1,15 +1,15 @@
 """GPU variant of the Triton backend engine tests: --attention-backend triton against torch_native through
 sglang.Engine on the GPU in fp32 -- the default model (same greedy tokens), and the random-weight Qwen3 with a
 mixed-length batch and cached-prefix (radix hit) requests at page sizes 1 and 16. CUDA graphs are off here, so the
-eager Triton path is what is compared. Skips without a GPU."""
+eager Triton path is what is compared. Skips without a GPU (fails instead inside a GPU suite)."""
 
 import unittest
 
-import torch
 from interpreted_run import run_engine
 
 from sglang.test.ci.ci_register import register_amd_ci, register_cuda_ci
 from sglang.test.engine_fixtures import PROMPTS, make_random_qwen3
+from sglang.test.gpu_backends import requires_gpu
 
 register_cuda_ci(est_time=120, suite="stage-a-test-1-gpu")
 register_amd_ci(est_time=120, suite="stage-a-test-1-gpu-amd")
@@ -22,8 +22,8 @@ def ids_of(result):
     return [[o["output_ids"] for o in batch] for batch in result["outputs"]]
 
 
-@unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA or ROCm GPU (the CPU variants run the Triton "
-                     "interpreter: test_triton_backend_engine.py, test_triton_backend_default_model.py)")
+# the CPU variants run the Triton interpreter: test_triton_backend_engine.py, test_triton_backend_default_model.py
+@requires_gpu()
 class TestTritonBackendGpu(unittest.TestCase):
     def test_default_model_fp32_greedy(self):
         ref = run_engine(None, "torch_native", GPU_KW, [PROMPTS], MAX_NEW)

@@ -1,5 +1,6 @@
 """test/run_suite.py itself: files grouped by declared time, a hung group's stacks printed and the group killed
-(with what it left running), a failure reported with the end of its output, a hang retried and a failure not."""
+(with what it left running), a failure reported with the end of its output, a hang retried and a failure not; a
+group that ran no test fails; a GPU suite's preflight refuses a machine without the device or the libraries."""
 
 import os
 import subprocess
@@ -97,17 +98,109 @@ def test_summary_fails_on_a_failure_or_a_final_hang_not_on_a_hang_that_passed_ag
     assert run_suite.summarize([ok, hung, hung_then_ok], 12) == 0
     assert run_suite.summarize([ok, hung], 10) == 1
     assert run_suite.summarize([ok, failed], 4) == 1
-    skipped_gpu = run_suite.GroupResult(["g"], run_suite.PYTEST_NO_TESTS_COLLECTED, 1.0, False, [])
-    assert run_suite.summarize([skipped_gpu], 1) == 0
 
 
-@pytest.mark.parametrize("suite", ["cpu"])
+def test_a_group_that_collected_no_test_fails_and_says_so(tmp_path, capsys):
+    # every test of the file skips itself at import: pytest's exit 5, "no tests collected"
+    skipped = write(tmp_path, "test_skipped.py", """
+        import pytest
+        pytest.skip("no GPU here", allow_module_level=True)
+        def test_never():
+            pass
+        """)
+    res = run_suite.run_group(PYTEST, [skipped], limit_s=120)
+    assert res.rc == run_suite.PYTEST_NO_TESTS_COLLECTED
+    ok = run_suite.GroupResult(["a"], 0, 1.0, False, [])
+    assert run_suite.summarize([ok, res], 2) == 1
+    assert "no tests collected" in capsys.readouterr().out
+    # with -k a group with no matching test is fine, as long as some group had one
+    assert run_suite.summarize([ok, res], 2, k_filter=True) == 0
+    assert run_suite.summarize([res], 2, k_filter=True) == 1
+    assert "-k matched nothing" in capsys.readouterr().out
+
+
+CPU_TORCH = {"torch": "2.13.0+cpu", "cuda": None, "hip": None, "devices": 0, "triton_interpret": "",
+             "modules": {"triton": None, "flashinfer": "ModuleNotFoundError: No module named 'flashinfer'",
+                         "aiter": "ModuleNotFoundError: No module named 'aiter'"}}
+CUDA_OK = {**CPU_TORCH, "torch": "2.9.1+cu128", "cuda": "12.8", "devices": 1,
+           "modules": {"triton": None, "flashinfer": None}}
+ROCM_OK = {**CPU_TORCH, "torch": "2.9.1+rocm6.4", "hip": "6.4.4", "devices": 8,
+           "modules": {"triton": None, "aiter": None}}
+CUDA, AMD = "stage-a-test-1-gpu", "stage-a-test-1-gpu-amd"
+
+
+@pytest.mark.parametrize("suite, facts, wanted", [
+    (CUDA, CUDA_OK, []),
+    (AMD, ROCM_OK, []),
+    (CUDA, CPU_TORCH, ["torch 2.13.0+cpu is not a CUDA build", "flashinfer does not import (ModuleNotFoundError"]),
+    (AMD, CPU_TORCH, ["torch 2.13.0+cpu is not a ROCm build", "aiter does not import"]),
+    (CUDA, {**CUDA_OK, "devices": 0}, ["sees no CUDA device"]),
+    (AMD, {**ROCM_OK, "devices": 0},
+     ["sees no ROCm device (torch.cuda.is_available() is False; check the driver, HIP_VISIBLE_DEVICES"]),
+    (CUDA, ROCM_OK, ["is a ROCm build", "flashinfer does not import (not probed)"]),
+    (AMD, CUDA_OK, ["not a ROCm build", "aiter does not import"]),
+    (AMD, {**ROCM_OK, "modules": {"triton": "ImportError: libamdhip64.so", "aiter": None}}, ["triton does not import"]),
+    (CUDA, {**CUDA_OK, "triton_interpret": "1"}, ["TRITON_INTERPRET=1 is set"]),
+    (CUDA, {"torch_error": "ModuleNotFoundError: No module named 'torch'"}, ["torch does not import"]),
+    (CUDA, {**CUDA_OK, "device_error": "RuntimeError: CUDA driver too old"}, ["cannot list its devices (Runtime"]),
+    (AMD, {"probe_error": "the preflight probe (import torch, triton, aiter) exited -11: "}, ["probe (import torch"]),
+])
+def test_preflight_names_what_is_missing(suite, facts, wanted):
+    got = run_suite.preflight_problems(suite, facts)
+    assert len(got) == len(wanted), got
+    for line, part in zip(got, wanted):
+        assert part in line, got
+
+
+def test_a_gpu_suite_without_its_gpu_exits_nonzero_before_any_test(monkeypatch, capsys):
+    def no_test_may_run(*a, **k):
+        raise AssertionError("a test group ran although the preflight failed")
+
+    monkeypatch.setattr(run_suite, "run_group", no_test_may_run)
+    for suite in (CUDA, AMD):
+        monkeypatch.setattr(run_suite, "gpu_facts", lambda modules: CPU_TORCH)
+        assert run_suite.main(["--suite", suite]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{suite}: preflight failed, no test run: torch 2.13.0+cpu is not a" in err[0]
+
+
+def test_a_gpu_suite_that_passes_preflight_marks_its_tests_as_inside_a_gpu_suite(monkeypatch):
+    seen = []
+    monkeypatch.setattr(run_suite, "gpu_facts", lambda modules: ROCM_OK)
+    monkeypatch.setattr(run_suite, "run_group",
+                        lambda cmd, files, limit_s, env=None: seen.append(env) or
+                        run_suite.GroupResult(files, 0, 0.1, False, []))
+    assert run_suite.main(["--suite", AMD]) == 0
+    assert seen and all(env == {run_suite.SUITE_GPU_ENV: "rocm"} for env in seen)
+
+
+def test_preflight_probe_reports_this_machine(monkeypatch):
+    import torch
+
+    facts = run_suite.gpu_facts(["triton", "no_such_module_9c1e"])
+    assert facts["torch"] == torch.__version__ and facts["cuda"] == torch.version.cuda
+    assert facts["modules"]["triton"] is None
+    assert "No module named 'no_such_module_9c1e'" in facts["modules"]["no_such_module_9c1e"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("suite", [CUDA, AMD])
+def test_gpu_suite_on_this_gpu_less_machine_exits_nonzero_saying_why(suite):
+    out = subprocess.run([sys.executable, str(Path(run_suite.__file__)), "--suite", suite],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert f"{suite}: preflight failed, no test run: torch" in out.stderr, out.stderr
+    assert "[run_suite] ====" not in out.stdout  # no group ran
+
+
+@pytest.mark.parametrize("suite", ["cpu", CUDA, AMD])
 def test_list_names_every_registered_file_once(suite):
     out = subprocess.run([sys.executable, str(Path(run_suite.__file__)), "--suite", suite, "--list"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     listed = [line.split()[-1] for line in out.stdout.splitlines()[1:]]
-    assert "test/registered/ci/test_run_suite.py" in listed
+    assert suite != "cpu" or "test/registered/ci/test_run_suite.py" in listed
+    assert suite == "cpu" or "test/registered/attention/test_gpu_memory_plan.py" in listed
     assert len(listed) == len(set(listed))
 
 

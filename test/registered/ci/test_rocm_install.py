@@ -1,0 +1,68 @@
+"""The ROCm install (the AMD workflow's Install step, which docker/Dockerfile.rocm runs too) leaves the image's torch
+and pytorch-triton-rocm alone: scripts/check_rocm_install.py runs the step verbatim in a venv standing in for
+rocm/pytorch. That run needs PyPI (about 40 s); without it, it skips and only the checker's own logic is tested."""
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="cpu")
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "check_rocm_install.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import check_rocm_install  # noqa: E402
+
+STANDIN = check_rocm_install.STANDIN_MARK
+BEFORE = {"versions": {"torch": "2.9.1+rocm6.4", "pytorch-triton-rocm": "3.5.1", "triton": None, "sglang": None,
+                       "amd-aiter": None, "xgrammar": None, "accelerate": None},
+          "torch_init": STANDIN, "triton_init": STANDIN}
+GOOD = {**BEFORE, "versions": {**BEFORE["versions"], "sglang": "0.1.0", "amd-aiter": "0.1.7", "xgrammar": "0.2.8"}}
+
+
+def pypi_reachable() -> bool:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_the_checker_flags_a_replaced_torch_or_a_cuda_triton():
+    assert check_rocm_install.problems(BEFORE, GOOD) == []
+    cuda_triton = {**GOOD, "versions": {**GOOD["versions"], "triton": "3.9.0"}, "triton_init": "# CUDA triton"}
+    got = check_rocm_install.problems(BEFORE, cuda_triton)
+    assert len(got) == 2 and "a `triton` distribution was installed (3.9.0)" in got[0]
+    new_torch = {**GOOD, "versions": {**GOOD["versions"], "torch": "2.13.0"}, "torch_init": "# real"}
+    assert check_rocm_install.problems(BEFORE, new_torch) == [
+        "torch changed: 2.9.1+rocm6.4 -> 2.13.0", "torch's files were replaced"]
+    nothing = check_rocm_install.problems(BEFORE, BEFORE)
+    assert nothing == [f"{n} was not installed" for n in ("sglang", "amd-aiter", "xgrammar")]
+
+
+def test_the_stand_in_wheels_install_and_provide_the_triton_module(tmp_path):
+    whl = check_rocm_install.wheel(tmp_path, "pytorch-triton-rocm", "3.5.1", {"triton/__init__.py": STANDIN})
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
+                        str(target), str(whl)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (target / "triton" / "__init__.py").read_text() == STANDIN
+    assert (target / "pytorch_triton_rocm-3.5.1.dist-info" / "METADATA").exists()
+
+
+@pytest.mark.skipif(not pypi_reachable(), reason="PyPI is not reachable from here")
+def test_the_amd_install_step_leaves_torch_and_triton_alone():
+    pytest.importorskip("ensurepip", reason="this Python cannot make a venv with pip (python3-venv missing)")
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert "OK: torch 2.9.1+rocm6.4 and pytorch-triton-rocm 3.5.1 untouched, no triton distribution installed" \
+        in r.stdout
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
