@@ -1,8 +1,10 @@
 """Tensor-parallel process groups (torch.distributed): who am I, how many are we, which group to talk to.
 
 One process per TP rank; the world is exactly the TP group (no pipeline / data parallel ranks inside it).
-    device_group   the backend of the tensors the model reduces: gloo on CPU, nccl on CUDA
-    cpu_group      always gloo: pickled Python objects (the scheduled batches rank 0 broadcasts)
+    device_group   the backend of the tensors the model reduces: gloo on CPU, nccl on CUDA (the default group)
+    cpu_group      always gloo: pickled Python objects (the scheduled batches rank 0 broadcasts) and every host
+                   tensor, such as the memory plan's integer reductions (NCCL cannot reduce a CPU tensor)
+Collectives go through communication_op.py, which picks the group by what it carries.
 Before init_tp_group() (and in every tp=1 process) get_tp_size() == 1 and get_tp_rank() == 0, so layers built
 outside a distributed run are the plain single-rank layers.
 """

@@ -4,7 +4,7 @@ CPU: peak RSS is reset by writing "5" to /proc/self/clear_refs and read back as 
 (Linux); current RSS is VmRSS; available memory comes from psutil.
 CUDA/HIP: torch.cuda.mem_get_info / reset_peak_memory_stats / max_memory_allocated; a device index of None is the
 current device (each TP rank sets its own).
-Distributed: min_across_ranks() so every rank plans from the tightest device.
+Distributed: min_across_ranks() so every rank plans from the tightest device (over the TP group's gloo group).
 """
 
 from __future__ import annotations
@@ -88,21 +88,21 @@ def cuda_allocated_bytes(device: Optional[int] = None) -> int:
     return int(torch.cuda.memory_allocated(device))
 
 
-def min_across_ranks(value: int, group=None) -> int:
-    """MIN of an integer over all ranks when torch.distributed is initialised; the value itself otherwise."""
+def min_across_ranks(value: int) -> int:
+    """MIN of an integer over the TP ranks once their group exists; the value itself before (and at tp == 1).
+
+    The reduction is communication_op's, on the TP group's gloo cpu_group: the value is a host integer, and the
+    default group is NCCL on CUDA, which cannot reduce a CPU tensor.
+    """
     import sys
 
-    if "torch" not in sys.modules:  # nothing can be initialised without torch having been imported
+    # no TP group can exist before parallel_state is imported; the lazy import keeps mem_plan free of torch and
+    # of srt.distributed at import time
+    if "sglang.srt.distributed.parallel_state" not in sys.modules:
         return value
-    import torch.distributed as dist
+    from sglang.srt.distributed.communication_op import tp_min_int
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    import torch
-
-    t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-    return int(t.item())
+    return tp_min_int(value)
 
 
 @dataclass
