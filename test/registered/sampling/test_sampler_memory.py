@@ -5,12 +5,16 @@
     top logprobs). Decode: the logits plus what sample() allocates stay within the planned per-slot term less its
     prefill item; prefill (the forward's logits held while a copy of the finished rows is sampled, as
     managers/batch_runner.py does): within the whole term (mem_plan/sizes.py). The decode figure is also at least
-    the logits + logprobs + multinomial noise the term itemises, so the measurement sees the draw.
+    the logits + logprobs + draw noise the term itemises, so the measurement sees the draw. Both the CPU path and
+    the device path (topk_topp.FORCE_DEVICE_PATH on CPU tensors); the latter's figure includes one seeded row's
+    host draw (V floats, host memory on a GPU).
   * seeds: a seeded request's tokens are torch.multinomial's draws, with torch.Generator().manual_seed(seed), over
     the probabilities of the definition computed here in float64 with a full sort (softmax of logits / T, top-k,
-    top-p, min-p) -- the same tokens, step after step.
+    top-p, min-p) -- the same tokens, step after step, on both paths (the sampler races the probabilities with the
+    generator's Exp(1) noise, as torch.multinomial does for one sample).
 """
 
+import pytest
 import torch
 from alloc_peak import peak_alloc_bytes
 
@@ -46,11 +50,14 @@ def every_feature_batch() -> list:
     return reqs
 
 
-def test_peak_within_the_planned_sampler_term(monkeypatch):
+@pytest.mark.parametrize("device_path", [False, True])
+def test_peak_within_the_planned_sampler_term(monkeypatch, device_path):
     def no_fallback(*args):
         raise AssertionError("a row fell back to the full sort")
 
     monkeypatch.setattr(topk_topp, "_by_sort_", no_fallback)
+    # the device path on CPU tensors (the CPU path's shortcuts off): what a GPU allocates, host rows aside
+    monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", device_path)
     reqs = every_feature_batch()
     logits = torch.randn(BATCH, VOCAB, generator=torch.Generator().manual_seed(0)) * 4
     sample(logits.clone(), reqs)  # warm-up: first-call allocations are not the sampler's
@@ -60,7 +67,8 @@ def test_peak_within_the_planned_sampler_term(monkeypatch):
     prefill = logits_bytes + peak_alloc_bytes(lambda: sample(fwd[list(range(BATCH))], reqs))
     per_slot = sampler_bytes_per_slot(VOCAB)
     entries = BATCH * VOCAB
-    print(f"sampler peak per vocabulary entry: decode {decode / entries:.2f} B, prefill {prefill / entries:.2f} B; "
+    print(f"{'device' if device_path else 'CPU'} path: sampler peak per vocabulary entry: decode "
+          f"{decode / entries:.2f} B, prefill {prefill / entries:.2f} B; "
           f"planned {per_slot / VOCAB:.2f} B per slot and entry (the fixed {sampler_fixed_bytes(VOCAB):,} B "
           "serves rows that fall back to a full sort: none here)")
     prefill_item = BATCH * VOCAB * SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY
@@ -85,7 +93,9 @@ def reference_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     return out
 
 
-def test_seeded_tokens_are_the_seeded_multinomial_of_the_definition():
+@pytest.mark.parametrize("device_path", [False, True])
+def test_seeded_tokens_are_the_seeded_multinomial_of_the_definition(monkeypatch, device_path):
+    monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", device_path)
     g = torch.Generator().manual_seed(1)
     for seed, sp_dict in ((11, dict(temperature=0.7)), (12, dict(temperature=1.3, top_k=50, top_p=0.95)),
                           (13, dict(temperature=0.9, top_p=0.8, min_p=0.05))):

@@ -2,13 +2,16 @@
 of each row written here independently:
   * the same kept token sets (and untouched kept probabilities) for peaked and flat rows, every mix of k / p / min-p,
     rows settled by the candidates and rows that fall back to the full sort, vocabularies smaller than the candidate
-    count, and ties at the cut (same count kept, every strictly larger token kept, the rest from the tied ones);
-  * frequencies: tokens drawn through sampler.sample() with fixed seeds follow the reference's renormalised
-    distribution (total-variation distance within a sampling tolerance);
+    count, and ties at the cut (same count kept, every strictly larger token kept, the rest from the tied ones) --
+    on the CPU path and on the device path (FORCE_DEVICE_PATH: the rows that may fall back are all sorted, the
+    sorted cut kept where the row is unsettled), and the two paths return identical tensors;
+  * frequencies: tokens drawn through sampler.sample(), seeded per request or from the global generator, on both
+    paths, follow the reference's renormalised distribution (total-variation distance within a sampling tolerance);
   * memory: the filter's peak allocation (torch profiler, CPU: alloc_peak.py) stays within what mem_plan/sizes.py
     charges for it, where a full sort of every row needs an order of magnitude more.
 """
 
+import pytest
 import torch
 from alloc_peak import peak_alloc_bytes
 
@@ -67,25 +70,45 @@ def _check_sets(probs: torch.Tensor, params) -> None:
         assert torch.equal(got[i][list(kept)], probs[i][list(kept)])  # kept probabilities untouched
 
 
-def test_same_token_sets_as_the_full_sort():
+@pytest.fixture(params=["cpu_path", "device_path"])
+def path(request, monkeypatch):
+    monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", request.param == "device_path")
+    return request.param
+
+
+def test_same_token_sets_as_the_full_sort(path):
     for vocab, seed in ((49152, 0), (300, 1), (1024, 2), (1500, 3)):
         _check_sets(_rows(len(PARAMS), vocab, seed), PARAMS)
 
 
-def test_rows_past_the_candidates_fall_back_to_the_sort(monkeypatch):
+def test_device_path_equals_cpu_path(monkeypatch):
+    for vocab, seed in ((49152, 0), (1500, 3), (32768, 5)):
+        probs = _rows(len(PARAMS), vocab, seed)
+        ks, ps, ms = zip(*PARAMS)
+        cpu = filter_probs_(probs.clone(), ks, ps, ms)
+        monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", True)
+        assert torch.equal(filter_probs_(probs.clone(), ks, ps, ms), cpu)
+        monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", False)
+
+
+def test_rows_past_the_candidates_fall_back_to_the_sort(monkeypatch, path):
     sorted_rows = []
     by_sort = topk_topp._by_sort_
-    monkeypatch.setattr(topk_topp, "_by_sort_", lambda probs, rows, ks, ps: (sorted_rows.extend(rows),
-                                                                              by_sort(probs, rows, ks, ps)))
+    monkeypatch.setattr(topk_topp, "_by_sort_", lambda probs, rows, *a: (sorted_rows.extend(rows),
+                                                                          by_sort(probs, rows, *a)))
     probs = _rows(8, 32768, 5)  # rows 0, 1, 4: the 0.9 mass spreads over more than the candidates
     params = [(-1, 0.9, 0.0), (-1, 0.9, 0.0), (-1, 0.9, 0.0), (-1, 0.9, 0.0),
               (-1, 0.9, 0.0), (100, 0.9, 0.0), (-1, 1.0, 0.0), (-1, 0.999, 0.1)]
     _check_sets(probs, params)
     assert {0, 1, 4} <= set(sorted_rows)  # the flat rows with no top-k bound
-    assert not {3, 5, 6} & set(sorted_rows)  # a peaked row, top-k <= candidates, an unfiltered row
+    assert not {5, 6} & set(sorted_rows)  # top-k <= candidates, an unfiltered row: never sorted
+    if path == "cpu_path":
+        assert 3 not in sorted_rows  # a peaked row, settled by its candidates
+    else:
+        assert sorted(sorted_rows) == [0, 1, 2, 3, 4, 7]  # every row that may be unsettled, kept where it is
 
 
-def test_ties_at_the_cut():
+def test_ties_at_the_cut(path):
     vocab = 4096
     probs = torch.full((2, vocab), 0.5 / (vocab - 2))
     probs[:, :2] = 0.25  # two large, then a plateau of equal probabilities
@@ -99,18 +122,21 @@ def test_ties_at_the_cut():
 
 
 class _Req:
-    def __init__(self, seed: int, **kw):
+    def __init__(self, seed, **kw):
         self.sampling_params = SamplingParams(**kw)
         self.output_ids, self.stop_token_ids, self.fill_ids = [1], set(), [1]
         self.return_logprob, self.top_logprobs_num, self.grammar = False, 0, None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
 
-def test_frequencies_match_the_reference_distribution():
+@pytest.mark.parametrize("seeded", [True, False])
+def test_frequencies_match_the_reference_distribution(path, seeded):
+    # seeded: each request's own generator (Exp(1) noise from it); unseeded: the global one (-log(U) noise)
+    torch.manual_seed(0)
     vocab, draws = 64, 3000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * 2
     for kw in (dict(top_p=0.8), dict(top_k=12), dict(top_k=20, top_p=0.7, min_p=0.05), dict(min_p=0.2)):
-        reqs = [_Req(1000 + i, temperature=0.9, **kw) for i in range(draws)]
+        reqs = [_Req(1000 + i if seeded else None, temperature=0.9, **kw) for i in range(draws)]
         tokens = sample(logits.repeat(draws, 1), reqs).next_token_ids
         probs = torch.softmax(logits / 0.9, dim=-1)
         sp = reqs[0].sampling_params
@@ -123,7 +149,7 @@ def test_frequencies_match_the_reference_distribution():
         assert tv < 0.06, (kw, tv)  # E[TV] ~ 0.02-0.04 for <= 30 tokens at 3000 draws
 
 
-def test_filter_memory_within_the_planned_bytes():
+def test_filter_memory_within_the_planned_bytes(path):
     batch, vocab = 16, 65536
     per_slot = vocab * SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY + SAMPLER_TOPK_CANDIDATES * SAMPLER_BYTES_PER_CANDIDATE
     probs = _rows(batch, vocab, 11)

@@ -12,20 +12,47 @@ How, without the sort (memory per row, sizes.py):
   2. a row is settled by its candidates when its cut falls inside them: it keeps fewer than C, or k <= C, or C = V.
      Its kept candidates go into a bool mask [B, V] that zeroes every other probability in place.
   3. a row whose cut lies beyond its C most likely tokens (top-p over a flat distribution with k > C, e.g. a high
-     temperature) is filtered by the full sort, SAMPLER_SORT_FALLBACK_ROWS rows at a time: rare, exact, and its
-     scratch is a fixed term of the plan instead of a per-slot one.
+     temperature; or top-k with C < k < V) is filtered by the full sort, SAMPLER_SORT_FALLBACK_ROWS rows at a time:
+     exact, and its scratch is a fixed term of the plan instead of a per-slot one. Which rows are unsettled is a
+     device value; the host knows the rows that may be (filtered, k > C, C < V). On a device each of those is
+     sorted and its sorted cut applied only where the row is unsettled (a settled row is written back unchanged):
+     no host read. On the CPU, where reading the flags waits for nothing, only the unsettled rows are sorted.
   4. min-p: a threshold compare, in place.
 Ties at the cut: a sort and torch.topk may order equal probabilities differently; both keep exactly n tokens, and
 which of the tied ones is kept is arbitrary in either (the same token sets are allowed).
+Device discipline: no read of a device value by the host and no op whose output shape depends on device values on
+the device path; host lists reach the device through to_device() (test_sampler_device_discipline.py).
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
 from sglang.srt.mem_plan.sizes import SAMPLER_SORT_FALLBACK_ROWS, SAMPLER_TOPK_CANDIDATES
+
+
+# Tests set this to run the device path on CPU tensors: both paths must return the same result.
+FORCE_DEVICE_PATH = False
+
+
+def on_host(device: torch.device) -> bool:
+    """True for CPU tensors (unless the device path is forced): the device is the host, so reading values waits for
+    nothing (CPU-only shortcuts may branch on them) and host data needs no copy."""
+    return device.type == "cpu" and not FORCE_DEVICE_PATH
+
+
+def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host values (a list, or a CPU tensor) as a `dtype` tensor on `device`. To CUDA through pinned memory with
+    non_blocking: a copy from pageable memory would make the host wait for the stream."""
+    pin = device.type == "cuda"
+    if isinstance(data, torch.Tensor):
+        t = data.to(dtype)
+        t = t.pin_memory() if pin else t
+    else:
+        t = torch.tensor(data, dtype=dtype, pin_memory=pin)
+    return t if device.type == "cpu" else t.to(device, non_blocking=pin)
 
 
 def _neutral_k(k: int, vocab: int) -> int:
@@ -42,51 +69,59 @@ def keep_sorted_prefix(sorted_probs: torch.Tensor, ks: torch.Tensor, ps: torch.T
     return keep
 
 
-def _by_sort_(probs: torch.Tensor, rows: List[int], ks: torch.Tensor, ps: torch.Tensor) -> None:
-    """The definition itself, for the rows whose cut lies past the candidates, a few rows at a time."""
+def _by_sort_(probs: torch.Tensor, rows: List[int], ks: torch.Tensor, ps: torch.Tensor,
+              settled: Optional[torch.Tensor] = None) -> None:
+    """The definition itself on probs[rows], SAMPLER_SORT_FALLBACK_ROWS rows at a time. settled: bool [B] on the
+    device, True where the candidates already filtered the row (it is written back unchanged), or None: every row
+    in `rows` is unsettled."""
     for start in range(0, len(rows), SAMPLER_SORT_FALLBACK_ROWS):
-        chunk = torch.tensor(rows[start:start + SAMPLER_SORT_FALLBACK_ROWS], device=probs.device)
-        sub = probs[chunk]
+        chunk = to_device(rows[start:start + SAMPLER_SORT_FALLBACK_ROWS], torch.int64, probs.device)
+        sub = probs.index_select(0, chunk)
         sorted_probs, order = sub.sort(dim=-1, descending=True)
-        sorted_probs.masked_fill_(~keep_sorted_prefix(sorted_probs, ks[chunk], ps[chunk]), 0.0)
-        probs[chunk] = sub.scatter_(1, order, sorted_probs)
+        keep = keep_sorted_prefix(sorted_probs, ks.index_select(0, chunk), ps.index_select(0, chunk))
+        if settled is not None:
+            keep.logical_or_(settled.index_select(0, chunk).view(-1, 1))
+        sorted_probs.masked_fill_(keep.logical_not_(), 0.0)
+        del keep
+        probs.index_copy_(0, chunk, sub.scatter_(1, order, sorted_probs))
 
 
 def top_k_top_p_(probs: torch.Tensor, top_ks: Sequence[int], top_ps: Sequence[float]) -> torch.Tensor:
     """Zero, in place, what top-k and top-p drop from probs fp32 [B, V] (rows summing to 1). Returns probs."""
     batch, vocab = probs.shape
     k_list = [_neutral_k(k, vocab) for k in top_ks]
-    active = [i for i in range(batch) if k_list[i] < vocab or top_ps[i] < 1.0]
-    if not active:
+    active = [k < vocab or p < 1.0 for k, p in zip(k_list, top_ps)]
+    if not any(active):
         return probs
     device = probs.device
-    ks = torch.tensor(k_list, dtype=torch.int64, device=device).view(-1, 1)
-    ps = torch.tensor(list(top_ps), dtype=probs.dtype, device=device).view(-1, 1)
+    ks = to_device(k_list, torch.int64, device).view(-1, 1)
+    ps = to_device(list(top_ps), probs.dtype, device).view(-1, 1)
     num_cand = min(vocab, SAMPLER_TOPK_CANDIDATES)
     cand_probs, cand_ids = probs.topk(num_cand, dim=-1, sorted=True)  # [B, C]
     keep = keep_sorted_prefix(cand_probs, ks, ps)
     del cand_probs
-    num_kept = keep.sum(dim=-1)
-    settled = (num_kept < num_cand) | (ks.view(-1) <= num_cand) | (num_cand == vocab)
-    is_active = torch.zeros(batch, dtype=torch.bool, device=device)
-    is_active[active] = True
-    by_candidates = settled & is_active
+    # the cut falls inside the candidates; with k <= C or C = V it always does
+    settled = (keep.sum(dim=-1) < num_cand) | (ks.view(-1) <= num_cand)
     # the kept candidates of settled rows; every token of the other rows (left to the sort, or not filtered)
     keep_mask = torch.zeros_like(probs, dtype=torch.bool)
     keep_mask.scatter_(1, cand_ids, keep)
     del cand_ids, keep
-    keep_mask[~by_candidates] = True
+    by_candidates = settled & to_device(active, torch.bool, device)
+    keep_mask.masked_fill_(by_candidates.logical_not_().view(-1, 1), True)
     probs.masked_fill_(keep_mask.logical_not_(), 0.0)
     del keep_mask
-    unsettled = (~settled & is_active).nonzero().view(-1).tolist()
-    if unsettled:
-        _by_sort_(probs, unsettled, ks, ps)
+    maybe = [i for i in range(batch) if active[i] and k_list[i] > num_cand] if num_cand < vocab else []
+    if maybe and on_host(device):
+        flags = settled.tolist()
+        _by_sort_(probs, [i for i in maybe if not flags[i]], ks, ps)
+    elif maybe:
+        _by_sort_(probs, maybe, ks, ps, settled)
     return probs
 
 
 def min_p_(probs: torch.Tensor, min_ps: Sequence[float]) -> torch.Tensor:
     """Zero, in place, probabilities below min_p x the row's largest one. Returns probs."""
-    m = torch.tensor(list(min_ps), dtype=probs.dtype, device=probs.device).view(-1, 1)
+    m = to_device(list(min_ps), probs.dtype, probs.device).view(-1, 1)
     return probs.masked_fill_(probs < probs.max(dim=-1, keepdim=True).values * m, 0.0)
 
 
