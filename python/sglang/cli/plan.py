@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Optional
 
+from sglang.srt.layers.attention.backend_resolution import GPU_EXTRAS, BackendChoice, resolve_attention_backend
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
@@ -76,6 +77,15 @@ def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
     return sa, ns
 
 
+def plan_attention_backend(sa: ServerArgs, gpu) -> BackendChoice:
+    """The backend a server on this hardware resolves to, by the server's own function: on a GPU preset, assuming
+    the GPU's extra is installed (it brings the vendor library); on a CPU, the CPU default."""
+    if gpu is None:
+        return resolve_attention_backend(sa.attention_backend, "cpu")
+    return resolve_attention_backend(sa.attention_backend, gpu.platform, installed=lambda module: True,
+                                     installed_note=f"as a server installed with `pip install \"{GPU_EXTRAS[gpu.platform]}\"`")
+
+
 def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
     if ns.gpu is not None:
         gpu = get_gpu_preset(ns.gpu)
@@ -84,7 +94,7 @@ def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
 
     free = int(ns.total_memory_gb * GiB) if ns.total_memory_gb is not None else cpu_available_bytes()
     fused = False
-    if (sa.attention_backend or "torch_native") == "torch_native":  # ask this machine's CPU kernels, as the server
+    if sa.attention_backend == "torch_native":  # ask this machine's CPU kernels, as the server
         from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
         from sglang.srt.mem_plan.dtypes import torch_dtype
 
@@ -189,15 +199,18 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     """Returns (exit status, JSON-able result, text report)."""
     sa, ns = parse_args(argv)
     gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
-    if gpu is not None and sa.attention_backend is None:
-        sa.attention_backend = gpu.default_attention_backend  # the preset's vendor backend
+    try:
+        choice = plan_attention_backend(sa, gpu)
+    except ValueError as e:  # a backend this platform cannot run: the server refuses it too
+        build_parser().error(str(e))
+    sa.attention_backend = choice.name
     try:
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
     except ValueError as e:  # a flag combination the server would refuse too (e.g. --quantization gguf on safetensors)
         build_parser().error(str(e))
     device = device_facts(sa, ns, model)
     inputs = plan_inputs(sa, ns, model, device)
-    backend = sa.attention_backend or "torch_native"
+    backend = choice.name
     shape = model.shape
     header = {
         "model": _model_name(path), "model_type": shape.text.model_type, "num_params": shape.num_params,
@@ -205,7 +218,7 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         "gpu_memory_total_mib": gpu.memory_total_mib if gpu else None,
         "pre_load_free_bytes": device.pre_load_free_bytes, "tp_size": sa.tp_size, "dp_size": sa.dp_size,
         "context_len": model.context_len,
-        "attention_backend": backend, "kv_cache_dtype": sa.kv_cache_dtype, "kv_cell_bytes": inputs.kv_cell_bytes,
+        "attention_backend": backend, "attention_backend_reason": choice.reason, "kv_cache_dtype": sa.kv_cache_dtype, "kv_cell_bytes": inputs.kv_cell_bytes,
     }
     where = (f"{gpu.name} x tp={sa.tp_size}" if gpu else f"CPU ({gib(device.pre_load_free_bytes):.2f} GiB available)")
     if sa.dp_size > 1:  # the plan below is one replica's (memory flags are per replica; CPU RAM is shared: / dp)
@@ -213,7 +226,7 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     lines = [
         f"sglang plan: {header['model']} ({shape.text.model_type}, {shape.num_params / 1e9:.2f}B params, "
         f"{model.dtype}) on {where}",
-        f"  context {model.context_len:,} | attention {backend} | kv cache {sa.kv_cache_dtype} "
+        f"  context {model.context_len:,} | attention {backend} ({choice.reason}) | kv cache {sa.kv_cache_dtype} "
         f"({inputs.kv_cell_bytes:,} B/token/rank) | page {inputs.page_size}",
         f"  budget: {gib(inputs.pre_load_free_bytes):.2f} GiB pre-load free per rank"
         + (f" (memory.total {gpu.memory_total_mib:,} MiB; typical free before load)" if gpu else ""),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 from dataclasses import dataclass, field
@@ -289,6 +290,11 @@ class ServerArgs:
             raise ValueError(f"--dist-init-addr {self.dist_init_addr!r}: use host:port.")
         if not (0 < self.port < 65536):
             raise ValueError(f"--port must be in 1..65535, got {self.port}.")
+        if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+            # an extra, not a base dependency (python/pyproject.toml says why): refused here, not at a request
+            raise ValueError("--grammar-backend xgrammar (the default) needs the xgrammar package, which is not "
+                             "installed: install the runtime with `bash scripts/install.sh` or `pip install -e "
+                             "\"python[cpu]\"` (\"python[cuda]\" on NVIDIA), or start with --grammar-backend none.")
 
     # ------------------------------------------------------------------ CLI
     @staticmethod

@@ -6,6 +6,7 @@ interpreted work runs in a child process whose environment has TRITON_INTERPRET=
 JSON line that the test reads. Not a test file (run_suite collects test_*.py only).
 
     python interpreted_run.py kernels            -> {case: max abs error}
+    python interpreted_run.py page_ids           -> {case: [page ids from the kernel]} (page_id_cases.py)
     python interpreted_run.py engine '<json>'    -> run_engine(**json)
 """
 
@@ -87,6 +88,10 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)
     if sys.argv[1] == "kernels":
         result = kernel_errors()
+    elif sys.argv[1] == "page_ids":
+        from page_id_cases import kernel_page_ids
+
+        result = kernel_page_ids()
     else:
         result = run_engine(**json.loads(sys.argv[2]))
     print(RESULT_PREFIX + json.dumps(result), flush=True)

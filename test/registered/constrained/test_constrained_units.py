@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sglang.srt.constrained.grammar_cache import GrammarCache
-from sglang.srt.constrained.logits_mask import _add_bitmask_, apply_grammar_mask_, apply_logit_bias_
+from sglang.srt.constrained.logits_mask import _mask_rows_, apply_grammar_mask_, apply_logit_bias_
+from sglang.srt.constrained.token_bitmask import TokenBitmask
 from sglang.srt.constrained.request_grammar import GrammarRejectedToken, RequestGrammar
 from sglang.srt.sampling.sampler import sample
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -100,7 +101,7 @@ def test_batch_mask_matches_brute_force_and_leaves_free_rows(compiler):
     reqs.insert(1, FakeReq(None))  # an unconstrained row in the middle
     logits = torch.randn(len(reqs), len(VOCAB))
     before = logits.clone()
-    bitmask = torch.zeros(8, xgr.get_bitmask_shape(1, len(VOCAB))[1], dtype=torch.int32)
+    bitmask = TokenBitmask(8, len(VOCAB))
     apply_grammar_mask_(logits, reqs, bitmask)
     assert torch.equal(logits[1], before[1])
     for row, (rx, pre) in zip((0, 2, 3), zip(regexes, prefixes)):
@@ -133,7 +134,7 @@ def test_rows_filled_during_the_forward_are_used_once_and_only_where_still_exact
 
     def check(batch):
         logits = torch.randn(len(batch), len(VOCAB))
-        apply_grammar_mask_(logits, batch, filler.bitmask)
+        apply_grammar_mask_(logits, batch, TokenBitmask.on_host(filler.bitmask))
         for row, req in enumerate(batch):
             if req.grammar is None:
                 assert torch.isfinite(logits[row]).all()
@@ -174,7 +175,7 @@ def test_byte_table_mask_equals_xgrammars_kernel(vocab):
     logits = torch.randn(5, vocab, generator=gen)
     for rows in ([0, 1, 2, 3, 4], [1, 3]):
         ours, ref = logits.clone(), logits.clone()
-        _add_bitmask_(ours, bitmask, rows, 5)
+        _mask_rows_(ours, bitmask[:5], rows)
         xgr.apply_token_bitmask_inplace(ref, bitmask[:5], vocab_size=vocab, indices=rows)
         assert torch.equal(ours, ref)
         untouched = [i for i in range(5) if i not in rows]
@@ -184,8 +185,7 @@ def test_byte_table_mask_equals_xgrammars_kernel(vocab):
 def test_dead_row_gets_a_uniform_choice_among_allowed(compiler):
     g, _ = grammar_of(compiler, "yes|no")
     logits = torch.full((1, len(VOCAB)), float("-inf"))
-    bitmask = torch.zeros(1, 1, dtype=torch.int32)
-    apply_grammar_mask_(logits, [FakeReq(g)], bitmask)
+    apply_grammar_mask_(logits, [FakeReq(g)], TokenBitmask(1, len(VOCAB)))
     assert {t for t in range(len(VOCAB)) if logits[0, t] == 0.0} == {11, 12}
 
 
@@ -201,7 +201,7 @@ def test_sampler_output_is_always_accepted_and_grammar_terminates(compiler, temp
     torch.manual_seed(1)
     g, released = grammar_of(compiler, "(ab|a)+b")
     req = FakeReq(g, temperature=temperature)
-    bitmask = torch.zeros(4, 1, dtype=torch.int32)
+    bitmask = TokenBitmask(4, len(VOCAB))
     text = ""
     for _ in range(40):
         tok = sample(torch.randn(1, len(VOCAB)), [req], bitmask).next_token_ids[0]
@@ -241,12 +241,19 @@ def test_plan_term_is_bitmask_rows_plus_cache_budget_and_backend_allocates_it():
     assert off.bytes_of("grammar") == 0
     assert plan.max_total_num_tokens < off.max_total_num_tokens  # the term is charged against the KV pool
     backend = GrammarBackend(None, vocab, [0], plan.max_running_requests, grammar_cache_budget_bytes(64))
-    assert backend.bitmask.nbytes == per_slot * plan.max_running_requests
+    assert backend.bitmask.device_bytes() == per_slot * plan.max_running_requests
+    assert backend.planned_bytes() == plan.bytes_of("grammar")  # on a CPU the cache budget is planned memory too
     backend.shutdown()
+    # on a GPU (the meta device stands in) the plan charges the device rows only: the cache and the host rows live
+    # in host memory
+    gpu = GrammarBackend(None, vocab, [0], 64, grammar_cache_budget_bytes(64), device="meta")
+    assert gpu.bitmask.device.device.type == "meta" and gpu.bitmask.host.device.type == "cpu"
+    assert gpu.planned_bytes() == per_slot * 64
+    gpu.shutdown()
 
 
 def test_build_inputs_declare_the_term_only_with_a_backend():
-    from sglang.srt.mem_plan.build import grammar_terms
+    from sglang.srt.mem_plan.build import DeviceFacts, grammar_terms
     from sglang.srt.server_args import ServerArgs
 
     class Facts:
@@ -254,8 +261,10 @@ def test_build_inputs_declare_the_term_only_with_a_backend():
             class text:
                 vocab_size = 1000
 
-    assert grammar_terms(ServerArgs(grammar_cache_mb=3), Facts) == (128, 3 * 2**20)
-    assert grammar_terms(ServerArgs(grammar_backend="none"), Facts) == (0, 0)
+    cpu, gpu = DeviceFacts("cpu", 8 << 30), DeviceFacts("cuda", 80 << 30)
+    assert grammar_terms(ServerArgs(grammar_cache_mb=3), Facts, cpu) == (128, 3 * 2**20)
+    assert grammar_terms(ServerArgs(grammar_cache_mb=3), Facts, gpu) == (128, 0)  # compiled grammars: host memory
+    assert grammar_terms(ServerArgs(grammar_backend="none"), Facts, cpu) == (0, 0)
 
 
 # ---------------------------------------------------------------------- edge checks
@@ -280,3 +289,17 @@ def test_edge_refuses_bad_grammars_and_a_disabled_backend():
         with pytest.raises(RequestError) as ei:
             tok.tokenize_request(input_ids=[1, 2], sampling_params=dict(sp, max_new_tokens=4))
         assert ei.value.status_code == 400 and ei.value.param == param and words in ei.value.message, ei.value.message
+
+
+def test_default_grammar_backend_needs_xgrammar_installed(monkeypatch):
+    """xgrammar is an extra (python/pyproject.toml): without it the default --grammar-backend is refused at startup
+    with the install command, instead of failing the first structured request; --grammar-backend none still starts."""
+    import importlib.util
+
+    from sglang.srt.server_args import ServerArgs
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a))
+    with pytest.raises(ValueError, match=r"needs the xgrammar package.*scripts/install.sh.*--grammar-backend none"):
+        ServerArgs()
+    assert ServerArgs(grammar_backend="none").grammar_backend == "none"

@@ -97,7 +97,9 @@ def test_which_runs_get_graphs():
     assert graph_bs(gpu, attention_backend="triton") > 0
     assert graph_bs(gpu, attention_backend="flashinfer", cuda_graph_max_bs=24) == 24
     assert graph_bs(gpu, attention_backend="triton", disable_cuda_graph=True) == 0
-    assert graph_bs(gpu) == graph_bs(gpu, attention_backend="aiter") == 0  # no graph decode path
+    assert graph_bs(gpu, attention_backend="torch_native") == graph_bs(gpu, attention_backend="aiter") == 0
+    with pytest.raises(ValueError, match="must be resolved"):  # a GPU plan never guesses the backend
+        graph_bs(gpu)
     assert graph_bs(cpu, attention_backend="triton", cuda_graph_max_bs=8) == 0
     runner = ModelRunnerKVCacheMixin()  # what /server_info reports on a CPU
     runner.device, runner.server_args = "cpu", ServerArgs()
@@ -114,10 +116,10 @@ class FakeBackend:
     def __init__(self):
         self.calls = []
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu):
+    def init_forward_metadata_capture_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu, rows_cpu=None):
         self.calls.append(("capture", bs, list(seq_lens_cpu)))
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu):
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens_cpu, rows_cpu=None):
         self.calls.append(("replay", bs, list(seq_lens_cpu)))
 
 

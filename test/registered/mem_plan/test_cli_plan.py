@@ -58,7 +58,9 @@ class TestPlanCommand(unittest.TestCase):
         self.assertEqual(mi355x["plan"]["chunked_prefill_size"], 16384)
         ws = {t["name"]: t["num_bytes"] for t in mi355x["plan"]["terms"]}["attention_workspace"]
         # fixed: 3 int32 indptr entries + the two fp32 K/V scales; per slot: PR #18263's H * P * (4d + 8) + indptrs
-        self.assertEqual(ws, 12 + 8 + (32 * 512 * 520 + 12) * mi355x["plan"]["max_running_requests"])
+        # + a context of int32 token slots (the planned kv_indices buffer)
+        per_slot = 32 * 512 * 520 + 12 + 4 * mi355x["context_len"]
+        self.assertEqual(ws, 12 + 8 + per_slot * mi355x["plan"]["max_running_requests"])
 
     def test_qwen3_moe_on_three_gpus(self):
         for gpu in ("h100-80gb", "h200", "mi355x"):

@@ -3,7 +3,12 @@
 import unittest
 
 from sglang.srt.mem_plan import KVCellSpec, kv_dtype_bytes, req_to_token_bytes
-from sglang.srt.mem_plan.backends import AttentionShape, aiter_decode_workspace_per_req_bytes, workspace_spec
+from sglang.srt.mem_plan.backends import (
+    AttentionShape,
+    BackendInputs,
+    aiter_decode_workspace_per_req_bytes,
+    workspace_spec,
+)
 from sglang.srt.mem_plan.budget import default_safety_margin_bytes
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
 from sglang.srt.mem_plan.tiers import classic_auto_mem_fraction, tier_defaults, upstream_mem_fraction
@@ -56,7 +61,7 @@ class TestTiers(unittest.TestCase):
             self.assertLess(p.pre_load_free_bytes, p.memory_total_bytes)
         self.assertEqual(get_gpu_preset("H100").memory_total_mib, 81559)
         self.assertEqual(get_gpu_preset("mi355x").pre_load_free_gib, 287.18)
-        self.assertEqual(get_gpu_preset("mi355x").default_attention_backend, "aiter")
+        self.assertEqual(get_gpu_preset("mi355x").platform, "rocm")
         self.assertEqual(len(GPU_PRESETS), 11)
         with self.assertRaises(KeyError):
             get_gpu_preset("tpu-v5")
@@ -98,14 +103,18 @@ class TestWorkspaces(unittest.TestCase):
         # PR #36563 consistency checks
         self.assertEqual(2048 * aiter_decode_workspace_per_req_bytes(8, 128, 131072), int(4.0625 * GiB))
         self.assertEqual(4096 * aiter_decode_workspace_per_req_bytes(16, 192, 262144), int(48.5 * GiB))
-        # MLA: no decode workspace, only the (R + 1) int32 indptr buffers
+        # MLA: no decode workspace, only the (R + 1) int32 indptr buffers and a full context of int32 token slots
         mla = workspace_spec("aiter", AttentionShape(128, 576, 131072, v_head_dim=512, is_mla=True))
-        self.assertEqual((mla.fixed_bytes, mla.per_req_bytes), (12, 12))
+        self.assertEqual((mla.fixed_bytes, mla.per_req_bytes), (12, 3 * 4 + 131072 * 4))
 
     def test_flashinfer(self):
         ws = workspace_spec("flashinfer", AttentionShape(32, 128, 131072, architectures=("LlamaForCausalLM",)))
         self.assertEqual(ws.fixed_bytes - 12, 384 * MiB + 8 * MiB)  # float + int (plan-info) workspaces
-        self.assertEqual(256 * ws.per_graph_bs_bytes, GiB // 8)  # 256 x 131072 x 4 B = 0.125 GiB
+        # per slot: 3 int32 indptr entries + one context of int32 page ids (page size 1: 131072 x 4 B = 0.5 MiB),
+        # the buffer every batch's page ids go to, graphs included (so nothing per graph batch)
+        self.assertEqual((ws.per_req_bytes, ws.per_graph_bs_bytes), (3 * 4 + 131072 * 4, 0))
+        paged = workspace_spec("flashinfer", BackendInputs(AttentionShape(32, 128, 131072), 0, page_size=16))
+        self.assertEqual(paged.per_req_bytes, 3 * 4 + 131072 // 16 * 4)
         qwen = workspace_spec("flashinfer", AttentionShape(32, 128, 131072, architectures=("Qwen3MoeForCausalLM",)))
         self.assertEqual(qwen.fixed_bytes - 12, 512 * MiB + 8 * MiB)
 

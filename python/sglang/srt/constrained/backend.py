@@ -1,7 +1,7 @@
 """GrammarBackend: the scheduler's side of constrained decoding (xgrammar) for one tokenizer.
 
-Holds the compiled-grammar cache, the token bitmask buffer (allocated once, sized by the memory plan's grammar
-term) and the requests waiting for their grammar to compile. The scheduler calls:
+Holds the compiled-grammar cache (host memory), the token bitmask (token_bitmask.py: filled on the host, one device
+buffer sized by the memory plan's grammar term) and the requests waiting for their grammar to compile. The scheduler calls:
     hold(req)      a request with a grammar: start (or join) its compile; it waits here, not in the waiting queue
     pop_ready()    requests whose compile finished: ready ones get a matcher (req.grammar), failed ones an error
     remove(req)    an aborted request leaves the queue
@@ -22,21 +22,21 @@ from sglang.srt.constrained.bitmask_fill import BitmaskFiller
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
 from sglang.srt.constrained.request_grammar import RequestGrammar
-from sglang.srt.mem_plan.sizes import GRAMMAR_BITMASK_DTYPE, grammar_bitmask_words
+from sglang.srt.constrained.token_bitmask import TokenBitmask
 
 logger = logging.getLogger(__name__)
 
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], max_batch_rows: int,
-                 cache_budget_bytes: int, num_compile_threads: int = 1):
+                 cache_budget_bytes: int, num_compile_threads: int = 1, device: str = "cpu"):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(set(stop_token_ids))
-        # one row per request a batch can sample at once; int32 words, bit t % 32 of word t // 32 = token t
-        self.bitmask = torch.zeros(max_batch_rows, grammar_bitmask_words(vocab_size),
-                                   dtype=getattr(torch, GRAMMAR_BITMASK_DTYPE))
-        self.filler = BitmaskFiller(self.bitmask)  # a decode batch's rows, filled while its forward runs
+        self.device = torch.device(device)
+        # one row per request a batch can sample at once, filled on the host, masked with on the device
+        self.bitmask = TokenBitmask(max_batch_rows, vocab_size, self.device)
+        self.filler = BitmaskFiller(self.bitmask.host)  # a decode batch's rows, filled while its forward runs
         self._info_lock = threading.Lock()
         self._compiler = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
         self.cache = GrammarCache(self._compile, cache_budget_bytes, num_compile_threads)
@@ -117,17 +117,23 @@ class GrammarBackend:
                 "grammar_cache_entries": len(self.cache), "grammar_cache_bytes": self.cache.cached_bytes,
                 "grammar_compiles": self.cache.num_compiles, "grammar_cache_hits": self.cache.num_hits}
 
+    def planned_bytes(self) -> int:
+        """What this backend holds of the memory the plan covers (mem_plan/build.grammar_terms): the device bitmask,
+        and on a CPU, where the device is the host, the compiled-grammar cache budget too."""
+        cache = self.cache.budget_bytes if self.device.type == "cpu" else 0
+        return self.bitmask.device_bytes() + cache
+
     def shutdown(self) -> None:
         self.filler.shutdown()
         self.cache.shutdown()
 
 
 def build_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Optional[Sequence[int]],
-                          max_batch_rows: int) -> Optional[GrammarBackend]:
+                          max_batch_rows: int, device: str = "cpu") -> Optional[GrammarBackend]:
     """The scheduler's backend, or None with --grammar-backend none or without a tokenizer."""
     from sglang.srt.mem_plan.sizes import grammar_cache_budget_bytes
 
     if server_args.grammar_backend == "none" or tokenizer is None:
         return None
     return GrammarBackend(tokenizer, vocab_size, list(eos_token_ids or []), max_batch_rows,
-                          grammar_cache_budget_bytes(server_args.grammar_cache_mb))
+                          grammar_cache_budget_bytes(server_args.grammar_cache_mb), device=device)

@@ -1,10 +1,11 @@
 """What the sampler applies for structured output, to the whole batch at once: logit_bias, then the grammar bitmask.
 
 apply_logit_bias_     logits[i, id] += bias for every (id, bias) of row i's logit_bias
-apply_grammar_mask_   one bitmask row per constrained request (its matcher fills it, or the BitmaskFiller did during
-                      the forward: bitmask_fill.py), one masking call for the batch;
-                      a constrained row left with no finite allowed logit gets a uniform choice among its allowed
-                      tokens, so the grammar holds even then
+apply_grammar_mask_   one bitmask row per constrained request (its matcher fills the host row, or the BitmaskFiller
+                      did during the forward: bitmask_fill.py), one upload of the batch's rows to the logits' device
+                      (token_bitmask.py), one masking pass; a constrained row left with no finite allowed logit gets
+                      a uniform choice among its allowed tokens, so the grammar holds even then. Nothing here reads a
+                      device value on the host.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 import torch
+
+from sglang.srt.constrained.token_bitmask import TokenBitmask
 
 
 def has_grammar(req: Any) -> bool:
@@ -27,50 +30,62 @@ def apply_logit_bias_(logits: torch.Tensor, reqs: List[Any]) -> None:
             logits[i].index_add_(0, ids, vals)
 
 
-def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional[torch.Tensor]) -> None:
-    """logits: float32 [B, V]; bitmask: the preallocated int32 [>= B, ceil(V / 32)] buffer."""
+def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional[TokenBitmask]) -> None:
+    """logits: float32 [B, V] on the model's device; bitmask: the backend's TokenBitmask (>= B rows). No host sync:
+    the rows are filled on the host, uploaded once, and applied with device ops only."""
     rows = [i for i, r in enumerate(reqs) if has_grammar(r)]
     if not rows:
         return
-    assert bitmask is not None and bitmask.shape[0] >= len(reqs), "the grammar bitmask has a row per batch request"
+    assert bitmask is not None and bitmask.host.shape[0] >= len(reqs), "the grammar bitmask has a row per batch request"
+    host = bitmask.host
     filled = {}  # rows the BitmaskFiller filled during the forward, for this request at this position
     for filler in {reqs[i].grammar.filler for i in rows} - {None}:
         filled.update(filler.take())
     stale = [i for i in rows if filled.get(reqs[i].grammar) != (i, reqs[i].grammar.num_accepted)]
     filler = reqs[stale[0]].grammar.filler if stale else None
-    if len(stale) > 1 and filler is not None and filler.bitmask is bitmask \
+    if len(stale) > 1 and filler is not None and filler.bitmask is host \
             and all(reqs[i].grammar.filler is filler for i in stale):
         filler.fill([reqs[i].grammar for i in stale], stale)  # its worker thread and this one share the rows
     else:
         for i in stale:
-            reqs[i].grammar.fill_bitmask(bitmask, i)
-    _add_bitmask_(logits, bitmask, rows, len(reqs))
-    sub = logits if len(rows) == len(reqs) else logits[rows]
-    dead = [rows[j] for j in torch.nonzero(sub.amax(dim=1) == float("-inf")).view(-1).tolist()]
-    if dead:
-        logits[dead] = 0.0
-        _add_bitmask_(logits, bitmask, dead, len(reqs))
+            reqs[i].grammar.fill_bitmask(host, i)
+    _mask_rows_(logits, bitmask.upload(len(reqs)), rows)
 
 
 _BYTE_TO_ADDEND = {}  # device -> float32 [256, 8]: 0 where bit j of the byte allows the token, -inf where it bans it
 
 
-def _add_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: List[int], batch: int) -> None:
-    """logits[rows] += (0 where allowed, -inf where banned), from the packed bitmask rows (bit j of word w = token
-    32 w + j, xgrammar's layout; the words' bytes read little-endian). The logits are finite here (the sampler makes
-    them so after penalties; logit_bias is finite), so this equals xgrammar's apply_token_bitmask_inplace and costs
-    one byte-table lookup and one add: ~0.8 ms for 32 x 49,152 on two cores vs ~4.6 ms for xgrammar's CPU kernel."""
-    assert bitmask.shape[1] * 32 >= logits.shape[1], "the grammar bitmask covers the logits' vocabulary"
-    table = _BYTE_TO_ADDEND.get(logits.device)
+def _byte_table(device: torch.device) -> torch.Tensor:
+    table = _BYTE_TO_ADDEND.get(device)
     if table is None:
         bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-        table = torch.where(bits == 1, 0.0, float("-inf")).to(device=logits.device, dtype=torch.float32)
-        _BYTE_TO_ADDEND[logits.device] = table
-    every_row = len(rows) == batch
-    words = bitmask[:batch] if every_row else bitmask[rows]
-    byte_ids = words.contiguous().view(torch.uint8).reshape(-1).to(torch.int64)
-    addend = torch.index_select(table, 0, byte_ids).view(words.shape[0], -1)[:, : logits.shape[1]]
-    if every_row:
-        logits.add_(addend.to(logits.dtype))
-    else:
-        logits.index_add_(0, torch.tensor(rows, device=logits.device), addend.to(logits.dtype))
+        table = torch.where(bits == 1, 0.0, float("-inf")).to(device=device, dtype=torch.float32)
+        _BYTE_TO_ADDEND[device] = table
+    return table
+
+
+def bitmask_addend(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float32 [R, vocab_size]: 0 where the packed bitmask rows allow a token, -inf where they ban it (bit j of word
+    w = token 32 w + j, xgrammar's layout; the words' bytes read little-endian). One byte-table lookup: ~0.8 ms for
+    32 x 49,152 on two cores vs ~4.6 ms for xgrammar's CPU kernel."""
+    assert words.shape[1] * 32 >= vocab_size, "the grammar bitmask covers the logits' vocabulary"
+    byte_ids = words.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    table = _byte_table(words.device)
+    return torch.index_select(table, 0, byte_ids).view(words.shape[0], -1)[:, :vocab_size]
+
+
+def _mask_rows_(logits: torch.Tensor, words: torch.Tensor, rows: List[int]) -> None:
+    """logits[rows] += addend; a row the grammar leaves with no finite logit becomes the addend itself (a uniform
+    choice among its allowed tokens). Branch-free: which rows are dead is never read on the host. The logits are
+    finite here (the sampler makes them so; logit_bias is finite), so this equals xgrammar's
+    apply_token_bitmask_inplace on every row that keeps a finite logit."""
+    every_row = len(rows) == logits.shape[0]
+    index = None if every_row else torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+    sub = logits if every_row else logits.index_select(0, index)  # [R, V]
+    addend = bitmask_addend(words if every_row else words.index_select(0, index), logits.shape[1])
+    sub.add_(addend)
+    dead = sub.amax(dim=1, keepdim=True) == float("-inf")  # [R, 1]
+    sub.masked_fill_(dead, 0.0)
+    sub.add_(addend.masked_fill_(~dead, 0.0))  # dead rows: 0 + addend; the others: + 0
+    if not every_row:
+        logits.index_copy_(0, index, sub)

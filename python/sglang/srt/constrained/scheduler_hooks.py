@@ -24,11 +24,11 @@ def build_backend(sched: Any) -> Optional["GrammarBackend"]:
     from sglang.srt.constrained.backend import build_grammar_backend
 
     backend = build_grammar_backend(sched.server_args, sched.tokenizer, sched.model_config.vocab_size,
-                                    sched.model_config.eos_token_ids, sched.max_running_requests)
+                                    sched.model_config.eos_token_ids, sched.max_running_requests,
+                                    device=sched.model_runner.device)
     plan = getattr(sched.model_runner, "memory_plan", None)
-    if backend is not None and plan is not None:  # allocated == declared: the bitmask rows + the cache budget
-        allocated = backend.bitmask.nbytes + backend.cache.budget_bytes
-        assert allocated == plan.bytes_of("grammar"), (allocated, plan.term("grammar"))
+    if backend is not None and plan is not None:  # allocated == declared, on the plan's device
+        assert backend.planned_bytes() == plan.bytes_of("grammar"), (backend.planned_bytes(), plan.term("grammar"))
     return backend
 
 

@@ -80,11 +80,11 @@ def _build_extend(sched: "Scheduler", units: List[ExtendUnit]) -> ForwardBatch:
     out_loc: List[torch.Tensor] = []
     prefix_lens = [r.kv_len for r in reqs]
     seq_lens = [r.kv_len + n for r, n in units]
-    r2t = sched.memory.req_to_token_pool.req_to_token
+    pool = sched.memory.req_to_token_pool
     for r, n in units:
         input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + n])
         positions.extend(range(r.kv_len, r.kv_len + n))
-        out_loc.append(r2t[r.req_pool_idx, r.kv_len : r.kv_len + n])
+        out_loc.append(pool.slots(r.req_pool_idx, r.kv_len, r.kv_len + n))  # host rows: no device read
     return ForwardBatch(
         forward_mode=ForwardMode.EXTEND,
         batch_size=len(reqs),
@@ -94,6 +94,7 @@ def _build_extend(sched: "Scheduler", units: List[ExtendUnit]) -> ForwardBatch:
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
         out_cache_loc=torch.cat(out_loc),
         seq_lens_cpu=seq_lens,
+        req_pool_indices_cpu=[r.req_pool_idx for r in reqs],
         extend_prefix_lens_cpu=prefix_lens,
         extend_seq_lens_cpu=list(lens),
         extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64),
@@ -170,7 +171,7 @@ def run_extend(sched: "Scheduler", plan: PrefillPlan) -> None:
 
 # ====================================================================== decode
 def _build_decode(sched: "Scheduler", reqs: List[Req]) -> ForwardBatch:
-    r2t = sched.memory.req_to_token_pool.req_to_token
+    r2t = sched.memory.req_to_token_pool.req_to_token_host  # host rows: no device read
     rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
     positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
     seq_lens = [r.kv_len + 1 for r in reqs]
@@ -183,6 +184,7 @@ def _build_decode(sched: "Scheduler", reqs: List[Req]) -> ForwardBatch:
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
         out_cache_loc=r2t[rows, positions],
         seq_lens_cpu=seq_lens,
+        req_pool_indices_cpu=rows.tolist(),
         mm_inputs=None,
     )
 

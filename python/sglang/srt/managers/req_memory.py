@@ -4,14 +4,13 @@ Every KV page is in exactly one of three places:
     the allocator's free list | owned by an unfinished request (slots [prefix_len, alloc_len) of its row) |
     the radix cache (locked by requests that borrow it, or evictable)
 check_integrity() asserts free + owned + cached == total for KV pages, and free + held == total for request slots.
+Rows are read and written through the pool's host copy (ReqToTokenPool.read / write): nothing here waits for a device.
 rebuild_free_lists() is the repair after a fault: it recomputes both free lists from the holders and the cache.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, List, Optional, Tuple
-
-import torch
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -47,7 +46,7 @@ class ReqMemory:
             self.tree_cache.inc_lock_ref(node)
         req.req_pool_idx = self.req_to_token_pool.alloc()
         if prefix_slots:
-            self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(prefix_slots)] = torch.tensor(prefix_slots)
+            self.req_to_token_pool.write(req.req_pool_idx, 0, prefix_slots)
         req.kv_len = req.alloc_len = len(prefix_slots)
 
     def alloc(self, req: Req, num_new: int) -> Optional[List[int]]:
@@ -57,7 +56,7 @@ class ReqMemory:
         cur = req.alloc_len
         last = 0
         if self.page_size > 1 and cur:
-            last = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, cur - 1])
+            last = self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0]
         slots = self.allocator.alloc(cur, last, num_new)
         if slots is None and self.tree_cache is not None:
             need = self.allocator.pages_needed(cur, num_new) * self.page_size
@@ -65,7 +64,7 @@ class ReqMemory:
             slots = self.allocator.alloc(cur, last, num_new)
         if slots is None:
             return None
-        self.req_to_token_pool.req_to_token[req.req_pool_idx, cur : cur + num_new] = torch.tensor(slots)
+        self.req_to_token_pool.write(req.req_pool_idx, cur, slots)
         req.alloc_len = cur + num_new
         return slots
 
@@ -76,7 +75,7 @@ class ReqMemory:
         if req.req_pool_idx is None:
             return
         ps = self.page_size
-        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.alloc_len].tolist()
+        slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.alloc_len)
         if cache and self.tree_cache is not None:
             aligned = req.kv_len // ps * ps
             n_cached = self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned])
@@ -114,12 +113,11 @@ class ReqMemory:
         ps = self.page_size
         used_pages = set()
         rows = set()
-        r2t = self.req_to_token_pool.req_to_token
+        pool = self.req_to_token_pool
         for r in holders:
             rows.add(r.req_pool_idx)
-            used_pages.update(s // ps for s in r2t[r.req_pool_idx, r.prefix_len : r.alloc_len].tolist())
+            used_pages.update(s // ps for s in pool.read(r.req_pool_idx, r.prefix_len, r.alloc_len))
         if self.tree_cache is not None:
             used_pages.update(s // ps for s in self.tree_cache.all_slots())
         self.allocator.free_pages = [p for p in range(self.allocator.num_pages, 0, -1) if p not in used_pages]
-        pool = self.req_to_token_pool
         pool.free_slots = [s for s in range(1, pool.size + 1) if s not in rows]

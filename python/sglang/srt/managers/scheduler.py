@@ -267,6 +267,8 @@ class Scheduler:
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
             "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
             "quantization": getattr(self.model_runner, "quantization", None),
+            "attention_backend": getattr(self.model_runner, "attention_backend_choice", None) and
+            self.model_runner.attention_backend_choice.to_dict(),
             "cuda_graphs": self.model_runner.cuda_graph_info(),
             "overlap_schedule": self.overlap is not None,
             "memory_plan": plan.to_dict() if plan is not None else None,

@@ -1,6 +1,7 @@
 """Device memory pools: the request-to-token table and the per-layer K/V token pool.
 
 ReqToTokenPool.req_to_token: int64[size + 1, max_context_len]; row 0 is a dummy row, rows 1..size are request slots.
+The scheduler reads and writes its rows through the host copy (ReqToTokenPool.write / read / sync_to_device).
 MHATokenToKVPool.k_buffer / v_buffer: [layer_num, size + page_size, head_num, head_dim]; slots [0, page_size) are the
 dummy page that is never handed out, so real slots are [page_size, size + page_size).
 Shapes and element sizes come from mem_plan/sizes.py, the numbers the memory plan charges.
@@ -9,7 +10,7 @@ The pools only hold memory; which slots are free is the allocator's business (al
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -17,18 +18,37 @@ from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_DTYPE, kv_pool_rows
 
 
 class ReqToTokenPool:
-    def __init__(self, size: int, max_context_len: int, device: str = "cpu"):
+    """req_to_token: the device table the attention kernels read. req_to_token_host: the host's copy, where the
+    scheduler reads and writes rows (slot lookups, releases, batch building) without ever waiting for the device.
+    On a CPU device the two are one tensor. Elsewhere every write goes to the host copy and is queued; the model
+    runner calls sync_to_device() once before each forward, which applies the queue with one scatter (three small
+    host-to-device copies), so the device table holds every row a forward reads. The host copy costs host RAM of
+    the table's size (pinned on CUDA, so those copies are asynchronous); it is not a device-plan term."""
+
+    def __init__(self, size: int, max_context_len: int, device: str = "cpu", host_mirror: Optional[bool] = None):
         if size <= 0:
             raise ValueError(f"ReqToTokenPool needs at least one request slot, got {size}.")
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
+        dtype = getattr(torch, REQ_TO_TOKEN_DTYPE)
         # torch.empty: on CPU a large table is backed lazily, page by page, as rows are used; a row is zeroed when
         # its slot is handed out, so stale indices never reach a backend.
-        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=getattr(torch, REQ_TO_TOKEN_DTYPE),
-                                        device=device)
+        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=dtype, device=device)
         self.req_to_token[0].zero_()
+        mirrored = torch.device(device).type != "cpu" if host_mirror is None else host_mirror
+        self.req_to_token_host = self.req_to_token
+        if mirrored:
+            pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
+            self.req_to_token_host = torch.zeros((size + 1, max_context_len), dtype=dtype, pin_memory=pin)
+        self._pending_rows: List[int] = []  # queued device writes: req_to_token[row, col] = slot
+        self._pending_cols: List[int] = []
+        self._pending_slots: List[int] = []
         self.free_slots: List[int] = list(range(1, size + 1))
+
+    @property
+    def mirrored(self) -> bool:
+        return self.req_to_token_host is not self.req_to_token
 
     def mem_usage_bytes(self) -> int:
         return self.req_to_token.numel() * self.req_to_token.element_size()
@@ -40,7 +60,9 @@ class ReqToTokenPool:
         if not self.free_slots:
             return None
         slot = self.free_slots.pop()
-        self.req_to_token[slot].zero_()
+        self.req_to_token[slot].zero_()  # a device kernel, no wait
+        if self.mirrored:
+            self.req_to_token_host[slot].zero_()
         return slot
 
     def free(self, slot: int) -> None:
@@ -49,6 +71,35 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self.free_slots = list(range(1, self.size + 1))
+
+    # ------------------------------------------------------------------ rows (host side)
+    def write(self, row: int, start: int, slots: Sequence[int]) -> None:
+        """req_to_token[row, start:start + len(slots)] = slots (on the device at the next sync_to_device)."""
+        n = len(slots)
+        self.req_to_token_host[row, start : start + n] = torch.tensor(slots, dtype=self.req_to_token_host.dtype)
+        if self.mirrored:
+            self._pending_rows.extend([row] * n)
+            self._pending_cols.extend(range(start, start + n))
+            self._pending_slots.extend(slots)
+
+    def read(self, row: int, start: int, end: int) -> List[int]:
+        """The slots of row `row`, columns [start, end), from the host copy."""
+        return self.req_to_token_host[row, start:end].tolist()
+
+    def slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        """The same as a host int64 tensor (a view of the host copy)."""
+        return self.req_to_token_host[row, start:end]
+
+    def sync_to_device(self) -> int:
+        """Apply the queued writes to the device table (no host wait); returns how many entries were written."""
+        n = len(self._pending_slots)
+        if n:
+            device = self.req_to_token.device
+            rows, cols, vals = (torch.tensor(x, dtype=torch.int64).to(device, non_blocking=True)
+                                for x in (self._pending_rows, self._pending_cols, self._pending_slots))
+            self.req_to_token.index_put_((rows, cols), vals.to(self.req_to_token.dtype))
+            self._pending_rows, self._pending_cols, self._pending_slots = [], [], []
+        return n
 
     def check_integrity(self, num_used: int) -> None:
         assert len(set(self.free_slots)) == len(self.free_slots), "duplicate free request slots"

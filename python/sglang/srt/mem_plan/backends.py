@@ -13,12 +13,14 @@ Transient buffers are upper bounds on per-forward scratch: charged, never alloca
       the two fp32 K/V dequant scales the kernel reads. MLA allocates none of it.
   FlashInfer: one uint8 float workspace (384 MiB; 512 MiB for Qwen2/Qwen3/MiMo architectures) and one 8 MiB int
       workspace shared by every wrapper (flashinfer's own constructor allocates a private one; the backend swaps in
-      the planned one) + int32 graph kv-index buffers [G * context_len] per wrapper.
+      the planned one) + int32 kv-index buffers [R * ceil(context_len / page_size)] per wrapper: every batch's page
+      ids (eager and graph decode, extend) are gathered into it, never into a per-step tensor.
   Triton: split-KV decode logits fp32 [B, H_q, splits, d_v] + lse [B, H_q, splits], for eager decode at B = R
       and for graphs at B = G, + int64 graph kv indices [G * context_len], + int32 extend qo_start [R + 1].
   torch_native: nothing persistent; transients: one extend call with a cached prefix (mask, gathered K/V, query
       and output copies) and, without the fused CPU decode kernel, one decode row group's gathered K/V.
-AITER and FlashInfer also keep small int32 indptr buffers of R + 1 entries.
+AITER and FlashInfer also keep small int32 indptr buffers of R + 1 entries; AITER's kv indices (token slots, block 1)
+      are int32 [R * context_len].
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ TRITON_DEFAULT_KV_SPLITS = 8
 DECODE_GATHER_TOKENS = 64 * 1024
 EXTEND_MASK_BYTES_PER_ENTRY = 1 + 4  # the bool mask and SDPA's float copy of it
 DECODE_SCORE_BYTES = 4  # float32 scores per gathered token and query head
+DECODE_INDEX_BYTES = 8 + 1 + 1  # per gathered token: its int64 slot, the bool valid mask and its negation
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class BackendInputs:
     cuda_graph_max_bs: int = 0  # largest captured decode batch; 0 = no graphs
     max_extend_tokens: int = 0  # the prefill chunk (torch_native's extend bound); 0 = not charged
     fused_cpu_decode: bool = True  # torch_native decodes through the fused CPU kernel (no gather)
+    page_size: int = 1  # tokens per KV page (--page-size): sizes the page-index buffers
 
     def __post_init__(self):
         if self.num_reqs < 0 or self.cuda_graph_max_bs < 0 or self.max_extend_tokens < 0:
@@ -97,6 +101,10 @@ class BackendInputs:
     @property
     def graph_bs(self) -> int:
         return min(self.cuda_graph_max_bs, self.num_reqs)
+
+    def max_pages_per_req(self, page_size: int) -> int:
+        """Pages one request's KV can span: ceil(context_len / page_size)."""
+        return -(-self.shape.context_len // page_size)
 
 
 def _indptr_buffers(num_reqs: int, count: int) -> list[BufferDecl]:
@@ -115,6 +123,7 @@ def aiter_decode_workspace_per_req_bytes(num_q_heads: int, head_dim: int, contex
 def aiter_buffers(x: BackendInputs) -> list[BufferDecl]:
     s, r = x.shape, x.num_reqs
     bufs = [BufferDecl(name, (r + 1,), "int32") for name in ("kv_indptr", "qo_indptr", "kv_last_page_len")]
+    bufs.append(BufferDecl("kv_indices", (r * x.max_pages_per_req(1),), "int32"))  # token granularity (block 1)
     if s.is_mla:
         return bufs
     # one buffer: the kernel places exp sums, max logits and partial outputs at offsets that depend on the batch
@@ -129,12 +138,13 @@ def flashinfer_workspace_bytes(architectures: tuple[str, ...] = ()) -> int:
 
 
 def flashinfer_buffers(x: BackendInputs) -> list[BufferDecl]:
-    s, r, g = x.shape, x.num_reqs, x.graph_bs
+    s, r = x.shape, x.num_reqs
     bufs = [BufferDecl("workspace", (flashinfer_workspace_bytes(s.architectures),), "uint8"),
             BufferDecl("int_workspace", (FLASHINFER_INT_WORKSPACE_BYTES,), "uint8")]
     for w in range(s.num_wrappers):
         bufs.append(BufferDecl(f"kv_indptr_{w}", (r + 1,), "int32"))
-        bufs.append(BufferDecl(f"cuda_graph_kv_indices_{w}", (g * s.context_len,), "int32"))
+        # the page ids of any batch of <= R requests (eager) and the fixed buffer the graph wrappers read (G <= R)
+        bufs.append(BufferDecl(f"kv_indices_{w}", (r * x.max_pages_per_req(x.page_size),), "int32"))
     bufs.append(BufferDecl("qo_indptr", (r + 1,), "int32"))
     bufs.append(BufferDecl("kv_last_page_len", (r + 1,), "int32"))
     return bufs
@@ -168,9 +178,9 @@ def extend_attention_workspace_bytes(num_q_heads: int, num_kv_heads: int, head_d
 
 def decode_gather_bytes(shape: AttentionShape) -> int:
     """torch_native without the fused kernel: DECODE_GATHER_TOKENS tokens of one layer's gathered K and V (+ one
-    contiguous copy inside SDPA) and their float32 scores."""
+    contiguous copy inside SDPA), their float32 scores, and the row group's slot table and mask."""
     per_token_layer = shape.num_kv_heads * (shape.head_dim + shape.v_dim) * shape.kv_dtype_bytes
-    return DECODE_GATHER_TOKENS * (2 * per_token_layer + DECODE_SCORE_BYTES * shape.num_q_heads)
+    return DECODE_GATHER_TOKENS * (2 * per_token_layer + DECODE_SCORE_BYTES * shape.num_q_heads + DECODE_INDEX_BYTES)
 
 
 def torch_native_buffers(x: BackendInputs) -> list[BufferDecl]:

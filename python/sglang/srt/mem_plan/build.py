@@ -51,6 +51,7 @@ CPU_DEFAULT_MAX_RUNNING_REQUESTS = 256
 # Declared CUDA-graph term for the dry run: upstream's reserve of 2 MiB per captured decode batch size.
 CUDA_GRAPH_BYTES_PER_BS = 2 * MiB
 MEASURED_TERMS = ("weights", "activations", "cuda_graphs", "encoder")
+CPU_ATTENTION_BACKEND = "torch_native"  # the one backend a CPU resolves to (backend_resolution.PLATFORM_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,20 @@ def resolve_max_running_requests(sa, device: DeviceFacts) -> Optional[int]:
     return CPU_DEFAULT_MAX_RUNNING_REQUESTS
 
 
+def planned_attention_backend(sa, device: DeviceFacts) -> str:
+    """The backend the plan charges: the resolved --attention-backend (the runner and `sglang plan` resolve it with
+    layers/attention/backend_resolution.py before planning). Unset is allowed only on a CPU, whose one default
+    is torch_native; a GPU plan with an unresolved backend would charge the wrong workspace."""
+    if sa.attention_backend is not None:
+        return sa.attention_backend
+    if device.kind != "cpu":
+        raise ValueError("the attention backend must be resolved (resolve_attention_backend) before a GPU is planned")
+    return CPU_ATTENTION_BACKEND
+
+
 def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
     """G: 0 on a CPU, with --disable-cuda-graph, or with a backend that has no graph decode path."""
-    if device.kind == "cpu" or sa.disable_cuda_graph or (sa.attention_backend or "torch_native") not in GRAPH_BACKENDS:
+    if device.kind == "cpu" or sa.disable_cuda_graph or planned_attention_backend(sa, device) not in GRAPH_BACKENDS:
         return 0
     if sa.cuda_graph_max_bs is not None:
         return sa.cuda_graph_max_bs
@@ -140,6 +152,7 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
     from. The runner passes the plan's slot count and graph batch size."""
     return BackendInputs(attention_shape(sa, model), num_reqs, cuda_graph_max_bs,
                          max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
+                         page_size=sa.page_size,
                          fused_cpu_decode=device.fused_cpu_decode)
 
 
@@ -198,11 +211,14 @@ def mm_cache_bytes(sa, model: ModelFacts) -> int:
     return sa.mm_embedding_cache_mb * MiB if model.has_encoder else 0
 
 
-def grammar_terms(sa, model: ModelFacts) -> tuple[int, int]:
-    """(bitmask bytes per request slot, compiled-grammar cache bytes); both 0 with --grammar-backend none."""
+def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]:
+    """(bitmask bytes per request slot, compiled-grammar cache bytes) of the plan's memory; both 0 with
+    --grammar-backend none. The bitmask's device rows are always charged; the compiled grammars live in host memory,
+    which is the plan's memory only on a CPU (constrained/token_bitmask.py, GrammarBackend.planned_bytes)."""
     if getattr(sa, "grammar_backend", "none") == "none":
         return 0, 0
-    return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), grammar_cache_budget_bytes(sa.grammar_cache_mb)
+    cache = grammar_cache_budget_bytes(sa.grammar_cache_mb) if device.kind == "cpu" else 0
+    return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), cache
 
 
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:
@@ -222,7 +238,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     cap_bytes, cap_source = resolve_cap(sa, device)
     graph_bs = resolve_cuda_graph_max_bs(sa, device)
     cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
-    grammar_per_req, grammar_cache = grammar_terms(sa, model)
+    grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
     return PlanInputs(
         pre_load_free_bytes=device.pre_load_free_bytes,
         device_total_bytes=device.total_bytes,
@@ -237,7 +253,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         cap_source=cap_source,
         chunked_prefill_size=resolve_chunked_prefill_size(sa, device, model.context_len),
         activation_bytes=measured.activation_bytes,
-        workspace=workspace_spec(sa.attention_backend or "torch_native", backend_inputs(sa, model, device, 0, 0)),
+        workspace=workspace_spec(planned_attention_backend(sa, device), backend_inputs(sa, model, device, 0, 0)),
         logits_bytes=sampler_fixed_bytes(model.shape.text.vocab_size),
         logits_per_req_bytes=sampler_bytes_per_slot(model.shape.text.vocab_size),
         req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,

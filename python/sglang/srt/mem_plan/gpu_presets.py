@@ -30,8 +30,9 @@ class GpuPreset:
         return int(self.pre_load_free_gib * GiB)
 
     @property
-    def default_attention_backend(self) -> str:
-        return "aiter" if self.vendor == "amd" else "flashinfer"
+    def platform(self) -> str:
+        """The software platform a server on this GPU runs (layers/attention/backend_resolution.PLATFORMS)."""
+        return "rocm" if self.vendor == "amd" else "cuda"
 
 
 _CONTEXT_OVERHEAD_GIB = 1.05  # H100: 81559 MiB = 79.65 GiB total, 78.6 GiB free before load

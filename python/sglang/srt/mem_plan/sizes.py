@@ -5,21 +5,24 @@ req_to_token   int64 [(num_reqs + 1), context_len + REQ_TO_TOKEN_EXTRA_COLUMNS];
                tokens past the context, e.g. speculative drafts) in int32.
 kv pool        [layers, num_tokens + page_size, kv_heads, head_dim] for K and for V: the first page is a dummy page
                that padded reads point at (memory_pool.MHATokenToKVPool, allocator.py).
-sampler        per running request, at the sampler's peak, the multinomial draw (sampling/sampler.py): fp32 rows of
+sampler        per running request, at the sampler's peak, the draw (sampling/sampler.py): fp32 rows of
                vocabulary size -- the logits (temperature and softmax turn them into the probabilities in place),
-               their log-softmax (logprobs), torch.multinomial's Exp(1) noise for its exponential race, and, in a
+               their log-softmax (logprobs), the Exp(1) noise of the exponential race argmax(probs / noise) (what
+               torch.multinomial allocates for one sample; seeded rows' noise is drawn on the host), and, in a
                prefill step, the forward's logits rows the step still holds while the sampler works on a copy of its
                finished rows (managers/batch_runner.py: logits[done]) -- 4 B each = 16 B per vocabulary entry
                (measured on CPU: test/registered/sampling/test_sampler_memory.py; the sampler before this peaked at
                24 B in decode and 28 B in prefill). Top-k/top-p sort no vocabulary (sampling/topk_topp.py): a 1 B
                keep mask per entry, freed before the draw, and per row SAMPLER_TOPK_CANDIDATES candidates (value, id,
-               cumulative mass, three masks); plus one fixed term, the rare rows sorted in full
-               SAMPLER_SORT_FALLBACK_ROWS at a time (row copy, sorted values, int64 order, cumulative mass, masks) and
-               the int64 rank row. (The full-sort sampler before that peaked at ~39 B per entry: sorted values and
-               int64 order for every row, their cumulative sums, masks, a scattered copy.)
-grammar        structured output (srt/constrained/): the token bitmask, int32 [request slots, ceil(vocab / 32)]
-               (one bit per vocabulary entry, allocated once by GrammarBackend), plus the compiled-grammar cache
-               budget (--grammar-cache-mb); both 0 with --grammar-backend none.
+               cumulative mass, three masks); plus one fixed term, the rows sorted in full (on a GPU every row that may
+               need it, without a host read) SAMPLER_SORT_FALLBACK_ROWS at a time (row copy, sorted values, int64
+               order, cumulative mass, masks) and the int64 rank row. (The full-sort sampler before that peaked at
+               ~39 B per entry: sorted values and int64 order for every row, their cumulative sums, masks, a scattered
+               copy.)
+grammar        structured output (srt/constrained/): the token bitmask's device rows, int32 [request slots,
+               ceil(vocab / 32)] (one bit per vocabulary entry, allocated once: constrained/token_bitmask.py), plus, on
+               a CPU only, the compiled-grammar cache budget (--grammar-cache-mb; on a GPU it and the bitmask's host
+               rows are host memory); both 0 with --grammar-backend none.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ REQ_TO_TOKEN_ELEM_BYTES = 8
 UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES = 4  # upstream SGLang's int32 table, for comparisons
 SAMPLER_LOGITS_BYTES_PER_VOCAB_ENTRY = 4  # fp32 logits, made the probabilities in place
 SAMPLER_LOGPROBS_BYTES_PER_VOCAB_ENTRY = 4  # fp32 log-softmax, when a request asks for logprobs
-SAMPLER_DRAW_NOISE_BYTES_PER_VOCAB_ENTRY = 4  # torch.multinomial's fp32 Exp(1) noise
+SAMPLER_DRAW_NOISE_BYTES_PER_VOCAB_ENTRY = 4  # the draw's fp32 Exp(1) noise
 SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY = 4  # prefill: the forward's logits, held beside the sampled copy
 SAMPLER_BYTES_PER_VOCAB_ENTRY = (SAMPLER_LOGITS_BYTES_PER_VOCAB_ENTRY + SAMPLER_LOGPROBS_BYTES_PER_VOCAB_ENTRY
                                  + SAMPLER_DRAW_NOISE_BYTES_PER_VOCAB_ENTRY

@@ -101,7 +101,7 @@ def activation_cache_key(runner, chunk: int) -> dict:
         "model": _model_identity(runner),
         "forward": {"dtype": mc.dtype_name, "kv_cache_dtype": mc.kv_cache_dtype_name,
                     "quantization": runner.quantization, "chunk_tokens": chunk, "page_size": sa.page_size,
-                    "context_len": runner.context_len, "attention_backend": sa.attention_backend or "torch_native",
+                    "context_len": runner.context_len, "attention_backend": sa.attention_backend,
                     "kv_splits": sa.triton_attention_num_kv_splits, "device": str(runner.device),
                     "tp_size": runner.tp_size},
         "code": {"sglang": sglang_code_digest(), "kernels": _kernel_identity(runner), "torch": torch.__version__,

@@ -271,7 +271,8 @@ class CudaGraphRunner:
         for bs in reversed(self.batch_sizes):
             fb = self._static_batch(bs)
             self.attn_backend.init_forward_metadata_capture_cuda_graph(bs, fb.req_pool_indices,
-                                                                      [DUMMY_SEQ_LEN] * bs)
+                                                                      [DUMMY_SEQ_LEN] * bs,
+                                                                      rows_cpu=[DUMMY_REQ_ROW] * bs)
             self.graphs[bs] = self.factory.capture(lambda fb=fb: self.model_forward(fb.input_ids, fb.positions, fb),
                                                    bs)
         measured = max(device_used_bytes(self.device) - before, 0)
@@ -289,8 +290,10 @@ class CudaGraphRunner:
         padded = padded_batch_size(bs, self.batch_sizes)
         self.static.copy_batch(fb, padded)
         seq_lens_cpu = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        rows_cpu = list(fb.req_pool_indices_cpu) + [DUMMY_REQ_ROW] * (padded - bs) if fb.req_pool_indices_cpu else None
         self.attn_backend.init_forward_metadata_replay_cuda_graph(
-            padded, self.static.req_pool_indices[:padded], padded_seq_lens_cpu(seq_lens_cpu, padded))
+            padded, self.static.req_pool_indices[:padded], padded_seq_lens_cpu(seq_lens_cpu, padded),
+            rows_cpu=rows_cpu)
         logits = self.graphs[padded].replay()
         self.num_replays += 1
         return logits[:bs]

@@ -50,6 +50,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor  # [N] int64
     # CPU copies, for backends that plan on the host
     seq_lens_cpu: List[int] = field(default_factory=list)
+    req_pool_indices_cpu: List[int] = field(default_factory=list)
     extend_prefix_lens_cpu: List[int] = field(default_factory=list)
     extend_seq_lens_cpu: List[int] = field(default_factory=list)
     extend_prefix_lens: Optional[torch.Tensor] = None  # [B] int64 (EXTEND only)

@@ -13,6 +13,7 @@ Startup order (each step's memory is accounted in the plan, see model_runner_kv_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -62,10 +63,20 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         started = time.perf_counter()
         self.startup_s = {}  # seconds per startup phase, for the scheduler's startup log line
-        self.server_args = server_args
         self.device = resolve_device(server_args.device)
         from sglang.srt.layers.attention.attention_registry import check_attention_backend
+        from sglang.srt.layers.attention.backend_resolution import device_platform, resolve_attention_backend
 
+        if server_args.attention_backend is not None:  # a named backend: refused with the device and package it needs
+            check_attention_backend(server_args.attention_backend, self.device)
+        # the one resolution of the backend (`sglang plan` calls the same function); everything after reads the
+        # resolved name from self.server_args
+        self.attention_backend_choice = resolve_attention_backend(server_args.attention_backend,
+                                                                  device_platform(self.device))
+        server_args = dataclasses.replace(server_args, attention_backend=self.attention_backend_choice.name)
+        self.server_args = server_args
+        logger.info("Attention backend: %s (%s)", self.attention_backend_choice.name,
+                    self.attention_backend_choice.reason)
         check_attention_backend(server_args.attention_backend, self.device)  # wrong device / missing library
         # tensor parallel: join the group before anything is measured (measurements are reduced over the ranks)
         self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
@@ -162,7 +173,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         from sglang.srt.managers.fault_confinement import TpRankFailure
 
         try:
-            tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token)))
+            tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token_host)))
             return self.forward_local(forward_batch)
         except Exception as e:  # noqa: BLE001
             raise TpRankFailure(f"TP rank 0: the forward failed, the ranks are out of step: "
@@ -197,6 +208,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
     def forward_local(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """This rank's forward (every rank calls it with the same batch)."""
         move_to_device(forward_batch, self.device)
+        self.req_to_token_pool.sync_to_device()  # the rows the scheduler wrote on the host since the last forward
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend

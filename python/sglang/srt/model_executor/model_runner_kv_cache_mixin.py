@@ -261,7 +261,7 @@ class ModelRunnerKVCacheMixin:
             elif self.server_args.disable_cuda_graph:
                 reason = "--disable-cuda-graph"
             else:
-                reason = f"--attention-backend {self.server_args.attention_backend or 'torch_native'} has no graphs"
+                reason = f"--attention-backend {self.server_args.attention_backend} has no graphs"
             return {"enabled": False, "reason": reason}
         return {"enabled": True, "batch_sizes": runner.batch_sizes, "num_replays": runner.num_replays,
                 "planned_bytes": self.cuda_graph_check.planned_bytes,

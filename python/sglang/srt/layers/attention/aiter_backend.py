@@ -6,6 +6,7 @@ Memory (declared in mem_plan/backends.py, allocated once by the base class):
                       the decode kernel's scratch, PR #18263's per-slot formula; handed to every decode call
     kv_scales         fp32 [2]  the K and V dequant scales the decode kernel reads (1.0: no fp8 scaling)
     kv_indptr, qo_indptr, kv_last_page_len  int32 [R + 1]  this batch's CSR arrays (views [:B + 1])
+    kv_indices        int32 [R * context_len]  this batch's token slots, gathered into it (paged_kv_indices.py)
 paged_attention_ragged splits the workspace at offsets that depend on the batch B <= R: exp sums and max logits
 fp32 [B, H_q, P] at 0 and B * H_q * P * 4, then the partial outputs [B, H_q, P, head_dim] (in the query dtype, so
 the 4 B per element charged is an upper bound). That is why the plan solves the KV pool and the slot count together.
@@ -72,6 +73,7 @@ class AiterAttnBackend(PlannedGpuAttnBackend):
         ext = None if fb.forward_mode.is_decode() else extend_lens(fb)
         self.table = build_page_table(self.req_to_token_pool.req_to_token, fb.req_pool_indices, lens, 1,
                                       self.buffers["kv_indptr"], self.buffers["kv_last_page_len"],
+                                      self.buffers["kv_indices"], fb.req_pool_indices_cpu or None,
                                       extend_lens_cpu=ext, qo_indptr_buf=self.buffers["qo_indptr"])
         if ext is None and self.decode_workspace_bytes(len(lens)) > self.workspace.numel():
             raise AssertionError(f"aiter: decode of {len(lens)} requests needs {self.decode_workspace_bytes(len(lens))}"

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 _PKG = "sglang.srt.layers.attention"
+# what a None name means here: the CPU default (tests, CPU tools). A start resolves its backend first
+# (backend_resolution.resolve_attention_backend), so a GPU run never reaches this default.
 DEFAULT_ATTENTION_BACKEND = "torch_native"
 
 

@@ -7,7 +7,8 @@ Memory (declared in mem_plan/backends.py, allocated once by the base class, neve
     kv_indptr_0          int32 [R + 1]  kv_indptr of the batch (eager) / of the captured batch (graphs)
     qo_indptr            int32 [R + 1]  extend: rows of each request's new tokens
     kv_last_page_len     int32 [R + 1]
-    cuda_graph_kv_indices_0 int32 [G * context_len]  the fixed page-index buffer a graph decode wrapper reads
+    kv_indices_0         int32 [R * ceil(context_len / page_size)]  every batch's page ids, gathered into it by one
+                         kernel (paged_kv_indices.py); also the fixed page-index buffer graph decode wrappers read
 All wrappers share the two workspaces: each forward plans before it runs, so one plan's scratch is never live while
 another wrapper runs.
 
@@ -85,47 +86,54 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
     def _plan_kwargs(self) -> dict:
         return dict(sm_scale=self.sm_scale, q_data_type=self.q_dtype, kv_data_type=self.token_to_kv_pool.dtype)
 
-    def _decode_table(self, req_pool_indices, lens: Sequence[int]) -> PageTable:
+    def _decode_table(self, req_pool_indices, lens: Sequence[int], rows_cpu: Sequence[int]) -> PageTable:
         return build_page_table(self.req_to_token_pool.req_to_token, req_pool_indices, lens, self.page_size,
-                                self.buffers["kv_indptr_0"], self.buffers["kv_last_page_len"])
+                                self.buffers["kv_indptr_0"], self.buffers["kv_last_page_len"],
+                                self.buffers["kv_indices_0"], rows_cpu)
 
     def _plan_decode(self, wrapper, table: PageTable) -> None:
-        wrapper.plan(table.kv_indptr, table.kv_indices, table.kv_last_page_len, self.num_q_heads, self.num_kv_heads,
-                     self.head_dim, self.page_size, pos_encoding_mode="NONE", **self._plan_kwargs())
+        # plan() reads indptr and last-page lengths on the host: the host arrays, so it never reads the device back
+        wrapper.plan(table.kv_indptr_host, table.kv_indices, table.kv_last_page_len_host, self.num_q_heads,
+                     self.num_kv_heads, self.head_dim, self.page_size, pos_encoding_mode="NONE", **self._plan_kwargs())
 
     def init_forward_metadata(self, forward_batch) -> None:
         fb, lens = forward_batch, seq_lens(forward_batch)
         if fb.forward_mode.is_decode():
-            self.table = self._decode_table(fb.req_pool_indices, lens)
+            self.table = self._decode_table(fb.req_pool_indices, lens, fb.req_pool_indices_cpu or None)
             self.active_decode_wrapper = self.decode_wrapper
             self._plan_decode(self.decode_wrapper, self.table)
             return
         t = build_page_table(self.req_to_token_pool.req_to_token, fb.req_pool_indices, lens, self.page_size,
                              self.buffers["kv_indptr_0"], self.buffers["kv_last_page_len"],
+                             self.buffers["kv_indices_0"], fb.req_pool_indices_cpu or None,
                              extend_lens_cpu=extend_lens(fb), qo_indptr_buf=self.buffers["qo_indptr"])
         self.table = t
-        self.prefill_wrapper.plan(t.qo_indptr, t.kv_indptr, t.kv_indices, t.kv_last_page_len, self.num_q_heads,
-                                  self.num_kv_heads, self.head_dim, self.page_size, causal=True, **self._plan_kwargs())
+        self.prefill_wrapper.plan(t.qo_indptr_host, t.kv_indptr_host, t.kv_indices, t.kv_last_page_len_host,
+                                  self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size, causal=True,
+                                  **self._plan_kwargs())
 
     # ------------------------------------------------------------------ CUDA-graph decode
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
-                                                 seq_lens_cpu: Sequence[int]) -> None:
+                                                 seq_lens_cpu: Sequence[int],
+                                                 rows_cpu: Optional[Sequence[int]] = None) -> None:
         """Build the fixed-buffer decode wrapper of batch size bs (<= the planned graph batch) and plan it."""
         if not 1 <= bs <= self.inputs.graph_bs:
             raise ValueError(f"flashinfer: graph batch {bs} is outside the planned 1..{self.inputs.graph_bs}")
         self.graph_decode_wrappers[bs] = self._shared_workspaces(self.kernels.BatchDecodeWithPagedKVCacheWrapper(
             self.buffers["workspace"], "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores,
             paged_kv_indptr_buffer=self.buffers["kv_indptr_0"][: bs + 1],
-            paged_kv_indices_buffer=self.buffers["cuda_graph_kv_indices_0"],
+            paged_kv_indices_buffer=self.buffers["kv_indices_0"],
             paged_kv_last_page_len_buffer=self.buffers["kv_last_page_len"][:bs],
         ))
-        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens_cpu)
+        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens_cpu, rows_cpu)
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
-                                                seq_lens_cpu: Sequence[int]) -> None:
+                                                seq_lens_cpu: Sequence[int],
+                                                rows_cpu: Optional[Sequence[int]] = None) -> None:
         """Re-plan the captured wrapper of batch size bs for the live (padded) batch; the graph then replays."""
         wrapper = self.graph_decode_wrappers[bs]
-        self.table = self._decode_table(req_pool_indices[:bs], list(seq_lens_cpu)[:bs])
+        rows = list(rows_cpu)[:bs] if rows_cpu is not None else None
+        self.table = self._decode_table(req_pool_indices[:bs], list(seq_lens_cpu)[:bs], rows)
         self._plan_decode(wrapper, self.table)
         self.active_decode_wrapper = wrapper
 

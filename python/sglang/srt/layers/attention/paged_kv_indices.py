@@ -10,14 +10,15 @@ A request's token i sits in page req_pages[i // page_size] at offset i % page_si
 j * page_size (the first token of its j-th page) is req_to_token[row, j * page_size] // page_size. With page_size 1
 the page ids are the token slots themselves.
 
-The small indptr arrays are written into the backend's planned buffers (views [:B + 1]); only kv_indices, whose
-length is the batch's page count, is a new tensor per step (4 B per page).
+Everything is written into the backend's planned buffers: the small indptr arrays (views [:B + 1]) from host lists,
+kv_indices (a view [:total pages] of a buffer of R x ceil(context / page_size) entries, mem_plan/backends.py) by one
+gather kernel. No per-step device tensor grows with the batch or its context.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,9 +26,14 @@ import torch
 @dataclass
 class PageTable:
     kv_indptr: torch.Tensor  # int32 [B + 1], a view of a planned buffer
-    kv_indices: torch.Tensor  # int32 [num_pages]
+    kv_indices: torch.Tensor  # int32 [num_pages], a view of a planned buffer
     kv_last_page_len: torch.Tensor  # int32 [B], a view of a planned buffer
+    # the same arrays on the host (what they were copied from): FlashInfer's plan() reads its arrays on the host, and
+    # handing it the device copies would make it read them back (a sync per plan)
+    kv_indptr_host: Optional[torch.Tensor] = None
+    kv_last_page_len_host: Optional[torch.Tensor] = None
     qo_indptr: Optional[torch.Tensor] = None  # int32 [B + 1] (extend), a view of a planned buffer
+    qo_indptr_host: Optional[torch.Tensor] = None
     max_q_len: int = 1
     max_kv_len: int = 0
 
@@ -39,42 +45,73 @@ def _cumsum0(lengths: Sequence[int]) -> List[int]:
     return out
 
 
-def page_ids(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens_cpu: Sequence[int],
-             page_size: int) -> torch.Tensor:
-    """int32 [sum ceil(seq_lens / page_size)]: each request's page ids, concatenated in batch order."""
-    max_len = max(seq_lens_cpu)
-    firsts = req_to_token[req_pool_indices, :max_len:page_size]  # [B, max_pages] slot of each page's first token
-    num_pages = torch.tensor([-(-n // page_size) for n in seq_lens_cpu], device=firsts.device)
-    valid = torch.arange(firsts.shape[1], device=firsts.device)[None, :] < num_pages[:, None]
-    pages = firsts[valid]  # row-major: request order, then page order
-    if page_size > 1:
-        pages = pages // page_size
-    return pages.to(torch.int32)
+def _kernel_fills(device: torch.device) -> bool:
+    """Whether the Triton page-id kernel runs on `device`: a GPU, or the CPU under the Triton interpreter."""
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    from sglang.srt.layers.attention.triton_backend import triton_interpreter_enabled
+
+    return triton_interpreter_enabled()
 
 
-def _fill(buf: torch.Tensor, values: List[int]) -> torch.Tensor:
-    view = buf[: len(values)]
-    view.copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
+def fill_page_ids(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, rows_cpu: Optional[Sequence[int]],
+                  pages_per_req: Sequence[int], kv_indptr: torch.Tensor, page_size: int,
+                  out: torch.Tensor) -> torch.Tensor:
+    """out[:total] = each request's page ids, concatenated in batch order (int32); returns that view. One Triton
+    launch on a GPU (triton_ops/page_ids.py); elsewhere (tests on a CPU or the stand-in device) one slice copy per
+    request, read through the host's row ids. Nothing of size B x context is allocated on the device."""
+    total = sum(pages_per_req)
+    if total > out.numel():
+        raise ValueError(f"batch of {total} pages exceeds the planned kv_indices buffer of {out.numel()}")
+    view = out[:total]
+    if _kernel_fills(out.device):
+        from sglang.srt.layers.attention.triton_ops.page_ids import page_ids_fwd
+
+        page_ids_fwd(req_to_token, req_pool_indices, kv_indptr, page_size, view)
+        return view
+    rows = list(rows_cpu) if rows_cpu is not None else req_pool_indices.tolist()
+    start = 0
+    for row, n in zip(rows, pages_per_req):
+        firsts = req_to_token[row, : n * page_size : page_size]  # the slot of each page's first token
+        view[start : start + n].copy_(firsts // page_size if page_size > 1 else firsts)
+        start += n
     return view
+
+
+def _fill(buf: torch.Tensor, values: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(the view of `buf` now holding `values`, the host tensor it was copied from)."""
+    host = torch.tensor(values, dtype=buf.dtype)
+    view = buf[: len(values)]
+    view.copy_(host, non_blocking=True)
+    return view, host
 
 
 def build_page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens_cpu: Sequence[int],
                      page_size: int, kv_indptr_buf: torch.Tensor, last_page_len_buf: torch.Tensor,
+                     kv_indices_buf: torch.Tensor, rows_cpu: Optional[Sequence[int]] = None,
                      extend_lens_cpu: Optional[Sequence[int]] = None,
                      qo_indptr_buf: Optional[torch.Tensor] = None) -> PageTable:
-    """The page table of one batch; kv_indptr / kv_last_page_len (/ qo_indptr) are written into the given buffers."""
+    """The page table of one batch, written into the given planned buffers (kv_indices too). rows_cpu: the host's
+    copy of req_pool_indices (the batch was built on the host), for devices without the Triton kernel."""
     if len(seq_lens_cpu) + 1 > kv_indptr_buf.numel():
         raise ValueError(f"batch of {len(seq_lens_cpu)} requests exceeds the planned {kv_indptr_buf.numel() - 1} slots")
     pages_per_req = [-(-n // page_size) for n in seq_lens_cpu]
+    kv_indptr, kv_indptr_host = _fill(kv_indptr_buf, _cumsum0(pages_per_req))
+    last_page_len, last_page_len_host = _fill(
+        last_page_len_buf, [n - (p - 1) * page_size for n, p in zip(seq_lens_cpu, pages_per_req)])
     table = PageTable(
-        kv_indptr=_fill(kv_indptr_buf, _cumsum0(pages_per_req)),
-        kv_indices=page_ids(req_to_token, req_pool_indices, seq_lens_cpu, page_size),
-        kv_last_page_len=_fill(last_page_len_buf,
-                               [n - (p - 1) * page_size for n, p in zip(seq_lens_cpu, pages_per_req)]),
+        kv_indptr=kv_indptr,
+        kv_indices=fill_page_ids(req_to_token, req_pool_indices, rows_cpu, pages_per_req, kv_indptr, page_size,
+                                 kv_indices_buf),
+        kv_last_page_len=last_page_len,
+        kv_indptr_host=kv_indptr_host,
+        kv_last_page_len_host=last_page_len_host,
         max_kv_len=max(seq_lens_cpu),
     )
     if extend_lens_cpu is not None:
-        table.qo_indptr = _fill(qo_indptr_buf, _cumsum0(extend_lens_cpu))
+        table.qo_indptr, table.qo_indptr_host = _fill(qo_indptr_buf, _cumsum0(extend_lens_cpu))
         table.max_q_len = max(extend_lens_cpu)
     return table
 

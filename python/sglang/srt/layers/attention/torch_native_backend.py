@@ -1,8 +1,9 @@
 """TorchNativeAttnBackend: attention over the paged KV pool with torch's scaled_dot_product_attention.
 
-Runs on CPU and GPU. Per forward, `init_forward_metadata` builds the index tensors and masks once; each layer then
-writes its new K/V to the pool and attends. Decode gathers K/V for the whole batch with one index op (a padded
-[B, max_seq_len] slot table) and runs one batched SDPA call; extend runs one SDPA call per request.
+Runs on CPU and GPU. Per forward, `init_forward_metadata` builds the extend masks once; each layer then writes its
+new K/V to the pool and attends. Decode works on row groups of at most DECODE_GATHER_TOKENS padded tokens: per group
+a padded slot table, one gather of K/V and one batched SDPA call (so its scratch is bounded whatever B x context);
+extend runs one SDPA call per request.
 
 Query layouts:
   decode   q [B, H, D] is viewed as [B, KV, G, D] (G = H / KV query heads per KV head); the G heads of a group
@@ -56,10 +57,10 @@ class ExtendRequest:
 
 @dataclass
 class TorchNativeMetadata:
-    kv_indices: Optional[torch.Tensor]  # decode: [B, max_seq_len] KV slots; rows past seq_len are masked out
-    attn_mask: Optional[torch.Tensor]  # decode: bool [B, 1, 1, Lk], True = attend
+    max_len: int = 0  # decode: the longest sequence of the batch (the padded length of every row group)
+    ragged: bool = False  # decode: some sequence is shorter than max_len (its padding is masked out)
     extend_reqs: Optional[List[ExtendRequest]] = None  # extend: one entry per request
-    fused_decode: bool = False  # decode through the CPU kernel; kv_indices and attn_mask are not built
+    fused_decode: bool = False  # decode through the CPU kernel: nothing else is needed
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -94,22 +95,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             if extend_lens is None:
                 extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
             self.forward_metadata = TorchNativeMetadata(
-                None, None, extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
+                extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
             )
             return
 
         if self.cpu_decode_ops is not None:
-            self.forward_metadata = TorchNativeMetadata(None, None, fused_decode=True)
+            self.forward_metadata = TorchNativeMetadata(fused_decode=True)
             return
+        # the slot tables are built per row group in forward_decode: nothing of size B x max_len is held
         max_len = max(seq_lens_cpu)
-        kv_indices = self.req_to_token_pool.req_to_token[fb.req_pool_indices, :max_len]  # [B, max_len]
-        mask = None
-        if min(seq_lens_cpu) != max_len:
-            key_pos = torch.arange(max_len, device=device)
-            valid = key_pos[None, :] < fb.seq_lens[:, None]  # [B, max_len]
-            kv_indices = kv_indices.masked_fill(~valid, 0)  # req_to_token past seq_len is uninitialised
-            mask = valid.view(bs, 1, 1, max_len)
-        self.forward_metadata = TorchNativeMetadata(kv_indices, mask)
+        self.forward_metadata = TorchNativeMetadata(max_len=max_len, ragged=min(seq_lens_cpu) != max_len)
 
     def _extend_requests(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> List[ExtendRequest]:
         reqs, start = [], 0
@@ -174,22 +169,23 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        bs, num_heads, head_dim = q.shape
-        max_len = md.kv_indices.shape[1]
-        # Rows are processed in groups of at most DECODE_GATHER_TOKENS gathered tokens, so the per-layer gathered
-        # K/V never exceeds the workspace declared for this backend, whatever the batch size and context.
-        rows = max(1, DECODE_GATHER_TOKENS // max_len)
-        if rows >= bs:
-            return self._decode_rows(q, layer, md.kv_indices, md.attn_mask)
-        outs = [
-            self._decode_rows(q[s : s + rows], layer, md.kv_indices[s : s + rows],
-                              None if md.attn_mask is None else md.attn_mask[s : s + rows])
-            for s in range(0, bs, rows)
-        ]
-        return torch.cat(outs)
+        bs = q.shape[0]
+        # Rows are processed in groups of at most DECODE_GATHER_TOKENS padded tokens, so the per-layer slot table,
+        # mask and gathered K/V never exceed the workspace declared for this backend, whatever the batch and context.
+        rows = max(1, DECODE_GATHER_TOKENS // md.max_len)
+        outs = [self._decode_rows(q[s : s + rows], layer, forward_batch.req_pool_indices[s : s + rows],
+                                  forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged)
+                for s in range(0, bs, rows)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _decode_rows(self, q, layer, kv_indices, attn_mask) -> torch.Tensor:
-        k_all, v_all = self._gather_kv(layer, kv_indices, q.dtype)  # [B, KV, Lk, D]
+    def _decode_rows(self, q, layer, req_rows, seq_lens, max_len: int, ragged: bool) -> torch.Tensor:
+        kv_indices = self.req_to_token_pool.req_to_token[req_rows, :max_len]  # [b, max_len], a copy
+        attn_mask = None
+        if ragged:
+            valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [b, max_len]
+            kv_indices.masked_fill_(~valid, 0)  # req_to_token past seq_len is uninitialised
+            attn_mask = valid.view(-1, 1, 1, max_len)
+        k_all, v_all = self._gather_kv(layer, kv_indices, q.dtype)  # [b, KV, Lk, D]
         bs, num_heads, head_dim = q.shape
         num_kv_heads = k_all.shape[1]
         q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]

@@ -100,7 +100,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         self.forward_metadata = TritonMetadata(qo_start, prefix_lens, extend_lens, max(extend_lens_cpu))
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
-                                                 seq_lens_cpu: Sequence[int]) -> None:
+                                                 seq_lens_cpu: Sequence[int],
+                                                 rows_cpu: Optional[Sequence[int]] = None) -> None:
         """Decode of graph batch bs (<= the planned graph batch): the kernels read req_pool_indices and seq_lens from
         the graph's input tensors at replay, so nothing is planned per batch; the grid launches every split (a
         captured grid cannot follow the batch's lengths) and the partials go to the planned cuda_graph_* buffers."""
@@ -109,7 +110,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         self.forward_metadata = TritonMetadata(cuda_graph=True)
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
-                                                seq_lens_cpu: Sequence[int]) -> None:
+                                                seq_lens_cpu: Sequence[int],
+                                                rows_cpu: Optional[Sequence[int]] = None) -> None:
         self.forward_metadata = TritonMetadata(cuda_graph=True)
 
     # ------------------------------------------------------------------ per layer
