@@ -7,8 +7,9 @@
 The entry runs as `entry(*args, report)`. It is imported by name in a fresh interpreter, so nothing of the caller's
 __main__ is run again: a child starts the same way whether the caller is a script, `python -c`, stdin or a notebook.
 SIGINT is ignored (Ctrl-C reaches the whole terminal group; the parent decides when its children stop), SIGTERM has
-its default action (even where the parent ignores it) unless the entry installs a handler. The child never outlives its parent: PR_SET_PDEATHSIG on Linux plus a
-thread polling the parent pid (the signal alone misses a parent that died before it was set).
+its default action (even where the parent ignores it) unless the entry installs a handler. The child never outlives
+its parent: PR_SET_PDEATHSIG on Linux plus a thread polling the parent pid (the signal alone misses a parent that
+died before it was set).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
     group = ProcessGroup("TP ranks")
     group.spawn("TP rank 1", "sglang.srt.distributed.tp_worker:run_tp_worker", (sa, 1), log_name="tp1", ...)
-    infos = group.wait_ready(timeout_s)   # each child's ready message, in spawn order; RuntimeError naming a failure
-    group.death()                         # None while every child runs, else who died first and why
-    group.stop()                          # SIGTERM wave by wave, SIGKILL past the grace period; all at once after a death
+    infos = group.wait_ready(timeout_s)  # each child's ready message, in spawn order; RuntimeError naming a failure
+    group.death()                        # None while every child runs, else who died first and why
+    group.stop()                         # SIGTERM wave by wave, SIGKILL past the grace period; all at once after death
 
 Children run `python -m sglang.srt.launch.child` (child.py): a fresh interpreter that imports its entry by name and
 reports through a socket pair. "First cause of death": when one child dies the others often fail after it (a TP rank

@@ -12,9 +12,9 @@ the process stops (a "fatal" RpcReply, exit code 1) only when step() raises Sche
 bookkeeping could not be repaired, or on a bug in this loop itself.
 
 It runs as a child of a process group (srt/launch/), which starts it, reports its failures and makes it die with
-its parent. With --tp-size N this process is TP rank 0 (the only rank that schedules; srt/distributed/): SIGTERM then only
-asks the loop to stop at its next step boundary, where it sends the other ranks "stop" (they are never left inside
-a collective) and exits 0.
+its parent. With --tp-size N this process is TP rank 0 (the only rank that schedules; srt/distributed/): SIGTERM
+then only asks the loop to stop at its next step boundary, where it sends the other ranks "stop" (they are never
+left inside a collective) and exits 0.
 """
 
 from __future__ import annotations
