@@ -3,7 +3,6 @@
 import sys
 
 if __name__ == "__main__":
-    # imports stay inside the guard: the spawned scheduler process re-imports this module as __mp_main__
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
 

@@ -67,7 +67,7 @@ def reference():
 def tp3(reference):
     engine = Engine(tp_size=3, **FLAGS)
     yield engine
-    pids = engine.tp_ranks.workers.pids
+    pids = engine.tp_ranks.pids
     shutdown(engine)  # releases ranks 1-2: they leave their loop and exit
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 

@@ -47,7 +47,7 @@ def ipc_dirs_of(pid: int) -> list:
 def scheduler_of(server) -> psutil.Process:
     for pid in server.child_pids():
         p = psutil.Process(pid)
-        if "spawn_main" in " ".join(p.cmdline()):  # multiprocessing's spawned child (not its resource tracker)
+        if "sglang.srt.launch.child scheduler" in " ".join(p.cmdline()):  # srt/launch/child.py, named "scheduler"
             return p
     raise AssertionError(f"no scheduler process among {server.child_pids()}")
 

@@ -1,5 +1,5 @@
 """The scheduler process never outlives the server process, even when the server is killed with SIGKILL and has no
-chance to clean up (PR_SET_PDEATHSIG plus a parent-pid watchdog in scheduler_process.py)."""
+chance to clean up (PR_SET_PDEATHSIG plus a parent-pid watchdog in srt/launch/child.py)."""
 
 import subprocess
 import sys
@@ -17,7 +17,7 @@ PARENT = textwrap.dedent("""
     import multiprocessing as mp, os, sys, time
 
     def child(parent_pid):
-        from sglang.srt.managers.scheduler_process import kill_itself_when_parent_died
+        from sglang.srt.launch.child import kill_itself_when_parent_died
         kill_itself_when_parent_died(parent_pid)
         time.sleep(600)
 

@@ -1,5 +1,6 @@
 """Tensor parallelism on torch.distributed: process groups (parallel_state), collectives (communication_op), the
-batch rank 0 broadcasts (batch_sync), follower ranks (tp_worker) and starting / watching them (launch)."""
+batch rank 0 broadcasts (batch_sync) and the follower ranks' loop (tp_worker). Starting and watching the ranks'
+processes is srt/launch/."""
 
 from sglang.srt.distributed.communication_op import (
     tp_all_gather,

@@ -1,18 +1,15 @@
 """A follower TP rank (rank != 0): its own ModelRunner (its weight shard, its KV pool), no scheduler, no HTTP.
 
 It runs the forward rank 0 broadcasts (batch_sync.py), in lockstep with every other rank, until rank 0 sends
-"stop". Reports through `pipe_writer`: {"status": "ready"} once its plan is allocated, then, if it fails,
-{"status": "fatal", "message": ...} before exiting with code 1; a startup failure is {"status": "error", ...}.
-SIGTERM ends it at once (default action: it holds no sockets or files to release), and it never outlives its parent.
+"stop". It runs as a child of a process group (srt/launch/tp_ranks.py): it reports ready once its plan is allocated,
+and the group learns of its failures and makes it die with its parent. SIGTERM ends it at once (default action: it
+holds no sockets or files to release, and it may be blocked inside a collective).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
-import traceback
 from typing import Optional
 
 from sglang.srt.server_args import ServerArgs
@@ -50,31 +47,12 @@ def follower_loop(runner) -> None:
         runner.forward_local(fb)
 
 
-def run_tp_worker(server_args: ServerArgs, tp_rank: int, pipe_writer, parent_pid: int) -> None:
-    from sglang.srt.managers.scheduler_process import kill_itself_when_parent_died
+def run_tp_worker(server_args: ServerArgs, tp_rank: int, report) -> None:
+    """Entry of a follower rank's process (srt/launch/child.py runs it)."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    kill_itself_when_parent_died(parent_pid)
-    logging.basicConfig(level=server_args.log_level.upper(),
-                        format=f"[%(asctime)s tp{tp_rank}] %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")
-    try:
-        from sglang.srt.model_executor.model_runner import ModelRunner
-
-        runner = ModelRunner(server_args, tp_rank=tp_rank)
-    except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
-        logger.error("TP rank %d failed to start:\n%s", tp_rank, traceback.format_exc())
-        pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
-        sys.exit(1)
-    pipe_writer.send({"status": "ready"})
-    try:
-        follower_loop(runner)
-    except BaseException as e:  # noqa: BLE001
-        logger.error("TP rank %d crashed:\n%s", tp_rank, traceback.format_exc())
-        try:
-            pipe_writer.send({"status": "fatal", "message": f"{type(e).__name__}: {e}"})
-        finally:
-            os._exit(1)
+    runner = ModelRunner(server_args, tp_rank=tp_rank)
+    report.ready()
+    follower_loop(runner)
     logger.info("TP rank %d stopped", tp_rank)
-    os._exit(0)
+    os._exit(0)  # released: skip the interpreter's teardown of torch

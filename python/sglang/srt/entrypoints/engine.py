@@ -32,7 +32,7 @@ def configure_logging(level: str) -> None:
 
 class Engine:
     def __init__(self, server_args: Optional[ServerArgs] = None, **kwargs):
-        from sglang.srt.distributed.launch import start_engine_ranks
+        from sglang.srt.launch.tp_ranks import start_engine_ranks
         from sglang.srt.managers.scheduler import Scheduler
 
         self.server_args = server_args or ServerArgs(**kwargs)
@@ -41,7 +41,7 @@ class Engine:
                              "serve data parallelism with `sglang serve --dp-size N` (or several servers behind "
                              "sglang-router, docs/router.md).")
         configure_logging(self.server_args.log_level)
-        # --tp-size N: this process is rank 0, the other ranks are child processes (srt/distributed/)
+        # --tp-size N: this process is rank 0, the other ranks are child processes (srt/launch/tp_ranks.py)
         self.server_args, self.tp_ranks = start_engine_ranks(self.server_args)
         try:
             self.scheduler = Scheduler(self.server_args)
@@ -145,7 +145,7 @@ class Engine:
             self.scheduler.abort_request(rid)
         self.scheduler.step()
         if self.tp_ranks is not None:
-            self.tp_ranks.stopping.set()
+            self.tp_ranks.expect_exits()  # released below: they leave their loop and exit
             self.scheduler.model_runner.shutdown_tp()
             self.tp_ranks.stop()
         self.scheduler = None

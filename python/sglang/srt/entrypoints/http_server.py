@@ -4,12 +4,13 @@ overlaps with importing FastAPI, the OpenAI layer and the tokenizer in this proc
 
 Process layout (like upstream):
     main process       uvicorn + FastAPI + TokenizerManager (tokenization, request state, SSE)
-    scheduler process  Scheduler (model, KV pools, batching, detokenization), spawned, connected by ZMQ
+    scheduler process  Scheduler (model, KV pools, batching, detokenization), spawned, connected by ZMQ; with
+                       --tp-size N also the follower ranks, with --dp-size N one per replica (srt/launch/)
 The event loop of the main process never runs the model, so /health answers while a long batch runs.
 
-launch_server() blocks until SIGINT/SIGTERM (exit 0), then stops uvicorn, aborts what is running and terminates the
-scheduler process; a fatal error (the scheduler died) stops it with exit status 1. Process handling, exit codes and
-orphan prevention: server_lifecycle.py; body size limit and API key: http_middleware.py.
+launch_server() blocks until SIGINT/SIGTERM (exit 0), then stops uvicorn, aborts what is running and stops the
+scheduler side; a fatal error (a scheduler process or rank died) stops it with exit status 1. Exit codes:
+server_lifecycle.py; starting and stopping processes: srt/launch/; body size limit and API key: http_middleware.py.
 """
 
 from __future__ import annotations
@@ -21,15 +22,8 @@ import signal
 import sys
 import time
 
-from sglang.srt.entrypoints.server_lifecycle import (
-    SCHEDULER_STARTUP_TIMEOUT_S,
-    check_port_free,
-    launch_scheduler_process,
-    raise_system_exit,
-    serve,
-    stop_process,
-    wait_for_scheduler,
-)
+from sglang.srt.entrypoints.server_lifecycle import check_port_free, raise_system_exit, serve
+from sglang.srt.launch.scheduler_processes import start_scheduler_processes, wait_for_schedulers
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.tokenizer_loading import preload_tokenizer
 from sglang.srt.server_args import ServerArgs
@@ -60,45 +54,32 @@ def launch_server(server_args: ServerArgs) -> None:
         datefmt="%H:%M:%S",
     )
     if server_args.node_rank > 0:  # a follower node of a multi-node TP server: its ranks, no HTTP API
-        from sglang.srt.distributed.server_ranks import run_follower_node
+        from sglang.srt.launch.tp_ranks import run_follower_node
 
         sys.exit(run_follower_node(server_args))
     check_port_free(server_args.host, server_args.port)
     port_args = PortArgs.init_new()  # also removes IPC directories left by servers that died without cleanup
-    proc = tm = None
+    schedulers = tm = None
     exit_code = 0
     # uvicorn re-raises the signal that stopped it; turn SIGTERM into SystemExit so the cleanup below runs
     signal.signal(signal.SIGTERM, raise_system_exit)
     try:
-        if server_args.dp_size > 1:  # N replicas behind one dispatcher (managers/data_parallel_controller.py)
-            from sglang.srt.managers.data_parallel_controller import ReplicaProcesses
+        schedulers = start_scheduler_processes(server_args, port_args)
+        t_spawned = time.perf_counter()
+        preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process(es)
+        import sglang.srt.entrypoints.http_app  # noqa: F401 - FastAPI and the OpenAI layer, also overlapping
 
-            proc = ReplicaProcesses(server_args, port_args)
-            preloaded = preload_tokenizer(server_args)
-            info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
-        elif server_args.tp_size > 1:  # TP rank 0 (the scheduler) + this node's follower ranks (srt/distributed/)
-            from sglang.srt.distributed.server_ranks import TpServerRanks
-
-            proc = TpServerRanks(server_args, port_args)
-            preloaded = preload_tokenizer(server_args)
-            info = proc.wait_ready(SCHEDULER_STARTUP_TIMEOUT_S)
-        else:
-            proc, reader = launch_scheduler_process(server_args, port_args)
-            t_spawned = time.perf_counter()
-            preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process
-            import sglang.srt.entrypoints.http_app  # noqa: F401 - FastAPI and the OpenAI layer, also overlapping
-
-            t_tokenizer = time.perf_counter()
-            info = wait_for_scheduler(proc, reader)
-            logger.info("Main process: imports %.2f s before launch, scheduler spawn %.2f s, tokenizer preload %.2f s "
-                        "+ API imports (beside the scheduler's start), then waited %.2f s for the scheduler", imports_s,
-                        t_spawned - started, t_tokenizer - t_spawned, time.perf_counter() - t_tokenizer)
+        t_tokenizer = time.perf_counter()
+        info = wait_for_schedulers(schedulers, server_args)
+        logger.info("Main process: imports %.2f s before launch, scheduler spawn %.2f s, tokenizer preload %.2f s "
+                    "+ API imports (beside the scheduler's start), then waited %.2f s for the scheduler", imports_s,
+                    t_spawned - started, t_tokenizer - t_spawned, time.perf_counter() - t_tokenizer)
         from sglang.srt.entrypoints.http_app import create_app  # loaded while the scheduler started
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
         tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
-        asyncio.run(serve(app, tm, proc, server_args, started))
+        asyncio.run(serve(app, tm, schedulers, server_args, started))
     except KeyboardInterrupt:
         pass
     except SystemExit as e:  # SIGTERM (0), or uvicorn giving up (e.g. it could not bind)
@@ -112,7 +93,8 @@ def launch_server(server_args: ServerArgs) -> None:
     finally:
         if tm is not None:
             tm.close()
-        stop_process(proc)
+        if schedulers is not None:
+            schedulers.stop()
         port_args.cleanup()
     if tm is not None and tm.fatal_error is not None:
         logger.error("The server stopped after a fatal error: %s", tm.fatal_error)

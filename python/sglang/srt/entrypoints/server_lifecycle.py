@@ -1,32 +1,28 @@
-"""The server's processes: start the scheduler process and wait for it, run uvicorn while watching it, stop it.
+"""The server's lifetime: run uvicorn while watching the scheduler side (a ProcessGroup, srt/launch/), stop both.
 
-Exit status (launch_server): 0 after SIGINT/SIGTERM; 1 when startup fails or a fatal error stops the server (the
-scheduler process died or reported a crash, the output loop failed), so a supervisor that restarts on failure
-restarts it. In-flight requests get an error (a 500 body, or an error event then [DONE] on a stream) first.
-The scheduler process never outlives this one (PR_SET_PDEATHSIG + a parent watchdog in scheduler_process.py), and
-the IPC directory of a server killed without cleanup is removed by the next start (PortArgs.init_new).
+Exit status (launch_server): 0 after SIGINT/SIGTERM; 1 when startup fails or a fatal error stops the server (a
+scheduler process or TP rank died or reported a crash, the output loop failed), so a supervisor that restarts on
+failure restarts it. In-flight requests get an error (a 500 body, or an error event then [DONE] on a stream) first.
+The scheduler side never outlives this process (srt/launch/child.py), and the IPC directory of a server killed
+without cleanup is removed by the next start (PortArgs.init_new).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
-import os
 import socket
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.server_args import ServerArgs
 
-if TYPE_CHECKING:  # the main process imports it after spawning the scheduler (http_server.py)
+if TYPE_CHECKING:  # the main process imports them after spawning the scheduler (http_server.py)
+    from sglang.srt.launch.process_group import ProcessGroup
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_STARTUP_TIMEOUT_S = 600.0
-SCHEDULER_STOP_TIMEOUT_S = 5.0
 # how long uvicorn waits for open connections at a stop; with the scheduler's watch interval this keeps a fatal
 # stop well under 5 s (in-flight requests are failed at once, so their connections close quickly)
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 3.0
@@ -42,57 +38,7 @@ def check_port_free(host: str, port: int) -> None:
             raise SystemExit(f"Cannot bind {host}:{port} ({e.strerror}); pick another port with --port.") from None
 
 
-def launch_scheduler_process(server_args: ServerArgs, port_args: PortArgs):
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
-
-    ctx = mp.get_context("spawn")  # never fork a process that may hold threads, sockets or a torch runtime
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(
-        target=run_scheduler_process, args=(server_args, port_args, writer, os.getpid()), name="sglang-scheduler",
-        daemon=True,
-    )
-    proc.start()
-    writer.close()
-    return proc, reader
-
-
-def wait_for_scheduler(proc, reader, timeout_s: float = SCHEDULER_STARTUP_TIMEOUT_S) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if reader.poll(0.2):
-            try:
-                info = reader.recv()
-            except EOFError:
-                break
-            if info.get("status") != "ready":
-                raise RuntimeError(f"The scheduler failed to start: {info.get('message')}")
-            return info
-        if not proc.is_alive():
-            break
-    raise RuntimeError(f"The scheduler process exited during startup (exit code {proc.exitcode}); see its log above.")
-
-
-def stop_process(proc) -> None:
-    if proc is not None and hasattr(proc, "stop"):  # a process group (ReplicaProcesses, TpServerRanks): all of it
-        proc.stop()
-        return
-    if proc is None or not proc.is_alive():
-        return
-    proc.terminate()
-    proc.join(SCHEDULER_STOP_TIMEOUT_S)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(SCHEDULER_STOP_TIMEOUT_S)
-
-
-def process_death(proc) -> Optional[str]:
-    """Why the scheduler side stopped, or None while it runs; a process group names the replica or rank."""
-    if hasattr(proc, "death"):
-        return proc.death()
-    return None if proc.is_alive() else f"the scheduler process exited with code {proc.exitcode}"
-
-
-async def serve(app, tm: TokenizerManager, proc, server_args: ServerArgs, started: float) -> None:
+async def serve(app, tm: TokenizerManager, schedulers: ProcessGroup, server_args: ServerArgs, started: float) -> None:
     import uvicorn
 
     config = uvicorn.Config(
@@ -118,7 +64,7 @@ async def serve(app, tm: TokenizerManager, proc, server_args: ServerArgs, starte
                 tm.is_shutting_down = True
                 tm.abort_all()
                 return
-            death = process_death(proc)
+            death = schedulers.death()
             if death is not None:
                 tm.scheduler_died(death)
                 return

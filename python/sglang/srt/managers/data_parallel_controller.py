@@ -20,19 +20,13 @@ already tokenized there, so routing is one socket send, with no extra hop). Rout
 Ties go to the lowest dp_rank. Both loads are counted here, at send and at the finishing output, so they are exact
 and current (the replicas' stats pushes lag by up to half a second).
 
-ReplicaProcesses starts, watches and stops the N scheduler processes; `death()` names the first replica that died
-and why, which the server reports before it exits with status 1 (server_lifecycle.py).
+The N scheduler processes are started, watched and stopped by srt/launch/scheduler_processes.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-import os
-import signal
-import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import zmq
 
@@ -42,8 +36,6 @@ from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-REPLICA_STOP_TIMEOUT_S = 5.0
-READY_POLL_INTERVAL_S = 0.2
 # server_info keys that describe one replica (its plan and state); the others are the same on every replica
 PER_REPLICA_INFO_KEYS = ("max_total_num_tokens", "max_running_requests", "max_req_len", "max_req_input_len",
                          "memory_plan", "memory_plan_per_rank", "cuda_graphs", "stats", "memory_integrity",
@@ -168,128 +160,3 @@ def aggregate_stats(per_replica: Dict[int, dict]) -> dict:
     else:
         out["token_usage"] = sum(s.get("token_usage", 0.0) for s in stats) / len(stats)
     return out
-
-
-# ====================================================================== the replica processes
-def replica_server_args(server_args: ServerArgs, dp_size: int) -> ServerArgs:
-    """A replica's ServerArgs: on CPU, with --num-threads unset, its share of the cores."""
-    if dp_size == 1 or server_args.num_threads is not None or server_args.device not in ("auto", "cpu"):
-        return server_args
-    return dataclasses.replace(server_args, num_threads=max(1, (os.cpu_count() or 1) // dp_size))
-
-
-def replica_visible_devices(server_args: ServerArgs, dp_size: int) -> Optional[List[str]]:
-    """The GPU each replica sees (CUDA_VISIBLE_DEVICES), or None on CPU. Raises when there are fewer than N."""
-    if server_args.device == "cpu":
-        return None
-    import torch
-
-    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if present == 0:
-        if server_args.device != "auto":
-            raise RuntimeError(f"--device {server_args.device}: no GPU is visible.")
-        return None
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(present)]
-    if dp_size > len(visible):
-        raise RuntimeError(f"--dp-size {dp_size} needs {dp_size} GPUs (one per replica); {len(visible)} visible.")
-    return visible[:dp_size]
-
-
-@contextlib.contextmanager
-def _environ(name: str, value: Optional[str]):
-    """Set one environment variable for a spawned child (it copies the environment at start)."""
-    old = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if value is not None:
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-
-class ReplicaProcesses:
-    """The N scheduler processes of a --dp-size server, started together and watched as one."""
-
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs):
-        from sglang.srt.entrypoints.server_lifecycle import launch_scheduler_process
-
-        dp = server_args.dp_size
-        devices = replica_visible_devices(server_args, dp)
-        replica_args = replica_server_args(server_args, dp)
-        self.procs, self.readers, self.messages = [], [], {}
-        for k, pa in enumerate(replica_port_args(port_args, dp)):
-            with _environ("CUDA_VISIBLE_DEVICES", devices[k] if devices else None):
-                proc, reader = launch_scheduler_process(replica_args, pa)
-            proc.name = f"sglang-scheduler-dp{k}"
-            self.procs.append(proc)
-            self.readers.append(reader)
-        logger.info("Started %d data-parallel replicas (pids %s), load balancing: %s", dp,
-                    ", ".join(str(p.pid) for p in self.procs), server_args.load_balance_method)
-
-    @property
-    def pids(self) -> List[int]:
-        return [p.pid for p in self.procs]
-
-    def _drain(self) -> None:
-        for k, reader in enumerate(self.readers):
-            try:
-                while reader.poll():
-                    self.messages[k] = reader.recv()
-            except (EOFError, OSError):
-                pass
-
-    def wait_ready(self, timeout_s: float) -> dict:
-        """Every replica's ready_info merged (merge_ready_info); RuntimeError naming the first that failed."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self._drain()
-            failed = [k for k, m in self.messages.items() if m.get("status") not in (None, "ready")]
-            if failed:
-                k = failed[0]
-                raise RuntimeError(f"Data-parallel replica {k} failed to start: {self.messages[k].get('message')}")
-            if len(self.messages) == len(self.procs):
-                infos = [self.messages[k] for k in range(len(self.procs))]
-                for k, info in enumerate(infos):
-                    logger.info("Replica %d: KV pool %s tokens, %s request slots", k,
-                                f"{info.get('max_total_num_tokens'):,}", info.get("max_running_requests"))
-                return merge_ready_info(infos)
-            dead = self.death()
-            if dead:
-                raise RuntimeError(f"{dead} during startup; see its log above.")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"The data-parallel replicas did not start within {timeout_s:.0f} s.")
-            time.sleep(READY_POLL_INTERVAL_S)
-
-    def death(self) -> Optional[str]:
-        """'data-parallel replica k (pid p) ...' for the first replica process that exited, else None."""
-        for k, proc in enumerate(self.procs):
-            if proc.is_alive():
-                continue
-            code = proc.exitcode
-            if code is not None and code < 0:
-                how = f"was killed by {signal.Signals(-code).name}"
-            else:
-                how = f"exited with code {code}"
-            return f"data-parallel replica {k} (scheduler pid {proc.pid}) {how}"
-        return None
-
-    def stop(self) -> None:
-        """SIGTERM every replica, then SIGKILL what is left after REPLICA_STOP_TIMEOUT_S (one shared deadline). After
-        a replica died the server is failing: the others are killed at once (their clients already got errors)."""
-        failing = self.death() is not None
-        for p in self.procs:
-            if p.is_alive() and failing:
-                p.kill()
-            elif p.is_alive():
-                p.terminate()
-        deadline = time.monotonic() + REPLICA_STOP_TIMEOUT_S
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join(REPLICA_STOP_TIMEOUT_S)

@@ -11,23 +11,21 @@ Faults inside a step fail only their requests (status_code 500, see fault_confin
 the process stops (a "fatal" RpcReply, exit code 1) only when step() raises SchedulerStateCorrupt, i.e. the memory
 bookkeeping could not be repaired, or on a bug in this loop itself.
 
-The process never outlives its parent: PR_SET_PDEATHSIG on Linux plus a watchdog thread polling the parent pid.
-With --tp-size N this process is TP rank 0 (the only rank that schedules; srt/distributed/): SIGTERM then only
-asks the loop to stop at its next step boundary, where it sends the other ranks "stop" (they are never left inside
-a collective) and exits 0.
+It runs as a child of a process group (srt/launch/), which starts it, reports its failures and makes it die with
+its parent. With --tp-size N this process is TP rank 0 (the only rank that schedules; srt/distributed/): SIGTERM
+then only asks the loop to stop at its next step boundary, where it sends the other ranks "stop" (they are never
+left inside a collective) and exits 0.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 import zmq
 
@@ -48,25 +46,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_TIMEOUT_MS = 1000  # wake up this often while idle (nothing else to do; the watchdog is a thread)
 STATS_PUSH_INTERVAL_S = 0.5  # how often live stats are pushed to the metrics while busy
-PARENT_POLL_INTERVAL_S = 1.0
 QUEUE_FULL_MESSAGE = "The request queue is full."
-_PR_SET_PDEATHSIG = 1
-
-
-def kill_itself_when_parent_died(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def watchdog():
-        while True:
-            time.sleep(PARENT_POLL_INTERVAL_S)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
 class SchedulerProcess:
@@ -208,50 +188,33 @@ def log_startup_breakdown(scheduler: Any, t_imports: float, t_init: float, t_war
     logger.info("Scheduler ready %.2f s after its process started: %s", process_age_s(), ", ".join(parts))
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_writer, parent_pid: Optional[int] = None):
-    """Entry point of the scheduler process. Sends one dict through `pipe_writer`: ready_info() or an error."""
-    # Ctrl-C reaches the whole process group; the parent decides when this process stops (SIGTERM).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, report) -> None:
+    """Entry of the scheduler process (srt/launch/child.py runs it): report.ready(ready_info()) once it serves."""
     # SIGTERM from the parent: exit normally so atexit hooks release semaphores and sockets
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    kill_itself_when_parent_died(parent_pid if parent_pid is not None else os.getppid())
-    logging.basicConfig(
-        level=server_args.log_level.upper(),
-        format="[%(asctime)s scheduler" + (f" dp{port_args.dp_rank}" if server_args.dp_size > 1 else "")
-               + "] %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    try:
-        t_imports = time.perf_counter()
-        from sglang.srt.managers.scheduler import Scheduler
+    t_imports = time.perf_counter()
+    from sglang.srt.managers.scheduler import Scheduler
 
-        t_init = time.perf_counter()
-        scheduler = Scheduler(server_args)
-        t_warmup = time.perf_counter()
-        scheduler.warmup()
-        log_startup_breakdown(scheduler, t_imports, t_init, t_warmup)
-        proc = SchedulerProcess(scheduler, server_args, port_args)
-        if server_args.tp_size > 1:
-            signal.signal(signal.SIGTERM, lambda signum, frame: proc.stop_requested.set())
-        info = ready_info(scheduler)
-    except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
-        logger.error("Scheduler failed to start:\n%s", traceback.format_exc())
-        pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
-        sys.exit(1)
-    pipe_writer.send(info)
-    pipe_writer.close()
+    t_init = time.perf_counter()
+    scheduler = Scheduler(server_args)
+    t_warmup = time.perf_counter()
+    scheduler.warmup()
+    log_startup_breakdown(scheduler, t_imports, t_init, t_warmup)
+    proc = SchedulerProcess(scheduler, server_args, port_args)
+    if server_args.tp_size > 1:
+        signal.signal(signal.SIGTERM, lambda signum, frame: proc.stop_requested.set())
+    report.ready(ready_info(scheduler))
     try:
         proc.event_loop()
-        logger.info("Stop requested: releasing the other TP ranks")  # only reached on a requested stop (tp > 1)
-        scheduler.model_runner.shutdown_tp()
-        logger.info("TP ranks released")
-        sys.exit(0)
     except SystemExit:  # SIGTERM from the parent: a normal stop
         raise
-    except BaseException as e:  # noqa: BLE001
-        logger.error("Scheduler crashed:\n%s", traceback.format_exc())
+    except BaseException as e:  # noqa: BLE001 - the TokenizerManager fails its requests with this message
         try:
             proc.reply("fatal", f"{type(e).__name__}: {e}")
             time.sleep(0.1)  # let the message leave before the process dies
-        finally:
-            os._exit(1)
+        except Exception:  # noqa: BLE001 - the parent still learns the cause through the report pipe
+            pass
+        raise
+    logger.info("Stop requested: releasing the other TP ranks")  # only reached on a requested stop (tp > 1)
+    scheduler.model_runner.shutdown_tp()
+    logger.info("TP ranks released")
