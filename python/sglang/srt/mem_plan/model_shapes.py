@@ -309,8 +309,8 @@ class ModelShape:
                               tp_size=tp)
         return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp)
 
-    def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: int = 8, model_dtype_bytes: int = 2,
-                        kv_dtype_bytes: int = 2) -> AttentionShape:
+    def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: Optional[int] = None,
+                        model_dtype_bytes: int = 2, kv_dtype_bytes: int = 2) -> AttentionShape:
         s = self.text
         nq = _cdiv(s.num_q_heads, tp)
         common = dict(architectures=s.architectures, num_kv_splits=num_kv_splits, model_dtype_bytes=model_dtype_bytes,
@@ -373,7 +373,3 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
 
 def model_shape_from_path(path: str) -> ModelShape:
     return model_shape_from_config(load_config(path))
-
-
-def context_len_of(shape: ModelShape, override: Optional[int] = None) -> int:
-    return override if override is not None else shape.text.max_position_embeddings
