@@ -22,7 +22,13 @@ import os
 import sys
 from typing import Optional
 
-from sglang.srt.configs.resolved import fused_cpu_decode, plan_backend, planned_weight_format, resolve_model
+from sglang.srt.configs.resolved import (
+    check_tp_sharding,
+    fused_cpu_decode,
+    plan_backend,
+    planned_weight_format,
+    resolve_model,
+)
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
@@ -96,6 +102,7 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
         path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
     cfg = load_config(path)
     model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
+    check_tp_sharding(model.shape, sa.tp_size)
     fmt = planned_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, model.dtype)
     return dataclasses.replace(model, weight_format=fmt), path
 
@@ -180,7 +187,9 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     """Returns (exit status, JSON-able result, text report)."""
     sa, ns = parse_args(argv)
     gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
-    try:  # what the server refuses (the same functions, the same message): a backend, a context length, a format
+    # refused as a start refuses them (the same functions, the same messages): the backend, the context length,
+    # the weight format, a --tp-size the model cannot be split over
+    try:
         choice = plan_backend(sa.attention_backend, gpu.platform if gpu is not None else None)
         sa.attention_backend = choice.name
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
@@ -244,6 +253,7 @@ def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[
             continue
         try:
             trial = dataclasses.replace(sa, tp_size=tp)  # per-rank plan (ValueError: nnodes does not divide tp)
+            check_tp_sharding(model.shape, tp)
             plan_memory(plan_inputs(trial, ns, model, device_facts(trial, ns, model)))
             return tp
         except (MemoryPlanError, ValueError):

@@ -1,6 +1,7 @@
 """`sglang plan` accepts and refuses what a start accepts and refuses, with the same message: the settings are
-resolved once (configs/resolved.py). The server side is ModelConfig.from_server_args, the step ModelRunner (and so
-the Engine and `sglang serve`) takes before any weight loads."""
+resolved once (configs/resolved.py). The server side is what a start runs before any weight loads:
+ModelConfig.from_server_args (ModelRunner, so the Engine and `sglang serve`) for --context-length, and
+distributed/launch.check_tp_config (before any TP rank starts) for --tp-size."""
 
 import contextlib
 import io
@@ -40,6 +41,17 @@ def server_outcome(model_dir, **flags):
         return None, str(e)
 
 
+def tp_outcome(tp_size):
+    """(True, None) when a start of the bundled model on CPU takes --tp-size, else (None, its message)."""
+    from sglang.srt.distributed.launch import check_tp_config
+
+    try:
+        check_tp_config(ServerArgs(tp_size=tp_size, device="cpu"))
+        return True, None
+    except ValueError as e:
+        return None, str(e)
+
+
 class TestPlanRefusesAsServer(unittest.TestCase):
     def assert_same(self, plan_argv, model_dir, context_length, **flags):
         argv = plan_argv + ["--context-length", str(context_length)]
@@ -54,6 +66,15 @@ class TestPlanRefusesAsServer(unittest.TestCase):
         self.assertEqual(self.assert_same(plan_argv, model_dir, 4096), (4096, None))
         _, message = self.assert_same(plan_argv, model_dir, 10000)
         self.assertIn("max_position_embeddings=8192", message)
+
+    def test_tp_size(self):
+        """SmolLM2 has 9 attention heads and 3 KV heads: --tp-size 3 splits it, 2 does not."""
+        for tp, want in ((3, True), (2, None)):
+            plan = plan_outcome(["--device", "cpu", "--total-memory-gb", "4", "--tp-size", str(tp)])
+            server = tp_outcome(tp)
+            print(f"--tp-size {tp}: plan {plan}, server {server}")
+            self.assertEqual(server[0], want)
+            self.assertEqual((plan[0] is not None, plan[1]), (server[0] is not None, server[1]))
 
     def test_gpu_preset(self):
         plan_argv = ["--model-path", QWEN, "--gpu", "h100-80gb"]

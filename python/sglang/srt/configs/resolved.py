@@ -8,6 +8,7 @@ run refuses what a start refuses, with the same message:
     context length     resolve_context_len: --context-length up to the model's max_position_embeddings
     dtypes             the rules of mem_plan/dtypes.py (--dtype auto by device, --kv-cache-dtype auto = --dtype)
     model facts        resolve_model: config.json geometry + the three above, as the memory plan reads them
+    tensor parallelism check_tp_sharding: the model splits over --tp-size ranks (before any rank starts)
     quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
                        planned_weight_format (the bytes `sglang plan` charges, plan-only formats included)
     fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace
@@ -23,7 +24,7 @@ from typing import Callable, Optional
 from sglang.srt.layers.attention import backend_resolution as br
 from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
-from sglang.srt.mem_plan.model_shapes import model_shape_from_config
+from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
 from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_linear_type, weight_format
 
 # Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
@@ -92,6 +93,24 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
 
     head_dim, kv = model.shape.text.head_dim, torch_dtype(model.kv_cache_dtype)
     return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
+
+
+def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
+    """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
+    or replicated when tp > KV heads) and the MLP's intermediate size; multimodal models run on one rank."""
+    t, tp = shape.text, tp_size
+    if tp == 1:
+        return
+    if shape.encoders:
+        raise ValueError(f"--tp-size {tp}: multimodal models run on one rank only; use --tp-size 1.")
+    if t.num_q_heads % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's {t.num_q_heads} attention heads; "
+                         f"pick a divisor of {t.num_q_heads}.")
+    if t.num_kv_heads % tp and tp % t.num_kv_heads:
+        raise ValueError(f"--tp-size {tp} and the model's {t.num_kv_heads} KV heads: one must divide the other "
+                         f"(KV heads are split, or replicated when tp > KV heads).")
+    if t.intermediate_size % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's intermediate size {t.intermediate_size}.")
 
 
 def cpu_quant_kernels() -> bool:
