@@ -191,7 +191,7 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     # the weight format, a --tp-size the model cannot be split over
     try:
         choice = plan_backend(sa.attention_backend, gpu.platform if gpu is not None else None)
-        sa.attention_backend = choice.name
+        sa = dataclasses.replace(sa, attention_backend=choice.name)
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
     except ValueError as e:
         build_parser().error(str(e))

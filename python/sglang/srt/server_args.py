@@ -2,8 +2,9 @@
 
 Every field carries its help text (and its allowed values) in `field(metadata=...)`; the CLI parser is generated
 from the dataclass, so a flag, its default and its documentation can never drift apart. Values spelled "auto"/None
-are resolved in one explicit step, `resolve_auto_values()`, from the model config and the memory plan; nothing
-else mutates a ServerArgs after construction.
+are resolved from the model's config by configs/resolved.py (device, attention backend, context length, dtypes,
+quantization), the same functions for a start and for `sglang plan`, and the sizes by the memory plan
+(mem_plan/build.py); a ServerArgs is never mutated in place (the runner keeps a copy with the backend resolved).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -322,9 +322,6 @@ class ServerArgs:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def _field_type(f: dataclasses.Field):
