@@ -17,6 +17,7 @@ import torch
 
 from sglang.srt.configs.hf_config_snapshot import load_hf_config
 from sglang.srt.configs.resolved import resolve_device, resolve_model
+from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import torch_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, load_config
 
@@ -63,17 +64,36 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     vocab_size: int
-    context_len: int
-    dtype: torch.dtype
-    kv_cache_dtype: torch.dtype
+    facts: ModelFacts  # geometry, context length and dtypes, resolved as `sglang plan` resolves them
     device: str
     tie_word_embeddings: bool
     is_multimodal: bool
     eos_token_ids: Set[int] = field(default_factory=set)
     rope_parameters: dict = field(default_factory=dict)
-    shape: Optional[ModelShape] = None  # the config.json geometry, as `sglang plan` reads it
-    dtype_name: str = "bfloat16"  # canonical names of dtype / kv_cache_dtype (mem_plan/dtypes.py)
-    kv_cache_dtype_name: str = "bfloat16"
+
+    @property
+    def context_len(self) -> int:
+        return self.facts.context_len
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.facts.shape
+
+    @property
+    def dtype_name(self) -> str:  # canonical names (mem_plan/dtypes.py)
+        return self.facts.dtype
+
+    @property
+    def kv_cache_dtype_name(self) -> str:
+        return self.facts.kv_cache_dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.facts.dtype)
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return torch_dtype(self.facts.kv_cache_dtype)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -134,15 +154,10 @@ class ModelConfig:
             num_key_value_heads=text.num_kv_heads,
             head_dim=text.head_dim,
             vocab_size=text.vocab_size,
-            context_len=facts.context_len,
-            dtype=torch_dtype(facts.dtype),
-            kv_cache_dtype=torch_dtype(facts.kv_cache_dtype),
+            facts=facts,
             device=device,
             tie_word_embeddings=text.tie_word_embeddings,
             is_multimodal=hasattr(hf_config, "vision_config") or any(h in architecture for h in _MULTIMODAL_ARCH_HINTS),
             eos_token_ids=eos,
             rope_parameters=get_rope_parameters(text_config),
-            shape=facts.shape,
-            dtype_name=facts.dtype,
-            kv_cache_dtype_name=facts.kv_cache_dtype,
         )

@@ -36,8 +36,7 @@ logger = logging.getLogger(__name__)
 class ModelRunnerKVCacheMixin:
     # ------------------------------------------------------------------ facts
     def model_facts(self) -> B.ModelFacts:
-        mc = self.model_config
-        return B.ModelFacts(mc.shape, mc.context_len, mc.dtype_name, mc.kv_cache_dtype_name)
+        return self.model_config.facts
 
     def device_facts(self) -> B.DeviceFacts:
         from sglang.srt.configs.resolved import fused_cpu_decode
