@@ -21,7 +21,6 @@ from typing import Optional
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder import EncoderSpec
-from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
 # Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
@@ -342,9 +341,6 @@ class ModelShape:
         per_token = 3 * H + attn + 3 * mlp  # residual, normed, output + attention + gate/up (2x) and act
         factor = ACTIVATION_TEMPORARY_FACTOR_CPU if device == "cpu" else ACTIVATION_TEMPORARY_FACTOR
         return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor)
-
-    def logits_per_req_bytes(self) -> int:
-        return sampler_bytes_per_slot(self.text.vocab_size)
 
 
 def model_shape_from_config(cfg: dict) -> ModelShape:
