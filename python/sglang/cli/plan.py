@@ -22,12 +22,17 @@ import os
 import sys
 from typing import Optional
 
-from sglang.srt.layers.attention.backend_resolution import GPU_EXTRAS, BackendChoice, resolve_attention_backend
+from sglang.srt.configs.resolved import (
+    check_tp_sharding,
+    fused_cpu_decode,
+    plan_backend,
+    planned_weight_format,
+    resolve_model,
+)
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
-from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
-from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config
+from sglang.srt.mem_plan.model_shapes import load_config
 from sglang.srt.mem_plan.sizes import (
     UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES,
     UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY,
@@ -77,15 +82,6 @@ def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
     return sa, ns
 
 
-def plan_attention_backend(sa: ServerArgs, gpu) -> BackendChoice:
-    """The backend a server on this hardware resolves to, by the server's own function: on a GPU preset, assuming
-    the GPU's extra is installed (it brings the vendor library); on a CPU, the CPU default."""
-    if gpu is None:
-        return resolve_attention_backend(sa.attention_backend, "cpu")
-    return resolve_attention_backend(sa.attention_backend, gpu.platform, installed=lambda module: True,
-                                     installed_note=f"as a server installed with `pip install \"{GPU_EXTRAS[gpu.platform]}\"`")
-
-
 def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
     if ns.gpu is not None:
         gpu = get_gpu_preset(ns.gpu)
@@ -93,18 +89,11 @@ def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
     from sglang.srt.mem_plan.measure import cpu_available_bytes
 
     free = int(ns.total_memory_gb * GiB) if ns.total_memory_gb is not None else cpu_available_bytes()
-    fused = False
-    if sa.attention_backend == "torch_native":  # ask this machine's CPU kernels, as the server
-        from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
-        from sglang.srt.mem_plan.dtypes import torch_dtype
-
-        head = model.shape.text.head_dim
-        kv = torch_dtype(model.kv_cache_dtype)
-        fused = fused_cpu_decode_available("cpu", torch_dtype(model.dtype), kv, kv, head, head)
-    return B.DeviceFacts("cpu", free, free, fused)
+    return B.DeviceFacts("cpu", free, free, fused_cpu_decode(model, "cpu"))
 
 
 def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
+    """The model as the server resolves it (configs/resolved.py), with the weight format the plan charges."""
     path, gguf_path = sa.model_path, None
     if path is None or path.endswith(".gguf"):  # the bundled default model / a GGUF: its converted config.json
         from sglang.srt.model_loader import resolve_model_path
@@ -112,11 +101,10 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
 
         path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
     cfg = load_config(path)
-    shape = model_shape_from_config(cfg)
-    dtype = resolve_model_dtype(sa.dtype, device_kind, shape.text.dtype)
-    context_len = sa.context_length or shape.text.max_position_embeddings
-    fmt = B.plan_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, dtype)
-    return B.ModelFacts(shape, context_len, dtype, resolve_kv_cache_dtype(sa.kv_cache_dtype, dtype), fmt), path
+    model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
+    check_tp_sharding(model.shape, sa.tp_size)
+    fmt = planned_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, model.dtype)
+    return dataclasses.replace(model, weight_format=fmt), path
 
 
 def plan_inputs(sa: ServerArgs, ns, model: B.ModelFacts, device: B.DeviceFacts) -> PlanInputs:
@@ -199,14 +187,13 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
     """Returns (exit status, JSON-able result, text report)."""
     sa, ns = parse_args(argv)
     gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
+    # refused as a start refuses them (the same functions, the same messages): the backend, the context length,
+    # the weight format, a --tp-size the model cannot be split over
     try:
-        choice = plan_attention_backend(sa, gpu)
-    except ValueError as e:  # a backend this platform cannot run: the server refuses it too
-        build_parser().error(str(e))
-    sa.attention_backend = choice.name
-    try:
+        choice = plan_backend(sa.attention_backend, gpu.platform if gpu is not None else None)
+        sa = dataclasses.replace(sa, attention_backend=choice.name)
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
-    except ValueError as e:  # a flag combination the server would refuse too (e.g. --quantization gguf on safetensors)
+    except ValueError as e:
         build_parser().error(str(e))
     device = device_facts(sa, ns, model)
     inputs = plan_inputs(sa, ns, model, device)
@@ -266,6 +253,7 @@ def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[
             continue
         try:
             trial = dataclasses.replace(sa, tp_size=tp)  # per-rank plan (ValueError: nnodes does not divide tp)
+            check_tp_sharding(model.shape, tp)
             plan_memory(plan_inputs(trial, ns, model, device_facts(trial, ns, model)))
             return tp
         except (MemoryPlanError, ValueError):

@@ -2,8 +2,9 @@
 
 Every field carries its help text (and its allowed values) in `field(metadata=...)`; the CLI parser is generated
 from the dataclass, so a flag, its default and its documentation can never drift apart. Values spelled "auto"/None
-are resolved in one explicit step, `resolve_auto_values()`, from the model config and the memory plan; nothing
-else mutates a ServerArgs after construction.
+are resolved from the model's config by configs/resolved.py (device, attention backend, context length, dtypes,
+quantization), the same functions for a start and for `sglang plan`, and the sizes by the memory plan
+(mem_plan/build.py); a ServerArgs is never mutated in place (the runner keeps a copy with the backend resolved).
 """
 
 from __future__ import annotations
@@ -11,21 +12,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS as _TOOL_CALL_PARSERS
+from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS as _PLATFORM_DEFAULTS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
 from sglang.srt.mem_plan.dtypes import KV_CACHE_DTYPE_CHOICES as _KV_CACHE_DTYPE_CHOICES
+from sglang.srt.mem_plan.dtypes import WEIGHT_DTYPE_CHOICES as _WEIGHT_DTYPE_CHOICES
+from sglang.srt.mem_plan.inputs import check_mem_fraction_static
 from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS as _PLAN_ONLY_QUANTIZATIONS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS as _REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 
-DTYPE_CHOICES = ["auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp32"]
-KV_CACHE_DTYPE_CHOICES = list(_KV_CACHE_DTYPE_CHOICES)  # one table: mem_plan/dtypes.py
+DTYPE_CHOICES = list(_WEIGHT_DTYPE_CHOICES)  # one table: mem_plan/dtypes.py
+KV_CACHE_DTYPE_CHOICES = list(_KV_CACHE_DTYPE_CHOICES)
 DEVICE_CHOICES = ["auto", "cpu", "cuda", "hip"]
 # layers/quantization/__init__.py resolves the first three; fp8 / awq / gptq are sized by `sglang plan` only
 # (mem_plan/quantization_sizes.py) and refused by the CPU server
@@ -167,7 +170,9 @@ class ServerArgs:
 
     # ---- kernels ----
     attention_backend: Optional[str] = _f(
-        None, "Attention kernel backend. Default: torch_native.", choices=ATTENTION_BACKEND_CHOICES
+        None, "Attention kernel backend. Unset: the platform's first installed of "
+        + "; ".join(f"{p}: {', '.join(names)}" for p, names in _PLATFORM_DEFAULTS.items())
+        + " (layers/attention/backend_resolution.py).", choices=ATTENTION_BACKEND_CHOICES
     )
     triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
     num_threads: Optional[int] = _f(None, "CPU threads for torch. Default: all cores.")
@@ -257,11 +262,7 @@ class ServerArgs:
         for name in ("page_size", "max_prefill_tokens", "stream_interval", "tp_size", "pp_size",
                      "encoder_batch_size"):
             positive(name, allow_none=False)
-        if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static < 1.0):
-            raise ValueError(
-                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}. "
-                "Leave it unset to let the memory planner derive it."
-            )
+        check_mem_fraction_static(self.mem_fraction_static)
         if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and self.chunked_prefill_size <= 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking.")
         if self.schedule_conservativeness <= 0:
@@ -321,9 +322,6 @@ class ServerArgs:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def _field_type(f: dataclasses.Field):

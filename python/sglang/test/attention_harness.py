@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, move_to_device
+from sglang.srt.server_args import ServerArgs
 
 
 class BackendHarness:
@@ -32,7 +33,8 @@ class BackendHarness:
         self.pool = MHATokenToKVPool(pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers, device)
         self.allocator = TokenToKVPoolAllocator(pool_tokens, page_size)
         shape = AttentionShape(num_q_heads, head_dim, context_len, num_kv_heads=num_kv_heads,
-                               model_dtype_bytes=dtype.itemsize, kv_dtype_bytes=dtype.itemsize)
+                               model_dtype_bytes=dtype.itemsize, kv_dtype_bytes=dtype.itemsize,
+                               num_kv_splits=ServerArgs.triton_attention_num_kv_splits)
         self.inputs = BackendInputs(shape, num_reqs, graph_bs)
         model_config = SimpleNamespace(dtype=dtype)
         common = dict(model_config=model_config, req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, device=device)

@@ -59,7 +59,8 @@ class MetaModelRunner:
                                                  mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers, META)
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(max_total_tokens, page_size)
         shape = mc.shape.attention_shape(self.context_len, 1, model_dtype_bytes=self.dtype.itemsize,
-                                         kv_dtype_bytes=mc.kv_cache_dtype.itemsize)
+                                         kv_dtype_bytes=mc.kv_cache_dtype.itemsize,
+                                         num_kv_splits=self.server_args.triton_attention_num_kv_splits)
         inputs = BackendInputs(shape, max_running_requests, 0, max_extend_tokens=chunked_prefill_size,
                                fused_cpu_decode=False, page_size=page_size)
         self.attn_backend = create_attention_backend(backend, model_config=mc, req_to_token_pool=self.req_to_token_pool,

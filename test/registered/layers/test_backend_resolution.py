@@ -63,7 +63,7 @@ def test_named_backend_wins_or_is_refused():
 def test_plan_resolves_through_the_servers_function(gpu, want):
     """`sglang plan --gpu X` asks the same function as the server, for a server installed with X's extra."""
     calls = []
-    with mock.patch.object(plan_cli, "resolve_attention_backend", recording(calls)):
+    with mock.patch.object(br, "resolve_attention_backend", recording(calls)):
         status, result, text = plan_cli.run(["--gpu", gpu])
     preset = get_gpu_preset(gpu)
     assert status == 0 and calls == [(None, preset.platform)]

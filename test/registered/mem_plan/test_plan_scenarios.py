@@ -95,6 +95,8 @@ class TestOmniThinker(unittest.TestCase):
 class TestMI355XAiter(unittest.TestCase):
     """PR #18263's case as a full plan: every term charged, nothing exceeds the budget."""
 
+    # per slot: PR #18263's H * P * (4d + 8) + 3 int32 indptr entries, + a context of int32 kv_indices (block 1)
+    PER_SLOT = 17_039_372 + 262_144 * 4
     PRE = int(287.18 * GiB)
     WEIGHTS = int(56.98 * GiB)
 
@@ -109,11 +111,11 @@ class TestMI355XAiter(unittest.TestCase):
         plan = plan_memory(self.inputs())
         assert_plan_fits(self, plan)
         ws = plan.bytes_of("attention_workspace")
-        self.assertEqual(ws, 12 + 8 + 17_039_372 * plan.max_running_requests)  # + the two fp32 K/V scales
+        self.assertEqual(ws, 12 + 8 + self.PER_SLOT * plan.max_running_requests)  # + the two fp32 K/V scales
         self.assertEqual(plan.slot_regime, "linear")
         self.assertTrue(2048 < plan.max_running_requests < 4096)
         # KV + workspace + every other term within the budget, with the KV pool taking the rest
-        self.assertLess(plan.headroom_bytes, 98_304 + 17_039_372 + 262_148 * 8)
+        self.assertLess(plan.headroom_bytes, 98_304 + self.PER_SLOT + 262_148 * 8)
         self.assertGreater(plan.max_total_num_tokens, 1_500_000)
 
     def test_upstream_auto_y_at_0_911_would_oom_and_we_say_lower(self):
@@ -133,7 +135,7 @@ class TestMI355XAiter(unittest.TestCase):
         assert_plan_fits(self, plan)
         self.assertEqual(plan.max_running_requests, 256)
         self.assertEqual(plan.slot_regime, "user")
-        self.assertEqual(plan.bytes_of("attention_workspace"), 12 + 8 + 17_039_372 * 256)
+        self.assertEqual(plan.bytes_of("attention_workspace"), 12 + 8 + self.PER_SLOT * 256)
 
 
 class TestLlama8BH100(unittest.TestCase):

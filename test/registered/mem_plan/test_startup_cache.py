@@ -222,7 +222,8 @@ class TestActivationPeakReuse(unittest.TestCase):
             runner = b.scheduler.model_runner
             key = activation_cache_key(runner, 2048)
             self.assertEqual(key, stored["key"])
-            proxy = dataclasses.replace(runner.model_config, dtype_name="float32")
+            mc = runner.model_config
+            proxy = dataclasses.replace(mc, facts=dataclasses.replace(mc.facts, dtype="float32"))
             with unittest.mock.patch.object(runner, "model_config", proxy):
                 self.assertEqual(activation_cache_key(runner, 2048)["forward"]["dtype"], "float32")
                 self.assertNotEqual(cache_file(self.dir, CACHE_NAME, activation_cache_key(runner, 2048)),

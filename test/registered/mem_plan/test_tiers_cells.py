@@ -119,7 +119,7 @@ class TestWorkspaces(unittest.TestCase):
         self.assertEqual(qwen.fixed_bytes - 12, 512 * MiB + 8 * MiB)
 
     def test_triton_and_torch_native(self):
-        ws = workspace_spec("triton", AttentionShape(32, 128, 131072))
+        ws = workspace_spec("triton", AttentionShape(32, 128, 131072, num_kv_splits=8))
         # graph attn_logits at bs 256: 256 x 32 heads x 8 splits x 128 x 4 B = 32 MiB (+ lse); no kv indices
         self.assertEqual(256 * 32 * 8 * 128 * 4, 32 * MiB)
         self.assertEqual(ws.per_graph_bs_bytes, 32 * 8 * 128 * 4 + 32 * 8 * 4)

@@ -8,7 +8,8 @@ from unittest import mock
 
 import torch
 
-from sglang.srt.configs.model_config import ALLOW_LONGER_CONTEXT_ENV, ModelConfig
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.resolved import ALLOW_LONGER_CONTEXT_ENV
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.model_loader.loader import build_model
 from sglang.srt.models.registry import get_model_class

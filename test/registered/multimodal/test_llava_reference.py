@@ -1,7 +1,8 @@
 """Our LLaVA vs HF transformers' LlavaForConditionalGeneration (fp32) on the same random-weight checkpoint:
 greedy tokens equal for 1 and 2 images (CLIP tower, and a SigLIP tower with the "full" strategy), with chunked
 prefill cutting through images, and with a cached prefix covering part of an image. Also: our preprocessing equals
-HF's CLIP image processor, and an embedding-cache hit skips the encoder."""
+HF's image processor of the tower (CLIP: resize + center crop; SigLIP: resize to the square), and an
+embedding-cache hit skips the encoder."""
 
 import gc
 import tempfile
@@ -30,6 +31,7 @@ def hf_inputs(mm, image_token_id):
 
 class LlavaReferenceBase:
     tower = "clip"
+    hf_image_processor = "CLIPImageProcessor"  # the tower's processor in transformers: the independent reference
     engine_kwargs = {}
 
     @classmethod
@@ -74,6 +76,27 @@ class LlavaReferenceBase:
     def test_two_images(self):
         self.check("<image> and <image>: which one is brighter?", [make_image(1), make_image(2)])
 
+    def test_image_features_match_hf(self):
+        """The tower + projector alone against HF's get_image_features on the same pixels: tighter than greedy
+        tokens, which an error in the image rows (e.g. misplaced position embeddings) can leave unchanged."""
+        pv = self.proc.preprocess(make_image(6))
+        with torch.no_grad():
+            ours = self.runner.model.encode_images([pv])[0]
+            out = self.hf.get_image_features(pixel_values=pv[None])
+        theirs = out.pooler_output[0] if hasattr(out, "pooler_output") else out[0]  # transformers 5 / 4
+        torch.testing.assert_close(ours, theirs.reshape(ours.shape), rtol=1e-4, atol=1e-5)
+
+    def test_preprocessing_matches_hf_processor(self):
+        import transformers
+
+        hf_proc = getattr(transformers, self.hf_image_processor).from_pretrained(self.model_dir)
+        for w, h in ((100, 80), (37, 120), (64, 64)):
+            img = make_image(w * h, w, h)
+            expect = hf_proc(images=[img], return_tensors="pt")["pixel_values"][0]
+            got = self.proc.preprocess(img)
+            self.assertEqual(got.shape, expect.shape, (w, h))
+            self.assertLess((got - expect).abs().max().item(), 1e-5, (w, h))
+
 
 class TestLlavaClip(LlavaReferenceBase, unittest.TestCase):
     tower = "clip"
@@ -104,16 +127,6 @@ class TestLlavaClip(LlavaReferenceBase, unittest.TestCase):
         self.assertEqual(stats.num_images, encoded + 1)
         self.runner.multimodal.mm_embedding_cache.check_integrity()
 
-    def test_preprocessing_matches_hf_clip_processor(self):
-        from transformers import CLIPImageProcessor
-
-        hf_proc = CLIPImageProcessor.from_pretrained(self.model_dir)
-        for w, h in ((100, 80), (37, 120), (64, 64)):
-            img = make_image(w * h, w, h)
-            expect = hf_proc(images=[img], return_tensors="pt")["pixel_values"][0]
-            got = self.proc.preprocess(img)
-            self.assertLess((got - expect).abs().max().item(), 1e-5, (w, h))
-
 
 class TestLlavaChunkedPrefill(LlavaReferenceBase, unittest.TestCase):
     """Chunks of 7 tokens: every 16-token image is split across 3-4 chunks at different phases; the embedding
@@ -128,9 +141,7 @@ class TestLlavaChunkedPrefill(LlavaReferenceBase, unittest.TestCase):
 
 class TestLlavaSiglip(LlavaReferenceBase, unittest.TestCase):
     tower = "siglip"
-
-    def test_one_image(self):  # the two-image case covers the same path
-        pass
+    hf_image_processor = "SiglipImageProcessor"
 
 
 if __name__ == "__main__":

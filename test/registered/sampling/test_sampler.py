@@ -1,9 +1,12 @@
-"""Sampler: greedy, temperature/top-k/top-p/min-p support sets, penalties, seeds, logprobs; stop handling in Req."""
+"""Sampler: greedy, temperature/top-k/top-p/min-p support sets, penalties, seeds, logprobs; stop handling in Req.
+Seeded draws, extreme values and fallbacks are held against the definition computed independently
+(sampling_reference.py): a seeded request's token is torch.multinomial over the reference probabilities."""
 
 import math
 
 import pytest
 import torch
+from sampling_reference import reference_probs, seeded_draw
 
 from sglang.srt.managers.incremental_detokenizer import find_stop, held_back_len
 from sglang.srt.managers.schedule_batch import Req
@@ -55,16 +58,20 @@ def test_temperature_sharpens_distribution():
 
 
 def test_seed_reproducible_per_request():
-    logits = torch.randn(1, 1000)
-    a = [sample(logits.clone(), [r]).next_token_ids[0] for r in [req(seed=7)] for _ in range(20)]
-    r1, r2 = req(seed=7), req(seed=7)
-    s1 = [sample(logits.clone(), [r1]).next_token_ids[0] for _ in range(20)]
-    s2 = [sample(logits.clone(), [r2]).next_token_ids[0] for _ in range(20)]
-    assert s1 == s2
-    r3 = req(seed=8)
-    s3 = [sample(logits.clone(), [r3]).next_token_ids[0] for _ in range(20)]
-    assert s3 != s1
-    assert len(a) == 20
+    """A seed's tokens, step after step, are torch.multinomial's draws with Generator().manual_seed(seed)."""
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
+    probs = torch.softmax(logits[0].double(), dim=-1).float()
+
+    def draws(seed):
+        r = req(seed=seed)
+        return [sample(logits.clone(), [r]).next_token_ids[0] for _ in range(20)]
+
+    def reference(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [int(torch.multinomial(probs, 1, generator=g)) for _ in range(20)]
+
+    assert draws(7) == draws(7) == reference(7)
+    assert draws(8) == reference(8) != reference(7)
 
 
 def test_penalties():
@@ -131,17 +138,19 @@ def test_max_new_tokens_and_stop_token_finish():
     assert not r.finished()
 
 
-if __name__ == "__main__":
-    pytest.main([__file__, "-q"])
-
-
-def raw_req(**sp):
+def raw_req(seed=None, **sp):
     """A request whose parameters skip validation: the sampler must be safe whatever reaches it."""
-    p = SamplingParams(**sp)
+    p = SamplingParams(seed=seed, **sp)
     p.normalize()
     r = Req("r", [1, 2, 3], p, eos_token_ids={0})
     r.output_ids = [3, 3, 5]
     return r
+
+
+def assert_reference_draws(logits, reqs, seeds):
+    """sample() on seeded requests draws each row's reference token (computed before the logits are modified)."""
+    want = [seeded_draw(reference_probs(row, r), seed) for row, r, seed in zip(logits, reqs, seeds)]
+    assert sample(logits, reqs).next_token_ids == want
 
 
 @pytest.mark.parametrize("sp", [
@@ -151,30 +160,39 @@ def raw_req(**sp):
     {"temperature": 0, "repetition_penalty": 1e-300, "min_new_tokens": 10},
 ])
 def test_extreme_values_never_reach_multinomial_as_nan(sp):
-    torch.manual_seed(0)
-    logits = torch.randn(2, 8) * 30
-    logits[1, 4] = float("inf")
-    logits[1, 6] = float("nan")
-    out = sample(logits, [raw_req(**sp), raw_req(**sp)])
-    assert all(0 <= t < 8 for t in out.next_token_ids)
-    if sp.get("min_new_tokens"):
-        assert 0 not in out.next_token_ids  # the eos stays masked before min_new_tokens
+    for seed in range(8):
+        logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(seed)) * 30
+        logits[0, 2] = logits[1, 6] = float("nan")  # never drawn
+        logits[1, 4] = float("inf")
+        reqs = [raw_req(seed=seed, **sp), raw_req(seed=seed + 100, **sp)]
+        if sp.get("min_new_tokens"):  # the eos stays masked before min_new_tokens
+            assert all(reference_probs(row, r)[0] == 0 for row, r in zip(logits, reqs))
+        assert_reference_draws(logits, reqs, [seed, seed + 100])
 
 
 def test_all_masked_row_falls_back():
-    # every token is a stop token and min_new_tokens forbids stopping: the row is all -inf after masking
-    p = SamplingParams(temperature=1.0, min_new_tokens=5, stop_token_ids=[0, 1, 2, 3])
-    p.normalize()
-    r = Req("r", [1], p)
-    out = sample(torch.tensor([[0.0, 5.0, 1.0, 2.0]]), [r])
-    assert out.next_token_ids[0] in range(4)
-    nan_row = torch.full((1, 4), float("nan"))
-    assert sample(nan_row, [raw_req(temperature=1.0)]).next_token_ids[0] in range(4)
+    for seed in range(20):
+        # every token is a stop token and min_new_tokens forbids stopping: the row is all -inf after masking, so
+        # it samples from its unmasked logits
+        p = SamplingParams(temperature=1.0, min_new_tokens=5, stop_token_ids=[0, 1, 2, 3], seed=seed)
+        p.normalize()
+        logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]])
+        torch.testing.assert_close(reference_probs(logits[0], Req("r", [1], p)), torch.softmax(logits[0].double(), 0))
+        assert_reference_draws(logits, [Req("r", [1], p)], [seed])
+        # nothing finite at all: uniform
+        nan_row = torch.full((1, 4), float("nan"))
+        assert reference_probs(nan_row[0], raw_req(temperature=1.0)).tolist() == [0.25] * 4
+        assert_reference_draws(nan_row, [raw_req(temperature=1.0, seed=seed)], [seed])
 
 
 def test_sampler_updates_inference_mode_logits():
     # the forward returns inference tensors; penalties update them in place (issue 9: this raised)
-    with torch.inference_mode():
-        logits = torch.randn(1, 8)
-    out = sample(logits, [raw_req(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2)])
-    assert 0 <= out.next_token_ids[0] < 8
+    for seed in range(20):
+        with torch.inference_mode():
+            logits = torch.randn(1, 8, generator=torch.Generator().manual_seed(seed))
+        sp = dict(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2)
+        assert_reference_draws(logits, [raw_req(seed=seed, **sp)], [seed])
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])

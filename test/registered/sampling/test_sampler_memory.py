@@ -17,6 +17,7 @@
 import pytest
 import torch
 from alloc_peak import peak_alloc_bytes
+from sampling_reference import filtered_probs
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_plan.sizes import (
@@ -79,20 +80,6 @@ def test_peak_within_the_planned_sampler_term(monkeypatch, device_path):
     assert decode >= itemised * entries
 
 
-def reference_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """float64 probabilities of the definition: softmax(logits / T), then top-k, top-p (mass before a rank <= p;
-    rank 0 always kept), min-p against the largest probability; unnormalised (the draw does not need it)."""
-    probs = torch.softmax(logits.double() / sp.temperature, dim=-1)
-    values, order = probs.sort(descending=True)
-    ranks = torch.arange(len(values))
-    k = len(values) if sp.top_k == -1 else sp.top_k
-    keep = (ranks < k) & ((values.cumsum(0) - values <= sp.top_p) | (ranks == 0))
-    keep &= values >= sp.min_p * values[0]
-    out = torch.zeros_like(probs)
-    out[order[keep]] = probs[order[keep]]
-    return out
-
-
 @pytest.mark.parametrize("device_path", [False, True])
 def test_seeded_tokens_are_the_seeded_multinomial_of_the_definition(monkeypatch, device_path):
     monkeypatch.setattr(topk_topp, "FORCE_DEVICE_PATH", device_path)
@@ -108,5 +95,5 @@ def test_seeded_tokens_are_the_seeded_multinomial_of_the_definition(monkeypatch,
             logits = torch.randn(2, 5000, generator=g) * 3
             # an unseeded row in the same batch must not move the seeded row's stream
             got.append(sample(logits.clone(), [r, other]).next_token_ids[0])
-            want.append(int(torch.multinomial(reference_probs(logits[0], sp).float(), 1, generator=ref_gen)))
+            want.append(int(torch.multinomial(filtered_probs(logits[0], sp).float(), 1, generator=ref_gen)))
         assert got == want, (sp_dict, got, want)

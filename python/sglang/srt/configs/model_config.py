@@ -1,15 +1,14 @@
 """ModelConfig: what the runtime needs to know about a model, read once from a Hugging Face directory.
 
-The geometry (layers, heads, head_dim, vocabulary, MoE/MLA fields, max positions) comes from the one config.json
-reader, mem_plan/model_shapes.py, which `sglang plan` uses without weights; `shape` keeps it for the memory plan.
-Resolved here: the architecture, the context length (with the --context-length override), the torch dtypes of the
-weights and the KV cache (rules in mem_plan/dtypes.py), and the set of EOS ids.
+The geometry, the context length and the dtypes are resolved by configs/resolved.py's resolve_model, the function
+`sglang plan` resolves them with (so both refuse the same --context-length with the same message); `shape` keeps the
+config.json geometry for the memory plan. Read here: the architecture, the HF config the models read, the rope
+settings and the set of EOS ids.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Set
@@ -17,34 +16,16 @@ from typing import TYPE_CHECKING, Any, Optional, Set
 import torch
 
 from sglang.srt.configs.hf_config_snapshot import load_hf_config
-from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype, torch_dtype
-from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
+from sglang.srt.configs.resolved import resolve_device, resolve_model
+from sglang.srt.mem_plan.build import ModelFacts
+from sglang.srt.mem_plan.dtypes import torch_dtype
+from sglang.srt.mem_plan.model_shapes import ModelShape, load_config
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
-logger = logging.getLogger(__name__)
-
-# Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
-ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
 # Architectures whose checkpoints carry a vision/audio tower.
 _MULTIMODAL_ARCH_HINTS = ("VL", "Vision", "Llava", "ForConditionalGeneration", "Mllama", "Audio")
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return "cuda" if device == "hip" else device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _checkpoint_dtype(config_dict: dict) -> Optional[str]:
-    name = config_dict.get("torch_dtype") or config_dict.get("dtype")
-    return name if isinstance(name, str) else None
-
-
-def resolve_dtype(dtype: str, device: str, checkpoint_dtype: Optional[str]) -> torch.dtype:
-    return torch_dtype(resolve_model_dtype(dtype, device, checkpoint_dtype))
 
 
 def get_rope_parameters(hf_config: Any) -> dict:
@@ -83,17 +64,36 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     vocab_size: int
-    context_len: int
-    dtype: torch.dtype
-    kv_cache_dtype: torch.dtype
+    facts: ModelFacts  # geometry, context length and dtypes, resolved as `sglang plan` resolves them
     device: str
     tie_word_embeddings: bool
     is_multimodal: bool
     eos_token_ids: Set[int] = field(default_factory=set)
     rope_parameters: dict = field(default_factory=dict)
-    shape: Optional[ModelShape] = None  # the config.json geometry, as `sglang plan` reads it
-    dtype_name: str = "bfloat16"  # canonical names of dtype / kv_cache_dtype (mem_plan/dtypes.py)
-    kv_cache_dtype_name: str = "bfloat16"
+
+    @property
+    def context_len(self) -> int:
+        return self.facts.context_len
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.facts.shape
+
+    @property
+    def dtype_name(self) -> str:  # canonical names (mem_plan/dtypes.py)
+        return self.facts.dtype
+
+    @property
+    def kv_cache_dtype_name(self) -> str:
+        return self.facts.kv_cache_dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.facts.dtype)
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return torch_dtype(self.facts.kv_cache_dtype)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -125,24 +125,18 @@ class ModelConfig:
     ) -> "ModelConfig":
         """startup_cache_dir: where a snapshot of the resolved HF config is read or written (hf_config_snapshot.py);
         None always runs AutoConfig."""
-        config_file = os.path.join(model_path, "config.json")
-        if not os.path.isfile(config_file):
+        if not os.path.isfile(os.path.join(model_path, "config.json")):
             raise FileNotFoundError(f"{model_path!r} is not a Hugging Face model directory (no config.json).")
-        with open(config_file) as f:
-            config_dict = json.load(f)
-        hf_config = load_hf_config(model_path, startup_cache_dir)
-        text_config = getattr(hf_config, "text_config", None) or hf_config
+        config_dict = load_config(model_path)
         architectures = config_dict.get("architectures") or []
         if not architectures:
-            raise ValueError(f"{config_file} lists no 'architectures'.")
+            raise ValueError(f"{model_path}/config.json lists no 'architectures'.")
         architecture = architectures[0]
-        shape = model_shape_from_config(config_dict)
-        text = shape.text
-        context_len = _resolve_context_len(context_length, text.max_position_embeddings)
-
         device = resolve_device(device)
-        dtype_name = resolve_model_dtype(dtype, device, _checkpoint_dtype(config_dict))
-        kv_name = resolve_kv_cache_dtype(kv_cache_dtype, dtype_name)
+        facts = resolve_model(config_dict, device, dtype, kv_cache_dtype, context_length)
+        text = facts.shape.text
+        hf_config = load_hf_config(model_path, startup_cache_dir)
+        text_config = getattr(hf_config, "text_config", None) or hf_config
 
         eos = _as_id_set(getattr(text_config, "eos_token_id", None)) | _as_id_set(config_dict.get("eos_token_id"))
         gen_file = os.path.join(model_path, "generation_config.json")
@@ -160,39 +154,10 @@ class ModelConfig:
             num_key_value_heads=text.num_kv_heads,
             head_dim=text.head_dim,
             vocab_size=text.vocab_size,
-            context_len=context_len,
-            dtype=torch_dtype(dtype_name),
-            kv_cache_dtype=torch_dtype(kv_name),
+            facts=facts,
             device=device,
             tie_word_embeddings=text.tie_word_embeddings,
             is_multimodal=hasattr(hf_config, "vision_config") or any(h in architecture for h in _MULTIMODAL_ARCH_HINTS),
             eos_token_ids=eos,
             rope_parameters=get_rope_parameters(text_config),
-            shape=shape,
-            dtype_name=dtype_name,
-            kv_cache_dtype_name=kv_name,
         )
-
-    # ------------------------------------------------------------------ derived sizes
-    @property
-    def num_params_estimate(self) -> int:
-        """Rough parameter count from the config (exact counts come from building the model on 'meta')."""
-        c = self.hf_config
-        inter = getattr(c, "intermediate_size", 4 * self.hidden_size)
-        attn = self.hidden_size * self.head_dim * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        per_layer = attn + 3 * self.hidden_size * inter + 2 * self.hidden_size
-        emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * per_layer + emb + self.hidden_size
-
-
-def _resolve_context_len(override: Optional[int], max_position_embeddings: int) -> int:
-    if override is None:
-        return max_position_embeddings
-    if override > max_position_embeddings and os.environ.get(ALLOW_LONGER_CONTEXT_ENV, "0") not in ("1", "true"):
-        raise ValueError(
-            f"--context-length={override} exceeds the model's max_position_embeddings={max_position_embeddings}. "
-            f"Use a value <= {max_position_embeddings}, or set {ALLOW_LONGER_CONTEXT_ENV}=1 to allow it "
-            "(outputs past the trained length may be garbage)."
-        )
-    return override
-

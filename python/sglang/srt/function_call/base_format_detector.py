@@ -70,9 +70,6 @@ class BaseFormatDetector:
     def trigger(self) -> str:
         return self.start or self.call_begin
 
-    def has_tool_call(self, text: str) -> bool:
-        return self.trigger in text or (self.bare_json_start and text.lstrip().startswith("{"))
-
     # ------------------------------------------------------------------ parsing
     def parse(self, text: str, pos: int = 0, final: bool = True, forced: bool = False) -> ParseState:
         """Parse text[pos:] (pos: a previous parse's settled_pos). `forced`: the output is known to be a tool-call

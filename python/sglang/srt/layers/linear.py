@@ -4,7 +4,7 @@ QKVParallelLinear holds q, k and v as one weight [(H + 2*KV) * D, hidden]; Merge
 [gate; up] as one weight [2 * I, hidden]. Checkpoint shards are copied into their row ranges at load time
 (`weight_loader(param, loaded, shard_id)`), so one GEMM replaces three (or two) per layer.
 With tp ranks (rank r of tp), each rank holds and loads only its slice of the checkpoint tensor:
-    ColumnParallelLinear / Merged / QKV   output rows: each projection's rows [r * n/tp, (r+1) * n/tp); QKV splits
+    MergedColumnParallel / QKVParallel    output rows: each projection's rows [r * n/tp, (r+1) * n/tp); QKV splits
                                           q by heads and k, v by KV heads (a KV head is replicated on tp/KV ranks
                                           when tp > KV: rank r holds KV head r // (tp / KV))
     RowParallelLinear                     input columns [r * n/tp, ...); the partial products are summed by one
@@ -128,16 +128,6 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     pass
-
-
-class ColumnParallelLinear(LinearBase):
-    """Output rows split over the ranks; the output stays split (the next RowParallelLinear consumes it)."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(input_size, divide(output_size, get_tp_size(), "output size"), bias)
-
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
-        default_weight_loader(param, _rows(loaded_weight, self.tp_rank, param.shape[0]))
 
 
 class RowParallelLinear(LinearBase):

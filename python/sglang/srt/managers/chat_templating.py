@@ -17,8 +17,6 @@ from sglang.srt.managers.offloop_executor import OffLoopExecutor
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.template_sandbox import TEMPLATE_PARAM, TemplateSandbox
 
-# keys of chat_template_kwargs that replace the model's template
-TEMPLATE_REPLACING_KWARGS = ("chat_template",)
 # keys that are arguments of the rendering call, not template variables; the request's own fields set them
 RESERVED_KWARGS = (
     "messages", "conversation", "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",

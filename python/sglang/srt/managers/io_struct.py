@@ -1,6 +1,6 @@
 """Typed messages between the stages of the runtime.
 
-    API (Engine.generate / HTTP)          GenerateReqInput        text or ids, sampling params as a dict
+    API (Engine.generate / HTTP)          text or ids, sampling params as a dict (keyword args / request body)
         -> tokenizer (main process)      TokenizedGenerateReqInput  ids + validated SamplingParams
         -> Scheduler (same process for the offline Engine, its own process behind ZMQ for the server)
         -> per step                      ReqOutput               the new tokens/text of one request since last time
@@ -13,25 +13,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
 def new_rid() -> str:
     return uuid.uuid4().hex
-
-
-@dataclass
-class GenerateReqInput:
-    text: Optional[Union[str, List[str]]] = None
-    input_ids: Optional[Union[List[int], List[List[int]]]] = None
-    sampling_params: Optional[Union[dict, List[dict]]] = None
-    rid: Optional[Union[str, List[str]]] = None
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    image_data: Optional[Any] = None
 
 
 @dataclass

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Optional
 
+from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.specs import WorkspaceSpec
 from sglang.srt.mem_plan.units import MiB
-
-DTYPE_BYTES = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, "float16": 2}
 
 # the attention backends, in the order --attention-backend lists them (the registry and ServerArgs read this)
 ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "aiter")
@@ -42,7 +42,6 @@ FLASHINFER_WORKSPACE_BYTES = 384 * MiB
 FLASHINFER_WORKSPACE_LARGE_BYTES = 512 * MiB  # upstream forces this for these architecture families
 FLASHINFER_LARGE_WORKSPACE_ARCH_PREFIXES = ("Qwen2", "Qwen3", "MiMo")
 FLASHINFER_INT_WORKSPACE_BYTES = 8 * MiB  # the size flashinfer's wrappers give their int (plan-info) workspace
-TRITON_DEFAULT_KV_SPLITS = 8
 # torch_native: upper bound on K/V tokens one decode layer gathers at once (rows x padded length)
 DECODE_GATHER_TOKENS = 64 * 1024
 EXTEND_MASK_BYTES_PER_ENTRY = 1 + 4  # the bool mask and SDPA's float copy of it
@@ -59,7 +58,7 @@ class BufferDecl:
 
     @property
     def num_bytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+        return math.prod(self.shape) * dtype_bytes(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class AttentionShape:
     v_head_dim: int | None = None
     is_mla: bool = False
     architectures: tuple[str, ...] = ()
-    num_kv_splits: int = TRITON_DEFAULT_KV_SPLITS
+    num_kv_splits: Optional[int] = None  # --triton-attention-num-kv-splits (ServerArgs holds the default)
     num_wrappers: int = 1  # FlashInfer: 2 with sliding-window or cross attention
     num_kv_heads: int = 1  # per rank (torch_native's gather bound)
     model_dtype_bytes: int = 2
@@ -105,10 +104,6 @@ class BackendInputs:
     def max_pages_per_req(self, page_size: int) -> int:
         """Pages one request's KV can span: ceil(context_len / page_size)."""
         return -(-self.shape.context_len // page_size)
-
-
-def _indptr_buffers(num_reqs: int, count: int) -> list[BufferDecl]:
-    return [BufferDecl(f"indptr_{i}", (num_reqs + 1,), "int32") for i in range(count)]
 
 
 def aiter_num_partitions(context_len: int) -> int:
@@ -153,6 +148,9 @@ def flashinfer_buffers(x: BackendInputs) -> list[BufferDecl]:
 def triton_buffers(x: BackendInputs) -> list[BufferDecl]:
     s, r, g = x.shape, x.num_reqs, x.graph_bs
     h, splits, dv = s.num_q_heads, s.num_kv_splits, s.v_dim
+    if splits is None:
+        raise ValueError("the Triton workspace is sized by its kv splits: pass --triton-attention-num-kv-splits "
+                         "(AttentionShape.num_kv_splits)")
     # the kernels read K/V through req_to_token and derive their splits from seq_lens: no kv-index buffers, and
     # extend needs only where each request's rows start in q
     return [BufferDecl("qo_start", (r + 1,), "int32")] + [

@@ -22,13 +22,7 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
-from sglang.srt.mem_plan.quantization_sizes import (
-    PLAN_ONLY_QUANTIZATIONS,
-    WeightFormat,
-    gguf_linear_type,
-    quantized_weight_bytes,
-    weight_format,
-)
+from sglang.srt.mem_plan.quantization_sizes import WeightFormat, quantized_weight_bytes
 from sglang.srt.mem_plan.sizes import (
     REQ_TO_TOKEN_ELEM_BYTES,
     grammar_bitmask_bytes_per_slot,
@@ -50,8 +44,6 @@ CPU_DEFAULT_CHUNKED_PREFILL_SIZE = 2048
 CPU_DEFAULT_MAX_RUNNING_REQUESTS = 256
 # Declared CUDA-graph term for the dry run: upstream's reserve of 2 MiB per captured decode batch size.
 CUDA_GRAPH_BYTES_PER_BS = 2 * MiB
-MEASURED_TERMS = ("weights", "activations", "cuda_graphs", "encoder")
-CPU_ATTENTION_BACKEND = "torch_native"  # the one backend a CPU resolves to (backend_resolution.PLATFORM_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -91,6 +83,11 @@ class MeasuredTerms:
     encoder_detail: str = ""
 
 
+def gpu_tier_defaults(sa, device: DeviceFacts) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) of upstream's tier for this GPU's memory.total (tiers.py)."""
+    return tier_defaults(device.total_bytes // MiB if device.total_bytes else None, sa.tp_size)
+
+
 def resolve_chunked_prefill_size(sa, device: DeviceFacts, context_len: int) -> int:
     size = sa.chunked_prefill_size
     if size == -1:
@@ -99,8 +96,7 @@ def resolve_chunked_prefill_size(sa, device: DeviceFacts, context_len: int) -> i
         return size
     if device.kind == "cpu":
         return min(CPU_DEFAULT_CHUNKED_PREFILL_SIZE, context_len)
-    total_mib = device.total_bytes // MiB if device.total_bytes else None
-    return min(tier_defaults(total_mib, sa.tp_size)[0], context_len)
+    return min(gpu_tier_defaults(sa, device)[0], context_len)
 
 
 def resolve_max_running_requests(sa, device: DeviceFacts) -> Optional[int]:
@@ -109,25 +105,21 @@ def resolve_max_running_requests(sa, device: DeviceFacts) -> Optional[int]:
     return CPU_DEFAULT_MAX_RUNNING_REQUESTS
 
 
-def planned_attention_backend(sa, device: DeviceFacts) -> str:
+def planned_attention_backend(sa) -> str:
     """The backend the plan charges: the resolved --attention-backend (the runner and `sglang plan` resolve it with
-    layers/attention/backend_resolution.py before planning). Unset is allowed only on a CPU, whose one default
-    is torch_native; a GPU plan with an unresolved backend would charge the wrong workspace."""
-    if sa.attention_backend is not None:
-        return sa.attention_backend
-    if device.kind != "cpu":
-        raise ValueError("the attention backend must be resolved (resolve_attention_backend) before a GPU is planned")
-    return CPU_ATTENTION_BACKEND
+    configs/resolved.py before planning); an unresolved one would charge a guessed workspace."""
+    if sa.attention_backend is None:
+        raise ValueError("the attention backend must be resolved (configs/resolved.py) before it is planned")
+    return sa.attention_backend
 
 
 def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
     """G: 0 on a CPU, with --disable-cuda-graph, or with a backend that has no graph decode path."""
-    if device.kind == "cpu" or sa.disable_cuda_graph or planned_attention_backend(sa, device) not in GRAPH_BACKENDS:
+    if device.kind == "cpu" or sa.disable_cuda_graph or planned_attention_backend(sa) not in GRAPH_BACKENDS:
         return 0
     if sa.cuda_graph_max_bs is not None:
         return sa.cuda_graph_max_bs
-    total_mib = device.total_bytes // MiB if device.total_bytes else None
-    return tier_defaults(total_mib, sa.tp_size)[1]
+    return gpu_tier_defaults(sa, device)[1]
 
 
 def resolve_cap(sa, device: DeviceFacts) -> tuple[Optional[int], str]:
@@ -154,21 +146,6 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
                          max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
                          page_size=sa.page_size,
                          fused_cpu_decode=device.fused_cpu_decode)
-
-
-def plan_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Optional[str], device_kind: str,
-                       dtype: str) -> WeightFormat:
-    """The linear layers' format a start with these flags holds: --quantization resolved as the runtime resolves it
-    (layers/quantization: unset serves a .gguf's blocks on CPU), else the checkpoint's quantization_config. fp8, awq
-    and gptq are sized for `sglang plan` only."""
-    quant = sa.quantization
-    if quant not in PLAN_ONLY_QUANTIZATIONS:
-        from sglang.srt.layers.quantization import resolve_quantization  # torch-free
-
-        quant = resolve_quantization(quant, gguf_path is not None, device_kind, dtype == "float32", sa.tp_size)
-        quant = None if quant == "none" else quant
-    gguf_type = gguf_linear_type(gguf_path) if quant == "gguf" else ""
-    return weight_format(quant, hf_quant_config, gguf_type)
 
 
 def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
@@ -206,9 +183,14 @@ def cpu_activation_term(formula_bytes: int, measured_bytes: int) -> tuple[int, s
     return measured_bytes, "measured"
 
 
+def mm_embedding_cache_bytes(sa) -> int:
+    """The image-embedding cache's byte budget (--mm-embedding-cache-mb): what the runner gives the cache."""
+    return sa.mm_embedding_cache_mb * MiB
+
+
 def mm_cache_bytes(sa, model: ModelFacts) -> int:
-    """The image-embedding cache term: --mm-embedding-cache-mb for models with encoders."""
-    return sa.mm_embedding_cache_mb * MiB if model.has_encoder else 0
+    """The image-embedding cache term: the cache's budget for models with encoders."""
+    return mm_embedding_cache_bytes(sa) if model.has_encoder else 0
 
 
 def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]:
@@ -253,7 +235,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         cap_source=cap_source,
         chunked_prefill_size=resolve_chunked_prefill_size(sa, device, model.context_len),
         activation_bytes=measured.activation_bytes,
-        workspace=workspace_spec(planned_attention_backend(sa, device), backend_inputs(sa, model, device, 0, 0)),
+        workspace=workspace_spec(planned_attention_backend(sa), backend_inputs(sa, model, device, 0, 0)),
         logits_bytes=sampler_fixed_bytes(model.shape.text.vocab_size),
         logits_per_req_bytes=sampler_bytes_per_slot(model.shape.text.vocab_size),
         req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-# canonical name -> bytes per element
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# canonical name -> bytes per element: weights, activations and KV, then the index and byte buffers the attention
+# backends declare (backends.py)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
+               "int32": 4, "int64": 8, "uint8": 1}
 # accepted spellings -> canonical name
 DTYPE_ALIASES = {
     "float": "float32", "fp32": "float32", "bf16": "bfloat16", "half": "float16", "fp16": "float16",
@@ -62,8 +64,3 @@ def torch_dtype(name: str):
 
     canonical = canonical_dtype(name)
     return getattr(torch, _TORCH_NAMES.get(canonical, canonical))
-
-
-def dtype_name_of(torch_dtype_value) -> str:
-    """torch.bfloat16 -> 'bfloat16', torch.float8_e4m3fn -> 'fp8_e4m3'."""
-    return canonical_dtype(str(torch_dtype_value))

@@ -102,14 +102,6 @@ class EncoderBudget:
     def in_use_bytes(self) -> int:
         return self._in_use_bytes
 
-    @property
-    def available_bytes(self) -> int:
-        return self.capacity_bytes - self._in_use_bytes
-
-    @property
-    def num_running(self) -> int:
-        return self._num_running
-
     def check_integrity(self) -> None:
         assert 0 <= self._in_use_bytes <= self.capacity_bytes, (self._in_use_bytes, self.capacity_bytes)
         assert self._num_running >= 0 and (self._num_running > 0 or self._in_use_bytes == 0)

@@ -24,6 +24,13 @@ DEFAULT_SOURCES = {
 }
 
 
+def check_mem_fraction_static(value: Optional[float]) -> None:
+    """The one range check of --mem-fraction-static (ServerArgs and PlanInputs): unset, or in (0, 1)."""
+    if value is not None and not 0.0 < value < 1.0:
+        raise ValueError(f"--mem-fraction-static must be in (0, 1), got {value}. "
+                         "Leave it unset to let the memory planner derive it.")
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """Inputs to plan_memory(). All sizes in bytes; all counts in tokens or requests.
@@ -86,9 +93,7 @@ class PlanInputs:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0 when set, got {value}")
-        y = self.mem_fraction_static
-        if y is not None and not 0.0 < y < 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {y}")
+        check_mem_fraction_static(self.mem_fraction_static)
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("chunked_prefill_size must be positive, or -1 (disabled)")
         bad = {k: v for k, v in self.sources.items() if v not in ("measured", "declared", "formula")}

@@ -21,7 +21,6 @@ from typing import Optional
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder import EncoderSpec
-from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
 # Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
@@ -309,8 +308,8 @@ class ModelShape:
                               tp_size=tp)
         return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp)
 
-    def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: int = 8, model_dtype_bytes: int = 2,
-                        kv_dtype_bytes: int = 2) -> AttentionShape:
+    def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: Optional[int] = None,
+                        model_dtype_bytes: int = 2, kv_dtype_bytes: int = 2) -> AttentionShape:
         s = self.text
         nq = _cdiv(s.num_q_heads, tp)
         common = dict(architectures=s.architectures, num_kv_splits=num_kv_splits, model_dtype_bytes=model_dtype_bytes,
@@ -343,9 +342,6 @@ class ModelShape:
         factor = ACTIVATION_TEMPORARY_FACTOR_CPU if device == "cpu" else ACTIVATION_TEMPORARY_FACTOR
         return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor)
 
-    def logits_per_req_bytes(self) -> int:
-        return sampler_bytes_per_slot(self.text.vocab_size)
-
 
 def model_shape_from_config(cfg: dict) -> ModelShape:
     if "thinker_config" in cfg:
@@ -373,7 +369,3 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
 
 def model_shape_from_path(path: str) -> ModelShape:
     return model_shape_from_config(load_config(path))
-
-
-def context_len_of(shape: ModelShape, override: Optional[int] = None) -> int:
-    return override if override is not None else shape.text.max_position_embeddings

@@ -53,10 +53,15 @@ def gguf_file_bytes(rows: int, cols: int, gguf_type: str) -> int:
     return rows * _cdiv(cols, GGUF_BLOCK_WEIGHTS[gguf_type]) * GGUF_BLOCK_BYTES[gguf_type]
 
 
+def cpu_record_bytes(bits: int) -> int:
+    """Bytes of one packed record: CPU_PACK_ROWS rows x CPU_PACK_COLS weights at `bits`, plus their fp16 d and c."""
+    return CPU_PACK_HEADER_BYTES + CPU_PACK_ROWS * CPU_PACK_COLS * bits // 8
+
+
 def cpu_packed_bytes(rows: int, cols: int, bits: int) -> int:
-    """Bytes of this runtime's packed CPU form of a [rows, cols] weight at 4 or 8 bits."""
-    record = CPU_PACK_HEADER_BYTES + CPU_PACK_ROWS * CPU_PACK_COLS * bits // 8
-    return _cdiv(rows, CPU_PACK_ROWS) * _cdiv(cols, CPU_PACK_COLS) * record
+    """Bytes of this runtime's packed CPU form of a [rows, cols] weight at 4 or 8 bits (layers/quantization/packing.py
+    builds exactly this many)."""
+    return _cdiv(rows, CPU_PACK_ROWS) * _cdiv(cols, CPU_PACK_COLS) * cpu_record_bytes(bits)
 
 
 @dataclass(frozen=True)

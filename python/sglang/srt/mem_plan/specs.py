@@ -82,11 +82,3 @@ class WorkspaceSpec:
 
     def bytes_for(self, num_reqs: int, cuda_graph_bs: int = 0) -> int:
         return self.fixed_bytes + self.per_req_bytes * num_reqs + self.per_graph_bs_bytes * cuda_graph_bs
-
-    def __add__(self, other: "WorkspaceSpec") -> "WorkspaceSpec":
-        return WorkspaceSpec(
-            self.fixed_bytes + other.fixed_bytes,
-            self.per_req_bytes + other.per_req_bytes,
-            self.per_graph_bs_bytes + other.per_graph_bs_bytes,
-            name=f"{self.name}+{other.name}",
-        )

@@ -1,13 +1,8 @@
 """Byte units. Binary everywhere: GiB = 2**30, MiB = 2**20 (nvidia-smi and rocm report MiB)."""
 
-KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
 
 def gib(num_bytes: int | float) -> float:
     return num_bytes / GiB
-
-
-def gib_to_bytes(value_gib: float) -> int:
-    return int(value_gib * GiB)

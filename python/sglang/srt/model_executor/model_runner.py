@@ -21,17 +21,12 @@ import time
 
 import torch
 
+from sglang.srt.configs.resolved import resolve_backend, resolve_device, served_quantization
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return "cuda" if device == "hip" else device
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _device_total_bytes(device: str) -> int:
@@ -64,20 +59,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         started = time.perf_counter()
         self.startup_s = {}  # seconds per startup phase, for the scheduler's startup log line
         self.device = resolve_device(server_args.device)
-        from sglang.srt.layers.attention.attention_registry import check_attention_backend
-        from sglang.srt.layers.attention.backend_resolution import device_platform, resolve_attention_backend
-
-        if server_args.attention_backend is not None:  # a named backend: refused with the device and package it needs
-            check_attention_backend(server_args.attention_backend, self.device)
-        # the one resolution of the backend (`sglang plan` calls the same function); everything after reads the
-        # resolved name from self.server_args
-        self.attention_backend_choice = resolve_attention_backend(server_args.attention_backend,
-                                                                  device_platform(self.device))
+        # the one resolution of the backend (`sglang plan` calls the same functions, configs/resolved.py); everything
+        # after reads the resolved name from self.server_args
+        self.attention_backend_choice = resolve_backend(server_args.attention_backend, self.device)
         server_args = dataclasses.replace(server_args, attention_backend=self.attention_backend_choice.name)
         self.server_args = server_args
         logger.info("Attention backend: %s (%s)", self.attention_backend_choice.name,
                     self.attention_backend_choice.reason)
-        check_attention_backend(server_args.attention_backend, self.device)  # wrong device / missing library
         # tensor parallel: join the group before anything is measured (measurements are reduced over the ranks)
         self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
         ranks_per_node = server_args.tp_size // server_args.nnodes
@@ -97,18 +85,12 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
         self.startup_s["config"] = time.perf_counter() - started
-        from sglang.srt.layers.quantization import resolve_quantization
         from sglang.srt.model_loader.model_path import gguf_source_path
 
         # the linear layers' weight format (layers/quantization/): the default CPU start serves GGUF blocks
         self.gguf_path = gguf_source_path(server_args)
-        kernels = False
-        if self.device == "cpu" and server_args.quantization is None and self.gguf_path is not None:
-            from sglang.srt.layers.quantization.linear_method import quant_kernels
-
-            kernels = quant_kernels() is not None
-        self.quantization = resolve_quantization(server_args.quantization, self.gguf_path is not None, self.device,
-                                                 self.dtype == torch.float32, server_args.tp_size, kernels)
+        self.quantization = served_quantization(server_args, self.gguf_path, self.device,
+                                                self.model_config.dtype_name)
 
         # bf16 on CPU runs the AVX-512 BF16 / AMX kernels where they apply: load (or build) them now, so their code
         # is part of the baseline below and the log says which path decode takes

@@ -36,16 +36,13 @@ logger = logging.getLogger(__name__)
 class ModelRunnerKVCacheMixin:
     # ------------------------------------------------------------------ facts
     def model_facts(self) -> B.ModelFacts:
-        mc = self.model_config
-        return B.ModelFacts(mc.shape, mc.context_len, mc.dtype_name, mc.kv_cache_dtype_name)
+        return self.model_config.facts
 
     def device_facts(self) -> B.DeviceFacts:
-        from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
+        from sglang.srt.configs.resolved import fused_cpu_decode
 
-        mc = self.model_config
-        fused = fused_cpu_decode_available(self.device, mc.dtype, mc.kv_cache_dtype, mc.kv_cache_dtype, mc.head_dim,
-                                           mc.head_dim)
-        return B.DeviceFacts(self.device, self.pre_load_free_bytes, self.device_total_bytes, fused)
+        return B.DeviceFacts(self.device, self.pre_load_free_bytes, self.device_total_bytes,
+                             fused_cpu_decode(self.model_facts(), self.device))
 
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)

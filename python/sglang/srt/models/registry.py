@@ -16,10 +16,6 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
 }
 
 
-def register_model(architecture: str, module: str, class_name: str) -> None:
-    MODEL_REGISTRY[architecture] = (module, class_name)
-
-
 def get_supported_archs() -> list:
     return sorted(MODEL_REGISTRY)
 

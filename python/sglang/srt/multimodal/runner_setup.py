@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sglang.srt.mem_plan.build import mm_embedding_cache_bytes
 from sglang.srt.mem_plan.encoder import EncoderBudget, encoder_reservation_bytes
 from sglang.srt.mem_plan.units import MiB
 
@@ -65,7 +66,7 @@ def setup_multimodal(model, model_config, model_path: str, server_args, device: 
         source = "declared"
         detail = f"--encoder-mem-reserve; one image of {processor.max_tokens_per_image} tokens peaks at {cost:,} B"
 
-    cache_bytes = sa.mm_embedding_cache_mb * MiB
+    cache_bytes = mm_embedding_cache_bytes(sa)
     cache = MultiModalEmbeddingCache(cache_bytes)
     model.embedding_cache = cache
     model.encoder_batch_size = bs

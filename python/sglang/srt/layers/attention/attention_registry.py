@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Optional
 
+from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS, BackendInputs
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 _PKG = "sglang.srt.layers.attention"
 # what a None name means here: the CPU default (tests, CPU tools). A start resolves its backend first
 # (backend_resolution.resolve_attention_backend), so a GPU run never reaches this default.
-DEFAULT_ATTENTION_BACKEND = "torch_native"
+DEFAULT_ATTENTION_BACKEND = PLATFORM_DEFAULTS["cpu"][-1]
 
 
 def get_attention_backend_class(name: str) -> type:

@@ -19,6 +19,7 @@ from torch import nn
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.quantization import packing
+from sglang.srt.mem_plan.quantization_sizes import cpu_record_bytes
 
 
 _kernel_ok: Optional[bool] = None
@@ -79,8 +80,8 @@ class QuantLinearMethod:
     def load_packed(self, layer: nn.Module, packed: torch.Tensor) -> None:
         """Take an already packed weight (the packed-weights cache) instead of loading shards."""
         rows, cols = layer.output_size, layer.input_size
-        bits = 4 if packed.shape[-1] == packing.record_bytes(4) else 8
-        expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), packing.record_bytes(bits))
+        bits = 4 if packed.shape[-1] == cpu_record_bytes(4) else 8
+        expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), cpu_record_bytes(bits))
         if tuple(packed.shape) != expected:
             raise ValueError(f"packed weight {tuple(packed.shape)} does not fit a [{rows}, {cols}] layer {expected}")
         layer.qweight = packed.clone()

@@ -19,27 +19,17 @@ from typing import Tuple
 
 import torch
 
-from sglang.srt.mem_plan.quantization_sizes import cpu_packed_bytes
+from sglang.srt.mem_plan import quantization_sizes as sizes
 
-BLOCK = 32
-TILE_ROWS = 16
-STAGING_BLOCK_BYTES = 4 + BLOCK
-RECORD_HEADER_BYTES = 2 * TILE_ROWS * 2  # fp16 d and c of 16 rows
-GGUF_Q4_0, GGUF_Q4_1, GGUF_Q8_0 = 2, 3, 8
-GGUF_BLOCK_BYTES = {GGUF_Q4_0: 18, GGUF_Q4_1: 20, GGUF_Q8_0: 34}
+# the packed form's geometry and the GGUF block sizes are mem_plan/quantization_sizes.py's (the plan sizes them)
+BLOCK = sizes.CPU_PACK_COLS
+TILE_ROWS = sizes.CPU_PACK_ROWS
+STAGING_BLOCK_BYTES = 4 + BLOCK  # fp16 d, fp16 c, BLOCK bytes of u
+GGUF_Q4_0, GGUF_Q4_1, GGUF_Q8_0 = 2, 3, 8  # ggml type ids
 GGUF_TYPE_NAMES = {GGUF_Q4_0: "Q4_0", GGUF_Q4_1: "Q4_1", GGUF_Q8_0: "Q8_0"}
+GGUF_BLOCK_BYTES = {t: sizes.GGUF_BLOCK_BYTES[name] for t, name in GGUF_TYPE_NAMES.items()}
 LSQ_PASSES = 2  # least-squares refits of an int8 block's step and offset (each kept only where it lowers the error)
 QUANT_CHUNK_WEIGHTS = 1 << 16  # weights quantized at a time by staging_q8_blocks (temporaries in cache)
-
-
-def record_bytes(bits: int) -> int:
-    """Bytes of one packed record: 16 rows x 32 weights plus their fp16 d and c."""
-    return RECORD_HEADER_BYTES + TILE_ROWS * BLOCK * bits // 8
-
-
-def packed_bytes(rows: int, cols: int, bits: int) -> int:
-    """Bytes the packed form of a [rows, cols] weight takes (what the runtime holds): the one rule in mem_plan/."""
-    return cpu_packed_bytes(rows, cols, bits)
 
 
 def _fp16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -148,13 +138,6 @@ def staging_q8_blocks(w: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def dequantize_staging(staging: torch.Tensor, cols: int) -> torch.Tensor:
-    """Staging form -> float32 [rows, cols] (w = d * u + c)."""
-    u, d, c = parts_from_staging(staging)
-    w = d.float()[:, :, None] * u.float() + c.float()[:, :, None]
-    return w.reshape(staging.shape[0], -1)[:, :cols]
-
-
 def staging_bits(staging: torch.Tensor) -> int:
     """4 when every u fits a nibble (Q4_0 / Q4_1 shards), else 8."""
     u, _, _ = parts_from_staging(staging)
@@ -162,7 +145,7 @@ def staging_bits(staging: torch.Tensor) -> int:
 
 
 def pack(staging: torch.Tensor, bits: int) -> torch.Tensor:
-    """Staging form [rows, blocks * 36] -> packed uint8 [tiles, blocks, record_bytes(bits)]."""
+    """Staging form [rows, blocks * 36] -> packed uint8 [tiles, blocks, cpu_record_bytes(bits)]."""
     u, d, c = parts_from_staging(staging)
     rows, blocks = d.shape
     tiles = -(-rows // TILE_ROWS)

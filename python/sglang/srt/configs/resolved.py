@@ -1,0 +1,143 @@
+"""Settings resolved once: the functions that turn ServerArgs + the model's config.json into what a start runs with.
+
+The server (ModelRunner and ModelConfig, which the Engine starts too) and `sglang plan` both call these, so the dry
+run refuses what a start refuses, with the same message:
+    device             resolve_device: 'auto' -> cuda where torch sees a GPU, else cpu; 'hip' -> cuda (ROCm torch)
+    attention backend  resolve_backend (a live device; `sglang plan --device cpu` is this machine) or plan_backend
+                       (a GPU preset: a server installed with its extra), both by backend_resolution.py's rule
+    context length     resolve_context_len: --context-length up to the model's max_position_embeddings
+    dtypes             the rules of mem_plan/dtypes.py (--dtype auto by device, --kv-cache-dtype auto = --dtype)
+    model facts        resolve_model: config.json geometry + the three above, as the memory plan reads them
+    tensor parallelism check_tp_sharding: the model splits over --tp-size ranks (before any rank starts)
+    quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
+                       planned_weight_format (the bytes `sglang plan` charges, plan-only formats included)
+    fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace
+    Triton kv splits   --triton-attention-num-kv-splits as given (its default is ServerArgs'): build.attention_shape
+Torch-free at import; resolve_device and the live-device checks import torch when called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+from sglang.srt.layers.attention import backend_resolution as br
+from sglang.srt.mem_plan.build import ModelFacts
+from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
+from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_linear_type, weight_format
+
+# Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return "cuda" if device == "hip" else device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_backend(requested: Optional[str], device: str) -> br.BackendChoice:
+    """The backend a start on this live device uses; ValueError before any weight loads when it cannot run here
+    (a named backend is checked first, so the message names its device and package)."""
+    from sglang.srt.layers.attention.attention_registry import check_attention_backend
+
+    if requested is not None:
+        check_attention_backend(requested, device)
+    choice = br.resolve_attention_backend(requested, br.device_platform(device))
+    check_attention_backend(choice.name, device)
+    return choice
+
+
+def plan_backend(requested: Optional[str], gpu_platform: Optional[str]) -> br.BackendChoice:
+    """What `sglang plan` charges: on a GPU preset, the backend a server installed with that GPU's extra resolves to;
+    without one (--device cpu: this machine), exactly the server's resolve_backend."""
+    if gpu_platform is None:
+        return resolve_backend(requested, "cpu")
+    return br.resolve_attention_backend(requested, gpu_platform, installed=lambda module: True,
+                                        installed_note=f"as a server installed with "
+                                                       f"`pip install \"{br.GPU_EXTRAS[gpu_platform]}\"`")
+
+
+def resolve_context_len(requested: Optional[int], max_position_embeddings: int) -> int:
+    """--context-length, or the model's max_position_embeddings; above it only with ALLOW_LONGER_CONTEXT_ENV=1."""
+    if requested is None:
+        return max_position_embeddings
+    if requested > max_position_embeddings and os.environ.get(ALLOW_LONGER_CONTEXT_ENV, "0") not in ("1", "true"):
+        raise ValueError(
+            f"--context-length={requested} exceeds the model's max_position_embeddings={max_position_embeddings}. "
+            f"Use a value <= {max_position_embeddings}, or set {ALLOW_LONGER_CONTEXT_ENV}=1 to allow it "
+            "(outputs past the trained length may be garbage)."
+        )
+    return requested
+
+
+def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
+                  context_length: Optional[int] = None) -> ModelFacts:
+    """The model as a start with these flags holds it on `device` ('cpu' / 'cuda'): config.json's geometry, the
+    context length and the canonical weight and KV dtypes. The weight format stays dense: the server measures the
+    weights it loaded, `sglang plan` adds planned_weight_format."""
+    shape = model_shape_from_config(config)
+    dtype_name = resolve_model_dtype(dtype, device, shape.text.dtype)
+    return ModelFacts(shape, resolve_context_len(context_length, shape.text.max_position_embeddings), dtype_name,
+                      resolve_kv_cache_dtype(kv_cache_dtype, dtype_name))
+
+
+def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
+    """Whether torch_native decodes this model through the fused CPU kernel on `device` (then it declares no gather
+    workspace): the server asks its device, `sglang plan --device cpu` this machine."""
+    from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
+    from sglang.srt.mem_plan.dtypes import torch_dtype
+
+    head_dim, kv = model.shape.text.head_dim, torch_dtype(model.kv_cache_dtype)
+    return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
+
+
+def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
+    """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
+    or replicated when tp > KV heads) and the MLP's intermediate size; multimodal models run on one rank."""
+    t, tp = shape.text, tp_size
+    if tp == 1:
+        return
+    if shape.encoders:
+        raise ValueError(f"--tp-size {tp}: multimodal models run on one rank only; use --tp-size 1.")
+    if t.num_q_heads % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's {t.num_q_heads} attention heads; "
+                         f"pick a divisor of {t.num_q_heads}.")
+    if t.num_kv_heads % tp and tp % t.num_kv_heads:
+        raise ValueError(f"--tp-size {tp} and the model's {t.num_kv_heads} KV heads: one must divide the other "
+                         f"(KV heads are split, or replicated when tp > KV heads).")
+    if t.intermediate_size % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's intermediate size {t.intermediate_size}.")
+
+
+def cpu_quant_kernels() -> bool:
+    """Whether quant_linear runs on this CPU (builds or loads the kernels: called only where it decides)."""
+    from sglang.srt.layers.quantization.linear_method import quant_kernels
+
+    return quant_kernels() is not None
+
+
+def served_quantization(sa, gguf_path: Optional[str], device: str, dtype: str,
+                        kernels: Callable[[], bool] = cpu_quant_kernels) -> str:
+    """The linear layers' format the runtime serves: 'none' | 'gguf' | 'w8a8_int8' (layers/quantization); ValueError
+    for flags it refuses. The kernels are asked only where they decide: unset --quantization, a .gguf, a CPU."""
+    from sglang.srt.layers.quantization import resolve_quantization  # torch-free
+
+    decides = sa.quantization is None and gguf_path is not None and device == "cpu"
+    return resolve_quantization(sa.quantization, gguf_path is not None, device, dtype == "float32", sa.tp_size,
+                                kernels() if decides else True)
+
+
+def planned_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Optional[str], device: str, dtype: str,
+                          kernels: Callable[[], bool] = cpu_quant_kernels) -> WeightFormat:
+    """The format `sglang plan` charges the weights in: the served format, else (unset / none) the checkpoint's
+    quantization_config; fp8, awq and gptq are sized for the dry run only (the CPU server refuses them)."""
+    quant = sa.quantization
+    if quant not in PLAN_ONLY_QUANTIZATIONS:
+        quant = served_quantization(sa, gguf_path, device, dtype, kernels)
+        quant = None if quant == "none" else quant
+    gguf_type = gguf_linear_type(gguf_path) if quant == "gguf" else ""
+    return weight_format(quant, hf_quant_config, gguf_type)
