@@ -1,7 +1,7 @@
 """`sglang plan` accepts and refuses what a start accepts and refuses, with the same message: the settings are
 resolved once (configs/resolved.py). The server side is what a start runs before any weight loads:
 ModelConfig.from_server_args (ModelRunner, so the Engine and `sglang serve`) for --context-length, and
-distributed/launch.check_tp_config (before any TP rank starts) for --tp-size."""
+launch/tp_config.check_tp_config (before any TP rank starts) for --tp-size."""
 
 import contextlib
 import io
@@ -43,7 +43,7 @@ def server_outcome(model_dir, **flags):
 
 def tp_outcome(tp_size):
     """(True, None) when a start of the bundled model on CPU takes --tp-size, else (None, its message)."""
-    from sglang.srt.distributed.launch import check_tp_config
+    from sglang.srt.launch.tp_config import check_tp_config
 
     try:
         check_tp_config(ServerArgs(tp_size=tp_size, device="cpu"))

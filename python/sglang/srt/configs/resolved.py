@@ -32,11 +32,17 @@ ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 
 def resolve_device(device: str) -> str:
+    """--device: 'auto' is cuda when torch sees a GPU (CUDA or ROCm), else cpu; 'hip' is torch's 'cuda'."""
     if device != "auto":
         return "cuda" if device == "hip" else device
+    return "cuda" if gpu_count() else "cpu"
+
+
+def gpu_count() -> int:
+    """GPUs torch sees (0 without a GPU build or device)."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_backend(requested: Optional[str], device: str) -> br.BackendChoice:

@@ -69,15 +69,13 @@ def replica_server_args(server_args: ServerArgs, dp_size: int) -> ServerArgs:
 
 def replica_visible_devices(server_args: ServerArgs, dp_size: int) -> Optional[List[str]]:
     """The GPU each replica sees (CUDA_VISIBLE_DEVICES), or None on CPU. Raises when there are fewer than N."""
-    if server_args.device == "cpu":
-        return None
-    import torch
+    from sglang.srt.configs.resolved import gpu_count, resolve_device
 
-    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if present == 0:
-        if server_args.device != "auto":
-            raise RuntimeError(f"--device {server_args.device}: no GPU is visible.")
+    if resolve_device(server_args.device) == "cpu":
         return None
+    present = gpu_count()
+    if present == 0:
+        raise RuntimeError(f"--device {server_args.device}: no GPU is visible.")
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     visible = [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(present)]
     if dp_size > len(visible):

@@ -36,28 +36,16 @@ def check_tp_config(sa: ServerArgs) -> None:
     """Fail before any rank starts: heads / KV heads / intermediate / vocab sharding, model kind, devices present."""
     if sa.tp_size == 1:
         return
+    from sglang.srt.configs.resolved import check_tp_sharding, gpu_count, resolve_device
     from sglang.srt.mem_plan.model_shapes import model_shape_from_path
     from sglang.srt.model_loader import resolve_model_path
 
     shape = model_shape_from_path(resolve_model_path(sa))  # also converts a GGUF once, before the ranks read it
-    t, tp = shape.text, sa.tp_size
-    if shape.encoders:
-        raise ValueError(f"--tp-size {tp}: multimodal models run on one rank only; use --tp-size 1.")
-    if t.num_q_heads % tp:
-        raise ValueError(f"--tp-size {tp} does not divide the model's {t.num_q_heads} attention heads; "
-                         f"pick a divisor of {t.num_q_heads}.")
-    if t.num_kv_heads % tp and tp % t.num_kv_heads:
-        raise ValueError(f"--tp-size {tp} and the model's {t.num_kv_heads} KV heads: one must divide the other "
-                         f"(KV heads are split, or replicated when tp > KV heads).")
-    if t.intermediate_size % tp:
-        raise ValueError(f"--tp-size {tp} does not divide the model's intermediate size {t.intermediate_size}.")
+    check_tp_sharding(shape, sa.tp_size)  # the rule `sglang plan` applies too (configs/resolved.py)
+    tp = sa.tp_size
     per_node = tp // sa.nnodes
-    device = sa.device
-    if device in ("auto", "cuda", "hip"):
-        import torch
-
-        present = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if device != "auto" or present:
-            if per_node > present:
-                raise ValueError(f"--tp-size {tp} over --nnodes {sa.nnodes} needs {per_node} GPUs per node; "
-                                 f"{present} present.")
+    if resolve_device(sa.device) == "cuda":
+        present = gpu_count()
+        if per_node > present:
+            raise ValueError(f"--tp-size {tp} over --nnodes {sa.nnodes} needs {per_node} GPUs per node; "
+                             f"{present} present.")
