@@ -126,5 +126,5 @@ class OverlapSchedule:
         return settled, None
 
     def shutdown(self) -> None:
-        """Let the window thread end (weakref.finalize runs this; it may run on that thread, so no join)."""
-        self.window.shutdown(wait=False)
+        """End the window thread and wait for it (weakref.finalize runs this)."""
+        self.window.shutdown(wait=True)
