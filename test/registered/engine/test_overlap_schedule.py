@@ -301,4 +301,4 @@ def test_forward_stays_on_the_scheduler_thread_and_errors_come_back_in_order():
         assert ov.run(job) == 7 and ov.num_overlapped_steps == 4
     finally:
         ov.shutdown()
-    assert not ov.thread._thread.is_alive()
+    assert not seen["window"].is_alive()

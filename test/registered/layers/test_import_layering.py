@@ -1,5 +1,6 @@
-"""No import cycle between forward_batch_info, base_attn_backend and radix_attention (TYPE_CHECKING imports count),
-and the model runner's one device-placement step moves every tensor of a ForwardBatch."""
+"""No import cycle between forward_batch_info, base_attn_backend and radix_attention, nor among the scheduler's parts
+(TYPE_CHECKING imports count; only the scheduler's owners import it), and the model runner's one device-placement
+step moves every tensor of a ForwardBatch."""
 
 import ast
 import importlib.util
@@ -17,6 +18,11 @@ MODULES = (
     "sglang.srt.layers.attention.base_attn_backend",
     "sglang.srt.layers.radix_attention",
 )
+
+SCHEDULER_PARTS = tuple(f"sglang.srt.managers.{m}" for m in (
+    "scheduler", "request_queues", "req_memory", "fault_confinement", "output_sink", "prefill_scheduler",
+    "decode_memory", "batch_runner", "overlap_worker", "schedule_batch")) + ("sglang.srt.constrained.scheduler_hooks",)
+SCHEDULER_OWNERS = {"sglang.srt.managers.scheduler_process", "sglang.srt.entrypoints.engine", "sglang.test.meta_runner"}
 
 
 def imported_modules(name: str) -> set:
@@ -38,6 +44,39 @@ class TestLayering(unittest.TestCase):
             for b in edges[a]:
                 self.assertNotIn(a, edges[b], f"import cycle {a} <-> {b}")
         self.assertEqual(edges["sglang.srt.model_executor.forward_batch_info"], set())
+
+    def test_scheduler_parts_form_no_cycle(self):
+        edges = {m: imported_modules(m) & set(SCHEDULER_PARTS) for m in SCHEDULER_PARTS}
+        done, on_path = set(), []
+
+        def visit(m):
+            if m in on_path:
+                self.fail(f"import cycle {' -> '.join(on_path[on_path.index(m):] + [m])}")
+            if m in done:
+                return
+            on_path.append(m)
+            for n in edges[m]:
+                visit(n)
+            on_path.pop()
+            done.add(m)
+
+        for m in SCHEDULER_PARTS:
+            visit(m)
+        importers = {m for m in SCHEDULER_PARTS if "sglang.srt.managers.scheduler" in imported_modules(m)}
+        self.assertEqual(importers, set(), "a scheduler part imports the Scheduler")
+
+    def test_only_owners_import_the_scheduler(self):
+        import pathlib
+
+        import sglang
+
+        root = pathlib.Path(sglang.__file__).parent
+        importers = set()
+        for path in root.rglob("*.py"):
+            name = "sglang." + ".".join(path.relative_to(root).with_suffix("").parts)
+            if "sglang.srt.managers.scheduler" in imported_modules(name.removesuffix(".__init__")):
+                importers.add(name)
+        self.assertLessEqual(importers, SCHEDULER_OWNERS)
 
     def test_sampling_does_not_import_managers(self):
         for name in ("sglang.srt.sampling.sampler", "sglang.srt.sampling.sampling_params",

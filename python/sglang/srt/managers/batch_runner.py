@@ -3,244 +3,180 @@ confined to the requests they concern (policy in fault_confinement.py).
 
 A batch is a list of units; each attempt is forward + sample, and only when both succeed does it commit
 (kv_len += n, then each request's new token is appended and detokenized, one request at a time).
-With the overlap schedule (overlap_worker.py) the batch is built here, its forward + sample run on the forward
-thread while the scheduler thread decodes the previous step's text; a request that text finished is no longer
-alive at commit and its token is dropped.
+With the overlap schedule (overlap_worker.py) the batch is built here and its forward + sample run while the window
+thread decodes the previous step's text; a request that text finished is no longer alive at commit and its token
+is dropped.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
-from sglang.srt.constrained.scheduler_hooks import fill_ahead
-from sglang.srt.managers.decode_memory import ensure_decode_memory, retract_for_oom
-from sglang.srt.managers.fault_confinement import StepFault, fault_message, is_oom, step_phase
+from sglang.srt.constrained.scheduler_hooks import GrammarGate
+from sglang.srt.managers.decode_memory import DecodeMemory
+from sglang.srt.managers.fault_confinement import FaultPolicy, StepFault, fault_message, is_oom, step_phase
+from sglang.srt.managers.output_sink import OutputSink
+from sglang.srt.managers.req_memory import ReqMemory
+from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.managers.schedule_policy import PrefillPlan
+from sglang.srt.managers.prefill_scheduler import PrefillPlan
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampler import SampleOutput, sample
 
-if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler import Scheduler
-
-ExtendUnit = Tuple[Req, int]  # a request and how many of its tokens this forward computes, from kv_len on
+Unit = Tuple[Req, int]  # a request and how many of its tokens this forward computes from kv_len on (decode: 1)
 
 
-def _inject(sched: "Scheduler", step: str, reqs: List[Req]) -> None:
-    if sched.faults is not None:
-        sched.faults.check(step, [r.rid for r in reqs], sched.forward_ct)
-
-
-def _halves(items: list) -> Tuple[list, list]:
-    mid = len(items) // 2
-    return items[:mid], items[mid:]
-
-
-def grammar_bitmask(sched: "Scheduler"):
-    """The preallocated token bitmask of structured output (None when the grammar backend is off)."""
-    return sched.grammar_backend.bitmask if sched.grammar_backend is not None else None
+def _int64(values: List[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
 
 
 def _alive(req: Req) -> bool:
     return req.req_pool_idx is not None and not req.finished()
 
 
-def _attempt(sched: "Scheduler", job: Callable[[], SampleOutput]) -> SampleOutput:
-    """Forward + sample of a built batch: here, or on the forward thread overlapped with the previous text."""
-    return job() if sched.overlap is None else sched.overlap.run(job)
+class BatchRunner:
+    """Owns the forward count (the fault injector's batch number)."""
 
+    def __init__(self, model_runner: Any, memory: ReqMemory, queues: RequestQueues, sink: OutputSink,
+                 decode_memory: DecodeMemory, grammar: GrammarGate, fault_policy: FaultPolicy):
+        self.model_runner, self.memory, self.queues, self.sink = model_runner, memory, queues, sink
+        self.decode_memory, self.grammar, self.fault_policy = decode_memory, grammar, fault_policy
+        self.forward_ct = 0
 
-# ====================================================================== commit
-def _commit_token(sched: "Scheduler", req: Req, out: SampleOutput, row: int) -> None:
-    """Append the sampled token; a fault while detokenizing fails this request only."""
-    if not _alive(req):  # finished by the overlapped text of the previous step: this token is dropped
-        if sched.overlap is not None:
-            sched.overlap.num_dropped_tokens += 1
-        return
-    try:
-        with step_phase("detokenize"):
-            _inject(sched, "detokenize", [req])
-            sched.append_token(req, out, row)
-    except StepFault as f:
-        sched.on_fault(f"Request {req.rid} failed in the detokenize step", f.cause)
-        sched.fail(req, fault_message(f.step, f.cause))
-        return
-    if req.finished():
-        sched.finish(req)
-
-
-# ====================================================================== extend
-def _build_extend(sched: "Scheduler", units: List[ExtendUnit]) -> ForwardBatch:
-    reqs = [r for r, _ in units]
-    lens = [n for _, n in units]
-    input_ids: List[int] = []
-    positions: List[int] = []
-    out_loc: List[torch.Tensor] = []
-    prefix_lens = [r.kv_len for r in reqs]
-    seq_lens = [r.kv_len + n for r, n in units]
-    pool = sched.memory.req_to_token_pool
-    for r, n in units:
-        input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + n])
-        positions.extend(range(r.kv_len, r.kv_len + n))
-        out_loc.append(pool.slots(r.req_pool_idx, r.kv_len, r.kv_len + n))  # host rows: no device read
-    return ForwardBatch(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(reqs),
-        input_ids=torch.tensor(input_ids, dtype=torch.int64),
-        positions=torch.tensor(positions, dtype=torch.int64),
-        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=torch.cat(out_loc),
-        seq_lens_cpu=seq_lens,
-        req_pool_indices_cpu=[r.req_pool_idx for r in reqs],
-        extend_prefix_lens_cpu=prefix_lens,
-        extend_seq_lens_cpu=list(lens),
-        extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64),
-        extend_seq_lens=torch.tensor(lens, dtype=torch.int64),
-        logits_indices=torch.tensor(lens).cumsum(0) - 1,
-        mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
-    )
-
-
-def _extend_confined(sched: "Scheduler", units: List[ExtendUnit]) -> None:
-    if not units:
-        return
-    reqs = [r for r, _ in units]
-    done = [i for i, (r, n) in enumerate(units) if r.kv_len + n == r.fill_len]
-    done_reqs = [reqs[i] for i in done]
-    bitmask = grammar_bitmask(sched)
-
-    def job() -> Optional[SampleOutput]:
-        with step_phase("prefill"):
-            _inject(sched, "prefill", reqs)
-            logits = sched.model_runner.forward(fb)
-        if not done:
-            return None
-        with step_phase("sample"):
-            _inject(sched, "sample", done_reqs)
-            return sample(logits[done], done_reqs, bitmask)
-
-    try:
-        with step_phase("prefill"):
-            fb = _build_extend(sched, units)
-        out = _attempt(sched, job)
-    except StepFault as f:
-        _recover_extend(sched, [(r, n) for r, n in units if _alive(r)], f)
-        return
-    for r, n in units:
-        if _alive(r):  # not finished by the overlapped text of the previous step
-            r.kv_len += n
-    for j, i in enumerate(done):
-        _commit_token(sched, units[i][0], out, j)
-
-
-def _recover_extend(sched: "Scheduler", units: List[ExtendUnit], f: StepFault) -> None:
-    if not units:
-        return
-    rids = [r.rid for r, _ in units]
-    if len(units) > 1:
-        what = "out of memory" if is_oom(f.cause) else "failed"
-        sched.on_fault(f"Prefill batch of {len(units)} requests {what} in the {f.step} step; retrying it in halves", f.cause)
-        for half in _halves(units):
-            _extend_confined(sched, [(r, n) for r, n in half if _alive(r)])
-        return
-    req, n = units[0]
-    half = n // 2 // sched.page_size * sched.page_size
-    if is_oom(f.cause) and half > 0:
-        sched.on_fault(f"Prefill of {n} tokens of request {rids[0]} ran out of memory; halving the chunk", f.cause)
-        _extend_confined(sched, [(req, half)])
-        if _alive(req):
-            _extend_confined(sched, [(req, n - half)])
-        return
-    sched.on_fault(f"Request {req.rid} failed in the {f.step} step", f.cause)
-    sched.fail(req, fault_message(f.step, f.cause))
-
-
-def run_extend(sched: "Scheduler", plan: PrefillPlan) -> None:
-    _extend_confined(sched, list(zip(plan.reqs, plan.extend_lens)))
-    if sched.encoder_admission is not None:
-        sched.encoder_admission.end_batch()
-    for r in plan.reqs:
-        # a live request with more to prefill stays sched.chunked_req (set by the prefill scheduler)
-        if _alive(r) and r is not sched.chunked_req:
-            sched.running.append(r)
-    sched.forward_ct += 1
-
-
-# ====================================================================== decode
-def _build_decode(sched: "Scheduler", reqs: List[Req]) -> ForwardBatch:
-    r2t = sched.memory.req_to_token_pool.req_to_token_host  # host rows: no device read
-    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-    positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-    seq_lens = [r.kv_len + 1 for r in reqs]
-    return ForwardBatch(
-        forward_mode=ForwardMode.DECODE,
-        batch_size=len(reqs),
-        input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
-        positions=positions,
-        req_pool_indices=rows,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=r2t[rows, positions],
-        seq_lens_cpu=seq_lens,
-        req_pool_indices_cpu=rows.tolist(),
-        mm_inputs=None,
-    )
-
-
-def _decode_confined(sched: "Scheduler", reqs: List[Req]) -> None:
-    if not reqs:
-        return
-    bitmask = grammar_bitmask(sched)
-
-    def job() -> SampleOutput:
-        with step_phase("decode"):
-            _inject(sched, "decode", reqs)
-            logits = sched.model_runner.forward(fb)
-        with step_phase("sample"):
-            _inject(sched, "sample", reqs)
-            return sample(logits, reqs, bitmask)
-
-    try:
-        with step_phase("decode"):
-            fb = _build_decode(sched, reqs)
-            fill_ahead(sched, reqs)  # grammar bitmask rows fill on a worker thread during the forward
-        out = _attempt(sched, job)
-    except StepFault as f:
-        reqs = [r for r in reqs if _alive(r)]  # the overlapped text may have finished some
-        if not reqs:
+    def _run_confined(self, units: List[Unit], decode: bool) -> None:
+        """Forward, sample and commit `units` (a decode unit is one token); a fault is confined to its requests."""
+        if not units:
             return
-        if len(reqs) > 1 and is_oom(f.cause):
-            sched.on_fault(f"Decode batch of {len(reqs)} requests ran out of memory in the {f.step} step", f.cause)
-            _decode_confined(sched, retract_for_oom(sched, reqs))
-        elif len(reqs) > 1:
-            sched.on_fault(f"Decode batch of {len(reqs)} requests failed in the {f.step} step; retrying it in halves",
-                      f.cause)
-            for half in _halves(reqs):
-                _decode_confined(sched, [r for r in half if _alive(r)])
+        reqs = [r for r, _ in units]
+        done = [i for i, (r, n) in enumerate(units) if r.kv_len + n == r.fill_len]  # these sample a token
+        done_reqs = [reqs[i] for i in done]
+        phase = "decode" if decode else "prefill"
+        bitmask, inject, overlap = self.grammar.bitmask, self.fault_policy.inject, self.sink.overlap
+
+        def job() -> Optional[SampleOutput]:
+            with step_phase(phase):
+                inject(phase, reqs, self.forward_ct)
+                logits = self.model_runner.forward(fb)
+            if not done:
+                return None
+            with step_phase("sample"):
+                inject("sample", done_reqs, self.forward_ct)
+                return sample(logits if decode else logits[done], done_reqs, bitmask)
+
+        try:
+            with step_phase(phase):
+                fb = self._build_decode(reqs) if decode else self._build_extend(units)
+                if decode:
+                    self.grammar.fill_ahead(reqs)  # grammar bitmask rows fill on a worker thread during the forward
+            # with the overlap schedule, the text halves the sink deferred are decoded while this runs
+            out = job() if overlap is None else overlap.run(job)
+        except StepFault as f:  # the overlapped text of the previous step may have finished some requests
+            self._recover([(r, n) for r, n in units if _alive(r)], decode, f)
+            return
+        for r, n in units:
+            if _alive(r):  # not finished by the overlapped text of the previous step
+                r.kv_len += n
+        for j, i in enumerate(done):
+            self._commit_token(units[i][0], out, j)
+
+    def _commit_token(self, req: Req, out: SampleOutput, row: int) -> None:
+        """Append the sampled token; a fault while detokenizing fails this request only."""
+        if not _alive(req):  # finished by the overlapped text of the previous step: this token is dropped
+            if self.sink.overlap is not None:
+                self.sink.overlap.num_dropped_tokens += 1
+            return
+        try:
+            with step_phase("detokenize"):
+                self.fault_policy.inject("detokenize", [req], self.forward_ct)
+                self.sink.append_token(req, out, row)
+        except StepFault as f:
+            self.fault_policy.on_fault(f"Request {req.rid} failed in the detokenize step", f.cause)
+            self.sink.fail(req, fault_message(f.step, f.cause))
+            return
+        if req.finished():
+            self.sink.finish(req)
+
+    def _recover(self, units: List[Unit], decode: bool, f: StepFault) -> None:
+        """A decode OOM retracts half the batch; other faults of a batch retry it in halves; a lone prefill that ran
+        out of memory halves its chunk; a lone request that still fails, fails."""
+        if not units:
+            return
+        on_fault, oom = self.fault_policy.on_fault, is_oom(f.cause)
+        req, n = units[0]
+        half = n // 2 // self.memory.page_size * self.memory.page_size  # a lone prefill's chunk, halved
+        if len(units) > 1 and decode and oom:
+            on_fault(f"Decode batch of {len(units)} requests ran out of memory in the {f.step} step", f.cause)
+            self._run_confined([(r, 1) for r in self.decode_memory.retract_for_oom([r for r, _ in units])], decode)
+        elif len(units) > 1:
+            on_fault(f"{'Decode' if decode else 'Prefill'} batch of {len(units)} requests "
+                     f"{'out of memory' if oom else 'failed'} in the {f.step} step; retrying it in halves", f.cause)
+            mid = len(units) // 2
+            for part in (units[:mid], units[mid:]):
+                self._run_confined([(r, n) for r, n in part if _alive(r)], decode)
+        elif oom and half > 0:
+            on_fault(f"Prefill of {n} tokens of request {req.rid} ran out of memory; halving the chunk", f.cause)
+            self._run_confined([(req, half)], decode)
+            if _alive(req):
+                self._run_confined([(req, n - half)], decode)
         else:
-            sched.on_fault(f"Request {reqs[0].rid} failed in the {f.step} step", f.cause)
-            sched.fail(reqs[0], fault_message(f.step, f.cause))
-        return
-    for r in reqs:
-        if _alive(r):  # not finished by the overlapped text of the previous step
-            r.kv_len += 1
-    for j, r in enumerate(reqs):
-        _commit_token(sched, r, out, j)
+            on_fault(f"Request {req.rid} failed in the {f.step} step", f.cause)
+            self.sink.fail(req, fault_message(f.step, f.cause))
 
+    # ================================================================== extend
+    def _build_extend(self, units: List[Unit]) -> ForwardBatch:
+        reqs = [r for r, _ in units]
+        lens = [n for _, n in units]
+        rows = [r.req_pool_idx for r in reqs]
+        prefix_lens = [r.kv_len for r in reqs]
+        seq_lens = [r.kv_len + n for r, n in units]
+        input_ids: List[int] = []
+        positions: List[int] = []
+        out_loc: List[torch.Tensor] = []
+        pool = self.memory.req_to_token_pool
+        for r, n in units:
+            input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + n])
+            positions.extend(range(r.kv_len, r.kv_len + n))
+            out_loc.append(pool.slots(r.req_pool_idx, r.kv_len, r.kv_len + n))  # host rows: no device read
+        return ForwardBatch(
+            ForwardMode.EXTEND, len(reqs), input_ids=_int64(input_ids), positions=_int64(positions),
+            req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens), out_cache_loc=torch.cat(out_loc),
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows, extend_prefix_lens_cpu=prefix_lens,
+            extend_seq_lens_cpu=lens, extend_prefix_lens=_int64(prefix_lens), extend_seq_lens=_int64(lens),
+            logits_indices=torch.tensor(lens).cumsum(0) - 1,
+            mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
+        )
 
-def run_decode(sched: "Scheduler") -> None:
-    sched.batch_reqs.extend(sched.running)
-    ensure_decode_memory(sched)
-    reqs = list(sched.running)
-    if not reqs:
-        return
-    for r in reqs:
-        slots = sched.memory.alloc(r, 1)
-        assert slots is not None, "decode memory was checked"
-    _decode_confined(sched, reqs)
-    sched.running = [r for r in sched.running if _alive(r)]
-    sched.oom_cap.on_decode_success(sched.max_running_requests)
-    sched.new_token_ratio.step()
-    sched.forward_ct += 1
+    def run_extend(self, plan: PrefillPlan) -> None:
+        self._run_confined(list(zip(plan.reqs, plan.extend_lens)), decode=False)
+        for r in plan.reqs:
+            # a live request with more to prefill stays queues.chunked (set by the prefill planner)
+            if _alive(r) and r is not self.queues.chunked:
+                self.queues.running.append(r)
+        self.forward_ct += 1
+
+    # ================================================================== decode
+    def _build_decode(self, reqs: List[Req]) -> ForwardBatch:
+        r2t = self.memory.req_to_token_pool.req_to_token_host  # host rows: no device read
+        rows = _int64([r.req_pool_idx for r in reqs])
+        positions = _int64([r.kv_len for r in reqs])
+        seq_lens = [r.kv_len + 1 for r in reqs]
+        return ForwardBatch(
+            ForwardMode.DECODE, len(reqs), input_ids=_int64([r.output_ids[-1] for r in reqs]), positions=positions,
+            req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, positions],
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(), mm_inputs=None,
+        )
+
+    def run_decode(self) -> bool:
+        """Decode every running request by one token (their memory was made room for); False if none ran."""
+        reqs = list(self.queues.running)
+        if not reqs:
+            return False
+        for r in reqs:
+            slots = self.memory.alloc(r, 1)
+            assert slots is not None, "decode memory was checked"
+        self._run_confined([(r, 1) for r in reqs], decode=True)
+        self.queues.running = [r for r in self.queues.running if _alive(r)]
+        self.forward_ct += 1
+        return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from typing import Sequence
 
 import torch
 
@@ -68,3 +69,24 @@ def fault_message(step: str, cause: BaseException) -> str:
 
 def log_fault(what: str, cause: BaseException) -> None:
     logger.error("%s: %s: %s", what, type(cause).__name__, cause, exc_info=(type(cause), cause, cause.__traceback__))
+
+
+class FaultPolicy:
+    """The fault count and the test-only fault injector (fault_injection.py; None unless SGLANG_FAULT_INJECT is set),
+    shared by the batch runner, the output sink (a finished request is forgotten) and Scheduler.step."""
+
+    def __init__(self, faults=None):
+        self.faults, self.num_faults = faults, 0
+
+    def inject(self, step: str, reqs: Sequence, batch_no: int) -> None:
+        if self.faults is not None:
+            self.faults.check(step, [r.rid for r in reqs], batch_no)
+
+    def forget(self, rid: str) -> None:
+        if self.faults is not None:
+            self.faults.forget(rid)
+
+    def on_fault(self, what: str, cause: BaseException) -> None:
+        """Log a fault with its traceback; the step that saw it checks (and repairs) memory afterwards."""
+        log_fault(what, cause)
+        self.num_faults += 1

@@ -4,7 +4,7 @@ A step appends each sampled token in two halves (schedule_batch.Req):
     token half  (append_token_id)  the id, grammar, stop tokens, max_new_tokens: at commit, as without overlap,
                                    because the next batch, its input ids, penalties and grammar masks need it;
     text half   (add_token_text)   detokenizing, stop strings, streamed outputs: with overlap, queued here and run
-                                   on WindowThread while the next forward + sampling runs on the scheduler thread
+                                   on the window thread while the next forward + sampling runs on the scheduler thread
                                    (torch ops release the GIL).
 The forward stays on the scheduler thread because OpenMP keeps one thread team per thread that starts parallel
 regions: a second such thread (a forward thread beside the startup's team) puts more OpenMP threads than cores on a
@@ -14,23 +14,22 @@ One-step lag: a stop string found in the window finishes its request after the f
 was in the batch, its new token is dropped (kv_len does not advance, the slot is freed with the request), so the
 tokens, text and prefix-cache contents are those of the schedule without overlap.
 Invariants: at most one queued text entry per request (the window runs before the next commit); a request's queued
-text is decoded before it finishes (Scheduler.finish / abort / fail call flush); nothing in the window touches what
-the forward thread reads (kv_len, output_ids, req_to_token, the grammar matcher), and requests are finished only
-after the join, so memory is never freed under a running forward.
+text is decoded before it finishes (OutputSink.flush_text); nothing in the window touches what the forward thread
+reads (kv_len, output_ids, req_to_token, the grammar matcher), and requests are finished only after the join
+(OutputSink.settle), so memory is never freed under a running forward.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from sglang.srt.managers.fault_confinement import StepFault, fault_message, step_phase
+from sglang.srt.managers.fault_confinement import StepFault, step_phase
 from sglang.srt.managers.schedule_batch import Req
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.output_sink import OutputSink
 
 logger = logging.getLogger(__name__)
 
@@ -53,44 +52,14 @@ def overlap_enabled(server_args, device: str) -> bool:
     return OVERLAP_DEFAULT_BY_DEVICE.get(str(device), False)
 
 
-class WindowThread:
-    """One daemon thread that runs the window's jobs (Python only: text halves, the process loop's messages), one at
-    a time, while the scheduler thread runs the forward. A job reports its own errors in its result."""
-
-    def __init__(self):
-        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._done: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="overlap-window", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._done.put(job())
-
-    def submit(self, job: Callable) -> None:
-        self._jobs.put(job)
-
-    def join(self):
-        """The submitted job's result."""
-        return self._done.get()
-
-    def stop(self) -> None:
-        """End the thread and wait for it (weakref.finalize runs this at exit)."""
-        self._jobs.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-
-
 class OverlapSchedule:
-    """Queued text halves and the window thread (Scheduler.overlap; None when the overlap schedule is off)."""
+    """Queued text halves and the window thread (OutputSink.overlap; None when off)."""
 
-    def __init__(self, sched: "Scheduler"):
-        self.sched = sched
+    def __init__(self, sink: "OutputSink"):
+        self.sink = sink
         self.pending: Dict[int, Tuple[Req, int]] = {}  # id(req) -> (req, n_out): text not yet decoded
-        self.thread = WindowThread()
+        # one thread runs the window's jobs (Python only: text halves, the process loop's messages), one at a time
+        self.window = ThreadPoolExecutor(1, thread_name_prefix="overlap-window")
         self.window_hook: Optional[Callable[[], None]] = None  # more CPU work for the window (the process loop's)
         self.num_overlapped_steps = 0
         self.num_dropped_tokens = 0  # tokens computed for requests a window finished (one-step lag)
@@ -107,7 +76,7 @@ class OverlapSchedule:
         """Decode `req`'s queued text now (before it finishes; on the scheduler thread, outside a window)."""
         entry = self.pending.pop(id(req), None)
         if entry is not None:
-            self.sched.decode_text(req, entry[1])
+            self.sink.decode_text(req, entry[1])
 
     def _drain(self) -> Tuple[List[Req], List[Tuple[Req, StepFault]]]:
         """Decode every queued text half; return the requests a stop string finished and the ones that faulted."""
@@ -116,7 +85,7 @@ class OverlapSchedule:
         for req, n_out in entries:
             try:
                 with step_phase("detokenize"):
-                    self.sched.decode_text(req, n_out)
+                    self.sink.decode_text(req, n_out)
             except StepFault as f:
                 faulted.append((req, f))
                 continue
@@ -124,35 +93,23 @@ class OverlapSchedule:
                 stopped.append(req)
         return stopped, faulted
 
-    def _settle(self, stopped: List[Req], faulted: List[Tuple[Req, StepFault]]) -> None:
-        """After the join: finish what the window stopped, fail what faulted (their memory is free to release)."""
-        sched = self.sched
-        for req in stopped:
-            if req.rid in sched.reqs:
-                sched._take_out(req)
-                sched.finish(req)
-        for req, f in faulted:
-            if req.rid in sched.reqs:
-                sched.on_fault(f"Request {req.rid} failed in the detokenize step", f.cause)
-                sched.fail(req, fault_message(f.step, f.cause))
-
     def drain_now(self) -> None:
         """No forward to overlap with: decode the queued text on the spot."""
-        if self.pending:
-            self._settle(*self._drain())
+        self.sink.settle(*self._drain())
 
     # ------------------------------------------------------------------ overlapped attempt
     def run(self, job: Callable):
         """Run `job` (forward + sampling of a batch, built already) on this thread while the window thread decodes
-        the queued text and does the process loop's window work; finish the requests that stopped, then return the
-        job's result or raise its exception (the job's first, else the window's)."""
-        self.thread.submit(self._window)
+        the queued text and does the process loop's window work; settle the requests the text stopped, then return
+        the job's result or raise its exception (the job's first, else the window's)."""
+        window = self.window.submit(self._window)
         self.num_overlapped_steps += 1
         try:
             result = job()
         finally:
-            settled, window_error = self.thread.join()  # the window is over before anything else touches the batch
-            self._settle(*settled)
+            settled, window_error = window.result()  # the window is over before anything else touches the batch
+            if any(settled):
+                self.sink.settle(*settled)
         if window_error is not None:
             raise window_error
         return result
@@ -169,4 +126,5 @@ class OverlapSchedule:
         return settled, None
 
     def shutdown(self) -> None:
-        self.thread.stop()
+        """End the window thread and wait for it (weakref.finalize runs this)."""
+        self.window.shutdown(wait=True)

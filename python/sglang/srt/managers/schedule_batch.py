@@ -23,18 +23,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 
 class Req:
-    def __init__(
-        self,
-        rid: str,
-        input_ids: List[int],
-        sampling_params: SamplingParams,
-        tokenizer=None,
-        stream: bool = False,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        eos_token_ids: Optional[set] = None,
-        mm_inputs: Any = None,
-    ):
+    def __init__(self, rid: str, input_ids: List[int], sampling_params: SamplingParams, tokenizer=None,
+                 stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,
+                 eos_token_ids: Optional[set] = None, mm_inputs: Any = None):
         self.rid = rid
         self.origin_input_ids = list(input_ids)
         self.output_ids: List[int] = []
@@ -59,11 +50,9 @@ class Req:
 
         # output state
         self.finished_reason: Optional[Dict[str, Any]] = None
-        self.detok = (
-            IncrementalDetokenizer(tokenizer, sampling_params.skip_special_tokens,
-                                   sampling_params.spaces_between_special_tokens)
-            if tokenizer is not None else None
-        )
+        self.detok = (IncrementalDetokenizer(tokenizer, sampling_params.skip_special_tokens,
+                                             sampling_params.spaces_between_special_tokens)
+                      if tokenizer is not None else None)
         self.output_text = ""  # confirmed text (stop strings trimmed)
         self.sent_text_len = 0
         self.sent_token_len = 0
