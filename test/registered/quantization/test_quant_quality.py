@@ -58,7 +58,7 @@ def q8_0_weights(model_dir, dense: bool):
 
 
 def built(config, quantization: str, weights):
-    from sglang.srt.layers.packed_linear import prepack_dense_linear_weights
+    from sglang.srt.layers.linear import prepack_dense_linear_weights
 
     model = build_model(config, "cpu", quantization)
     model.load_weights(weights)

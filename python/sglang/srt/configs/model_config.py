@@ -102,7 +102,7 @@ class ModelConfig:
         path = model_path or server_args.model_path
         if path is None:
             raise ValueError("ModelConfig needs a local model directory; call model_loader.resolve_model_path first.")
-        from sglang.srt.model_loader.model_path import startup_cache_dir
+        from sglang.srt.configs.cache_dirs import startup_cache_dir
 
         return cls.from_pretrained(
             path,

@@ -20,6 +20,11 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
+class TpRankFailure(RuntimeError):
+    """A forward failed with tensor parallelism: the ranks are out of step (or one is gone); the server must stop.
+    Never confined to requests (managers/fault_confinement.FATAL_ERRORS)."""
+
+
 FORWARD = "forward"
 PING = "ping"
 STOP = "stop"

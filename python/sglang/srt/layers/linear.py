@@ -26,7 +26,7 @@ from sglang.srt.distributed.communication_op import tp_all_reduce
 from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
 from sglang.srt.model_loader.weight_utils import materialize
 from sglang.srt.layers.quantization import linear_quant_method
-from sglang.srt.layers.packed_linear import packed_linear
+from sglang.srt.layers.packed_linear import packable, packed_linear
 
 
 # On CPU in bf16, oneDNN's kernel behind F.linear (x @ W^T) is about 2x slower for few rows than computing
@@ -206,3 +206,19 @@ class QKVParallelLinear(LinearBase):
             size = self.kv_size
             src = loaded_weight.narrow(0, self.kv_head_index * self.head_size, size)
         default_weight_loader(param.data[offset : offset + size], src)
+
+
+def prepack_dense_linear_weights(model: nn.Module) -> int:
+    """Pack every dense bf16 LinearBase weight in place when the non-AMX kernel serves this machine (packed_linear.py);
+    returns the count."""
+    ops = get_cpu_ops()
+    if ops is None or amx_available() or not hasattr(ops, "pack_linear_weight"):
+        return 0
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None) if isinstance(module, LinearBase) else None
+        if getattr(module, "quant_method", None) is None and packable(weight):
+            weight.data = ops.pack_linear_weight(weight.data)  # the original is freed: one copy is held
+            weight.vnni_packed = True
+            count += 1
+    return count

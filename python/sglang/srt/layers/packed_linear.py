@@ -6,8 +6,8 @@ packed tensor replaces the nn.Linear weight in place: same shape [N, K], dtype a
 is unchanged and measured as before), with the attribute `vnni_packed` set. `linear()` (layers/linear.py) sends such
 a weight here for every call.
 
-    prepack_dense_linear_weights(model)   after loading (model_loader/loader.py); a no-op with AMX, in fp32, on other
-                                          CPUs, or with SGLANG_CPU_KERNELS=0
+    linear.prepack_dense_linear_weights(model)   after loading (model_loader/loader.py); a no-op with AMX, in fp32,
+                                                 on other CPUs, or with SGLANG_CPU_KERNELS=0
     packed_linear(x, weight, bias)        the kernel; inside cpu_kernels_disabled() (A/B tests) the torch path on the
                                           unpacked weight, which is exactly the original
 Quantized layers (--quantization) hold no dense weight and are left alone.
@@ -19,9 +19,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from sglang.jit_kernel.cpu_ops import amx_available, get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
 
 PACK_ROWS = 16  # output rows per packed block (kPackRows)
 PACK_K = 32  # input columns must be a multiple (kPackK)
@@ -31,24 +30,6 @@ def packable(weight: Optional[torch.Tensor]) -> bool:
     return (weight is not None and weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.is_cpu
             and weight.shape[0] % PACK_ROWS == 0 and weight.shape[1] % PACK_K == 0
             and not getattr(weight, "vnni_packed", False))
-
-
-def prepack_dense_linear_weights(model: nn.Module) -> int:
-    """Pack every dense bf16 LinearBase weight in place when the non-AMX kernel serves this machine; returns the
-    count."""
-    from sglang.srt.layers.linear import LinearBase
-
-    ops = get_cpu_ops()
-    if ops is None or amx_available() or not hasattr(ops, "pack_linear_weight"):
-        return 0
-    count = 0
-    for module in model.modules():
-        weight = getattr(module, "weight", None) if isinstance(module, LinearBase) else None
-        if getattr(module, "quant_method", None) is None and packable(weight):
-            weight.data = ops.pack_linear_weight(weight.data)  # the original is freed: one copy is held
-            weight.vnni_packed = True
-            count += 1
-    return count
 
 
 def unpack_weight(packed: torch.Tensor) -> torch.Tensor:

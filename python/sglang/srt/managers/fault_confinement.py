@@ -14,7 +14,8 @@ retry) and kv_len advances only after forward and sampling both succeeded.
 A failed request finishes with {"type": "abort", "message": "The <step> step failed: ...", "status_code": 500}; its
 KV and request slot are freed without caching. After a fault the scheduler checks its memory invariants and, if they
 do not hold, rebuilds the free lists from the requests and the prefix cache; if they still do not hold it raises
-SchedulerStateCorrupt, the only exception that leaves Scheduler.step().
+SchedulerStateCorrupt. That and TpRankFailure (distributed/batch_sync.py: a TP forward failed, the ranks are out of
+step) are the only exceptions that leave Scheduler.step() (FATAL_ERRORS).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from typing import Sequence
 
 import torch
+
+from sglang.srt.distributed.batch_sync import TpRankFailure
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +46,8 @@ class SchedulerStateCorrupt(RuntimeError):
     """The KV / request-slot bookkeeping is inconsistent and could not be repaired: the scheduler must stop."""
 
 
-class TpRankFailure(SchedulerStateCorrupt):
-    """A forward failed with tensor parallelism: the ranks are out of step (or one is gone); the server must stop.
-    Never confined to requests (step_phase and Scheduler.step re-raise it)."""
+# what leaves Scheduler.step (never confined to requests): broken bookkeeping, or TP ranks out of step
+FATAL_ERRORS = (SchedulerStateCorrupt, TpRankFailure)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -57,7 +59,7 @@ def step_phase(step: str):
     """Tag any exception raised inside with the step it happened in."""
     try:
         yield
-    except (StepFault, SchedulerStateCorrupt):
+    except (StepFault, *FATAL_ERRORS):
         raise
     except Exception as e:  # noqa: BLE001 - every fault of a batch is confined, whatever its type
         raise StepFault(step, e) from e

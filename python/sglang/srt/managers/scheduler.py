@@ -31,7 +31,7 @@ import torch
 from sglang.srt.constrained.scheduler_hooks import GrammarGate, build_backend
 from sglang.srt.managers.batch_runner import BatchRunner
 from sglang.srt.managers.decode_memory import DecodeMemory
-from sglang.srt.managers.fault_confinement import FaultPolicy, SchedulerStateCorrupt
+from sglang.srt.managers.fault_confinement import FATAL_ERRORS, FaultPolicy
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReqInput, new_rid
 from sglang.srt.managers.output_sink import OutputSink
@@ -71,7 +71,7 @@ class Scheduler:
         if tokenizer is None and not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            from sglang.srt.model_loader.model_path import startup_cache_dir
+            from sglang.srt.configs.cache_dirs import startup_cache_dir
 
             tokenizer = get_tokenizer(self.tokenizer_path, startup_cache_dir(server_args))
         self.tokenizer = tokenizer
@@ -142,15 +142,15 @@ class Scheduler:
     def step(self) -> List[ReqOutput]:
         """Run one prefill or decode batch; return output deltas of the requests that advanced or finished.
 
-        Faults fail the requests they concern (their outputs are in the return value); only SchedulerStateCorrupt
-        leaves this method."""
+        Faults fail the requests they concern (their outputs are in the return value); only FATAL_ERRORS
+        (SchedulerStateCorrupt, TpRankFailure) leave this method."""
         faults_before = self.fault_policy.num_faults
         self.queues.in_step = []
         self.grammar.admit_compiled()  # requests whose grammar compiled join the waiting queue
         with torch.inference_mode():
             try:
                 self._schedule_and_run()
-            except SchedulerStateCorrupt:
+            except FATAL_ERRORS:
                 raise
             except Exception as e:  # noqa: BLE001 - a fault outside a confined forward/sample/detokenize
                 involved = [r for r in self.queues.in_step if r.rid in self.queues.reqs]

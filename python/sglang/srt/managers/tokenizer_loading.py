@@ -35,7 +35,8 @@ def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
     """
     if server_args.skip_tokenizer_init:
         return None
-    from sglang.srt.model_loader.model_path import cache_root, default_model_path, gguf_cache_dir, startup_cache_dir
+    from sglang.srt.configs.cache_dirs import cache_root, startup_cache_dir
+    from sglang.srt.model_loader.model_path import default_model_path, gguf_cache_dir
 
     try:
         path = server_args.tokenizer_path or server_args.model_path or default_model_path()

@@ -43,9 +43,7 @@ def _sha256_file(path: str) -> str:
 @lru_cache(maxsize=1)
 def sglang_code_digest() -> str:
     """sha256 over the names and contents of the sglang package's Python files (~200 files, ~20 ms)."""
-    import sglang
-
-    root = Path(sglang.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[2]  # .../sglang (model_executor -> srt -> sglang)
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode())
@@ -119,7 +117,7 @@ def activation_cache_applies(runner) -> bool:
 def cpu_activation_peak(runner, chunk: int) -> Measurement:
     """The profile forward's peak at `chunk` tokens: stored by an earlier start with the same key, else measured
     (runner.profile_activation_bytes) and stored. Only where activation_cache_applies()."""
-    from sglang.srt.model_loader.model_path import startup_cache_dir
+    from sglang.srt.configs.cache_dirs import startup_cache_dir
 
     key = activation_cache_key(runner, chunk)
     return cached_measurement(startup_cache_dir(runner.server_args), CACHE_NAME, key,

@@ -150,9 +150,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         the ranks out of step, so it is fatal (TpRankFailure) instead of confined to the batch's requests."""
         if self.tp_size == 1:
             return self.forward_local(forward_batch)
-        from sglang.srt.distributed.batch_sync import FORWARD, pack_forward_batch
+        from sglang.srt.distributed.batch_sync import FORWARD, TpRankFailure, pack_forward_batch
         from sglang.srt.distributed.communication_op import tp_broadcast_object
-        from sglang.srt.managers.fault_confinement import TpRankFailure
 
         try:
             tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token_host)))
@@ -165,9 +164,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         """Rank 0, idle: one no-op broadcast, which fails (TpRankFailure) when a rank is gone."""
         if self.tp_size == 1:
             return
-        from sglang.srt.distributed.batch_sync import PING
+        from sglang.srt.distributed.batch_sync import PING, TpRankFailure
         from sglang.srt.distributed.communication_op import tp_broadcast_object
-        from sglang.srt.managers.fault_confinement import TpRankFailure
 
         try:
             tp_broadcast_object((PING, None))

@@ -97,7 +97,7 @@ def _save_packed_cache(model: nn.Module, path: str) -> None:
 
 def load_model(model_config: ModelConfig, device: str = None, quantization: str = "none",
                gguf_path: Optional[str] = None) -> nn.Module:
-    from sglang.srt.layers.packed_linear import prepack_dense_linear_weights
+    from sglang.srt.layers.linear import prepack_dense_linear_weights
     from sglang.srt.layers.quantization.linear_method import finalize_quantized_layers
 
     device = device or model_config.device

@@ -2,7 +2,7 @@
 
 GGUF files are converted once into a cache directory keyed by the file's path, size and mtime:
     <cache_root>/<stem>-<sha256(path|size|mtime|converter version)[:16]>/
-cache_root is --model-cache-dir, else $SGLANG_CACHE_DIR, else ~/.cache/sglang.
+cache_root is --model-cache-dir, else $SGLANG_CACHE_DIR, else ~/.cache/sglang (configs/cache_dirs.py).
 The conversion is written to a temporary sibling directory and renamed into place, so the cache directory either
 does not exist or is complete; a crash mid-conversion leaves only a stale `.tmp-*` directory.
 """
@@ -16,6 +16,8 @@ import os
 import shutil
 import time
 from typing import TYPE_CHECKING, Optional
+
+from sglang.srt.configs.cache_dirs import cache_root
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -39,18 +41,6 @@ def default_model_path() -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Default model file not found: {path}")
     return path
-
-
-def cache_root(server_args: Optional["ServerArgs"] = None) -> str:
-    root = (server_args.model_cache_dir if server_args is not None else None) or os.environ.get("SGLANG_CACHE_DIR")
-    return root or os.path.join(os.path.expanduser("~"), ".cache", "sglang")
-
-
-def startup_cache_dir(server_args: Optional["ServerArgs"] = None) -> str:
-    """Where starts keep what later starts reuse (mem_plan/measurement_cache.py, configs/hf_config_snapshot.py)."""
-    from sglang.srt.mem_plan.measurement_cache import startup_cache_dir as under_root
-
-    return under_root(cache_root(server_args))
 
 
 def gguf_cache_dir(gguf_path: str, root: str) -> str:

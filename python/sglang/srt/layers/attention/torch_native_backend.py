@@ -83,7 +83,6 @@ class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         seq_lens_cpu: List[int] = fb.seq_lens_cpu or fb.seq_lens.tolist()
-        bs = fb.batch_size
         device = fb.seq_lens.device
         if fb.forward_mode.is_extend():
             extend_lens = fb.extend_seq_lens_cpu or (fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else None)

@@ -9,7 +9,6 @@ time. paged_kv_indices.py builds kv_indptr on the host; `out` is the backend's p
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
