@@ -64,15 +64,27 @@ def test_openai_parse_returns_a_pydantic_object(client, model, temperature):
     assert Weather.model_validate_json(choice.message.content) == choice.message.parsed
 
 
+def assert_json_object(text: str, finish_reason: str) -> None:
+    """A finished output is a JSON object; one cut by max_tokens (greedy text differs between CPUs' bf16 kernels,
+    and a small model may write long strings) is a prefix xgrammar's own JSON grammar still accepts."""
+    if finish_reason == "stop":
+        assert isinstance(json.loads(text), dict), text
+        return
+    assert finish_reason == "length" and text.startswith("{"), (finish_reason, text)
+    xgr = pytest.importorskip("xgrammar")
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(xgr.TokenizerInfo([])).compile_builtin_json_grammar())
+    assert matcher.accept_string(text), text
+
+
 def test_json_object_on_chat_and_completions_streamed_and_not(client, model):
     chat = client.chat.completions.create(model=model, messages=MSG, response_format={"type": "json_object"},
-                                          max_tokens=64, temperature=0)
-    assert isinstance(json.loads(chat.choices[0].message.content), dict)
-    comp = client.completions.create(model=model, prompt="A JSON object describing a cat:", max_tokens=64,
+                                          max_tokens=128, temperature=0)
+    assert_json_object(chat.choices[0].message.content, chat.choices[0].finish_reason)
+    comp = client.completions.create(model=model, prompt="A JSON object describing a cat:", max_tokens=128,
                                      extra_body={"response_format": {"type": "json_object"}}, temperature=0)
-    assert isinstance(json.loads(comp.choices[0].text), dict)
+    assert_json_object(comp.choices[0].text, comp.choices[0].finish_reason)
     chunks = client.chat.completions.create(model=model, messages=MSG, response_format={"type": "json_object"},
-                                            max_tokens=64, temperature=0, stream=True)
+                                            max_tokens=128, temperature=0, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat.choices[0].message.content
 
