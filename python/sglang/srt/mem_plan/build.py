@@ -6,7 +6,7 @@ What differs between the two is only where the hardware facts and the measured t
     sglang plan DeviceFacts from a GPU preset or `--device cpu [--total-memory-gb]`; MeasuredTerms from the declared
                 formulas (formula_terms) or `--measured TERM=BYTES`
 Every other input -- KV cell, request slots, chunk, graph batch, backend buffers, sampler rows, req_to_token, the
-budget cap -- is resolved here from the same flags by the same code. Torch-free.
+MoE workspace, the budget cap -- is resolved here from the same flags by the same code. Torch-free.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
+from sglang.srt.mem_plan.moe_sizes import MoEWorkspaceSpec, moe_workspace_bytes, moe_workspace_spec
 from sglang.srt.mem_plan.quantization_sizes import WeightFormat, quantized_weight_bytes
 from sglang.srt.mem_plan.sizes import (
     REQ_TO_TOKEN_ELEM_BYTES,
@@ -203,6 +204,13 @@ def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]
     return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), cache
 
 
+def moe_workspace(sa, model: ModelFacts, device: DeviceFacts) -> Optional[MoEWorkspaceSpec]:
+    """The fused-experts workspace of one rank at the chunk size (moe_sizes.py); None for a dense model. The runner
+    allocates exactly this before its profile forward."""
+    chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
+    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind)
+
+
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:
     """On CPU the --dp-size replicas of one server share the RAM: each plans from available / dp_size (the CPU default
     share and every cap then apply within it). On GPUs each replica has its own device: unchanged.
@@ -221,6 +229,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     graph_bs = resolve_cuda_graph_max_bs(sa, device)
     cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
     grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
+    moe = moe_workspace(sa, model, device)
     return PlanInputs(
         pre_load_free_bytes=device.pre_load_free_bytes,
         device_total_bytes=device.total_bytes,
@@ -247,6 +256,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         tp_size=sa.tp_size,
         grammar_per_req_bytes=grammar_per_req,
         grammar_cache_bytes=grammar_cache,
+        moe_workspace_bytes=moe_workspace_bytes(moe),
+        moe_workspace_detail=moe.describe() if moe is not None else "",
         sources=dict(measured.sources),
     )
 
