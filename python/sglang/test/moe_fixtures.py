@@ -14,7 +14,7 @@ from sglang.test.engine_fixtures import spread_random_weights
 VOCAB_SIZE = 512
 COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=1024, tie_word_embeddings=False,
-              eos_token_id=1, bos_token_id=0)
+              eos_token_id=None, bos_token_id=None)  # no EOS: HF's reference (min_new_tokens) would mask it
 
 
 def _with_tokenizer(common: dict) -> tuple[dict, object]:

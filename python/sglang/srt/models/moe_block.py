@@ -43,11 +43,16 @@ class SparseMoeBlock(nn.Module):
         return tp_all_reduce(out)
 
 
+def num_routed_experts(config) -> int:
+    """E of a Qwen MoE config (transformers 5 stores qwen3_moe's num_experts as num_local_experts)."""
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
+
+
 def is_sparse_layer(config, layer_id: int) -> bool:
     """The Qwen MoE rule (transformers' Qwen2Moe / Qwen3Moe decoder layers): experts unless the layer is listed in
     mlp_only_layers, or falls between decoder_sparse_step strides; mem_plan/model_shapes._sparse_layers agrees."""
     return (layer_id not in (getattr(config, "mlp_only_layers", None) or [])
-            and getattr(config, "num_experts", 0) > 0
+            and num_routed_experts(config) > 0
             and (layer_id + 1) % getattr(config, "decoder_sparse_step", 1) == 0)
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from sglang.srt.layers.moe.moe_layer import QWEN_EXPERT_SHARDS, expert_checkpoint_target
 from sglang.srt.models.llama import LlamaMLP
-from sglang.srt.models.moe_block import SparseMoeBlock, check_experts_loaded, is_sparse_layer
+from sglang.srt.models.moe_block import SparseMoeBlock, check_experts_loaded, is_sparse_layer, num_routed_experts
 from sglang.srt.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
 
 
@@ -18,7 +18,7 @@ def qwen_moe_mlp(config, layer_id: int, shared_expert_intermediate_size: int = 0
     act = getattr(config, "hidden_act", "silu")
     if not is_sparse_layer(config, layer_id):
         return LlamaMLP(config.hidden_size, config.intermediate_size, act)
-    return SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+    return SparseMoeBlock(config.hidden_size, num_routed_experts(config), config.num_experts_per_tok,
                           config.moe_intermediate_size, bool(getattr(config, "norm_topk_prob", False)),
                           shared_expert_intermediate_size, act)
 
