@@ -35,6 +35,9 @@ MOE_IMPL_BY_DEVICE = {"cpu": "torch", "cuda": "torch"}
 # Row block of each implementation's sorted_ids padding (B above). The torch path groups rows without padding.
 TORCH_SORT_BLOCK_M = 1
 SORT_BLOCK_M = {"torch": TORCH_SORT_BLOCK_M}
+# Whether a CUDA graph can capture the implementation. The torch path reads the experts' row counts on the host, so a
+# MoE model on it decodes without graphs (build.graph_batch_size).
+CAPTURABLE = {"torch": False}
 SORT_INDEX_DTYPE = "int32"
 
 Buffers = Dict[str, Tuple[Tuple[int, ...], str]]

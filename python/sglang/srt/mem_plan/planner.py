@@ -30,7 +30,7 @@ class _Resolved:
     graph_bs: int
     rule: SlotRule
     slot_cost: SlotCost
-    fixed_runtime: int  # activations + logits + cuda graphs + encoder + mm cache + grammar cache + MoE workspace + margin
+    fixed_runtime: int  # activations, logits, cuda graphs, encoder, mm cache, grammar cache, MoE workspace, margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
 

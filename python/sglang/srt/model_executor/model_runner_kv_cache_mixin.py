@@ -143,8 +143,8 @@ class ModelRunnerKVCacheMixin:
         return B.MeasuredTerms(
             weight_bytes=tp_max_int(self.weight_bytes),
             activation_bytes=activation_bytes,
-            cuda_graph_bytes=self.profile_cuda_graph_bytes(B.resolve_cuda_graph_max_bs(self.server_args,
-                                                                                       self.device_facts())),
+            cuda_graph_bytes=self.profile_cuda_graph_bytes(B.graph_batch_size(self.server_args, self.model_facts(),
+                                                                              self.device_facts())),
             encoder_bytes=mm.encoder_reserve_bytes,
             encoder_detail=mm.encoder_reserve_detail,
             sources={"weights": "measured", "activations": activation_source, "cuda_graphs": "measured",
@@ -271,6 +271,8 @@ class ModelRunnerKVCacheMixin:
                 reason = f"{self.device}: no CUDA graphs here, decode runs eagerly"
             elif self.server_args.disable_cuda_graph:
                 reason = "--disable-cuda-graph"
+            elif self.moe_workspace is not None:
+                reason = "the MoE experts' implementation cannot be captured (mem_plan/moe_sizes.py CAPTURABLE)"
             else:
                 reason = f"--attention-backend {self.server_args.attention_backend} has no graphs"
             return {"enabled": False, "reason": reason}

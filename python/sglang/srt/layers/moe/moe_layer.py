@@ -78,7 +78,8 @@ class FusedMoE(nn.Module):
         n = self.intermediate_size
         if shard_id in (GATE, UP):
             offset = 0 if shard_id == GATE else n
-            default_weight_loader(param.data[expert_id, offset: offset + n], loaded_weight.narrow(0, self.tp_rank * n, n))
+            rows = loaded_weight.narrow(0, self.tp_rank * n, n)
+            default_weight_loader(param.data[expert_id, offset: offset + n], rows)
         elif shard_id == DOWN:
             default_weight_loader(param.data[expert_id], loaded_weight.narrow(1, self.tp_rank * n, n))
         else:
