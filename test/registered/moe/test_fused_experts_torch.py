@@ -92,6 +92,25 @@ def test_bf16_within_bf16_tolerance_and_workspace_reused():
     assert ws.allocated_bytes() == spec.total_bytes
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nothing_row_sized_is_allocated_outside_the_workspace(dtype):
+    """Besides its output, a call allocates only O(rows) integers and weights (what the activations formula charges
+    per routed row) and O(E) counts: every [rows, ...] intermediate is the workspace's."""
+    from sglang.srt.mem_plan.model_shapes import ROUTED_ROW_TEMPORARY_BYTES
+
+    m = 256
+    ws = MoEWorkspace(MoEWorkspaceSpec(m, TOP_K, E, K, N, str(dtype).replace("torch.", "")), "cpu")
+    w13, w2 = weights(dtype=dtype)
+    hidden = torch.randn(m, K).to(dtype)
+    topk_weights, topk_ids = routing(m, CASES["random"](m))
+    fused_experts_torch(hidden, w13, w2, topk_weights, topk_ids, ws)  # warm: one-time library allocations
+    with torch.autograd.profiler.profile(profile_memory=True) as prof:
+        out = fused_experts_torch(hidden, w13, w2, topk_weights, topk_ids, ws)
+    allocated = sum(e.cpu_memory_usage for e in prof.function_events if e.cpu_memory_usage > 0 and not e.cpu_children)
+    budget = out.numel() * out.element_size() + m * TOP_K * ROUTED_ROW_TEMPORARY_BYTES + 64 * (E + 1)
+    assert allocated <= budget, (allocated, budget)
+
+
 def test_workspace_too_small_is_refused():
     w13, w2 = weights()
     ids = CASES["random"](9)

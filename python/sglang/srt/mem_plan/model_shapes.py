@@ -39,10 +39,11 @@ ACTIVATION_TEMPORARY_FACTOR_CPU = 3.9
 # first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB).
 CPU_LOAD_RESIDUAL_BYTES = 10 * 2**20
 ROUTER_LOGIT_BYTES = 4  # fp32 router logits per token per expert
-# routing temporaries per token: per expert the logits upcast to fp32 and their softmax; per routed row (token,
-# expert) the fp32 weight, the int64 id from topk, the sort's int64 order, the gathered fp32 weight and int64 token
+# routing temporaries per token (layers/moe/router.py, fused_moe_torch.py): per expert the logits upcast to fp32
+# and their softmax; per routed row (token, expert) the fp32 weight, topk's int64 id and its int32 copy, the sort's
+# int64 order, the row's int32 token, its gathered fp32 weight and that weight in the activation dtype (<= 4 B)
 ROUTER_BYTES_PER_EXPERT = 2 * ROUTER_LOGIT_BYTES
-ROUTED_ROW_TEMPORARY_BYTES = 4 + 8 + 8 + 4 + 8
+ROUTED_ROW_TEMPORARY_BYTES = 4 + 8 + 4 + 8 + 4 + 4 + 4
 
 
 def _cdiv(a: int, b: int) -> int:

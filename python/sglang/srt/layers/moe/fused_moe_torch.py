@@ -10,14 +10,15 @@ expert runs on tokens not routed to it, and nothing loops over tokens):
     GEMM 1       intermediate1[group e] = intermediate3[group e] @ w13[e].T          [R, 2N]
     activation   intermediate2 = silu(intermediate1[:, :N]) * intermediate1[:, N:]   [R, N]
     GEMM 2       intermediate3[group e] = intermediate2[group e] @ w2[e].T           [R, K] (the inputs are consumed)
-    combine      out[token of row i] += topk_weight of row i * intermediate3[i]
+    combine      intermediate3[i] *= topk_weight of row i (in the activation dtype); out[token of row i] +=
+                 intermediate3[i]
 
 Every R-sized intermediate lives in the workspace (mem_plan/moe_sizes.py; its block is 1 here). Outside it: the
 output [M, K], and temporaries of O(R) integers and fp32 weights (the sort's int64 order, the rows' tokens and weights)
 and O(E) counts, which the activations term covers (model_shapes.ROUTED_ROW_TEMPORARY_BYTES).
 Accumulation: the GEMMs and the combine run in the input dtype, so fp32 inputs accumulate in fp32 and bf16 inputs in
-bf16 (each row's GEMM reduction in whatever precision torch's kernel uses for that dtype; the k weighted outputs of
-a token are summed into the bf16 output). A token's k contributions are added in increasing expert order, the order
+bf16 (each row's GEMM reduction in whatever precision torch's kernel uses for that dtype; the routing weight is
+rounded to bf16, as the Qwen references do, and the k weighted outputs of a token are summed into the bf16 output). A token's k contributions are added in increasing expert order, the order
 of the HF reference loop, so fp32 results match it.
 """
 
@@ -78,6 +79,7 @@ def fused_experts_torch(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tenso
     torch.mul(gate_up[:, :n], gate_up[:, n:], out=act)
     for e, lo, hi in active:
         torch.mm(act[lo:hi], w2[e].t(), out=x[lo:hi])
-    x.mul_(topk_weights.reshape(-1)[sorted_rows].unsqueeze(1))
+    # the weights in x's dtype: a bf16 x scaled by fp32 weights in place would be promoted through an fp32 copy of x
+    x.mul_(topk_weights.reshape(-1)[sorted_rows].to(x.dtype).unsqueeze(1))
     out.index_add_(0, token_of_sorted, x)
     return out
