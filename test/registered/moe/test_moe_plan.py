@@ -98,3 +98,19 @@ def test_qwen3_30b_a3b_on_h100():
 
 def test_dense_model_has_no_moe_workspace():
     assert term(dry_run("--model-path", LLAMA_8B, "--gpu", "h100-80gb"), "moe_workspace")["num_bytes"] == 0
+
+
+def test_tp_must_divide_the_expert_sizes():
+    from sglang.srt.configs.resolved import check_tp_sharding
+    from sglang.srt.mem_plan.model_shapes import model_shape_from_config
+
+    with open(f"{QWEN3_30B}/config.json") as f:
+        config = json.load(f)
+    check_tp_sharding(model_shape_from_config(config), 8)
+    with pytest.raises(ValueError, match="does not divide the model's MoE intermediate size 36"):
+        check_tp_sharding(model_shape_from_config(dict(config, moe_intermediate_size=36)), 8)
+    qwen2 = dict(config, model_type="qwen2_moe", shared_expert_intermediate_size=20)
+    with pytest.raises(ValueError, match="shared-expert intermediate size 20"):
+        check_tp_sharding(model_shape_from_config(qwen2), 8)
+    # every layer is sparse: the unused dense intermediate_size need not divide
+    check_tp_sharding(model_shape_from_config(dict(config, intermediate_size=6145)), 8)
