@@ -12,7 +12,7 @@ from sglang.srt.layers.moe.workspace import MoEWorkspace
 from sglang.srt.mem_plan.moe_sizes import MoEWorkspaceSpec
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="cpu")
+register_cpu_ci(est_time=8, suite="cpu")
 
 E, K, N, TOP_K = 6, 48, 40, 2
 

@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.moe_fixtures import make_random_qwen3_moe
 
-register_cpu_ci(est_time=15, suite="cpu")
+register_cpu_ci(est_time=10, suite="cpu")
 
 CHUNK = 48
 FLAGS = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), "--max-total-memory-gb", "0.5"]

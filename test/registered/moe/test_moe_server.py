@@ -11,7 +11,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.moe_fixtures import make_random_qwen3_moe
 from sglang.test.test_utils import openai_client, popen_launch_server
 
-register_cpu_ci(est_time=25, suite="cpu")
+register_cpu_ci(est_time=15, suite="cpu")
 
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
 
