@@ -135,7 +135,8 @@ def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
 def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) -> dict:
     """What upstream's classic formula would do on the same inputs: y from the tier reserve (AITER-derated),
     KV = y * pre - weights, and everything else left to the unplanned (1 - y) * pre slack. Upstream's own table
-    and sampler sizes (int32 req_to_token, 8 B per vocabulary entry) are what its slack must hold."""
+    and sampler sizes (int32 req_to_token, 8 B per vocabulary entry) are what its slack must hold, with its fused MoE
+    intermediate caches (the same shapes as moe_workspace)."""
     upstream_logits_per_req = vocab_size * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY
     y = inputs.mem_fraction_static or upstream_mem_fraction(
         gpu.memory_total_mib, backend, inputs.context_len, tp_size=inputs.tp_size,
@@ -148,7 +149,7 @@ def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) 
     runtime = (inputs.workspace.bytes_for(slots, graph_bs)
                + req_to_token_bytes(slots, inputs.context_len, UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES)
                + inputs.activation_bytes + upstream_logits_per_req * slots + inputs.cuda_graph_bytes
-               + inputs.encoder_bytes)
+               + inputs.encoder_bytes + inputs.moe_workspace_bytes)
     slack = pre - int(y * pre)
     return {"mem_fraction_static": y, "max_total_num_tokens": tokens, "max_running_requests": slots,
             "slack_bytes": slack, "unplanned_runtime_bytes": runtime, "slack_left_bytes": slack - runtime,
@@ -160,10 +161,13 @@ def hints(plan: MemoryPlan, inputs: PlanInputs, kv_cache_dtype: str) -> list[str
     if plan.max_total_num_tokens < plan.context_len:
         out.append(f"The KV pool holds {plan.max_total_num_tokens:,} tokens, less than one full-context request: "
                    f"use --context-length {plan.max_total_num_tokens // 2:,} or less, more --tp, or fp8 KV.")
-    for name in ("attention_workspace", "req_to_token", "logits", "encoder", "activations"):
+    for name in ("attention_workspace", "req_to_token", "logits", "encoder", "activations", "moe_workspace"):
         t = plan.term(name)
         if t.num_bytes > HINT_TERM_SHARE * plan.budget_bytes:
-            if name in ("attention_workspace", "req_to_token", "logits") and inputs.max_running_requests is None:
+            if name == "moe_workspace":
+                out.append(f"moe_workspace takes {gib(t.num_bytes):.2f} GiB at --chunked-prefill-size "
+                           f"{plan.chunked_prefill_size}; it shrinks in proportion to a smaller chunk.")
+            elif name in ("attention_workspace", "req_to_token", "logits") and inputs.max_running_requests is None:
                 out.append(f"{name} takes {gib(t.num_bytes):.2f} GiB for {plan.max_running_requests:,} request slots; "
                            f"--max-running-requests {max(plan.max_running_requests // 4, 1)} would cut it about 4x "
                            f"and give the KV pool the difference.")

@@ -31,7 +31,7 @@ from sglang.srt.mem_plan.measurement_cache import cache_file, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2  # 2: attribute_map aliases included
 
 
 class NotPlainData(ValueError):
@@ -91,9 +91,14 @@ def _decode_key(key: Any) -> Any:
 
 
 def config_values(config: Any) -> dict:
-    """The config's instance attributes, and the values of its class's properties that are plain data (read with
-    transformers' deprecation messages silenced: they are copied, not used)."""
+    """The config's instance attributes (and their attribute_map aliases), and the values of its class's properties
+    that are plain data (read with transformers' deprecation messages silenced: they are copied, not used)."""
     values = dict(vars(config))
+    # transformers' attribute_map aliases are no attributes (Qwen3MoeConfig reads num_experts from num_local_experts):
+    # copied under the alias too, so a model reads them from a snapshot as it does from the config
+    for alias, target in (getattr(type(config), "attribute_map", None) or {}).items():
+        if alias not in values and target in values:
+            values[alias] = values[target]
     try:
         from transformers.utils import logging as hf_logging
 

@@ -103,7 +103,8 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
 
 def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
     """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
-    or replicated when tp > KV heads) and the MLP's intermediate size; multimodal models run on one rank."""
+    or replicated when tp > KV heads), the dense MLP's intermediate size (where a layer has one) and the experts'
+    intermediate sizes; multimodal models run on one rank."""
     t, tp = shape.text, tp_size
     if tp == 1:
         return
@@ -115,8 +116,16 @@ def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
     if t.num_kv_heads % tp and tp % t.num_kv_heads:
         raise ValueError(f"--tp-size {tp} and the model's {t.num_kv_heads} KV heads: one must divide the other "
                          f"(KV heads are split, or replicated when tp > KV heads).")
-    if t.intermediate_size % tp:
+    if len(t.sparse_layers) < t.num_layers and t.intermediate_size % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's intermediate size {t.intermediate_size}.")
+    # MoE: each expert's intermediate columns (and the shared expert's) are split over the ranks, every rank holds
+    # every expert (layers/moe/moe_layer.py)
+    if t.sparse_layers and t.moe_intermediate_size % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's MoE intermediate size "
+                         f"{t.moe_intermediate_size}.")
+    if t.sparse_layers and t.shared_expert_intermediate_size % tp:
+        raise ValueError(f"--tp-size {tp} does not divide the model's shared-expert intermediate size "
+                         f"{t.shared_expert_intermediate_size}.")
 
 
 def cpu_quant_kernels() -> bool:

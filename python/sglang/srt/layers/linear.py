@@ -131,14 +131,19 @@ class ReplicatedLinear(LinearBase):
 
 
 class RowParallelLinear(LinearBase):
-    """Input columns split over the ranks; forward all-reduces the partial sums (one all-reduce per layer)."""
+    """Input columns split over the ranks; forward all-reduces the partial sums (one all-reduce per layer), or with
+    reduce_results=False returns this rank's partial sum for the caller to reduce with others (a MoE block's shared
+    expert, summed with the routed experts' partial output: one all-reduce per block)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
         super().__init__(divide(input_size, get_tp_size(), "input size"), output_size, bias)
+        if bias and not reduce_results:
+            raise ValueError("a partial sum cannot carry the bias: add it after the caller's all-reduce")
+        self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, input_size / tp] -> partial [M, output_size] -> summed over ranks
-        if self.tp_size == 1:
+        if self.tp_size == 1 or not self.reduce_results:
             return self.apply_linear(x, self.bias)
         out = tp_all_reduce(self.apply_linear(x, None))
         return out if self.bias is None else out + self.bias

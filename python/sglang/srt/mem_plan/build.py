@@ -6,7 +6,7 @@ What differs between the two is only where the hardware facts and the measured t
     sglang plan DeviceFacts from a GPU preset or `--device cpu [--total-memory-gb]`; MeasuredTerms from the declared
                 formulas (formula_terms) or `--measured TERM=BYTES`
 Every other input -- KV cell, request slots, chunk, graph batch, backend buffers, sampler rows, req_to_token, the
-budget cap -- is resolved here from the same flags by the same code. Torch-free.
+MoE workspace, the budget cap -- is resolved here from the same flags by the same code. Torch-free.
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
+from sglang.srt.mem_plan.moe_sizes import (
+    CAPTURABLE,
+    MoEWorkspaceSpec,
+    moe_impl_for,
+    moe_workspace_bytes,
+    moe_workspace_spec,
+)
 from sglang.srt.mem_plan.quantization_sizes import WeightFormat, quantized_weight_bytes
 from sglang.srt.mem_plan.sizes import (
     REQ_TO_TOKEN_ELEM_BYTES,
@@ -122,6 +129,14 @@ def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
     return gpu_tier_defaults(sa, device)[1]
 
 
+def graph_batch_size(sa, model: ModelFacts, device: DeviceFacts) -> int:
+    """G for this model: resolve_cuda_graph_max_bs, or 0 for a MoE model whose fused-experts implementation cannot be
+    captured (moe_sizes.CAPTURABLE)."""
+    if model.shape.text.sparse_layers and not CAPTURABLE[moe_impl_for(device.kind)]:
+        return 0
+    return resolve_cuda_graph_max_bs(sa, device)
+
+
 def resolve_cap(sa, device: DeviceFacts) -> tuple[Optional[int], str]:
     """(cap_bytes, what set it): --max-total-memory-gb, else on CPU without --mem-fraction-static the default share
     of available RAM (budget.CPU_DEFAULT_AVAILABLE_SHARE), else no cap."""
@@ -163,7 +178,7 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
         weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype))
                       + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0)),
         activation_bytes=shape.activation_bytes(chunk, tp, model.dtype, device.kind),
-        cuda_graph_bytes=resolve_cuda_graph_max_bs(sa, device) * CUDA_GRAPH_BYTES_PER_BS,
+        cuda_graph_bytes=graph_batch_size(sa, model, device) * CUDA_GRAPH_BYTES_PER_BS,
         encoder_bytes=encoder,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula", "encoder": "declared"},
         encoder_detail=detail,
@@ -203,6 +218,13 @@ def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]
     return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), cache
 
 
+def moe_workspace(sa, model: ModelFacts, device: DeviceFacts) -> Optional[MoEWorkspaceSpec]:
+    """The fused-experts workspace of one rank at the chunk size (moe_sizes.py); None for a dense model. The runner
+    allocates exactly this before its profile forward."""
+    chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
+    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind)
+
+
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:
     """On CPU the --dp-size replicas of one server share the RAM: each plans from available / dp_size (the CPU default
     share and every cap then apply within it). On GPUs each replica has its own device: unchanged.
@@ -218,9 +240,10 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     """PlanInputs for this ServerArgs on this device with these measured terms (see the module docstring)."""
     device = cpu_replica_share(sa, device)
     cap_bytes, cap_source = resolve_cap(sa, device)
-    graph_bs = resolve_cuda_graph_max_bs(sa, device)
+    graph_bs = graph_batch_size(sa, model, device)
     cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
     grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
+    moe = moe_workspace(sa, model, device)
     return PlanInputs(
         pre_load_free_bytes=device.pre_load_free_bytes,
         device_total_bytes=device.total_bytes,
@@ -247,6 +270,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         tp_size=sa.tp_size,
         grammar_per_req_bytes=grammar_per_req,
         grammar_cache_bytes=grammar_cache,
+        moe_workspace_bytes=moe_workspace_bytes(moe),
+        moe_workspace_detail=moe.describe() if moe is not None else "",
         sources=dict(measured.sources),
     )
 

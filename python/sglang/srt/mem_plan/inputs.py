@@ -16,6 +16,7 @@ DEFAULT_SOURCES = {
     "attention_workspace": "declared",
     "logits": "declared",
     "activations": "measured",
+    "moe_workspace": "declared",
     "cuda_graphs": "measured",
     "encoder": "declared",
     "mm_embedding_cache": "declared",
@@ -41,6 +42,7 @@ class PlanInputs:
     mem_fraction_static  None = auto (solved); a value = honoured exactly or MemoryPlanError
     workspace            the attention backend's declaration, linear in request slots and graph batch size
     logits_bytes         fixed sampler/logits bytes; logits_per_req_bytes adds bytes per request slot
+    moe_workspace_bytes  MoE models: the fused-experts buffers, fixed (sized by the chunk, not the slots)
     cuda_graph_max_bs    None = upstream tier for device_total_bytes (0 when the device is unknown)
     min_kv_tokens        None = one prefill chunk (min(context_len, chunked_prefill_size)), page-aligned up
     """
@@ -74,11 +76,13 @@ class PlanInputs:
     encoder_detail: str = ""  # how the encoder term was obtained, for the rendered plan
     grammar_per_req_bytes: int = 0  # structured output: bitmask row per request slot (sizes.py)
     grammar_cache_bytes: int = 0  # structured output: compiled-grammar cache budget (--grammar-cache-mb)
+    moe_workspace_bytes: int = 0  # MoE models: the fused-experts workspace at the chunk size (moe_sizes.py)
+    moe_workspace_detail: str = ""
 
     def __post_init__(self):
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
                      "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes",
-                     "grammar_per_req_bytes", "grammar_cache_bytes"):
+                     "grammar_per_req_bytes", "grammar_cache_bytes", "moe_workspace_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):

@@ -39,6 +39,11 @@ ACTIVATION_TEMPORARY_FACTOR_CPU = 3.9
 # first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB).
 CPU_LOAD_RESIDUAL_BYTES = 10 * 2**20
 ROUTER_LOGIT_BYTES = 4  # fp32 router logits per token per expert
+# routing temporaries per token (layers/moe/router.py, fused_moe_torch.py): per expert the logits upcast to fp32
+# and their softmax; per routed row (token, expert) the fp32 weight, topk's int64 id and its int32 copy, the sort's
+# int64 order, the row's int32 token, its gathered fp32 weight and that weight in the activation dtype (<= 4 B)
+ROUTER_BYTES_PER_EXPERT = 2 * ROUTER_LOGIT_BYTES
+ROUTED_ROW_TEMPORARY_BYTES = 4 + 8 + 4 + 8 + 4 + 4 + 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -103,9 +108,14 @@ def _dtype_of(cfg: dict) -> str:
     return canonical_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
 
 
+def _num_experts(cfg: dict) -> int:
+    """Routed experts of a Qwen MoE config: transformers 5 saves qwen3_moe's num_experts as num_local_experts."""
+    return cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+
+
 def _sparse_layers(cfg: dict, model_type: str, num_layers: int) -> tuple[int, ...]:
     if model_type in ("qwen2_moe", "qwen3_moe"):
-        if not cfg.get("num_experts"):
+        if not _num_experts(cfg):
             return ()
         step = cfg.get("decoder_sparse_step", 1)
         skip = set(cfg.get("mlp_only_layers", []))
@@ -157,7 +167,7 @@ def text_shape_from_config(cfg: dict) -> TextShape:
     bias = bool(cfg.get("attention_bias", False))
     moe = {}
     if mt in ("qwen2_moe", "qwen3_moe"):
-        moe = dict(num_experts=cfg.get("num_experts", 0), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+        moe = dict(num_experts=_num_experts(cfg), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
                    moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
                    shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0))
     elif mt == "mixtral":
@@ -331,13 +341,16 @@ class ModelShape:
         else:
             nkv = kv_heads_per_rank(s.num_kv_heads, tp)
             attn = (nq + 2 * nkv) * s.head_dim + nq * s.head_dim
-        mlp = _cdiv(s.intermediate_size, tp)
+        has_dense_mlp = len(s.sparse_layers) < s.num_layers
+        mlp = _cdiv(s.intermediate_size, tp) if has_dense_mlp else 0
         router = 0
         if s.sparse_layers:
+            # the routed experts' rows live in the moe_workspace term (moe_sizes.py); what a MoE layer adds here is
+            # its shared expert (a dense MLP) and the routing temporaries
             shared = s.shared_expert_intermediate_size or s.num_shared_experts * s.moe_intermediate_size
-            moe = s.num_experts_per_tok * _cdiv(s.moe_intermediate_size, tp) + _cdiv(shared, tp)
-            mlp = max(mlp, moe)
-            router = num_tokens * s.num_experts * ROUTER_LOGIT_BYTES
+            mlp = max(mlp, _cdiv(shared, tp))
+            router = num_tokens * (s.num_experts * ROUTER_BYTES_PER_EXPERT
+                                   + s.num_experts_per_tok * ROUTED_ROW_TEMPORARY_BYTES)
         per_token = 3 * H + attn + 3 * mlp  # residual, normed, output + attention + gate/up (2x) and act
         factor = ACTIVATION_TEMPORARY_FACTOR_CPU if device == "cpu" else ACTIVATION_TEMPORARY_FACTOR
         return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor)

@@ -30,7 +30,7 @@ class _Resolved:
     graph_bs: int
     rule: SlotRule
     slot_cost: SlotCost
-    fixed_runtime: int  # activations + logits + cuda graphs + encoder + mm cache + grammar cache + safety margin
+    fixed_runtime: int  # activations, logits, cuda graphs, encoder, mm cache, grammar cache, MoE workspace, margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
 
@@ -52,7 +52,7 @@ class _Resolved:
             cuda_graph_max_bs=graph_bs,
         )
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + x.mm_cache_bytes
-                         + x.grammar_cache_bytes + margin)
+                         + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
         max_tokens = x.max_total_tokens
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
@@ -91,6 +91,7 @@ class _Resolved:
                        f"{x.logits_bytes:,} + {x.logits_per_req_bytes:,} x {num_reqs:,} slots"),
             MemoryTerm("activations", x.activation_bytes, src("activations"),
                        f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
+            MemoryTerm("moe_workspace", x.moe_workspace_bytes, src("moe_workspace"), x.moe_workspace_detail),
             MemoryTerm("cuda_graphs", x.cuda_graph_bytes, src("cuda_graphs"), f"max bs {graph_bs}"),
             MemoryTerm("encoder", x.encoder_bytes, src("encoder"), x.encoder_detail),
             MemoryTerm("mm_embedding_cache", x.mm_cache_bytes, src("mm_embedding_cache"),

@@ -8,6 +8,7 @@ here:
                         (a CPU start of one rank reuses the peak an earlier start with identical inputs
                         measured: activation_cache.py; the plan's notes then name the cache file)
     encoder             measured by multimodal models at their largest input (or --encoder-mem-reserve)
+    moe_workspace       declared (MoE models): allocated from the plan's spec before the profile forward
 With tp ranks every rank measures and the plan charges each rank the tightest value: free memory MIN over the
 ranks (measure.pre_load_free_bytes), weights and activations MAX over the ranks; so every rank computes the same
 per-rank plan (its KV pool holds its KV heads) and the token indices rank 0 hands out are valid on every rank.
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunnerKVCacheMixin:
+    moe_workspace = None  # MoE models: the fused-experts workspace (init_moe_workspace)
+
     # ------------------------------------------------------------------ facts
     def model_facts(self) -> B.ModelFacts:
         return self.model_config.facts
@@ -140,8 +143,8 @@ class ModelRunnerKVCacheMixin:
         return B.MeasuredTerms(
             weight_bytes=tp_max_int(self.weight_bytes),
             activation_bytes=activation_bytes,
-            cuda_graph_bytes=self.profile_cuda_graph_bytes(B.resolve_cuda_graph_max_bs(self.server_args,
-                                                                                       self.device_facts())),
+            cuda_graph_bytes=self.profile_cuda_graph_bytes(B.graph_batch_size(self.server_args, self.model_facts(),
+                                                                              self.device_facts())),
             encoder_bytes=mm.encoder_reserve_bytes,
             encoder_detail=mm.encoder_reserve_detail,
             sources={"weights": "measured", "activations": activation_source, "cuda_graphs": "measured",
@@ -171,6 +174,7 @@ class ModelRunnerKVCacheMixin:
         sa = self.server_args
         model, device = self.model_facts(), self.device_facts()
         chunk = B.resolve_chunked_prefill_size(sa, device, self.context_len)
+        self.init_moe_workspace()
         inputs = B.build_plan_inputs(sa, model, device, self.measured_terms(chunk),
                                      mm_embedding_cache_bytes=self.multimodal.mm_embedding_cache_bytes)
         B.log_cap_rule(inputs)
@@ -195,6 +199,14 @@ class ModelRunnerKVCacheMixin:
             plan.mem_fraction_static, plan.mem_fraction_static_source,
         )
 
+    def init_moe_workspace(self) -> None:
+        """MoE models: allocate the fused-experts workspace the plan charges (mem_plan/build.moe_workspace) and give it
+        to every MoE layer, before the profile forward, which runs in it (so the measured peak leaves it out)."""
+        from sglang.srt.layers.moe.moe_layer import attach_moe_workspace
+
+        spec = B.moe_workspace(self.server_args, self.model_facts(), self.device_facts())
+        self.moe_workspace = attach_moe_workspace(self.model, spec, self.device)
+
     def gather_rank_memory(self) -> list:
         """What each TP rank measured and allocated (rank order), for /server_info; [this rank] at tp == 1."""
         from sglang.srt.distributed.communication_op import tp_all_gather_object
@@ -214,6 +226,7 @@ class ModelRunnerKVCacheMixin:
             "req_to_token": r2t.numel() * r2t.element_size(),
             "kv_cache": self.token_to_kv_pool.mem_usage_bytes(),  # the dummy page included, as the plan charges it
             "attention_workspace_persistent": self.attn_backend.allocated_bytes(),
+            "moe_workspace": self.moe_workspace.allocated_bytes() if self.moe_workspace is not None else 0,
         }
 
     def check_allocation(self) -> None:
@@ -222,6 +235,7 @@ class ModelRunnerKVCacheMixin:
         declared = self.attn_backend.declared_persistent_bytes()
         assert got["req_to_token"] == plan.bytes_of("req_to_token"), (got, plan.bytes_of("req_to_token"))
         assert got["kv_cache"] == plan.bytes_of("kv_cache"), (got, plan.bytes_of("kv_cache"))
+        assert got["moe_workspace"] == plan.bytes_of("moe_workspace"), (got, plan.bytes_of("moe_workspace"))
         assert got["attention_workspace_persistent"] == declared <= plan.bytes_of("attention_workspace"), (
             got, declared, plan.bytes_of("attention_workspace"))
 
@@ -257,6 +271,8 @@ class ModelRunnerKVCacheMixin:
                 reason = f"{self.device}: no CUDA graphs here, decode runs eagerly"
             elif self.server_args.disable_cuda_graph:
                 reason = "--disable-cuda-graph"
+            elif self.moe_workspace is not None:
+                reason = "the MoE experts' implementation cannot be captured (mem_plan/moe_sizes.py CAPTURABLE)"
             else:
                 reason = f"--attention-backend {self.server_args.attention_backend} has no graphs"
             return {"enabled": False, "reason": reason}

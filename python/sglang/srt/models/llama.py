@@ -26,12 +26,13 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False,
+                 reduce_results: bool = True):
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"Unsupported activation {hidden_act!r}; only silu is supported.")
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, reduce_results=reduce_results)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,14 +84,14 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, layer_id: int):
         super().__init__()
         self.self_attn = self.attention_cls(config, layer_id)
-        self.mlp = LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            getattr(config, "hidden_act", "silu"),
-            bias=getattr(config, "mlp_bias", False),
-        )
+        self.mlp = self.make_mlp(config, layer_id)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def make_mlp(self, config, layer_id: int) -> nn.Module:
+        """This layer's MLP: [N, hidden] -> [N, hidden] (MoE models return a sparse block for their sparse layers)."""
+        return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"),
+                        bias=getattr(config, "mlp_bias", False))
 
     def forward(
         self,
@@ -168,12 +169,22 @@ class LlamaForCausalLM(nn.Module):
         hidden_states = self.model(input_ids, positions, forward_batch, input_embeds)
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
+    def expert_weight_target(self, name: str) -> Optional[Tuple[str, int, str]]:
+        """(parameter, expert id, shard) for a per-expert checkpoint tensor of a MoE model; None here (dense)."""
+        return None
+
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))
         tied = getattr(self.config, "tie_word_embeddings", False)
         loaded = set()
         for name, loaded_weight in weights:
             if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+                continue
+            expert = self.expert_weight_target(name)
+            if expert is not None:  # one expert's projection, into the stacked expert weights
+                target, expert_id, shard_id = expert
+                params[target].weight_loader(params[target], loaded_weight, shard_id, expert_id)
+                loaded.add(target)
                 continue
             for param_suffix, weight_suffix, shard_id in self.stacked_params_mapping:
                 if weight_suffix in name:

@@ -12,6 +12,9 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlamaForCausalLM": (f"{_PKG}.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": (f"{_PKG}.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": (f"{_PKG}.qwen3", "Qwen3ForCausalLM"),
+    "Qwen2MoeForCausalLM": (f"{_PKG}.qwen2_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": (f"{_PKG}.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": (f"{_PKG}.mixtral", "MixtralForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
 }
 

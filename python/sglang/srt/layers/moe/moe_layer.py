@@ -1,0 +1,129 @@
+"""FusedMoE: the routed experts of one MoE block as two stacked weights, loaded from HF per-expert tensors.
+
+    w13_weight  [E, 2N_r, K]  rows [0, N_r) expert e's gate projection, [N_r, 2N_r) its up projection
+    w2_weight   [E, K, N_r]   expert e's down projection
+with N_r = N / tp: every rank holds every expert, and each expert's intermediate columns [r*N_r, (r+1)*N_r) on rank
+r, so a rank's output is a partial sum over its columns and one all-reduce per MoE block completes it (here, or in
+the block that adds a shared expert's partial sum first: reduce_results=False).
+
+Checkpoint tensors (expert_checkpoint_target maps their names):
+    Qwen2-MoE / Qwen3-MoE   mlp.experts.{e}.gate_proj / up_proj / down_proj.weight      shards w1 / w3 / w2
+    Mixtral                 block_sparse_moe.experts.{e}.w1 / w3 / w2.weight           (the same shards)
+gate and up ([N, K]) give rows [r*N_r, (r+1)*N_r), down ([K, N]) its columns; a rank reads only those.
+
+forward(hidden [M, K], router_logits [M, E]) routes (router.py) and runs the implementation chosen once at build
+(dispatch.py) in the workspace the runner attached (attach_moe_workspace), at most workspace.max_tokens tokens per
+call: a longer input (a decode batch of more requests than the chunk) runs in slices.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.communication_op import tp_all_reduce
+from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
+from sglang.srt.layers.linear import default_weight_loader
+from sglang.srt.layers.moe.dispatch import get_fused_experts
+from sglang.srt.layers.moe.router import select_experts
+from sglang.srt.layers.moe.workspace import MoEWorkspace
+from sglang.srt.layers.quantization import linear_quant_method
+from sglang.srt.mem_plan.moe_sizes import SORT_BLOCK_M, MoEWorkspaceSpec, moe_impl_for
+
+GATE, UP, DOWN = "w1", "w3", "w2"
+# checkpoint projection name -> shard
+QWEN_EXPERT_SHARDS = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
+MIXTRAL_EXPERT_SHARDS = {"w1": GATE, "w3": UP, "w2": DOWN}
+_EXPERT_NAME = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+
+
+def expert_checkpoint_target(name: str, shards: Dict[str, str]) -> Optional[Tuple[str, int, str]]:
+    """(parameter name, expert id, shard) of a per-expert checkpoint tensor, e.g. 'model.layers.0.mlp.experts.3.
+    up_proj.weight' -> ('model.layers.0.mlp.experts.w13_weight', 3, 'w3'); None for any other tensor."""
+    m = _EXPERT_NAME.match(name)
+    if m is None or m.group("proj") not in shards:
+        return None
+    shard = shards[m.group("proj")]
+    param = "w2_weight" if shard == DOWN else "w13_weight"
+    return f"{m.group('prefix')}.{param}", int(m.group("expert")), shard
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
+                 reduce_results: bool = True):
+        super().__init__()
+        if linear_quant_method(self) is not None:
+            raise ValueError("--quantization: MoE experts are served dense only; use --quantization none.")
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
+        self.intermediate_size = divide(intermediate_size, self.tp_size, "MoE intermediate size")  # N_r
+        self.renormalize, self.reduce_results = renormalize, reduce_results
+        n = self.intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * n, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, n), requires_grad=False)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+        # the implementation is chosen once, by the device the weights are built on (meta: as on a CPU)
+        self.impl = moe_impl_for(self.w13_weight.device.type)
+        self.fused_experts = get_fused_experts(self.impl)
+        self.workspace: Optional[MoEWorkspace] = None
+        self._loaded: set = set()
+
+    # ------------------------------------------------------------------ loading
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        """Copy this rank's slice of one expert's checkpoint tensor (a tensor or a lazy CheckpointSlice)."""
+        n = self.intermediate_size
+        if shard_id in (GATE, UP):
+            offset = 0 if shard_id == GATE else n
+            rows = loaded_weight.narrow(0, self.tp_rank * n, n)
+            default_weight_loader(param.data[expert_id, offset: offset + n], rows)
+        elif shard_id == DOWN:
+            default_weight_loader(param.data[expert_id], loaded_weight.narrow(1, self.tp_rank * n, n))
+        else:
+            raise ValueError(f"unknown expert shard {shard_id!r}; expected {GATE}, {UP} or {DOWN}")
+        self._loaded.add((expert_id, shard_id))
+
+    def missing_shards(self) -> List[Tuple[int, str]]:
+        """(expert, shard) pairs no checkpoint tensor has filled."""
+        return [(e, s) for e in range(self.num_experts) for s in (GATE, UP, DOWN) if (e, s) not in self._loaded]
+
+    # ------------------------------------------------------------------ forward
+    def workspace_spec(self, max_tokens: int, act_dtype: str) -> MoEWorkspaceSpec:
+        """The workspace this layer's implementation needs for max_tokens tokens (for tests; the runner sizes it from
+        config.json by the same rule, mem_plan/build.moe_workspace)."""
+        return MoEWorkspaceSpec(max_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_size,
+                                act_dtype, SORT_BLOCK_M[self.impl])
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """hidden [M, K], router_logits [M, E] -> [M, K] (this rank's partial sum when reduce_results is False)."""
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        ws, w13, w2 = self.workspace, self.w13_weight, self.w2_weight
+        step = ws.max_tokens if ws is not None else max(hidden.shape[0], 1)
+        if hidden.shape[0] <= step:
+            out = self.fused_experts(hidden, w13, w2, topk_weights, topk_ids, ws)
+        else:
+            out = torch.cat([self.fused_experts(hidden[i: i + step], w13, w2, topk_weights[i: i + step],
+                                                topk_ids[i: i + step], ws)
+                             for i in range(0, hidden.shape[0], step)])
+        return tp_all_reduce(out) if self.reduce_results else out
+
+
+def attach_moe_workspace(model: nn.Module, spec: Optional[MoEWorkspaceSpec], device) -> Optional[MoEWorkspace]:
+    """Allocate the one workspace of `spec` and give it to every FusedMoE layer of model; None for a dense model.
+    The spec is the plan's (mem_plan/build.moe_workspace), so the runner's allocation is the planned term."""
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    if spec is None or not layers:
+        if layers or spec is not None:
+            raise ValueError(f"the plan's MoE workspace ({spec}) does not match the model's {len(layers)} MoE layers")
+        return None
+    for layer in layers:
+        want = layer.workspace_spec(spec.max_tokens, str(layer.w13_weight.dtype).replace("torch.", ""))
+        if want != spec:
+            raise ValueError(f"the plan's MoE workspace {spec} is not what this layer needs: {want}")
+    workspace = MoEWorkspace(spec, device)
+    for layer in layers:
+        layer.workspace = workspace
+    return workspace

@@ -1,0 +1,116 @@
+"""The MoE workspace is one declared term of the plan, the same in `sglang plan` and in a real start, and the runtime
+allocates exactly it (and runs its experts in it).
+
+The term is recomputed here from config.json by hand: M x k rows of (2N + N + K) activation elements, plus the int32
+sort buffers (sorted ids and expert ids: one per row at the torch path's block of 1; expert offsets: E + 1).
+"""
+
+import contextlib
+import io
+import json
+import os
+
+import pytest
+
+from sglang import Engine
+from sglang.cli.plan import main as plan_main
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import shutdown
+from sglang.test.moe_fixtures import make_random_qwen3_moe
+
+register_cpu_ci(est_time=10, suite="cpu")
+
+CHUNK = 48
+FLAGS = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), "--max-total-memory-gb", "0.5"]
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mem_plan", "fixtures")
+QWEN3_30B = os.path.join(FIXTURES, "qwen3-30b-a3b")
+LLAMA_8B = os.path.join(FIXTURES, "llama-3.1-8b")
+
+
+def by_hand(config: dict, tokens: int, tp: int, elem_bytes: int) -> int:
+    experts = config.get("num_experts") or config["num_local_experts"]
+    rows = tokens * config["num_experts_per_tok"]
+    n = config["moe_intermediate_size"] // tp
+    return rows * (2 * n + n + config["hidden_size"]) * elem_bytes + 4 * (rows + rows + experts + 1)
+
+
+def dry_run(*flags) -> dict:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = plan_main([*flags, "--json"])
+    out = json.loads(buf.getvalue())
+    assert status == 0, out
+    return out
+
+
+def term(result: dict, name: str) -> dict:
+    return {t["name"]: t for t in result["plan"]["terms"]}[name]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = make_random_qwen3_moe(str(tmp_path_factory.mktemp("qwen3_moe") / "m"))
+    with open(f"{path}/config.json") as f:
+        return path, json.load(f)
+
+
+def test_dry_run_declares_the_workspace(model):
+    path, config = model
+    for tp, dtype, elem in ((1, "float32", 4), (2, "float32", 4), (1, "bfloat16", 2)):
+        flags = ["--device", "cpu", "--model-path", path, *FLAGS, "--tp-size", str(tp), "--dtype", dtype]
+        got = term(dry_run(*flags), "moe_workspace")
+        assert got["source"] == "declared"
+        assert got["num_bytes"] == by_hand(config, CHUNK, tp, elem), (tp, dtype, got)
+        assert f"{CHUNK} tokens x top-2 of 8 experts" in got["detail"]
+
+
+def test_runtime_allocates_the_planned_workspace_and_runs_in_it(model):
+    path, config = model
+    planned = term(dry_run("--device", "cpu", "--model-path", path, *FLAGS), "moe_workspace")["num_bytes"]
+    engine = Engine(model_path=path, skip_tokenizer_init=True, dtype="float32", chunked_prefill_size=CHUNK,
+                    max_total_memory_gb=0.5, log_level="warning", random_seed=0)
+    try:
+        runner = engine.scheduler.model_runner
+        assert runner.memory_plan.bytes_of("moe_workspace") == planned
+        assert runner.allocated_bytes()["moe_workspace"] == planned
+        assert sum(t.numel() * t.element_size() for t in runner.moe_workspace.buffers.values()) == planned
+        from sglang.srt.layers.moe.moe_layer import FusedMoE
+
+        layers = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
+        assert len(layers) == config["num_hidden_layers"] and all(m.workspace is runner.moe_workspace for m in layers)
+        runner.moe_workspace.expert_offsets.zero_()
+        engine.generate(input_ids=[[5, 6, 7]], sampling_params={"max_new_tokens": 1, "temperature": 0})
+        # the last expert call (the prefill of 3 tokens) grouped its 3 x 2 rows in the workspace
+        assert runner.moe_workspace.expert_offsets[-1].item() == 3 * config["num_experts_per_tok"]
+    finally:
+        shutdown(engine)
+
+
+def test_qwen3_30b_a3b_on_h100():
+    with open(f"{QWEN3_30B}/config.json") as f:
+        config = json.load(f)
+    got = dry_run("--model-path", QWEN3_30B, "--gpu", "h100-80gb")
+    assert got["plan"]["chunked_prefill_size"] == 8192
+    assert term(got, "moe_workspace")["num_bytes"] == by_hand(config, 8192, 1, 2) == 570_950_148
+    tp4 = dry_run("--model-path", QWEN3_30B, "--gpu", "h100-80gb", "--tp", "4")
+    assert term(tp4, "moe_workspace")["num_bytes"] == by_hand(config, tp4["plan"]["chunked_prefill_size"], 4, 2)
+
+
+def test_dense_model_has_no_moe_workspace():
+    assert term(dry_run("--model-path", LLAMA_8B, "--gpu", "h100-80gb"), "moe_workspace")["num_bytes"] == 0
+
+
+def test_tp_must_divide_the_expert_sizes():
+    from sglang.srt.configs.resolved import check_tp_sharding
+    from sglang.srt.mem_plan.model_shapes import model_shape_from_config
+
+    with open(f"{QWEN3_30B}/config.json") as f:
+        config = json.load(f)
+    check_tp_sharding(model_shape_from_config(config), 8)
+    with pytest.raises(ValueError, match="does not divide the model's MoE intermediate size 36"):
+        check_tp_sharding(model_shape_from_config(dict(config, moe_intermediate_size=36)), 8)
+    qwen2 = dict(config, model_type="qwen2_moe", shared_expert_intermediate_size=20)
+    with pytest.raises(ValueError, match="shared-expert intermediate size 20"):
+        check_tp_sharding(model_shape_from_config(qwen2), 8)
+    # every layer is sparse: the unused dense intermediate_size need not divide
+    check_tp_sharding(model_shape_from_config(dict(config, intermediate_size=6145)), 8)
