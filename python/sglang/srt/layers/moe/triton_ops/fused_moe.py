@@ -3,8 +3,8 @@ W_g = w13[e][:N], W_u = w13[e][N:], W_2 = w2[e], e = topk_ids[m, j].
 
 The same contract as the torch and CPU implementations of fused_experts. Per call (T = M * topk assignments,
 assignment i = m * topk + j; every buffer but `out` is a view of the workspace, workspace.py):
-    1. align.align_block_size: assignments grouped by expert into BLOCK_M-row blocks (sorted_token_ids, expert_ids,
-       num_tokens_post_padded)
+    1. align.align_block_size: assignments grouped by expert into BLOCK_M-row blocks (sorted_ids, expert_ids,
+       expert_offsets; expert_offsets[E] is the padded total, the GEMMs' num_tokens_post_padded)
     2. grouped GEMM: intermediate1[i] = hidden[i // topk] @ w13[e_i].T          [T, 2N], row = assignment id
     3. _silu_and_mul_kernel: intermediate2[i] = silu(intermediate1[i, :N]) * intermediate1[i, N:]      [T, N]
     4. grouped GEMM: intermediate3[i] = topk_weights[m, j] * intermediate2[i] @ w2[e_i].T              [T, K]
@@ -23,12 +23,7 @@ from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
 from sglang.srt.layers.moe.triton_ops.align import align_block_size
 from sglang.srt.layers.moe.triton_ops.grouped_gemm import grouped_gemm
 from sglang.srt.layers.moe.triton_ops.tiles import MoeTiles, default_tiles
-from sglang.srt.layers.moe.triton_ops.workspace import (
-    FusedMoeWorkspace,
-    fused_moe_workspace_bytes,
-    max_blocks,
-    max_sorted_slots,
-)
+from sglang.srt.layers.moe.triton_ops.workspace import FusedMoeWorkspace, call_buffers, fused_moe_workspace_bytes
 
 __all__ = ["fused_experts_triton", "fused_moe_workspace_bytes", "FusedMoeWorkspace"]
 
@@ -61,8 +56,8 @@ def fused_experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     """hidden [M, K]; w13 [E, 2N, K] (rows [0, N) gate, [N, 2N) up); w2 [E, K, N]; topk_weights fp32 [M, topk];
     topk_ids int [M, topk], values in [0, E) -> out [M, K] in hidden's dtype.
 
-    workspace: a FusedMoeWorkspace (or a dict of its fields) planned for at least M tokens with these shapes and
-    dtype; None allocates one for this call (tests)."""
+    workspace: a FusedMoeWorkspace (or an object / dict with its buffers, workspace.py) planned for at least M
+    tokens of these shapes and dtype; None allocates one for this call (tests)."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_n, _ = w13.shape
     n = two_n // 2
@@ -78,24 +73,16 @@ def fused_experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     t = num_tokens * topk
     block_m = tiles.block_m(t, num_experts)
     if workspace is None:
-        ws = FusedMoeWorkspace.allocate(num_tokens, topk, num_experts, n, hidden_size, hidden.dtype, hidden.device,
-                                        block_m=block_m)
-    else:
-        ws = FusedMoeWorkspace.from_any(workspace)
-        ws.check_fits(num_tokens, topk, num_experts, n, hidden_size, hidden.dtype, block_m)
+        workspace = FusedMoeWorkspace.allocate(num_tokens, topk, num_experts, n, hidden_size, hidden.dtype,
+                                               hidden.device, block_m=block_m)
+    bufs = call_buffers(workspace, t, num_experts, n, hidden_size, hidden.dtype, block_m)
 
-    sorted_ids = ws.sorted_token_ids[: max_sorted_slots(t, num_experts, block_m)]
-    expert_ids = ws.expert_ids[: max_blocks(t, num_experts, block_m)]
-    align_block_size(topk_ids, num_experts, block_m, sorted_ids, expert_ids, ws.num_tokens_post_padded,
-                     ws.expert_counts, tiles)
-    aligned = (sorted_ids, expert_ids, ws.num_tokens_post_padded, topk)
-    intermediate1 = ws.gemm_out[: t * 2 * n].view(t, 2 * n)
-    intermediate2 = ws.intermediate2[:t]
-    intermediate3 = ws.gemm_out[: t * hidden_size].view(t, hidden_size)  # intermediate1's memory, dead by now
+    align_block_size(topk_ids, num_experts, block_m, bufs.sorted_ids, bufs.expert_ids, bufs.expert_offsets, tiles)
+    aligned = (bufs.sorted_ids, bufs.expert_ids, bufs.expert_offsets[num_experts:], topk)
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
-    grouped_gemm(hidden, w13, intermediate1, *aligned, a_row_div=topk, block_m=block_m, tiles=tiles)
-    silu_and_mul(intermediate1, intermediate2, tiles)
-    grouped_gemm(intermediate2, w2, intermediate3, *aligned, a_row_div=1, block_m=block_m, tiles=tiles,
+    grouped_gemm(hidden, w13, bufs.intermediate1, *aligned, a_row_div=topk, block_m=block_m, tiles=tiles)
+    silu_and_mul(bufs.intermediate1, bufs.intermediate2, tiles)
+    grouped_gemm(bufs.intermediate2, w2, bufs.intermediate3, *aligned, a_row_div=1, block_m=block_m, tiles=tiles,
                  topk_weights=topk_weights)
-    torch.sum(intermediate3.view(num_tokens, topk, hidden_size), dim=1, out=out)
+    torch.sum(bufs.intermediate3.view(num_tokens, topk, hidden_size), dim=1, out=out)
     return out

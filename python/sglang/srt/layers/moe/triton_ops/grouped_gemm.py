@@ -3,11 +3,11 @@
 C is indexed by assignment id (row i = token m's j-th expert, i = m * topk + j), not by sorted position, so the
 next step reads rows in the order it likes and the final sum over a token's topk rows is one contiguous reduction.
 
-Grid (B, ceil(N_OUT / BLOCK_N)), B = workspace.max_blocks: program (b, n) takes block b of sorted_token_ids, i.e. the
-BLOCK_M assignments sorted_token_ids[b * BLOCK_M : (b + 1) * BLOCK_M] (all of expert expert_ids[b]; the sentinel T
+Grid (B, ceil(N_OUT / BLOCK_N)), B = workspace.max_blocks: program (b, n) takes block b of sorted_ids, i.e. the
+BLOCK_M assignments sorted_ids[b * BLOCK_M : (b + 1) * BLOCK_M] (all of expert expert_ids[b]; the sentinel T
 marks padding rows, which are neither read nor written), and output columns [n * BLOCK_N, (n + 1) * BLOCK_N).
-Programs with b * BLOCK_M >= num_tokens_post_padded (read on the device) do nothing: the grid is fixed by host
-integers (M, topk, E, BLOCK_M), never by the routing. Consecutive programs are consecutive blocks of the same column
+Programs with b * BLOCK_M >= num_tokens_post_padded (= expert_offsets[E], read on the device) do nothing: the grid
+is fixed by host integers (M, topk, E, BLOCK_M), never by the routing. Consecutive programs are consecutive blocks of the same column
 tile, so the blocks of one expert read its weight tile from L2 one after another.
 
 Dot products accumulate in fp32 (fp32 inputs: input_precision="ieee", no TF32); the routing weight multiplies the
@@ -57,14 +57,15 @@ def _grouped_gemm_kernel(
                  mask=valid[:, None] & mask_n[None, :])
 
 
-def grouped_gemm(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, sorted_token_ids: torch.Tensor,
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, sorted_ids: torch.Tensor,
                  expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, topk: int, a_row_div: int,
                  block_m: int, tiles: MoeTiles, topk_weights: torch.Tensor | None = None) -> None:
     """C[i] = A[i // a_row_div] @ W[e_i].T (module docstring) for the T = c.shape[0] assignments of the batch.
 
-    a [rows, K_IN] (rows >= T / a_row_div), w [E, N_OUT, K_IN], c [T, N_OUT]: rows contiguous; the alignment
-    buffers from align.align_block_size at this block_m, expert_ids of exactly max_blocks(T, E, block_m) entries
-    (the grid's first axis); topk_weights [T / topk, topk] (fp32) multiplies row i by topk_weights[i // topk, i % topk].
+    a [rows, K_IN] (rows >= T / a_row_div), w [E, N_OUT, K_IN], c [T, N_OUT]: rows contiguous. The alignment
+    buffers come from align.align_block_size at this block_m: expert_ids of exactly max_blocks(T, E, block_m)
+    entries (the grid's first axis), num_tokens_post_padded a view of expert_offsets[E:]. topk_weights
+    [T / topk, topk] (fp32) multiplies row i by topk_weights[i // topk, i % topk].
     """
     num_assignments, n_out = c.shape
     k_in = w.shape[2]
@@ -73,10 +74,10 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, sorted_token
     block_n = min(tiles.block_n, dot_tile(n_out))
     block_k = min(tiles.block_k, dot_tile(k_in))
     mul_weight = topk_weights is not None
-    tw = topk_weights if mul_weight else sorted_token_ids  # unread placeholder when not weighting
+    tw = topk_weights if mul_weight else sorted_ids  # unread placeholder when not weighting
     grid = (expert_ids.shape[0], triton.cdiv(n_out, block_n))
     _grouped_gemm_kernel[grid](
-        a, w, c, sorted_token_ids, expert_ids, num_tokens_post_padded, tw, num_assignments,
+        a, w, c, sorted_ids, expert_ids, num_tokens_post_padded, tw, num_assignments,
         a.stride(0), w.stride(0), w.stride(1), c.stride(0),
         tw.stride(0) if mul_weight else 0, tw.stride(1) if mul_weight else 0,
         N_OUT=n_out, K_IN=k_in, A_ROW_DIV=a_row_div, TOPK=topk, MUL_WEIGHT=mul_weight,
