@@ -8,6 +8,7 @@ assignment i = m * topk + j; every buffer but `out` is a view of the workspace, 
     2. grouped GEMM: intermediate1[i] = hidden[i // topk] @ w13[e_i].T          [T, 2N], row = assignment id
     3. _silu_and_mul_kernel: intermediate2[i] = silu(intermediate1[i, :N]) * intermediate1[i, N:]      [T, N]
     4. grouped GEMM: intermediate3[i] = topk_weights[m, j] * intermediate2[i] @ w2[e_i].T              [T, K]
+       (in a FusedMoeWorkspace intermediate3 is intermediate1's memory: that one is dead by now)
     5. out[m] = sum_j intermediate3[m * topk + j]                                  [M, K], one torch.sum
 No step reads a device value on the host, and every grid and view is a function of (M, topk, E, N, K, BLOCK_M), so
 a call with a planned workspace allocates only `out` and can be captured in a CUDA graph.
@@ -31,7 +32,7 @@ __all__ = ["fused_experts_triton", "fused_moe_workspace_bytes", "FusedMoeWorkspa
 @lazy_jit
 def _silu_and_mul_kernel(X, Y, num_rows, stride_x, stride_y, N: tl.constexpr, ROWS: tl.constexpr,
                          COLS: tl.constexpr):
-    """Y[r, c] = silu(X[r, c]) * X[r, N + c] for the tile rows x cols of program (pid0, pid1), in fp32."""
+    # Y[r, c] = silu(X[r, c]) * X[r, N + c] in fp32, r in [pid0 * ROWS, +ROWS), c in [pid1 * COLS, +COLS)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     mask = (rows < num_rows)[:, None] & (cols < N)[None, :]

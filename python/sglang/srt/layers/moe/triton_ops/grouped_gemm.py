@@ -7,8 +7,8 @@ Grid (B, ceil(N_OUT / BLOCK_N)), B = workspace.max_blocks: program (b, n) takes 
 BLOCK_M assignments sorted_ids[b * BLOCK_M : (b + 1) * BLOCK_M] (all of expert expert_ids[b]; the sentinel T
 marks padding rows, which are neither read nor written), and output columns [n * BLOCK_N, (n + 1) * BLOCK_N).
 Programs with b * BLOCK_M >= num_tokens_post_padded (= expert_offsets[E], read on the device) do nothing: the grid
-is fixed by host integers (M, topk, E, BLOCK_M), never by the routing. Consecutive programs are consecutive blocks of the same column
-tile, so the blocks of one expert read its weight tile from L2 one after another.
+is fixed by host integers (M, topk, E, BLOCK_M), never by the routing. Consecutive programs are consecutive blocks
+of the same column tile, so the blocks of one expert read its weight tile from L2 one after another.
 
 Dot products accumulate in fp32 (fp32 inputs: input_precision="ieee", no TF32); the routing weight multiplies the
 fp32 accumulator before the one rounding to C's dtype.
