@@ -87,8 +87,9 @@ def separate_workspace(max_tokens, topk, E, N, K, dtype, device, block_m):
 def run_case(case, dtype, tiles=None, device="cpu", swap_gate_up=False, workspace=None, workspace_tokens=None):
     """Relative error of fused_experts_triton against the reference. swap_gate_up feeds the kernel w13 with its gate
     and up halves swapped (the comparison must then fail). workspace: None (the call allocates one), "planned" (a
-    FusedMoeWorkspace for workspace_tokens >= M tokens), "dict" (the same as a dict of its fields) or "separate"
-    (separate_workspace)."""
+    FusedMoeWorkspace for workspace_tokens >= M tokens), "dict" (the same as a dict of its fields), "separate"
+    (separate_workspace) or "runtime" (the MoEWorkspace the model runner allocates from the plan's spec on a GPU,
+    whose row block is moe_sizes.SORT_BLOCK_M["triton"])."""
     from sglang.srt.layers.moe.triton_ops import FusedMoeWorkspace, fused_experts_triton
     from sglang.srt.layers.moe.triton_ops.tiles import MOE_BLOCK_M
 
@@ -99,8 +100,16 @@ def run_case(case, dtype, tiles=None, device="cpu", swap_gate_up=False, workspac
     ws = None
     if workspace is not None:
         shape = (workspace_tokens, case["topk"], case["E"], case["N"], case["K"], dtype, device, MOE_BLOCK_M)
-        ws = separate_workspace(*shape) if workspace == "separate" else FusedMoeWorkspace.allocate(*shape)
-        ws = dict(vars(ws)) if workspace == "dict" else ws
+        if workspace == "runtime":
+            from sglang.srt.layers.moe.workspace import MoEWorkspace
+            from sglang.srt.mem_plan.moe_sizes import SORT_BLOCK_M, MoEWorkspaceSpec
+
+            spec = MoEWorkspaceSpec(workspace_tokens, case["topk"], case["E"], case["K"], case["N"],
+                                    str(dtype).replace("torch.", ""), SORT_BLOCK_M["triton"])
+            ws = MoEWorkspace(spec, device)
+        else:
+            ws = separate_workspace(*shape) if workspace == "separate" else FusedMoeWorkspace.allocate(*shape)
+            ws = dict(vars(ws)) if workspace == "dict" else ws
     d = dict(device=device)
     out = fused_experts_triton(hidden.to(**d), w13.to(**d), w2.to(**d), weights.to(**d), ids.to(**d), ws,
                                tiles=tiles)

@@ -19,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_PREFIX = "RESULT_JSON:"
 ALIGN_BLOCK_MS = (16, 64)
-WORKSPACE_KINDS = ("planned", "dict", "separate")  # fused_moe_cases.run_case
+WORKSPACE_KINDS = ("planned", "dict", "separate", "runtime")  # fused_moe_cases.run_case
 
 
 def run_in_interpreter(timeout_s: float = 300) -> dict:

@@ -56,6 +56,16 @@ class TestFusedMoeTritonInterpreted(unittest.TestCase):
 
 
 class TestFusedMoeWorkspace(unittest.TestCase):
+    def test_the_plans_row_block_is_the_kernels(self):
+        """The runtime's MoEWorkspace on a GPU is sized with moe_sizes.SORT_BLOCK_M["triton"]: the kernel's largest
+        row block, so every block the kernel pads fits the planned sorted-ids buffer."""
+        from sglang.srt.layers.moe.triton_ops.tiles import MOE_BLOCK_M
+        from sglang.srt.mem_plan.moe_sizes import CAPTURABLE, SORT_BLOCK_M, moe_impl_for
+
+        self.assertEqual(SORT_BLOCK_M["triton"], MOE_BLOCK_M)
+        self.assertEqual((moe_impl_for("cuda"), moe_impl_for("cpu")), ("triton", "torch"))
+        self.assertTrue(CAPTURABLE["triton"])
+
     def test_bytes_formula_is_what_is_allocated(self):
         from sglang.srt.layers.moe.triton_ops import FusedMoeWorkspace, fused_moe_workspace_bytes
 

@@ -30,14 +30,16 @@ from typing import Dict, Optional, Tuple
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 
 # The implementation that runs the experts on each device kind (the runtime's dispatch, layers/moe/dispatch.py, and
-# `sglang plan` both read this rule). The Triton GPU kernel and the CPU kernel plug in here and in SORT_BLOCK_M.
-MOE_IMPL_BY_DEVICE = {"cpu": "torch", "cuda": "torch"}
-# Row block of each implementation's sorted_ids padding (B above). The torch path groups rows without padding.
+# `sglang plan` both read this rule): GPUs run the Triton kernel (layers/moe/triton_ops/), CPUs the torch path.
+MOE_IMPL_BY_DEVICE = {"cpu": "torch", "cuda": "triton"}
+# Row block of each implementation's sorted_ids padding (B above). The torch path groups rows without padding; the
+# Triton kernel's largest row block (layers/moe/triton_ops/tiles.MOE_BLOCK_M, equal by test).
 TORCH_SORT_BLOCK_M = 1
-SORT_BLOCK_M = {"torch": TORCH_SORT_BLOCK_M}
+TRITON_SORT_BLOCK_M = 64
+SORT_BLOCK_M = {"torch": TORCH_SORT_BLOCK_M, "triton": TRITON_SORT_BLOCK_M}
 # Whether a CUDA graph can capture the implementation. The torch path reads the experts' row counts on the host, so a
-# MoE model on it decodes without graphs (build.graph_batch_size).
-CAPTURABLE = {"torch": False}
+# MoE model on it decodes without graphs (build.graph_batch_size); the Triton kernel reads them on the device.
+CAPTURABLE = {"torch": False, "triton": True}
 SORT_INDEX_DTYPE = "int32"
 
 Buffers = Dict[str, Tuple[Tuple[int, ...], str]]
