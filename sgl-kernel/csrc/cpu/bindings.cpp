@@ -297,5 +297,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",
         py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("topk_weights"), py::arg("topk_ids"),
         py::arg("workspace") = py::none());
+  m.def("moe_quant_workspace_bytes", &moe_quant_workspace_bytes,
+        "bytes of fused_experts_quant's workspace for (M, k, E, N, K, bits13, bits2)");
+  m.def("fused_experts_quant", &fused_experts_quant,
+        "fused MoE experts on block-quantized packed weights (Q4_0/Q4_1/Q8_0/int8): [M, K] bf16 -> [M, K]",
+        py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("bits13"), py::arg("bits2"), py::arg("topk_weights"),
+        py::arg("topk_ids"), py::arg("workspace") = py::none());
   m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
 }
