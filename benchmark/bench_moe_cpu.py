@@ -11,6 +11,9 @@ Weights are cold as in a model's decode step: the calls cycle over --layers copi
 Bytes read at M = 1 (--no-bytes to skip): the layer's weights are written to a file, evicted from the page cache and
 mapped with read-ahead off (MADV_RANDOM); after one call, mincore() counts the 4 KiB pages the call brought in. That is
 what the call read, to the page, against the routed experts' bytes (k x 3NK x 2).
+
+--quant q4 q8 (default both): the kernel on block-quantized experts (moe_quant.h; 4-bit records as Q4_0 / Q4_1, 8-bit
+as Q8_0 / int8; random blocks: the speed does not depend on the values), same shapes, layers and routings.
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ import torch.nn.functional as F
 
 from sglang.jit_kernel.cpu_ops import cpu_kernels_summary, get_cpu_ops
 from sglang.srt.layers.moe.fused_moe_cpu import (
+    QuantExpertWeights,
     fused_experts_cpu,
     fused_moe_cpu_workspace_bytes,
     grouped_experts_torch,
+    pack_quant_experts,
     prepack_moe_weights_,
 )
+from sglang.srt.layers.quantization import packing
+from sglang.srt.mem_plan.quantization_sizes import cpu_packed_bytes
 
 BF16 = torch.bfloat16
 MIB = 2**20
@@ -88,7 +95,7 @@ class MappedWeights:
     def __init__(self, t: torch.Tensor, directory: str):
         self.path = os.path.join(directory, f"w{id(t)}.bin")
         with open(self.path, "wb") as f:
-            f.write(t.contiguous().view(torch.uint16).numpy().tobytes())
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
             f.flush()
             os.fsync(f.fileno())
         self.fd = os.open(self.path, os.O_RDONLY)
@@ -114,19 +121,49 @@ class MappedWeights:
         return sum(v & 1 for v in vec) * mmap.PAGESIZE
 
 
+def _mapped(w, directory):
+    """(MappedWeights, the weights as the call takes them) for a tensor or QuantExpertWeights."""
+    if isinstance(w, QuantExpertWeights):
+        m = MappedWeights(w.packed, directory)
+        return m, QuantExpertWeights(m.tensor, w.bits, w.rows, w.cols)
+    m = MappedWeights(w, directory)
+    return m, m.tensor
+
+
 def bytes_read_one_token(fn, w13, w2, hidden, topk_weights, topk_ids, directory) -> int:
-    maps = [MappedWeights(w13, directory), MappedWeights(w2, directory)]
+    (m13, w13m), (m2, w2m) = _mapped(w13, directory), _mapped(w2, directory)
+    maps = [m13, m2]
     try:
         if sum(m.resident_bytes() for m in maps) != 0:
             raise RuntimeError("the page cache kept the weight files: cannot count the bytes read")
-        fn(hidden, maps[0].tensor, maps[1].tensor, topk_weights, topk_ids)
+        fn(hidden, w13m, w2m, topk_weights, topk_ids)
         return sum(m.resident_bytes() for m in maps)
     finally:
+        del w13m, w2m
         for m in maps:
             del m.tensor
             m.map.close()
             os.close(m.fd)
             os.unlink(m.path)
+
+
+def random_quant_experts(num_experts: int, rows: int, cols: int, bits: int, g: torch.Generator) -> QuantExpertWeights:
+    """Random blocks in packing.py's staging form (u below 2^bits, small fp16 d and c), packed."""
+    blocks = cols // packing.BLOCK
+    u = torch.randint(0, 2**bits, (num_experts, rows, blocks, packing.BLOCK), generator=g, dtype=torch.int32).to(torch.uint8)
+    d = (torch.rand(num_experts, rows, blocks, generator=g) * 1e-3).half().float()
+    c = (-d * 2 ** (bits - 1)).half().float()
+    staging = torch.stack([packing.staging_from_parts(u[e], d[e], c[e]) for e in range(num_experts)])
+    return pack_quant_experts(staging, cols, bits)
+
+
+def print_bytes_read(paths, top_k, e, active_bytes, layer_bytes, hidden, routing_one, directory):
+    print(f"M=1, expert weight bytes read per token (pages brought in, mincore) vs the {top_k} routed experts' "
+          f"{active_bytes / MIB:.2f} MiB (all {e}: {layer_bytes / MIB:.1f} MiB):")
+    for name, (fn, w13, w2) in paths.items():
+        nbytes = bytes_read_one_token(fn, w13, w2, hidden, *routing_one, directory)
+        print(f"  {name:>13}: {nbytes / MIB:8.2f} MiB = {nbytes / active_bytes:.3f} x routed, "
+              f"{nbytes / layer_bytes:.3f} x all experts")
 
 
 def main():
@@ -140,6 +177,7 @@ def main():
     p.add_argument("--min-seconds", type=float, default=2.0)
     p.add_argument("--skip-dense-above", type=int, default=4096, help="no dense path for more tokens than this")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--quant", nargs="*", default=["q4", "q8"], choices=["q4", "q8"])
     p.add_argument("--no-bytes", action="store_true")
     args = p.parse_args()
     if args.threads:
@@ -165,6 +203,7 @@ def main():
         packed.append((w13p, w2p))
 
     print("median (min) ms per call; kernel GB/s = the routed experts' bytes / median time")
+    bf16_kernel = {}
     print(f"{'M':>6} {'kernel':>16} {'grouped torch':>16} {'dense torch':>18} {'vs grouped':>10} {'vs dense':>9} "
           f"{'GB/s':>6} {'GFLOP/s':>8} {'workspace MiB':>13}")
     for m in args.tokens:
@@ -181,28 +220,45 @@ def main():
             dense = time_calls(lambda a, b, tw, ti: dense_all_experts(hidden, a, b, tw, ti), plain, routings, 2,
                                args.min_seconds)
         routed = statistics.mean(len(torch.unique(ids)) for _, ids in routings)  # experts with a token: read once
+        bf16_kernel[m] = kernel[0]
         flops = 2 * m * top_k * 3 * n * k
         fmt = lambda t: f"{t[0] * 1e3:.3f} ({t[1] * 1e3:.3f})"
         print(f"{m:>6} {fmt(kernel):>16} {fmt(grouped):>16} {fmt(dense):>18} {grouped[0] / kernel[0]:>9.2f}x "
               f"{dense[0] / kernel[0]:>8.2f}x {routed * 3 * n * k * 2 / kernel[0] / 1e9:>6.1f} "
               f"{flops / kernel[0] / 1e9:>8.1f} {workspace.numel() / MIB:>13.2f}")
 
+    hidden1 = torch.randn(1, k, generator=g).to(BF16)
+    routing1 = routing(1, top_k, e, g)
+    bench_tmp = os.environ.get("BENCH_TMP", "/tmp")
     if not args.no_bytes:
-        hidden = torch.randn(1, k, generator=g).to(BF16)
-        topk_weights, topk_ids = routing(1, top_k, e, g)
-        w13, w2 = plain[0]
-        w13p, w2p = packed[0]
-        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP", "/tmp")) as d:
-            read = {
-                "kernel": bytes_read_one_token(fused_experts_cpu, w13p, w2p, hidden, topk_weights, topk_ids, d),
-                "grouped torch": bytes_read_one_token(grouped_experts_torch, w13, w2, hidden, topk_weights, topk_ids, d),
-                "dense torch": bytes_read_one_token(dense_all_experts, w13, w2, hidden, topk_weights, topk_ids, d),
-            }
-        print(f"M=1, expert weight bytes read per token (pages brought in, mincore) vs the {top_k} routed experts' "
-              f"{active_bytes / MIB:.2f} MiB (all {e}: {layer_bytes / MIB:.1f} MiB):")
-        for name, nbytes in read.items():
-            print(f"  {name:>13}: {nbytes / MIB:8.2f} MiB = {nbytes / active_bytes:.3f} x routed, "
-                  f"{nbytes / layer_bytes:.3f} x all experts")
+        with tempfile.TemporaryDirectory(dir=bench_tmp) as d:
+            print_bytes_read({"kernel": (fused_experts_cpu, *packed[0]), "grouped torch": (grouped_experts_torch, *plain[0]),
+                              "dense torch": (dense_all_experts, *plain[0])}, top_k, e, active_bytes, layer_bytes,
+                             hidden1, routing1, d)
+
+    for quant in args.quant:
+        bits = 4 if quant == "q4" else 8
+        del plain[:]  # memory: only the kernel runs on quantized experts
+        layers = [(random_quant_experts(e, 2 * n, k, bits, g), random_quant_experts(e, k, n, bits, g))
+                  for _ in range(args.layers)]
+        expert_bytes = cpu_packed_bytes(2 * n, k, bits) + cpu_packed_bytes(k, n, bits)
+        print(f"\n{bits}-bit experts ({expert_bytes * 8 / (3 * n * k):.2f} bits per weight with scales): "
+              f"{e * expert_bytes / MIB:.1f} MiB per layer, {top_k * expert_bytes / MIB:.2f} MiB routed per token")
+        print(f"{'M':>6} {'kernel':>16} {'vs bf16 kernel':>14} {'GB/s':>6} {'GFLOP/s':>8} {'workspace MiB':>13}")
+        for m in args.tokens:
+            hidden = torch.randn(m, k, generator=g).to(BF16)
+            routings = [routing(m, top_k, e, g) for _ in range(ROUTINGS)]
+            workspace = torch.empty(fused_moe_cpu_workspace_bytes(m, top_k, e, k, n, bits, bits), dtype=torch.uint8)
+            t = time_calls(lambda a, b, tw, ti: fused_experts_cpu(hidden, a, b, tw, ti, workspace), layers, routings,
+                           max(3, 200 // m), args.min_seconds)
+            routed = statistics.mean(len(torch.unique(ids)) for _, ids in routings)
+            print(f"{m:>6} {t[0] * 1e3:>7.3f} ({t[1] * 1e3:.3f}) {bf16_kernel[m] / t[0]:>13.2f}x "
+                  f"{routed * expert_bytes / t[0] / 1e9:>6.1f} {2 * m * top_k * 3 * n * k / t[0] / 1e9:>8.1f} "
+                  f"{workspace.numel() / MIB:>13.2f}")
+        if not args.no_bytes:
+            with tempfile.TemporaryDirectory(dir=bench_tmp) as d:
+                print_bytes_read({"kernel": (fused_experts_cpu, *layers[0])}, top_k, e, top_k * expert_bytes,
+                                 e * expert_bytes, hidden1, routing1, d)
 
 
 if __name__ == "__main__":

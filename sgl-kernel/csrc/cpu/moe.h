@@ -14,7 +14,7 @@
 // 2. gate/up: tasks (expert, block of up to kMoeRowBlock slots, column block j); a task computes the gate and up
 //    columns [16j, 16j + 16) of its slots in one register tile (8 slots x 2 blocks), rounds them to bf16 as a torch
 //    matmul would, and writes silu(gate) * up (activation.h's rounding) to act[slot]. Only the routed experts' weights
-//    are touched; a task prefetches its expert's next column block, never another expert's.
+//    are touched: a task prefetches the blocks of the next task on its thread (a routed expert's), nothing else.
 // 3. down: tasks = groups of kMoeDownBlocks output column blocks; a task walks every expert's slots (8 slots x 3 blocks
 //    per register tile) and adds w * (act[slot] D_e^T) into the fp32 rows acc[token] of its columns, then writes them
 //    to out in bf16. A task owns its columns for all tokens, so no two threads add to the same element and the sum
@@ -131,18 +131,18 @@ SGL_AVX512_BF16 inline __attribute__((always_inline)) void moe_dot_tile(const ui
   }
 }
 
-// MB slots x gate/up column block: act[s, 16 columns] = bf16(silu(bf16(gate)) * bf16(up)).
+// MB slots x gate/up column block: act[s, 16 columns] = bf16(silu(bf16(gate)) * bf16(up)); next: the gate and up
+// blocks to prefetch meanwhile, or null.
 template <int MB>
 SGL_AVX512_BF16 inline void moe_gate_up_tile(const uint16_t* x, int64_t ldx, const int32_t* tokens,
-                                             const uint16_t* gate, const uint16_t* up, int64_t K, bool prefetch,
-                                             uint16_t* act, int64_t N) {
+                                             const uint16_t* gate, const uint16_t* up, int64_t K,
+                                             const uint16_t* const* next, uint16_t* act, int64_t N) {
   const uint16_t* rows[MB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) rows[i] = x + (int64_t)tokens[i] * ldx;
   const uint16_t* const blocks[2] = {gate, up};
-  const uint16_t* const next[2] = {gate + kPackRows * K, up + kPackRows * K};
   __m512 acc[MB][2];
-  moe_dot_tile<MB, 2>(rows, blocks, K / 2, prefetch ? next : nullptr, acc);
+  moe_dot_tile<MB, 2>(rows, blocks, K / 2, next, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {
     const __m512 s = round_bf16(silu_ps(round_bf16(acc[i][0])));
@@ -176,6 +176,11 @@ SGL_AVX512_BF16 inline void moe_down_tile(const uint16_t* act, int64_t N, const 
   }
 }
 
+// The expert whose row blocks hold gate/up row block rb (the first e with block_start[e + 1] > rb).
+inline int64_t moe_block_expert(const MoeWorkspace& ws, int64_t E, int64_t rb) {
+  return std::upper_bound(ws.block_start, ws.block_start + E + 1, (int32_t)rb) - ws.block_start - 1;
+}
+
 // Step 2, tasks [t0, t1) of the (row block, column block) grid; G = N / 16 column blocks per row block.
 // w13 [E][2N/16][K/2][16][2], x [M, K] with row stride ldx.
 SGL_AVX512_BF16 inline void moe_gate_up_tasks(const uint16_t* x, int64_t ldx, const uint16_t* w13, int64_t E,
@@ -183,18 +188,23 @@ SGL_AVX512_BF16 inline void moe_gate_up_tasks(const uint16_t* x, int64_t ldx, co
   const int64_t G = N / kPackRows;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rb = t / G, g = t % G;
-    // the expert whose row blocks hold rb (the first e with block_start[e + 1] > rb)
-    const int64_t e = std::upper_bound(ws.block_start, ws.block_start + E + 1, (int32_t)rb) - ws.block_start - 1;
+    const int64_t e = moe_block_expert(ws, E, rb);
     const int64_t s0 = ws.expert_start[e] + (rb - ws.block_start[e]) * kMoeRowBlock;
     const int64_t s1 = std::min<int64_t>(s0 + kMoeRowBlock, ws.expert_start[e + 1]);
     const uint16_t* gate = w13 + e * 2 * N * K + g * kPackRows * K;
     const uint16_t* up = gate + N * K;
-    const bool prefetch = g + 1 < G;  // the next column block of this expert (the next task's, on this thread)
+    // the next task on this thread: its column block, of this expert or the next routed one, is prefetched meanwhile
+    const uint16_t* next[2] = {nullptr, nullptr};
+    if (t + 1 < t1) {
+      const int64_t rb2 = (t + 1) / G, g2 = (t + 1) % G, e2 = rb2 == rb ? e : moe_block_expert(ws, E, rb2);
+      next[0] = w13 + e2 * 2 * N * K + g2 * kPackRows * K;
+      next[1] = next[0] + N * K;
+    }
     int64_t s = s0;
     for (; s + kMoeRowTile <= s1; s += kMoeRowTile)
-      moe_gate_up_tile<kMoeRowTile>(x, ldx, ws.slot_token + s, gate, up, K, prefetch && s == s0,
+      moe_gate_up_tile<kMoeRowTile>(x, ldx, ws.slot_token + s, gate, up, K, s == s0 && next[0] ? next : nullptr,
                                     ws.act + s * N + g * kPackRows, N);
-    const bool pf = prefetch && s == s0;
+    const uint16_t* const* pf = s == s0 && next[0] ? next : nullptr;
     const int32_t* tok = ws.slot_token + s;
     uint16_t* act = ws.act + s * N + g * kPackRows;
     switch (s1 - s) {

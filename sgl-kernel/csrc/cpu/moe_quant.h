@@ -67,13 +67,15 @@ inline MoeQuantActs moe_quant_acts(uint8_t* base, int64_t M, int64_t topk, int64
 }
 
 // acc[i] (16 output rows of one tile) = the dot products of input row i (qa[i], da[i], sa[i]) with the tile's nb
-// records; prefetches stay below `limit`.
+// records. Prefetches: the records kMoeQuantPrefetchRecords ahead while below `limit` (the expert's end), and with
+// `next` set the whole next tile the caller will read (record b of it alongside record b of this one).
 template <int BITS, int MB>
 SGL_AVX512_VNNI inline __attribute__((always_inline)) void moe_quant_dot(const uint8_t* tile, int64_t nb,
                                                                          const int8_t* const (&qa)[MB],
                                                                          const float* const (&da)[MB],
                                                                          const float* const (&sa)[MB],
-                                                                         const uint8_t* limit, __m512 (&acc)[MB]) {
+                                                                         const uint8_t* limit, const uint8_t* next,
+                                                                         __m512 (&acc)[MB]) {
   constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
   const int64_t residual = nb * kQBlock / 4;  // int32 offset of the residual pass (8-bit weights)
 #pragma GCC unroll 8
@@ -84,6 +86,10 @@ SGL_AVX512_VNNI inline __attribute__((always_inline)) void moe_quant_dot(const u
     if (ahead + rec_bytes <= limit) {
       _mm_prefetch((const char*)ahead, _MM_HINT_T0);
       _mm_prefetch((const char*)(ahead + 64), _MM_HINT_T0);
+    }
+    if (next != nullptr) {
+#pragma GCC unroll 9
+      for (int64_t l = 0; l < rec_bytes; l += 64) _mm_prefetch((const char*)(next + b * rec_bytes + l), _MM_HINT_T0);
     }
     __m512i wv[8];
     load_record_u8<BITS>(rec, wv);
@@ -110,9 +116,11 @@ SGL_AVX512_VNNI inline __attribute__((always_inline)) void moe_quant_dot(const u
 }
 
 // MB slots x one gate/up tile pair -> act[s, 16 columns] = bf16(silu(bf16(gate)) * bf16(up)) (moe.h's epilogue).
+// next_gate / next_up: the tiles to prefetch meanwhile (or null).
 template <int BITS, int MB>
 SGL_AVX512_VNNI inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const int32_t* tokens, const uint8_t* gate,
-                                                   const uint8_t* up, const uint8_t* limit, uint16_t* act, int64_t N) {
+                                                   const uint8_t* up, const uint8_t* limit, const uint8_t* next_gate,
+                                                   const uint8_t* next_up, uint16_t* act, int64_t N) {
   const int8_t* qa[MB];
   const float* da[MB];
   const float* sa[MB];
@@ -123,8 +131,8 @@ SGL_AVX512_VNNI inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const 
     sa[i] = q.sx + (int64_t)tokens[i] * q.nb13;
   }
   __m512 g[MB], u[MB];
-  moe_quant_dot<BITS, MB>(gate, q.nb13, qa, da, sa, limit, g);
-  moe_quant_dot<BITS, MB>(up, q.nb13, qa, da, sa, limit, u);
+  moe_quant_dot<BITS, MB>(gate, q.nb13, qa, da, sa, limit, next_gate, g);
+  moe_quant_dot<BITS, MB>(up, q.nb13, qa, da, sa, limit, next_up, u);
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {
     const __m512 s = round_bf16(silu_ps(round_bf16(g[i])));
@@ -132,11 +140,11 @@ SGL_AVX512_VNNI inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const 
   }
 }
 
-// MB consecutive slots x one down tile (16 output columns at acc): acc[token] += w * result.
+// MB consecutive slots x one down tile (16 output columns at acc): acc[token] += w * result; next: as moe_quant_dot.
 template <int BITS, int MB>
 SGL_AVX512_VNNI inline void moe_quant_down_tile(const MoeQuantActs& q, int64_t s, const int32_t* tokens,
                                                 const float* weights, const uint8_t* tile, const uint8_t* limit,
-                                                float* acc, int64_t K) {
+                                                const uint8_t* next, float* acc, int64_t K) {
   const int8_t* qa[MB];
   const float* da[MB];
   const float* sa[MB];
@@ -147,7 +155,7 @@ SGL_AVX512_VNNI inline void moe_quant_down_tile(const MoeQuantActs& q, int64_t s
     sa[i] = q.sh + (s + i) * q.nb2;
   }
   __m512 r[MB];
-  moe_quant_dot<BITS, MB>(tile, q.nb2, qa, da, sa, limit, r);
+  moe_quant_dot<BITS, MB>(tile, q.nb2, qa, da, sa, limit, next, r);
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {
     float* a = acc + (int64_t)tokens[i] * K;
@@ -163,24 +171,32 @@ SGL_AVX512_VNNI inline void moe_quant_gate_up_tasks(const uint8_t* w13, int64_t 
   const int64_t G = N / kQTileRows, tile_bytes = q.nb13 * rec_bytes, expert_bytes = 2 * G * tile_bytes;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rb = t / G, g = t % G;
-    const int64_t e = std::upper_bound(ws.block_start, ws.block_start + E + 1, (int32_t)rb) - ws.block_start - 1;
+    const int64_t e = moe_block_expert(ws, E, rb);
     const int64_t s0 = ws.expert_start[e] + (rb - ws.block_start[e]) * kMoeRowBlock;
     const int64_t s1 = std::min<int64_t>(s0 + kMoeRowBlock, ws.expert_start[e + 1]);
     const uint8_t* gate = w13 + e * expert_bytes + g * tile_bytes;
     const uint8_t* up = gate + G * tile_bytes;
     const uint8_t* limit = w13 + (e + 1) * expert_bytes;
+    // the next task on this thread: its tiles, of this expert or the next routed one, are prefetched meanwhile
+    const uint8_t* next_gate = nullptr;
+    if (t + 1 < t1) {
+      const int64_t rb2 = (t + 1) / G, g2 = (t + 1) % G, e2 = rb2 == rb ? e : moe_block_expert(ws, E, rb2);
+      next_gate = w13 + e2 * expert_bytes + g2 * tile_bytes;
+    }
     for (int64_t s = s0; s < s1; s += kMoeRowTile) {
       const int32_t* tok = ws.slot_token + s;
       uint16_t* act = ws.act + s * N + g * kQTileRows;
+      const uint8_t* ng = s == s0 ? next_gate : nullptr;
+      const uint8_t* nu = ng != nullptr ? ng + G * tile_bytes : nullptr;
       switch (std::min<int64_t>(kMoeRowTile, s1 - s)) {
-        case 8: moe_quant_gate_up_tile<BITS, 8>(q, tok, gate, up, limit, act, N); break;
-        case 7: moe_quant_gate_up_tile<BITS, 7>(q, tok, gate, up, limit, act, N); break;
-        case 6: moe_quant_gate_up_tile<BITS, 6>(q, tok, gate, up, limit, act, N); break;
-        case 5: moe_quant_gate_up_tile<BITS, 5>(q, tok, gate, up, limit, act, N); break;
-        case 4: moe_quant_gate_up_tile<BITS, 4>(q, tok, gate, up, limit, act, N); break;
-        case 3: moe_quant_gate_up_tile<BITS, 3>(q, tok, gate, up, limit, act, N); break;
-        case 2: moe_quant_gate_up_tile<BITS, 2>(q, tok, gate, up, limit, act, N); break;
-        default: moe_quant_gate_up_tile<BITS, 1>(q, tok, gate, up, limit, act, N); break;
+        case 8: moe_quant_gate_up_tile<BITS, 8>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 7: moe_quant_gate_up_tile<BITS, 7>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 6: moe_quant_gate_up_tile<BITS, 6>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 5: moe_quant_gate_up_tile<BITS, 5>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 4: moe_quant_gate_up_tile<BITS, 4>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 3: moe_quant_gate_up_tile<BITS, 3>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        case 2: moe_quant_gate_up_tile<BITS, 2>(q, tok, gate, up, limit, ng, nu, act, N); break;
+        default: moe_quant_gate_up_tile<BITS, 1>(q, tok, gate, up, limit, ng, nu, act, N); break;
       }
     }
   }
@@ -200,22 +216,27 @@ SGL_AVX512_VNNI inline void moe_quant_down_tasks(const uint8_t* w2, int64_t E, i
     for (int64_t m = 0; m < M; ++m) std::fill(ws.acc + m * K + col0, ws.acc + m * K + col0 + cols, 0.0f);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t s0 = ws.expert_start[e], s1 = ws.expert_start[e + 1];
+      if (s0 == s1) continue;
       const uint8_t* limit = w2 + (e + 1) * expert_bytes;
+      // prefetch the same tiles of the next routed expert (the next weights this task reads)
+      int64_t f = e + 1;
+      while (f < E && ws.expert_start[f] == ws.expert_start[f + 1]) ++f;
       for (int64_t s = s0; s < s1; s += kMoeRowTile) {
         const int32_t* tok = ws.slot_token + s;
         const float* w = ws.slot_weight + s;
         for (int64_t j = 0; j < nb; ++j) {
           const uint8_t* tile = w2 + e * expert_bytes + (b0 + j) * tile_bytes;
+          const uint8_t* next = f < E && s == s0 ? w2 + f * expert_bytes + (b0 + j) * tile_bytes : nullptr;
           float* acc = ws.acc + col0 + j * kQTileRows;
           switch (std::min<int64_t>(kMoeRowTile, s1 - s)) {
-            case 8: moe_quant_down_tile<BITS, 8>(q, s, tok, w, tile, limit, acc, K); break;
-            case 7: moe_quant_down_tile<BITS, 7>(q, s, tok, w, tile, limit, acc, K); break;
-            case 6: moe_quant_down_tile<BITS, 6>(q, s, tok, w, tile, limit, acc, K); break;
-            case 5: moe_quant_down_tile<BITS, 5>(q, s, tok, w, tile, limit, acc, K); break;
-            case 4: moe_quant_down_tile<BITS, 4>(q, s, tok, w, tile, limit, acc, K); break;
-            case 3: moe_quant_down_tile<BITS, 3>(q, s, tok, w, tile, limit, acc, K); break;
-            case 2: moe_quant_down_tile<BITS, 2>(q, s, tok, w, tile, limit, acc, K); break;
-            default: moe_quant_down_tile<BITS, 1>(q, s, tok, w, tile, limit, acc, K); break;
+            case 8: moe_quant_down_tile<BITS, 8>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 7: moe_quant_down_tile<BITS, 7>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 6: moe_quant_down_tile<BITS, 6>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 5: moe_quant_down_tile<BITS, 5>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 4: moe_quant_down_tile<BITS, 4>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 3: moe_quant_down_tile<BITS, 3>(q, s, tok, w, tile, limit, next, acc, K); break;
+            case 2: moe_quant_down_tile<BITS, 2>(q, s, tok, w, tile, limit, next, acc, K); break;
+            default: moe_quant_down_tile<BITS, 1>(q, s, tok, w, tile, limit, next, acc, K); break;
           }
         }
       }
