@@ -23,7 +23,7 @@ from sglang.jit_kernel.cpu_ops import cpu_kernels_disabled, cpu_kernels_expected
 from sglang.srt.layers.moe import fused_moe_cpu as moe
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=15, suite="cpu")
 
 BF16 = torch.bfloat16
 U = 2.0**-8  # one bf16 ulp relative to the value (8 significant bits)

@@ -25,7 +25,7 @@ from sglang.srt.layers.quantization import packing
 from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=15, suite="cpu")
 
 BF16 = torch.bfloat16
 U = 2.0**-8

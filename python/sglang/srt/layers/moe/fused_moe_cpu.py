@@ -9,18 +9,19 @@
 The kernel reads the expert weights packed once at load (`prepack_moe_weights_`: every expert in gemm_bf16.h's VNNI
 layout, same shape, dtype and bytes, the packed tensor replacing the original; `vnni_packed` marks it). It serves bf16
 hidden states with K and N multiples of 32 when the CPU kernels are loaded (`get_cpu_ops()`); everything else takes
-`grouped_experts_torch`: one pass per routed expert over its tokens with torch.mm, rounding where the kernel rounds
-(gate/up and silu(gate) * up in bf16, the weighted sum in fp32) except that torch also rounds each expert's output to
-bf16. A packed weight reaching the torch path is unpacked per routed expert (exactly the original).
+`grouped_experts_torch` (unpacked weights too, with a warning once where the kernel could have served them): one pass
+per routed expert over its tokens with torch.mm, rounding where the kernel rounds (gate/up and silu(gate) * up in bf16,
+the weighted sum in fp32) except that torch also rounds each expert's output to bf16. A packed weight reaching the
+torch path is unpacked per routed expert (exactly the original).
 
 Quantized experts (`QuantExpertWeights`: each expert packed as quant_linear's weights, GGUF Q4_0 / Q4_1 / Q8_0 blocks or
 int8; sgl-kernel/csrc/cpu/moe_quant.h) take the same entry; their activations are quantized to int8 per 32 values like
 quant_linear's, and the torch path dequantizes the routed experts per call.
 
 Workspace: `fused_moe_cpu_workspace_bytes(M, k, E, K, N[, w13_bits, w2_bits])` bytes (a uint8 tensor); without one
-the kernel allocates its own per call. Kernel rounding: each gate/up and output column is one fp32 chain of VDPBF16PS over k-pairs in order,
-and a token's expert outputs are summed in ascending expert id, so a token's result does not depend on its batch mates
-or on the thread count.
+the kernel allocates its own per call. Kernel rounding: each gate/up and output column is one fp32 chain of VDPBF16PS
+over k-pairs in order, and a token's expert outputs are summed in ascending expert id, so a token's result does not
+depend on its batch mates or on the thread count.
 """
 
 from __future__ import annotations
