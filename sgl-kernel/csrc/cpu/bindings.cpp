@@ -10,6 +10,7 @@
 #include "activation.h"
 #include "amx_gemm.h"
 #include "decode_attention.h"
+#include "fused_moe.h"
 #include "gemm_bf16.h"
 #include "gemv.h"
 #include "norm.h"
@@ -291,5 +292,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_supported", &quant_supported, "True when this CPU has the AVX-512 VNNI instructions quant_linear uses");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
+  m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C] -> each expert in gemm_bf16.h's VNNI layout");
+  m.def("moe_workspace_bytes", &moe_workspace_bytes, "bytes of fused_experts' workspace for (M, k, E, N, K)");
+  m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",
+        py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("topk_weights"), py::arg("topk_ids"),
+        py::arg("workspace") = py::none());
+  m.def("moe_quant_workspace_bytes", &moe_quant_workspace_bytes,
+        "bytes of fused_experts_quant's workspace for (M, k, E, N, K, bits13, bits2)");
+  m.def("fused_experts_quant", &fused_experts_quant,
+        "fused MoE experts on block-quantized packed weights (Q4_0/Q4_1/Q8_0/int8): [M, K] bf16 -> [M, K]",
+        py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("bits13"), py::arg("bits2"), py::arg("topk_weights"),
+        py::arg("topk_ids"), py::arg("workspace") = py::none());
   m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
 }
