@@ -24,6 +24,7 @@ from typing import Optional
 
 from sglang.srt.configs.resolved import (
     check_tp_sharding,
+    cpu_kernels_available,
     fused_cpu_decode,
     plan_backend,
     planned_weight_format,
@@ -89,7 +90,7 @@ def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
     from sglang.srt.mem_plan.measure import cpu_available_bytes
 
     free = int(ns.total_memory_gb * GiB) if ns.total_memory_gb is not None else cpu_available_bytes()
-    return B.DeviceFacts("cpu", free, free, fused_cpu_decode(model, "cpu"))
+    return B.DeviceFacts("cpu", free, free, fused_cpu_decode(model, "cpu"), cpu_kernels_available("cpu"))
 
 
 def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:

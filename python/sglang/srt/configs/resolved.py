@@ -101,6 +101,16 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
     return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
 
 
+def cpu_kernels_available(device: str) -> bool:
+    """Whether the sgl-kernel CPU kernels serve on `device` (they load, or build, here; SGLANG_CPU_KERNELS=0 turns
+    them off): the server asks its device, `sglang plan --device cpu` this machine."""
+    if not str(device).startswith("cpu"):
+        return False
+    from sglang.jit_kernel.cpu_ops import get_cpu_ops
+
+    return get_cpu_ops() is not None
+
+
 def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
     """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
     or replicated when tp > KV heads), the dense MLP's intermediate size (where a layer has one) and the experts'

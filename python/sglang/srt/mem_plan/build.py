@@ -61,6 +61,7 @@ class DeviceFacts:
     pre_load_free_bytes: int  # free (CPU: available) memory before weights load, MIN over ranks
     total_bytes: Optional[int] = None  # memory.total (picks upstream's GPU tier defaults)
     fused_cpu_decode: bool = False  # the fused CPU decode kernel serves this model (torch_native needs no gather)
+    cpu_kernels: bool = False  # the sgl-kernel CPU kernels load here (MoE experts run the CPU kernel: moe_sizes.py)
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ def moe_workspace(sa, model: ModelFacts, device: DeviceFacts) -> Optional[MoEWor
     """The fused-experts workspace of one rank at the chunk size (moe_sizes.py); None for a dense model. The runner
     allocates exactly this before its profile forward."""
     chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
-    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind)
+    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind, device.cpu_kernels)
 
 
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:

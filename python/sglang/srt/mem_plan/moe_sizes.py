@@ -29,9 +29,12 @@ from typing import Dict, Optional, Tuple
 
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 
-# The implementation that runs the experts on each device kind (the runtime's dispatch, layers/moe/dispatch.py, and
-# `sglang plan` both read this rule): GPUs run the Triton kernel (layers/moe/triton_ops/), CPUs the torch path.
+# The implementation that runs the experts (the plan's spec carries it; the runtime's layers adopt it, so the plan
+# and the runtime always agree): GPUs run the Triton kernel (layers/moe/triton_ops/); CPUs the sgl-kernel kernel
+# (layers/moe/fused_moe_cpu.py) for bf16 experts whose dimensions it takes where its kernels load, else torch.
 MOE_IMPL_BY_DEVICE = {"cpu": "torch", "cuda": "triton"}
+CPU_KERNEL_DIM_MULTIPLE = 32  # K and N (sgl-kernel moe.h packs 16 x 32 pieces)
+CPU_KERNEL_ALIGN_BYTES = 64  # every region of the CPU kernel's workspace starts on a cache line
 # Row block of each implementation's sorted_ids padding (B above). The torch path groups rows without padding; the
 # Triton kernel's largest row block (layers/moe/triton_ops/tiles.MOE_BLOCK_M, equal by test).
 TORCH_SORT_BLOCK_M = 1
@@ -39,15 +42,36 @@ TRITON_SORT_BLOCK_M = 64
 SORT_BLOCK_M = {"torch": TORCH_SORT_BLOCK_M, "triton": TRITON_SORT_BLOCK_M}
 # Whether a CUDA graph can capture the implementation. The torch path reads the experts' row counts on the host, so a
 # MoE model on it decodes without graphs (build.graph_batch_size); the Triton kernel reads them on the device.
-CAPTURABLE = {"torch": False, "triton": True}
+CAPTURABLE = {"torch": False, "triton": True, "cpu": False}
 SORT_INDEX_DTYPE = "int32"
 
 Buffers = Dict[str, Tuple[Tuple[int, ...], str]]
 
 
-def moe_impl_for(device_kind: str) -> str:
-    """The fused-experts implementation a start on this device kind ('cpu' / 'cuda') runs."""
-    return MOE_IMPL_BY_DEVICE.get(device_kind, "torch")
+def moe_impl_for(device_kind: str, act_dtype: str = "float32", hidden_size: int = 0, intermediate_size: int = 0,
+                 cpu_kernels: bool = False) -> str:
+    """The fused-experts implementation a start runs: 'triton' on a GPU; on a CPU 'cpu' (the sgl-kernel kernel) for
+    bf16 experts with K and N multiples of CPU_KERNEL_DIM_MULTIPLE when cpu_kernels (its kernels load here), else
+    'torch'."""
+    impl = MOE_IMPL_BY_DEVICE.get(device_kind, "torch")
+    if (impl == "torch" and cpu_kernels and canonical_dtype(act_dtype) == "bfloat16" and hidden_size
+            and not hidden_size % CPU_KERNEL_DIM_MULTIPLE and not intermediate_size % CPU_KERNEL_DIM_MULTIPLE):
+        return "cpu"
+    return impl
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // CPU_KERNEL_ALIGN_BYTES) * CPU_KERNEL_ALIGN_BYTES
+
+
+def cpu_kernel_workspace_bytes(num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
+                               intermediate_size: int) -> int:
+    """Bytes of the CPU kernel's workspace for num_tokens tokens (sgl-kernel moe.h moe_workspace_bytes, the same
+    formula, equal by test): expert_start and block_start int32 [E + 1] each, slot_token int32 and slot_weight fp32
+    [M * k] each, silu(gate) * up bf16 [M * k, N], the fp32 sum of the experts' outputs [M, K]; 64-byte aligned."""
+    slots = num_tokens * top_k
+    return (2 * _aligned(4 * (num_experts + 1)) + 2 * _aligned(4 * slots) + _aligned(2 * slots * intermediate_size)
+            + _aligned(4 * num_tokens * hidden_size))
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,7 @@ class MoEWorkspaceSpec:
     intermediate_size: int  # N on this rank
     act_dtype: str  # canonical name of the activation dtype
     block_m: int = TORCH_SORT_BLOCK_M  # B
+    impl: str = "torch"  # the implementation these buffers are for (moe_impl_for)
 
     def __post_init__(self):
         for name in ("max_tokens", "top_k", "num_experts", "hidden_size", "intermediate_size", "block_m"):
@@ -84,7 +109,11 @@ class MoEWorkspaceSpec:
         return -(-self.num_sorted_ids // self.block_m)
 
     def buffers(self) -> Buffers:
-        """name -> (shape, canonical dtype), in allocation order."""
+        """name -> (shape, canonical dtype), in allocation order. The CPU kernel lays out its own regions in one
+        byte buffer (cpu_kernel_workspace_bytes); the torch path and the Triton kernel use the named buffers."""
+        if self.impl == "cpu":
+            return {"cpu_kernel": ((cpu_kernel_workspace_bytes(self.max_tokens, self.top_k, self.num_experts,
+                                                               self.hidden_size, self.intermediate_size),), "uint8")}
         rows, n, act, idx = self.num_rows, self.intermediate_size, self.act_dtype, SORT_INDEX_DTYPE
         return {
             "intermediate1": ((rows, 2 * n), act),
@@ -100,21 +129,29 @@ class MoEWorkspaceSpec:
         return sum(prod(shape) * dtype_bytes(dt) for shape, dt in self.buffers().values())
 
     def describe(self) -> str:
+        if self.impl == "cpu":
+            return (f"{self.max_tokens:,} tokens x top-{self.top_k} of {self.num_experts} experts: the CPU kernel's "
+                    f"routing, [{self.num_rows:,}, {self.intermediate_size}] bfloat16 and [{self.max_tokens:,}, "
+                    f"{self.hidden_size}] fp32")
         return (f"{self.max_tokens:,} tokens x top-{self.top_k} of {self.num_experts} experts: [{self.num_rows:,}, "
                 f"2x{self.intermediate_size} + {self.intermediate_size} + {self.hidden_size}] {self.act_dtype} + "
                 f"{SORT_INDEX_DTYPE} sort buffers (block {self.block_m})")
 
 
-def moe_workspace_spec(text, max_tokens: int, tp: int, act_dtype: str, device_kind: str) -> Optional[MoEWorkspaceSpec]:
+def moe_workspace_spec(text, max_tokens: int, tp: int, act_dtype: str, device_kind: str,
+                       cpu_kernels: bool = False) -> Optional[MoEWorkspaceSpec]:
     """The workspace of one rank of a model (model_shapes.TextShape) whose fused-experts calls take at most
-    max_tokens tokens; None for a dense model. The expert intermediate size is split over the tp ranks."""
+    max_tokens tokens, for the implementation moe_impl_for picks; None for a dense model. The expert intermediate
+    size is split over the tp ranks."""
     if not text.sparse_layers or not text.num_experts:
         return None
     if text.moe_intermediate_size % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's MoE intermediate size "
                          f"{text.moe_intermediate_size}.")
-    return MoEWorkspaceSpec(max_tokens, text.num_experts_per_tok, text.num_experts, text.hidden_size,
-                            text.moe_intermediate_size // tp, act_dtype, SORT_BLOCK_M[moe_impl_for(device_kind)])
+    n = text.moe_intermediate_size // tp
+    impl = moe_impl_for(device_kind, act_dtype, text.hidden_size, n, cpu_kernels)
+    return MoEWorkspaceSpec(max_tokens, text.num_experts_per_tok, text.num_experts, text.hidden_size, n, act_dtype,
+                            SORT_BLOCK_M.get(impl, TORCH_SORT_BLOCK_M), impl)
 
 
 def moe_workspace_bytes(spec: Optional[MoEWorkspaceSpec]) -> int:

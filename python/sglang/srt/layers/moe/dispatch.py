@@ -3,9 +3,9 @@
     get_fused_experts(moe_impl_for(device_kind)) -> fused_experts(hidden, w13, w2, topk_weights, topk_ids, workspace)
 
 The name comes from mem_plan/moe_sizes.moe_impl_for, the rule `sglang plan` sizes the workspace by (each
-implementation's sorted-ids row block is SORT_BLOCK_M there): torch on CPUs, the Triton kernel on GPUs. To add an
-implementation (the CPU kernel): register its module and function below, its block in moe_sizes.SORT_BLOCK_M, and
-pick it in moe_sizes.MOE_IMPL_BY_DEVICE. Modules are imported on first use, so CPU-only runs never import Triton.
+implementation's sorted-ids row block is SORT_BLOCK_M there): the Triton kernel on GPUs, the sgl-kernel kernel on
+CPUs where it serves the experts (bf16, its kernels load), else torch. Modules are imported on first use, so CPU-only
+runs never import Triton.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Callable, Dict, Tuple
 FUSED_EXPERTS_IMPLS: Dict[str, Tuple[str, str]] = {
     "torch": ("sglang.srt.layers.moe.fused_moe_torch", "fused_experts_torch"),
     "triton": ("sglang.srt.layers.moe.triton_ops.fused_moe", "fused_experts_triton"),
+    "cpu": ("sglang.srt.layers.moe.fused_moe_cpu", "fused_experts_cpu"),
 }
 
 

@@ -36,17 +36,17 @@ import torch.nn.functional as F
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.quantization import packing
 from sglang.srt.layers.quantization.linear_method import quant_kernels
+from sglang.srt.mem_plan.moe_sizes import CPU_KERNEL_ALIGN_BYTES, CPU_KERNEL_DIM_MULTIPLE, cpu_kernel_workspace_bytes
 
 logger = logging.getLogger(__name__)
 
-MOE_DIM_MULTIPLE = 32  # K and N (moe.h: the packing transposes 16 x 32 pieces)
+MOE_DIM_MULTIPLE = CPU_KERNEL_DIM_MULTIPLE  # K and N (moe.h: the packing transposes 16 x 32 pieces)
 PACK_ROWS = 16  # output columns per packed block
-WORKSPACE_ALIGN_BYTES = 64  # every workspace region starts on a cache line
 _warned_unpacked = False
 
 
 def _align(nbytes: int) -> int:
-    return -(-nbytes // WORKSPACE_ALIGN_BYTES) * WORKSPACE_ALIGN_BYTES
+    return -(-nbytes // CPU_KERNEL_ALIGN_BYTES) * CPU_KERNEL_ALIGN_BYTES
 
 
 def _quant_act_row_bytes(bits: int, blocks: int) -> int:
@@ -62,8 +62,7 @@ def fused_moe_cpu_workspace_bytes(num_tokens: int, top_k: int, num_experts: int,
     Quantized experts (w13_bits, w2_bits in {4, 8}; moe_quant.h) add the int8 activations with their fp32 scales and
     sums per 32 values: hidden per token [M, K], silu(gate) * up per slot [M * k, N]."""
     slots = num_tokens * top_k
-    nbytes = (2 * _align(4 * (num_experts + 1)) + 2 * _align(4 * slots) + _align(2 * slots * intermediate_size)
-              + _align(4 * num_tokens * hidden_size))
+    nbytes = cpu_kernel_workspace_bytes(num_tokens, top_k, num_experts, hidden_size, intermediate_size)
     if (w13_bits, w2_bits) == (16, 16):
         return nbytes
     if w13_bits not in (4, 8) or w2_bits not in (4, 8):
@@ -206,8 +205,10 @@ def grouped_experts_torch(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_
 
 def fused_experts_cpu(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor, workspace: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """hidden [M, K] through the routed experts -> [M, K] (see the module docstring)."""
+    """hidden [M, K] through the routed experts -> [M, K] (see the module docstring). workspace: the kernel's byte
+    buffer, or the runtime's MoEWorkspace holding it (moe_sizes.MoEWorkspaceSpec with impl 'cpu')."""
     global _warned_unpacked
+    workspace = getattr(workspace, "cpu_kernel", workspace)
     _, n, k = _expert_shapes(w13, w2)
     if hidden.dim() != 2 or hidden.shape[1] != k or topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 \
             or topk_ids.shape[0] != hidden.shape[0]:

@@ -31,7 +31,7 @@ from sglang.srt.layers.moe.dispatch import get_fused_experts
 from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.layers.moe.workspace import MoEWorkspace
 from sglang.srt.layers.quantization import linear_quant_method
-from sglang.srt.mem_plan.moe_sizes import SORT_BLOCK_M, MoEWorkspaceSpec, moe_impl_for
+from sglang.srt.mem_plan.moe_sizes import SORT_BLOCK_M, TORCH_SORT_BLOCK_M, MoEWorkspaceSpec, moe_impl_for
 
 GATE, UP, DOWN = "w1", "w3", "w2"
 # checkpoint projection name -> shard
@@ -95,7 +95,17 @@ class FusedMoE(nn.Module):
         """The workspace this layer's implementation needs for max_tokens tokens (for tests; the runner sizes it from
         config.json by the same rule, mem_plan/build.moe_workspace)."""
         return MoEWorkspaceSpec(max_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_size,
-                                act_dtype, SORT_BLOCK_M[self.impl])
+                                act_dtype, SORT_BLOCK_M.get(self.impl, TORCH_SORT_BLOCK_M), self.impl)
+
+    def use_impl(self, impl: str) -> None:
+        """Run the experts with `impl` (the plan's choice, moe_sizes.moe_impl_for). The CPU kernel reads its expert
+        weights packed: they are packed here, in place, once (layers/moe/fused_moe_cpu.py)."""
+        if impl == "cpu":
+            from sglang.srt.layers.moe.fused_moe_cpu import prepack_moe_weights_
+
+            if not prepack_moe_weights_(self.w13_weight, self.w2_weight):
+                raise ValueError("the CPU MoE kernel cannot take this layer's expert weights (dtype or shape)")
+        self.impl, self.fused_experts = impl, get_fused_experts(impl)
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden [M, K], router_logits [M, E] -> [M, K] (this rank's partial sum when reduce_results is False)."""
@@ -112,14 +122,17 @@ class FusedMoE(nn.Module):
 
 
 def attach_moe_workspace(model: nn.Module, spec: Optional[MoEWorkspaceSpec], device) -> Optional[MoEWorkspace]:
-    """Allocate the one workspace of `spec` and give it to every FusedMoE layer of model; None for a dense model.
-    The spec is the plan's (mem_plan/build.moe_workspace), so the runner's allocation is the planned term."""
+    """Allocate the one workspace of `spec` and give it to every FusedMoE layer of model, which runs spec.impl from
+    then on; None for a dense model. The spec is the plan's (mem_plan/build.moe_workspace), so the runner's
+    allocation is the planned term and the implementation the planned one."""
     layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
     if spec is None or not layers:
         if layers or spec is not None:
             raise ValueError(f"the plan's MoE workspace ({spec}) does not match the model's {len(layers)} MoE layers")
         return None
     for layer in layers:
+        if layer.impl != spec.impl:
+            layer.use_impl(spec.impl)
         want = layer.workspace_spec(spec.max_tokens, str(layer.w13_weight.dtype).replace("torch.", ""))
         if want != spec:
             raise ValueError(f"the plan's MoE workspace {spec} is not what this layer needs: {want}")

@@ -23,12 +23,8 @@ class MoEWorkspace:
         self.spec = spec
         self.buffers = {name: torch.zeros(shape, dtype=torch_dtype(dtype), device=device)
                         for name, (shape, dtype) in spec.buffers().items()}
-        self.intermediate1 = self.buffers["intermediate1"]  # [M*k, 2N]
-        self.intermediate2 = self.buffers["intermediate2"]  # [M*k, N]
-        self.intermediate3 = self.buffers["intermediate3"]  # [M*k, K]
-        self.sorted_ids = self.buffers["sorted_ids"]  # int32 [M*k + E*(B-1)]
-        self.expert_ids = self.buffers["expert_ids"]  # int32 [ceil((M*k + E*(B-1)) / B)]
-        self.expert_offsets = self.buffers["expert_offsets"]  # int32 [E + 1]
+        for name, tensor in self.buffers.items():  # intermediate1..3 and the sort buffers, or the CPU kernel's bytes
+            setattr(self, name, tensor)
 
     @property
     def max_tokens(self) -> int:
