@@ -103,7 +103,7 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
         path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
     cfg = load_config(path)
     model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
-    check_tp_sharding(model.shape, sa.tp_size)
+    check_tp_sharding(model.shape, sa.tp_size, sa.ep_size)
     fmt = planned_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, model.dtype)
     return dataclasses.replace(model, weight_format=fmt), path
 
@@ -258,7 +258,7 @@ def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[
             continue
         try:
             trial = dataclasses.replace(sa, tp_size=tp)  # per-rank plan (ValueError: nnodes does not divide tp)
-            check_tp_sharding(model.shape, tp)
+            check_tp_sharding(model.shape, tp, trial.ep_size)
             plan_memory(plan_inputs(trial, ns, model, device_facts(trial, ns, model)))
             return tp
         except (MemoryPlanError, ValueError):

@@ -205,6 +205,13 @@ class ServerArgs:
         "Memory flags (--max-total-memory-gb, --mem-fraction-static) are per rank, as upstream's are per GPU; on "
         "CPU the ranks of a node share its RAM, so each rank plans from available RAM / ranks on the node.",
     )
+    ep_size: int = _f(
+        1,
+        "Expert parallel size for MoE models: the --tp-size ranks split into N groups and each group holds E / N "
+        "whole experts (tp-size / N ranks per group share each expert's intermediate columns); attention, the router "
+        "and the rest stay tensor-parallel over the same ranks. Must divide --tp-size; --ep-size equal to --tp-size "
+        "gives every rank E / tp-size whole experts (layers/moe/moe_layer.py).",
+    )
     pp_size: int = _f(1, "Pipeline parallel size. Only 1 is supported by this runtime.")
     dp_size: int = _f(
         1,
@@ -259,9 +266,14 @@ class ServerArgs:
         for name in ("context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
                      "cuda_graph_max_bs", "max_image_pixels", "num_threads", "max_total_memory_gb"):
             positive(name)
-        for name in ("page_size", "max_prefill_tokens", "stream_interval", "tp_size", "pp_size",
+        for name in ("page_size", "max_prefill_tokens", "stream_interval", "tp_size", "ep_size", "pp_size",
                      "encoder_batch_size"):
             positive(name, allow_none=False)
+        if self.tp_size % self.ep_size:
+            # the expert groups are made of TP ranks (distributed/parallel_state.moe_parallel_layout)
+            raise ValueError(f"--ep-size {self.ep_size} must divide --tp-size {self.tp_size}: the experts are split "
+                             f"over groups of the TP ranks; use --tp-size {self.ep_size} --ep-size {self.ep_size} "
+                             f"(every rank holds 1/{self.ep_size} of the experts), or a divisor of {self.tp_size}.")
         check_mem_fraction_static(self.mem_fraction_static)
         if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and self.chunked_prefill_size <= 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking.")

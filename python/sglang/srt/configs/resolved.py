@@ -8,7 +8,8 @@ run refuses what a start refuses, with the same message:
     context length     resolve_context_len: --context-length up to the model's max_position_embeddings
     dtypes             the rules of mem_plan/dtypes.py (--dtype auto by device, --kv-cache-dtype auto = --dtype)
     model facts        resolve_model: config.json geometry + the three above, as the memory plan reads them
-    tensor parallelism check_tp_sharding: the model splits over --tp-size ranks (before any rank starts)
+    tensor parallelism check_tp_sharding: the model splits over --tp-size ranks (and --ep-size expert groups:
+                       check_ep_sharding), before any rank starts
     quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
                        planned_weight_format (the bytes `sglang plan` charges, plan-only formats included)
     fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace
@@ -111,13 +112,15 @@ def cpu_kernels_available(device: str) -> bool:
     return get_cpu_ops() is not None
 
 
-def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
+def check_tp_sharding(shape: ModelShape, tp_size: int, ep_size: int = 1) -> None:
     """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
     or replicated when tp > KV heads), the dense MLP's intermediate size (where a layer has one) and the experts'
-    intermediate sizes; multimodal models run on one rank."""
+    intermediate sizes, or with ep_size expert groups (--ep-size) the experts over the groups and each expert's
+    intermediate size over a group's tp / ep ranks; multimodal models run on one rank."""
     t, tp = shape.text, tp_size
     if tp == 1:
         return
+    check_ep_sharding(shape, tp_size, ep_size)
     if shape.encoders:
         raise ValueError(f"--tp-size {tp}: multimodal models run on one rank only; use --tp-size 1.")
     if t.num_q_heads % tp:
@@ -128,14 +131,37 @@ def check_tp_sharding(shape: ModelShape, tp_size: int) -> None:
                          f"(KV heads are split, or replicated when tp > KV heads).")
     if len(t.sparse_layers) < t.num_layers and t.intermediate_size % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's intermediate size {t.intermediate_size}.")
-    # MoE: each expert's intermediate columns (and the shared expert's) are split over the ranks, every rank holds
-    # every expert (layers/moe/moe_layer.py)
-    if t.sparse_layers and t.moe_intermediate_size % tp:
+    # MoE: each expert's intermediate columns are split over the tp / ep ranks of its expert group (every rank holds
+    # every expert without --ep-size; layers/moe/moe_layer.py); the shared expert's over all the ranks
+    if t.sparse_layers and ep_size == 1 and t.moe_intermediate_size % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's MoE intermediate size "
                          f"{t.moe_intermediate_size}.")
     if t.sparse_layers and t.shared_expert_intermediate_size % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's shared-expert intermediate size "
                          f"{t.shared_expert_intermediate_size}.")
+
+
+def check_ep_sharding(shape: ModelShape, tp_size: int, ep_size: int) -> None:
+    """--ep-size: ValueError naming the fix unless it divides --tp-size, the model has routed experts, ep_size divides
+    their number E and tp / ep divides each expert's intermediate size (distributed/parallel_state.py's layout)."""
+    if ep_size == 1:
+        return
+    t = shape.text
+    if tp_size % ep_size:
+        raise ValueError(f"--ep-size {ep_size} must divide --tp-size {tp_size}; use --tp-size {ep_size} --ep-size "
+                         f"{ep_size}.")
+    if not (t.sparse_layers and t.num_experts):
+        raise ValueError(f"--ep-size {ep_size}: the model ({t.model_type}) has no routed experts to split; drop "
+                         "--ep-size (its layers are tensor-parallel over --tp-size).")
+    if t.num_experts % ep_size:
+        divisors = [d for d in range(1, tp_size + 1) if not t.num_experts % d and not tp_size % d]
+        raise ValueError(f"--ep-size {ep_size} does not divide the model's {t.num_experts} experts; use an --ep-size "
+                         f"dividing both {t.num_experts} and --tp-size {tp_size}: {', '.join(map(str, divisors))}.")
+    moe_tp = tp_size // ep_size
+    if t.moe_intermediate_size % moe_tp:
+        raise ValueError(f"--tp-size {tp_size} / --ep-size {ep_size} = {moe_tp} ranks per expert group does not "
+                         f"divide the model's MoE intermediate size {t.moe_intermediate_size}; use --ep-size "
+                         f"{tp_size} (whole experts per rank).")
 
 
 def cpu_quant_kernels() -> bool:

@@ -7,6 +7,12 @@ One process per TP rank; the world is exactly the TP group (no pipeline / data p
 Collectives go through communication_op.py, which picks the group by what it carries.
 Before init_tp_group() (and in every tp=1 process) get_tp_size() == 1 and get_tp_rank() == 0, so layers built
 outside a distributed run are the plain single-rank layers.
+
+Expert parallelism (--ep-size, dividing --tp-size) uses no group of its own: the MoE layers split the TP ranks into
+ep_size expert groups of moe_tp = tp_size / ep_size consecutive ranks (moe_parallel_layout). Rank r holds expert
+group r // moe_tp (E / ep_size whole experts) and, within it, intermediate shard r % moe_tp; every (expert, shard)
+pair lives on exactly one rank, so the MoE block's one all-reduce over the TP group completes the sum as it does
+for plain TP (ep_size 1: moe_tp = tp_size) and for pure EP (ep_size = tp_size: moe_tp = 1).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class TpGroup:
     device: str  # "cpu" or "cuda"
     device_group: Any
     cpu_group: Any
+    ep_size: int = 1  # expert groups the MoE layers split the ranks into (moe_parallel_layout)
 
 
 _TP: Optional[TpGroup] = None
@@ -44,11 +51,31 @@ def divide(numerator: int, denominator: int, what: str = "size") -> int:
     return numerator // denominator
 
 
-def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, device: str) -> TpGroup:
-    """Join the TP group at tcp://init_addr (host:port) as rank tp_rank; blocks until all tp_size ranks joined."""
+@dataclass(frozen=True)
+class MoeParallelLayout:
+    """Where one rank's experts come from (module docstring): experts [ep_rank * E / ep_size, (ep_rank + 1) * E /
+    ep_size), intermediate columns shard moe_tp_rank of moe_tp_size."""
+
+    ep_size: int
+    ep_rank: int
+    moe_tp_size: int
+    moe_tp_rank: int
+
+
+def moe_parallel_layout(tp_size: int, tp_rank: int, ep_size: int) -> MoeParallelLayout:
+    if ep_size < 1 or tp_size % ep_size:
+        raise ValueError(f"--ep-size {ep_size} must divide --tp-size {tp_size}.")
+    moe_tp = tp_size // ep_size
+    return MoeParallelLayout(ep_size, tp_rank // moe_tp, moe_tp, tp_rank % moe_tp)
+
+
+def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, device: str, ep_size: int = 1) -> TpGroup:
+    """Join the TP group at tcp://init_addr (host:port) as rank tp_rank; blocks until all tp_size ranks joined.
+    ep_size: the expert groups its MoE layers use (moe_parallel_layout)."""
     global _TP
     if _TP is not None:
         raise RuntimeError("the tensor-parallel group is already initialised in this process")
+    moe_parallel_layout(tp_size, tp_rank, ep_size)  # refused before any rendezvous
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(tp_rank % torch.cuda.device_count())
@@ -56,8 +83,9 @@ def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, device: str) -> Tp
                             timeout=COLLECTIVE_TIMEOUT)
     world = dist.group.WORLD
     cpu_group = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
-    _TP = TpGroup(tp_rank, tp_size, device, world, cpu_group)
-    logger.info("TP rank %d of %d joined the group at %s (%s)", tp_rank, tp_size, init_addr, backend)
+    _TP = TpGroup(tp_rank, tp_size, device, world, cpu_group, ep_size)
+    logger.info("TP rank %d of %d joined the group at %s (%s, ep_size %d)", tp_rank, tp_size, init_addr, backend,
+                ep_size)
     return _TP
 
 
@@ -80,3 +108,9 @@ def get_tp_rank() -> int:
 
 def get_tp_size() -> int:
     return _TP.size if _TP is not None else 1
+
+
+def get_ep_size() -> int:
+    """--ep-size: the expert groups of the MoE layers (1 outside a distributed run); moe_parallel_layout(get_tp_size(),
+    get_tp_rank(), get_ep_size()) is this rank's place in them."""
+    return _TP.ep_size if _TP is not None else 1

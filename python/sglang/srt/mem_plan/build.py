@@ -176,7 +176,8 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
         detail = "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {sa.encoder_batch_size}"
                            for e in shape.encoders)
     return MeasuredTerms(
-        weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype))
+        weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype),
+                                             getattr(sa, "ep_size", 1))
                       + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0)),
         activation_bytes=shape.activation_bytes(chunk, tp, model.dtype, device.kind),
         cuda_graph_bytes=graph_batch_size(sa, model, device) * CUDA_GRAPH_BYTES_PER_BS,
@@ -223,7 +224,8 @@ def moe_workspace(sa, model: ModelFacts, device: DeviceFacts) -> Optional[MoEWor
     """The fused-experts workspace of one rank at the chunk size (moe_sizes.py); None for a dense model. The runner
     allocates exactly this before its profile forward."""
     chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
-    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind, device.cpu_kernels)
+    return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind, device.cpu_kernels,
+                              getattr(sa, "ep_size", 1))
 
 
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:

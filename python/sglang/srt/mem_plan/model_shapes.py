@@ -9,6 +9,8 @@ points) are sized by quantization_sizes.py, which build.py applies to the weight
 
 Per-rank counts under TP shard heads, intermediate sizes and the vocabulary (ceil division); norms, routers,
 latent (MLA down-) projections and encoders are replicated; KV heads are replicated when tp > num_kv_heads.
+With --ep-size ep a rank holds E / ep routed experts of moe_intermediate_size / (tp / ep) columns each
+(moe_sizes.expert_shard_of_rank); shared experts stay split over all tp ranks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Optional
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder import EncoderSpec
+from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
 # Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
@@ -182,8 +185,8 @@ def text_shape_from_config(cfg: dict) -> TextShape:
     )
 
 
-def text_params(s: TextShape, tp: int = 1) -> dict[str, int]:
-    """Parameter counts per component on one TP rank (tp=1: the whole model)."""
+def text_params(s: TextShape, tp: int = 1, ep: int = 1) -> dict[str, int]:
+    """Parameter counts per component on one TP rank (tp=1: the whole model); ep: --ep-size."""
     H = s.hidden_size
     nq = _cdiv(s.num_q_heads, tp)
     attn = 0
@@ -222,10 +225,18 @@ def text_params(s: TextShape, tp: int = 1) -> dict[str, int]:
         "lm_head": 0 if s.tie_word_embeddings else vocab,
         "attention": s.num_layers * attn,
         "mlp_dense": num_dense * dense_mlp,
-        "moe_experts": num_sparse * (s.num_experts * expert_mlp + shared),
+        "moe_experts": num_sparse * (_routed_expert_params(s, tp, ep) + shared),
         "moe_router": num_sparse * router,
         "norms": s.num_layers * 2 * H + H,
     }
+
+
+def _routed_expert_params(s: TextShape, tp: int, ep: int) -> int:
+    """One sparse layer's routed experts on one rank: gate, up and down of each held expert's columns."""
+    if ep == 1:  # every expert, its columns split over the tp ranks (ceil, as the rest of the model)
+        return s.num_experts * 3 * s.hidden_size * _cdiv(s.moe_intermediate_size, tp)
+    experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
+    return experts * 3 * s.hidden_size * columns
 
 
 def vision_tower_params(v: dict) -> int:
@@ -285,8 +296,8 @@ class ModelShape:
     encoders: tuple[EncoderSpec, ...] = field(default=())
 
     # ---- weights ----
-    def params(self, tp: int = 1) -> dict[str, int]:
-        p = text_params(self.text, tp)
+    def params(self, tp: int = 1, ep: int = 1) -> dict[str, int]:
+        p = text_params(self.text, tp, ep)
         if self.vision_params:
             p["vision_tower"] = self.vision_params
             p["projector"] = self.projector_params
@@ -298,10 +309,10 @@ class ModelShape:
     def num_params(self) -> int:
         return sum(self.params(1).values())
 
-    def weight_bytes(self, tp: int = 1, dtype: Optional[str] = None) -> int:
+    def weight_bytes(self, tp: int = 1, dtype: Optional[str] = None, ep: int = 1) -> int:
         """Parameters x the weight dtype (default: the checkpoint's) + this runtime's rope tables."""
         elem = dtype_bytes(dtype or self.text.dtype)
-        return sum(self.params(tp).values()) * elem + self.rope_cache_bytes(elem)
+        return sum(self.params(tp, ep).values()) * elem + self.rope_cache_bytes(elem)
 
     def rope_cache_bytes(self, elem_bytes: int) -> int:
         """This runtime's models keep one cos/sin table [max_position_embeddings, rotary_dim], shared by all

@@ -1,7 +1,8 @@
 """The MoE workspace: the buffers a fused-experts call works in, allocated once and shared by every MoE layer.
 
-For M tokens each routed to k of E experts (this rank's experts), hidden size K and N expert intermediate columns on
-this rank (moe_intermediate_size / tp), every implementation of fused_experts (layers/moe/: the torch path now, the
+For M tokens each routed to k of E experts (this rank's experts: all of them, or E / ep with --ep-size), hidden size
+K and N expert intermediate columns on this rank (moe_intermediate_size / (tp / ep): expert_shard_of_rank), every
+implementation of fused_experts (layers/moe/: the torch path now, the
 Triton GPU kernel and the CPU kernel with the same signature) works in:
 
     intermediate1   [M*k, 2N]                   activation dtype  gate | up projection of each (token, expert) row
@@ -17,6 +18,8 @@ B is the implementation's row block (SORT_BLOCK_M): 1 for the torch path, which 
 the expert of every sorted row. The layers run one after another, so one workspace serves them all; a forward of more
 than M tokens (a decode batch of more requests than the chunk) runs the experts M tokens at a time
 (layers/moe/moe_layer.py). M is the chunked-prefill size, the most tokens a prefill batch holds (prefill_scheduler.py).
+With --ep-size a row's expert may live on another rank: its row still has its slots (M*k is the most rows one rank
+can be given, when every token picks this rank's experts) and is skipped by every implementation.
 The plan charges the total as its `moe_workspace` term; the runner allocates exactly these buffers before the profile
 forward (so the measured activation peak does not count them again) and asserts allocated == planned. Torch-free.
 """
@@ -91,8 +94,6 @@ class MoEWorkspaceSpec:
         for name in ("max_tokens", "top_k", "num_experts", "hidden_size", "intermediate_size", "block_m"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"MoEWorkspaceSpec.{name} must be > 0, got {getattr(self, name)}")
-        if self.top_k > self.num_experts:
-            raise ValueError(f"top_k {self.top_k} > {self.num_experts} experts")
         object.__setattr__(self, "act_dtype", canonical_dtype(self.act_dtype))
 
     @property
@@ -138,19 +139,26 @@ class MoEWorkspaceSpec:
                 f"{SORT_INDEX_DTYPE} sort buffers (block {self.block_m})")
 
 
+def expert_shard_of_rank(num_experts: int, moe_intermediate_size: int, tp: int, ep: int = 1) -> Tuple[int, int]:
+    """(experts, intermediate columns per expert) one rank holds: tp ranks in ep expert groups of tp / ep ranks
+    (distributed/parallel_state.moe_parallel_layout) hold E / ep experts, each split over the group's ranks.
+    ep = 1: every expert, moe_intermediate_size / tp columns; ep = tp: E / tp whole experts."""
+    if ep < 1 or tp % ep or num_experts % ep or moe_intermediate_size % (tp // ep):
+        raise ValueError(f"--tp-size {tp} / --ep-size {ep} cannot split {num_experts} experts of intermediate size "
+                         f"{moe_intermediate_size} (configs/resolved.check_tp_sharding names the fix)")
+    return num_experts // ep, moe_intermediate_size // (tp // ep)
+
+
 def moe_workspace_spec(text, max_tokens: int, tp: int, act_dtype: str, device_kind: str,
-                       cpu_kernels: bool = False) -> Optional[MoEWorkspaceSpec]:
+                       cpu_kernels: bool = False, ep: int = 1) -> Optional[MoEWorkspaceSpec]:
     """The workspace of one rank of a model (model_shapes.TextShape) whose fused-experts calls take at most
-    max_tokens tokens, for the implementation moe_impl_for picks; None for a dense model. The expert intermediate
-    size is split over the tp ranks."""
+    max_tokens tokens, for the implementation moe_impl_for picks; None for a dense model. The rank's experts and
+    intermediate columns are expert_shard_of_rank's (--ep-size: E / ep experts, N / (tp / ep) columns)."""
     if not text.sparse_layers or not text.num_experts:
         return None
-    if text.moe_intermediate_size % tp:
-        raise ValueError(f"--tp-size {tp} does not divide the model's MoE intermediate size "
-                         f"{text.moe_intermediate_size}.")
-    n = text.moe_intermediate_size // tp
+    experts, n = expert_shard_of_rank(text.num_experts, text.moe_intermediate_size, tp, ep)
     impl = moe_impl_for(device_kind, act_dtype, text.hidden_size, n, cpu_kernels)
-    return MoEWorkspaceSpec(max_tokens, text.num_experts_per_tok, text.num_experts, text.hidden_size, n, act_dtype,
+    return MoEWorkspaceSpec(max_tokens, text.num_experts_per_tok, experts, text.hidden_size, n, act_dtype,
                             SORT_BLOCK_M.get(impl, TORCH_SORT_BLOCK_M), impl)
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+
 # GGUF block formats: weights per block and bytes per block (ggml's type table)
 GGUF_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256,
                       "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256}
@@ -128,9 +130,9 @@ def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] =
     raise ValueError(f"--quantization {method!r}: the planner knows none, gguf, w8a8_int8, fp8, awq and gptq")
 
 
-def linear_matrices(text, tp: int = 1) -> list[tuple[int, int, int]]:
-    """(rows, cols, count) of the quantized linear weights of a TextShape (model_shapes.py) on one TP rank: the same
-    shapes text_params counts (which adds biases, norms, routers, embeddings on top)."""
+def linear_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the quantized linear weights of a TextShape (model_shapes.py) on one TP rank (ep:
+    --ep-size): the same shapes text_params counts (which adds biases, norms, routers, embeddings on top)."""
     from sglang.srt.mem_plan.specs import kv_heads_per_rank
 
     s, H = text, text.hidden_size
@@ -156,7 +158,11 @@ def linear_matrices(text, tp: int = 1) -> list[tuple[int, int, int]]:
             mats.extend([(2 * inter, H, count), (H, inter, count)])  # gate+up, down
 
     mlp(_cdiv(s.intermediate_size, tp), L - num_sparse)
-    mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_experts)
+    if ep == 1:
+        mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_experts)
+    else:  # E / ep whole-or-split experts per rank (moe_sizes.expert_shard_of_rank)
+        experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
+        mlp(columns, num_sparse * experts)
     if s.shared_expert_intermediate_size:
         mlp(_cdiv(s.shared_expert_intermediate_size, tp), num_sparse)
     elif s.num_shared_experts:
@@ -164,12 +170,12 @@ def linear_matrices(text, tp: int = 1) -> list[tuple[int, int, int]]:
     return mats
 
 
-def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2) -> int:
+def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
     """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
-    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes."""
-    total = sum(shape.params(tp).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
+    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes (ep: --ep-size)."""
+    total = sum(shape.params(tp, ep).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
     if fmt.method == "none":
         return total
-    for rows, cols, count in linear_matrices(shape.text, tp):
+    for rows, cols, count in linear_matrices(shape.text, tp, ep):
         total += count * (fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - rows * cols * dense_dtype_bytes)
     return total

@@ -72,7 +72,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         if self.tp_size > 1:
             from sglang.srt.distributed.parallel_state import init_tp_group
 
-            init_tp_group(self.tp_size, tp_rank, server_args.dist_init_addr, self.device)
+            init_tp_group(self.tp_size, tp_rank, server_args.dist_init_addr, self.device, server_args.ep_size)
         if self.device == "cpu":
             # the ranks of a node share its cores: each gets its share (at least one thread)
             torch.set_num_threads(server_args.num_threads or max(1, (os.cpu_count() or 1) // ranks_per_node))

@@ -5,7 +5,9 @@ then every expert with rows runs its two GEMMs once over its contiguous group (e
 expert runs on tokens not routed to it, and nothing loops over tokens):
 
     sort         expert_ids[:R] = experts of the rows in sorted order, sorted_ids[:R] = the rows (R = M*k; block 1:
-                 no padding), expert_offsets = where each expert's group starts (one device -> host read)
+                 no padding), expert_offsets = where each expert's group starts (one device -> host read); a row
+                 whose id is outside [0, E) (another rank's expert under --ep-size: -1) sorts as expert E, after
+                 every group, and is neither computed nor combined (rows [expert_offsets[E], R) of the buffers)
     gather       intermediate3[i] = hidden[sorted_ids[i] // k]
     GEMM 1       intermediate1[group e] = intermediate3[group e] @ w13[e].T          [R, 2N]
     activation   intermediate2 = silu(intermediate1[:, :N]) * intermediate1[:, N:]   [R, N]
@@ -55,8 +57,9 @@ def fused_experts_torch(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tenso
                          f"{workspace.spec.block_m}")
     rows = num_tokens * top_k
 
-    # sort the rows by expert (stable: within an expert, rows keep token order)
+    # sort the rows by expert (stable: within an expert, rows keep token order); ids outside [0, E) sort as E, last
     flat_ids = topk_ids.reshape(-1).to(torch.int32)
+    flat_ids = flat_ids.masked_fill((flat_ids < 0) | (flat_ids >= num_experts), num_experts)
     expert_of_sorted = workspace.expert_ids[:rows]
     order = torch.empty(rows, dtype=torch.int64, device=hidden.device)
     torch.sort(flat_ids, stable=True, out=(expert_of_sorted, order))
@@ -64,13 +67,17 @@ def fused_experts_torch(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tenso
     sorted_rows.copy_(order)
     offsets = workspace.expert_offsets
     offsets[0] = 0
-    offsets[1:].copy_(torch.cumsum(torch.bincount(flat_ids, minlength=num_experts), dim=0))
+    offsets[1:].copy_(torch.cumsum(torch.bincount(flat_ids, minlength=num_experts + 1)[:num_experts], dim=0))
     starts = offsets.tolist()  # the one device -> host read: which experts have rows, and where
+    live = starts[num_experts]  # rows [0, live) have an expert here; [live, rows) are skipped
+    if live == 0:
+        return out
+    sorted_rows = sorted_rows[:live]
     token_of_sorted = torch.div(sorted_rows, top_k, rounding_mode="floor")
 
-    x = workspace.intermediate3[:rows]  # the gathered inputs, later the down projections
-    gate_up = workspace.intermediate1[:rows]
-    act = workspace.intermediate2[:rows]
+    x = workspace.intermediate3[:live]  # the gathered inputs, later the down projections
+    gate_up = workspace.intermediate1[:live]
+    act = workspace.intermediate2[:live]
     torch.index_select(hidden, 0, token_of_sorted, out=x)
     active = [(e, starts[e], starts[e + 1]) for e in range(num_experts) if starts[e + 1] > starts[e]]
     for e, lo, hi in active:

@@ -1,15 +1,23 @@
 """FusedMoE: the routed experts of one MoE block as two stacked weights, loaded from HF per-expert tensors.
 
-    w13_weight  [E, 2N_r, K]  rows [0, N_r) expert e's gate projection, [N_r, 2N_r) its up projection
-    w2_weight   [E, K, N_r]   expert e's down projection
-with N_r = N / tp: every rank holds every expert, and each expert's intermediate columns [r*N_r, (r+1)*N_r) on rank
-r, so a rank's output is a partial sum over its columns and one all-reduce per MoE block completes it (here, or in
-the block that adds a shared expert's partial sum first: reduce_results=False).
+    w13_weight  [E_l, 2N_r, K]  rows [0, N_r) local expert l's gate projection, [N_r, 2N_r) its up projection
+    w2_weight   [E_l, K, N_r]   local expert l's down projection
+Which experts and columns a rank holds (distributed/parallel_state.moe_parallel_layout; moe_tp = tp / ep):
+    tensor parallel (--ep-size 1)   E_l = E, N_r = N / tp: every expert, columns [r*N_r, (r+1)*N_r) on rank r
+    expert parallel (--ep-size ep)  E_l = E / ep: global experts [g*E_l, (g+1)*E_l) on the ranks of expert group
+                                    g = r // moe_tp, each expert's columns split over that group's moe_tp ranks
+                                    (ep = tp: whole experts, N_r = N)
+Every (expert, column shard) lives on exactly one rank, so a rank's output is a partial sum and one all-reduce per
+MoE block completes it (here, or in the block that adds a shared expert's partial sum first: reduce_results=False).
+Under EP the router is replicated: every rank routes every token over all E experts, then maps the chosen global ids
+to its local ones, an id held by another group becoming -1, which every fused_experts implementation skips (torch,
+Triton and CPU kernel alike: layers/moe/__init__.py), so a rank computes only the rows routed to its own experts.
 
 Checkpoint tensors (expert_checkpoint_target maps their names):
     Qwen2-MoE / Qwen3-MoE   mlp.experts.{e}.gate_proj / up_proj / down_proj.weight      shards w1 / w3 / w2
     Mixtral                 block_sparse_moe.experts.{e}.w1 / w3 / w2.weight           (the same shards)
-gate and up ([N, K]) give rows [r*N_r, (r+1)*N_r), down ([K, N]) its columns; a rank reads only those.
+gate and up ([N, K]) give rows [s*N_r, (s+1)*N_r), down ([K, N]) its columns (s: the rank's column shard); a rank
+reads only those, and only for its own experts: another group's expert tensors are never read.
 
 forward(hidden [M, K], router_logits [M, E]) routes (router.py) and runs the implementation chosen once at build
 (dispatch.py) in the workspace the runner attached (attach_moe_workspace), at most workspace.max_tokens tokens per
@@ -25,7 +33,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.communication_op import tp_all_reduce
-from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
+from sglang.srt.distributed.parallel_state import get_ep_size, get_tp_rank, get_tp_size, moe_parallel_layout
 from sglang.srt.layers.linear import default_weight_loader
 from sglang.srt.layers.moe.dispatch import get_fused_experts
 from sglang.srt.layers.moe.router import select_experts
@@ -58,12 +66,19 @@ class FusedMoE(nn.Module):
         if linear_quant_method(self) is not None:
             raise ValueError("--quantization: MoE experts are served dense only; use --quantization none.")
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
-        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
-        self.intermediate_size = divide(intermediate_size, self.tp_size, "MoE intermediate size")  # N_r
+        self.layout = layout = moe_parallel_layout(self.tp_size, self.tp_rank, get_ep_size())
+        if num_experts % layout.ep_size or intermediate_size % layout.moe_tp_size:
+            raise ValueError(f"--tp-size {self.tp_size} / --ep-size {layout.ep_size}: {num_experts} experts of "
+                             f"intermediate size {intermediate_size} do not split over {layout.ep_size} expert groups "
+                             f"of {layout.moe_tp_size} ranks")
+        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size  # E: what the router picks
+        self.num_local_experts = num_experts // layout.ep_size  # E_l
+        self.first_expert = layout.ep_rank * self.num_local_experts  # global id of local expert 0
+        self.intermediate_size = intermediate_size // layout.moe_tp_size  # N_r
         self.renormalize, self.reduce_results = renormalize, reduce_results
-        n = self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * n, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, n), requires_grad=False)
+        n, e_l = self.intermediate_size, self.num_local_experts
+        self.w13_weight = nn.Parameter(torch.empty(e_l, 2 * n, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(e_l, hidden_size, n), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
         # the implementation is chosen once, by the device the weights are built on (meta: as on a CPU)
@@ -74,28 +89,35 @@ class FusedMoE(nn.Module):
 
     # ------------------------------------------------------------------ loading
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
-        """Copy this rank's slice of one expert's checkpoint tensor (a tensor or a lazy CheckpointSlice)."""
-        n = self.intermediate_size
-        if shard_id in (GATE, UP):
-            offset = 0 if shard_id == GATE else n
-            rows = loaded_weight.narrow(0, self.tp_rank * n, n)
-            default_weight_loader(param.data[expert_id, offset: offset + n], rows)
-        elif shard_id == DOWN:
-            default_weight_loader(param.data[expert_id], loaded_weight.narrow(1, self.tp_rank * n, n))
-        else:
+        """Copy this rank's slice of global expert expert_id's checkpoint tensor (a tensor or a lazy CheckpointSlice);
+        an expert of another expert group is skipped unread."""
+        if shard_id not in (GATE, UP, DOWN):
             raise ValueError(f"unknown expert shard {shard_id!r}; expected {GATE}, {UP} or {DOWN}")
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"checkpoint expert {expert_id} is outside the model's {self.num_experts} experts")
+        local = expert_id - self.first_expert
+        if not 0 <= local < self.num_local_experts:
+            return
+        n, start = self.intermediate_size, self.layout.moe_tp_rank * self.intermediate_size
+        if shard_id == DOWN:
+            default_weight_loader(param.data[local], loaded_weight.narrow(1, start, n))
+        else:
+            offset = 0 if shard_id == GATE else n
+            default_weight_loader(param.data[local, offset: offset + n], loaded_weight.narrow(0, start, n))
         self._loaded.add((expert_id, shard_id))
 
     def missing_shards(self) -> List[Tuple[int, str]]:
-        """(expert, shard) pairs no checkpoint tensor has filled."""
-        return [(e, s) for e in range(self.num_experts) for s in (GATE, UP, DOWN) if (e, s) not in self._loaded]
+        """(global expert, shard) pairs of this rank's experts no checkpoint tensor has filled."""
+        held = range(self.first_expert, self.first_expert + self.num_local_experts)
+        return [(e, s) for e in held for s in (GATE, UP, DOWN) if (e, s) not in self._loaded]
 
     # ------------------------------------------------------------------ forward
     def workspace_spec(self, max_tokens: int, act_dtype: str) -> MoEWorkspaceSpec:
         """The workspace this layer's implementation needs for max_tokens tokens (for tests; the runner sizes it from
         config.json by the same rule, mem_plan/build.moe_workspace)."""
-        return MoEWorkspaceSpec(max_tokens, self.top_k, self.num_experts, self.hidden_size, self.intermediate_size,
-                                act_dtype, SORT_BLOCK_M.get(self.impl, TORCH_SORT_BLOCK_M), self.impl)
+        return MoEWorkspaceSpec(max_tokens, self.top_k, self.num_local_experts, self.hidden_size,
+                                self.intermediate_size, act_dtype, SORT_BLOCK_M.get(self.impl, TORCH_SORT_BLOCK_M),
+                                self.impl)
 
     def use_impl(self, impl: str) -> None:
         """Run the experts with `impl` (the plan's choice, moe_sizes.moe_impl_for). The CPU kernel reads its expert
@@ -110,6 +132,8 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden [M, K], router_logits [M, E] -> [M, K] (this rank's partial sum when reduce_results is False)."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self.layout.ep_size > 1:
+            topk_ids = self.local_expert_ids(topk_ids)
         ws, w13, w2 = self.workspace, self.w13_weight, self.w2_weight
         step = ws.max_tokens if ws is not None else max(hidden.shape[0], 1)
         if hidden.shape[0] <= step:
@@ -119,6 +143,13 @@ class FusedMoE(nn.Module):
                                                 topk_ids[i: i + step], ws)
                              for i in range(0, hidden.shape[0], step)])
         return tp_all_reduce(out) if self.reduce_results else out
+
+
+    def local_expert_ids(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids [M, k] -> this rank's w13 / w2 indices, -1 for an expert another group holds (skipped by
+        every implementation). Device ops only: a CUDA graph captures it."""
+        local = topk_ids - self.first_expert
+        return local.masked_fill_((local < 0) | (local >= self.num_local_experts), -1)
 
 
 def attach_moe_workspace(model: nn.Module, spec: Optional[MoEWorkspaceSpec], device) -> Optional[MoEWorkspace]:

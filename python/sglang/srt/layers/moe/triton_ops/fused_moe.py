@@ -9,7 +9,10 @@ assignment i = m * topk + j; every buffer but `out` is a view of the workspace, 
     3. _silu_and_mul_kernel: intermediate2[i] = silu(intermediate1[i, :N]) * intermediate1[i, N:]      [T, N]
     4. grouped GEMM: intermediate3[i] = topk_weights[m, j] * intermediate2[i] @ w2[e_i].T              [T, K]
        (in a FusedMoeWorkspace intermediate3 is intermediate1's memory: that one is dead by now)
-    5. out[m] = sum_j intermediate3[m * topk + j]                                  [M, K], one torch.sum
+    5. _combine_kernel: out[m] = sum_j intermediate3[m * topk + j] over the j whose expert is in [0, E)     [M, K]
+An id outside [0, E) (another rank's expert under --ep-size, where the layer passes -1) gets no slot in step 1, so
+neither GEMM touches its row and step 5 leaves that row, stale workspace memory, out of the sum: the assignment
+contributes nothing, as in the torch and CPU implementations.
 No step reads a device value on the host, and every grid and view is a function of (M, topk, E, N, K, BLOCK_M), so
 a call with a planned workspace allocates only `out` and can be captured in a CUDA graph.
 """
@@ -43,6 +46,32 @@ def _silu_and_mul_kernel(X, Y, num_rows, stride_x, stride_y, N: tl.constexpr, RO
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
+@lazy_jit
+def _combine_kernel(X, Ids, Out, num_experts, stride_x, stride_out, K: tl.constexpr, TOPK: tl.constexpr,
+                    COLS: tl.constexpr):
+    # Out[m, c] = sum_j X[m * TOPK + j, c] over the j with Ids[m * TOPK + j] in [0, num_experts), j ascending, in fp32,
+    # m = pid0, c in [pid1 * COLS, +COLS). A skipped row is never loaded (its memory may hold anything, NaN included).
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    acc = tl.zeros([COLS], tl.float32)
+    for j in tl.static_range(TOPK):
+        e = tl.load(Ids + m * TOPK + j)
+        width = tl.where((e >= 0) & (e < num_experts), K, 0)  # columns to read: all, or none for a skipped row
+        acc += tl.load(X + (m * TOPK + j) * stride_x + cols, mask=cols < width, other=0.0).to(tl.float32)
+    tl.store(Out + m * stride_out + cols, acc.to(Out.dtype.element_ty), mask=cols < K)
+
+
+def combine(x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, num_experts: int, tiles: MoeTiles) -> None:
+    """out [M, K] = the sum of each token's topk rows of x [M * topk, K] whose ids (flat [M * topk]) are experts of
+    this rank (step 5)."""
+    num_tokens, k = out.shape
+    topk = ids.numel() // max(1, num_tokens)
+    assert x.shape[0] >= num_tokens * topk and x.shape[1] == k and x.stride(1) == 1 and out.stride(1) == 1
+    cols = min(tiles.act_cols, triton.next_power_of_2(k))
+    grid = (num_tokens, triton.cdiv(k, cols))
+    _combine_kernel[grid](x, ids, out, num_experts, x.stride(0), out.stride(0), K=k, TOPK=topk, COLS=cols)
+
+
 def silu_and_mul(x: torch.Tensor, y: torch.Tensor, tiles: MoeTiles) -> None:
     """y [T, N] = silu(x[:, :N]) * x[:, N:] for x [T, 2N]; rows contiguous."""
     num_rows, n = y.shape
@@ -55,7 +84,7 @@ def silu_and_mul(x: torch.Tensor, y: torch.Tensor, tiles: MoeTiles) -> None:
 def fused_experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                          topk_ids: torch.Tensor, workspace=None, *, tiles: MoeTiles | None = None) -> torch.Tensor:
     """hidden [M, K]; w13 [E, 2N, K] (rows [0, N) gate, [N, 2N) up); w2 [E, K, N]; topk_weights fp32 [M, topk];
-    topk_ids int [M, topk], values in [0, E) -> out [M, K] in hidden's dtype.
+    topk_ids int [M, topk], an id outside [0, E) contributing nothing -> out [M, K] in hidden's dtype.
 
     workspace: a FusedMoeWorkspace (or an object / dict with its buffers, workspace.py) planned for at least M
     tokens of these shapes and dtype; None allocates one for this call (tests)."""
@@ -85,5 +114,5 @@ def fused_experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     silu_and_mul(bufs.intermediate1, bufs.intermediate2, tiles)
     grouped_gemm(bufs.intermediate2, w2, bufs.intermediate3, *aligned, a_row_div=1, block_m=block_m, tiles=tiles,
                  topk_weights=topk_weights)
-    torch.sum(bufs.intermediate3.view(num_tokens, topk, hidden_size), dim=1, out=out)
+    combine(bufs.intermediate3, topk_ids.reshape(-1), out, num_experts, tiles)
     return out
