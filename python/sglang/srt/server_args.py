@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -39,6 +40,7 @@ LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
 TOOL_CALL_PARSER_CHOICES = list(_TOOL_CALL_PARSERS)  # one table: function_call/detectors.py
 REASONING_PARSER_CHOICES = list(_REASONING_PARSERS)  # one table: parser/reasoning_parser.py
 GRAMMAR_BACKEND_CHOICES = ["xgrammar", "none"]
+MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
 
@@ -235,6 +237,13 @@ class ServerArgs:
 
     # ---- multimodal ----
     max_image_pixels: Optional[int] = _f(None, "Largest accepted image (width*height); larger images are resized.")
+    max_video_frames: int = _f(
+        64, "Most frames sampled from one video (at the model processor's fps; a longer video is sampled uniformly "
+        "at this count). With the processor's per-frame pixel cap it bounds the video encoder's largest input.")
+    max_audio_seconds: float = _f(600.0, "Longest accepted audio input in seconds; a longer one is a 400.")
+    limit_mm_data_per_request: Optional[str] = _f(
+        None, 'Most items of each modality in one request, as JSON, e.g. \'{"image": 8, "video": 1, "audio": 2}\' '
+        "(a modality left out is unlimited); more is a 400. Default: no per-request limit.")
     encoder_batch_size: int = _f(1, "Images encoded at once by the vision encoder.")
     mm_embedding_cache_mb: int = _f(100, "Byte budget (MiB) of the image-embedding cache keyed by content hash.")
     allowed_local_media_path: Optional[str] = _f(
@@ -284,6 +293,10 @@ class ServerArgs:
         if self.enable_overlap_schedule and self.tp_size > 1:
             raise ValueError("--enable-overlap-schedule with --tp-size > 1 is not supported (the TP collectives run "
                              "on the scheduler thread); drop one of the two.")
+        self.mm_item_limits()  # raises on a malformed --limit-mm-data-per-request
+        if self.max_video_frames <= 0 or self.max_audio_seconds <= 0:
+            raise ValueError(f"--max-video-frames ({self.max_video_frames}) and --max-audio-seconds "
+                             f"({self.max_audio_seconds}) must be positive.")
         if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
             raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
         if self.pp_size != 1:
@@ -308,6 +321,21 @@ class ServerArgs:
             raise ValueError("--grammar-backend xgrammar (the default) needs the xgrammar package, which is not "
                              "installed: install the runtime with `bash scripts/install.sh` or `pip install -e "
                              "\"python[cpu]\"` (\"python[cuda]\" on NVIDIA), or start with --grammar-backend none.")
+
+    def mm_item_limits(self) -> dict:
+        """--limit-mm-data-per-request as {modality: max items}; modalities left out are unlimited."""
+        if self.limit_mm_data_per_request is None:
+            return {}
+        try:
+            limits = json.loads(self.limit_mm_data_per_request)
+        except ValueError:
+            limits = None
+        if not isinstance(limits, dict) or any(k not in MM_MODALITIES or type(v) is not int or v < 0
+                                               for k, v in limits.items()):
+            raise ValueError(f"--limit-mm-data-per-request {self.limit_mm_data_per_request!r}: give a JSON object "
+                             f"of modality -> non-negative item count, modalities from {', '.join(MM_MODALITIES)}, "
+                             'e.g. \'{"image": 8, "video": 1}\'.')
+        return limits
 
     # ------------------------------------------------------------------ CLI
     @staticmethod
