@@ -7,8 +7,9 @@ stream, rotary tables, retained outputs) and the largest per-layer working set, 
 
     peak = N x (input + kept + max(attention phase, MLP phase, final projection phase)) + scores
 
-    attention phase   normed x, qkv (3H), q/k after rotary, attention output and its contiguous copy: 7H in the
-                      activation dtype, + the rotary's fp32 q/k copies and two fp32 temporaries (4H x 4 B)
+    attention phase   normed x, qkv (3H), q and k after rotary (2H), the attention output and its contiguous copy:
+                      8H in the activation dtype, + the rotary's fp32 q/k copies and two fp32 temporaries (4H x 4 B);
+                      the audio tower (no rotary): normed x, q, k, v, output, its copy, out_proj: 7H
     MLP phase         normed x + fc1 and its activation (2I), or gate, up and act(gate) * up (3I) for a gated MLP
     scores            none on GPUs (fused attention: flash / memory-efficient); on a CPU the largest attention
                       segment's [heads, S, S] scores and their softmax are materialised, one segment at a time
@@ -102,7 +103,7 @@ class QwenVisionTower:
         out_per_patch = self.out_hidden_size / m
         pixels = self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * INPUT_BYTES
         kept = pixels + 2 * d * FP32_BYTES + b * (H + self.num_deepstack * out_per_patch)
-        attention = 7 * H * b + 4 * H * FP32_BYTES
+        attention = 8 * H * b + 4 * H * FP32_BYTES
         mlp = (H + (3 if self.gated_mlp else 2) * I) * b
         final = (3 * H + out_per_patch) * b  # merger: norm, fc1, GELU (merged width = m x H over m patches), fc2
         return int(kept + max(attention, mlp, final))
