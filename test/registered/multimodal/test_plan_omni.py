@@ -54,7 +54,8 @@ class TestPlanOmniThinker(unittest.TestCase):
     def test_terms_are_sized_at_the_planned_units(self):
         _, result, _ = run(["--model-path", OMNI, "--gpu", "h100-80gb"])
         t = terms(result)
-        self.assertIn("1 image(s) of 224x224 patches -> 12,544 tokens (12,845,056 pixels)", t["encoder_image"]["detail"])
+        self.assertIn("1 image(s) of 224x224 patches -> 12,544 tokens (12,845,056 pixels)",
+                      t["encoder_image"]["detail"])
         self.assertIn("chunk of 16 frames = 8x48x64 patches -> 6,144 tokens", t["encoder_video"]["detail"])
         self.assertIn("chunk of 6,400 mel frames (64 s) -> 832 tokens, windows of 104", t["encoder_audio"]["detail"])
         # limits move the terms: a smaller image cap shrinks the image term, a short max audio the audio term

@@ -128,4 +128,5 @@ class EncoderAdmission:
             gate.budget.check_integrity()
 
     def describe(self) -> str:
-        return "; ".join(f"{m}: {g.max_units} chunk(s) of {g.unit_bytes / 2**20:.1f} MiB" for m, g in self.gates.items())
+        return "; ".join(f"{m}: {g.max_units} chunk(s) of {g.unit_bytes / 2**20:.1f} MiB"
+                         for m, g in self.gates.items())
