@@ -23,6 +23,7 @@ from typing import Optional
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder import EncoderSpec
+from sglang.srt.mem_plan.qwen_vl_shapes import is_qwen_vl_vision, qwen_vl_encoder_spec, qwen_vl_vision_params
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
@@ -178,8 +179,8 @@ def text_shape_from_config(cfg: dict) -> TextShape:
                    moe_intermediate_size=cfg["intermediate_size"])
     return TextShape(
         **common,
-        qkv_bias=bias or mt in ("qwen2", "qwen2_moe"),
-        o_bias=bias and mt not in ("qwen2", "qwen2_moe"),
+        qkv_bias=bias or mt in QKV_BIAS_TYPES,
+        o_bias=bias and mt not in QKV_BIAS_TYPES,
         qk_norm=mt in ("qwen3", "qwen3_moe"),
         **moe,
     )
@@ -237,6 +238,10 @@ def _routed_expert_params(s: TextShape, tp: int, ep: int) -> int:
         return s.num_experts * 3 * s.hidden_size * _cdiv(s.moe_intermediate_size, tp)
     experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
     return experts * 3 * s.hidden_size * columns
+
+
+# text model types with biases on q/k/v only (Qwen2 and the Qwen2-based VL language models)
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")
 
 
 def vision_tower_params(v: dict) -> int:
@@ -379,7 +384,11 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
         text_cfg.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
     text = text_shape_from_config(text_cfg)
     vision, audio, projector, encoders = 0, 0, 0, []
-    if cfg.get("vision_config"):
+    if cfg.get("vision_config") and is_qwen_vl_vision(cfg["vision_config"]):
+        v = cfg["vision_config"]  # the merger projects: no separate projector
+        vision = qwen_vl_vision_params(v)
+        encoders.append(qwen_vl_encoder_spec(v, text.dtype_bytes))
+    elif cfg.get("vision_config"):
         v = cfg["vision_config"]
         vision = vision_tower_params(v)
         projector = projector_params(v["hidden_size"], text.hidden_size)
