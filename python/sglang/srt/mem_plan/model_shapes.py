@@ -169,6 +169,7 @@ def text_shape_from_config(cfg: dict) -> TextShape:
             v_head_dim=cfg["v_head_dim"],
         )
     bias = bool(cfg.get("attention_bias", False))
+    qkv_bias_types = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")  # biases on q/k/v only
     moe = {}
     if mt in ("qwen2_moe", "qwen3_moe"):
         moe = dict(num_experts=_num_experts(cfg), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
@@ -179,8 +180,8 @@ def text_shape_from_config(cfg: dict) -> TextShape:
                    moe_intermediate_size=cfg["intermediate_size"])
     return TextShape(
         **common,
-        qkv_bias=bias or mt in QKV_BIAS_TYPES,
-        o_bias=bias and mt not in QKV_BIAS_TYPES,
+        qkv_bias=bias or mt in qkv_bias_types,
+        o_bias=bias and mt not in qkv_bias_types,
         qk_norm=mt in ("qwen3", "qwen3_moe"),
         **moe,
     )
@@ -238,10 +239,6 @@ def _routed_expert_params(s: TextShape, tp: int, ep: int) -> int:
         return s.num_experts * 3 * s.hidden_size * _cdiv(s.moe_intermediate_size, tp)
     experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
     return experts * 3 * s.hidden_size * columns
-
-
-# text model types with biases on q/k/v only (Qwen2 and the Qwen2-based VL language models)
-QKV_BIAS_TYPES = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")
 
 
 def vision_tower_params(v: dict) -> int:
@@ -384,12 +381,11 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
         text_cfg.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
     text = text_shape_from_config(text_cfg)
     vision, audio, projector, encoders = 0, 0, 0, []
-    if cfg.get("vision_config") and is_qwen_vl_vision(cfg["vision_config"]):
-        v = cfg["vision_config"]  # the merger projects: no separate projector
+    v = cfg.get("vision_config")
+    if v and is_qwen_vl_vision(v):  # its merger projects: no separate projector
         vision = qwen_vl_vision_params(v)
         encoders.append(qwen_vl_encoder_spec(v, text.dtype_bytes))
-    elif cfg.get("vision_config"):
-        v = cfg["vision_config"]
+    elif v:
         vision = vision_tower_params(v)
         projector = projector_params(v["hidden_size"], text.hidden_size)
         encoders.append(vision_encoder_spec(v, text.hidden_size, text.dtype_bytes))

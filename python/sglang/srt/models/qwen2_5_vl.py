@@ -44,6 +44,8 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         tc = config.text_config
+        if getattr(config, "tie_word_embeddings", None) is not None:  # the checkpoint's top-level setting rules
+            tc.tie_word_embeddings = config.tie_word_embeddings
         self.visual = Qwen2_5_VisionTransformer(config.vision_config)
         self.language_model = Qwen2ForCausalLM(tc)
         rope = make_mrope(tc)
