@@ -119,6 +119,19 @@ class TestMropePositions(unittest.TestCase):
         self.assertEqual(delta, 21 + 1 - 25)
 
 
+class TestPositionsPastThePrompt(unittest.TestCase):
+    def test_chunk_across_the_prompt_end(self):
+        # a retracted request re-prefills its prompt and outputs: the table, then i + delta on all axes
+        from sglang.srt.multimodal.mm_inputs import MultimodalInputs
+
+        positions, delta = mrope_positions(10, [item(2, (1, 4, 4))], 2, 2.0)
+        mm = MultimodalInputs(list(range(10)), [], positions, delta)
+        got = mm.positions_3d(8, 13)
+        self.assertTrue(torch.equal(got[:, :2], positions[:, 8:10]))
+        self.assertEqual(got[:, 2:].tolist(), [[10 + delta, 11 + delta, 12 + delta]] * 3)
+        self.assertEqual(int(positions.max()) + 1, 10 + delta)  # decode continues right after the prompt
+
+
 class TestVideoLoading(unittest.TestCase):
     def test_sampling(self):
         self.assertEqual(len(sample_indices(300, 30.0, 2.0, 4, 768, 2)), 20)  # 10 s at 2 fps
