@@ -71,7 +71,8 @@ class TestVideoPatches(unittest.TestCase):
                         for mw in range(2):
                             y, x = (bh * 2 + mh) * 2, (bw * 2 + mw) * 2
                             # one patch: channels, then its two frames, then 2x2 pixels
-                            rows.append(padded[2 * t : 2 * t + 2, :, y : y + 2, x : x + 2].transpose(1, 0, 2, 3).ravel())
+                            patch = padded[2 * t : 2 * t + 2, :, y : y + 2, x : x + 2]  # [T, C, 2, 2]
+                            rows.append(patch.transpose(1, 0, 2, 3).ravel())
         np.testing.assert_array_equal(patches.numpy(), np.stack(rows))
 
 
@@ -96,9 +97,9 @@ class TestMropePositions(unittest.TestCase):
             types[0, it.offset : it.end] = 1 if it.modality == "image" else 2
         grids = {m: [list(it.metadata["grid_thw"]) for it in items if it.modality == m] for m in ("image", "video")}
         secs = [it.metadata["second_per_grid_t"] for it in items if it.modality == "video"]
-        pos, delta = self.hf.get_rope_index(ids, types, image_grid_thw=torch.tensor(grids["image"]) if grids["image"] else None,
-                                            video_grid_thw=torch.tensor(grids["video"]) if grids["video"] else None,
-                                            second_per_grid_ts=torch.tensor(secs) if secs else None)
+        as_tensor = lambda x: torch.tensor(x) if x else None  # noqa: E731
+        pos, delta = self.hf.get_rope_index(ids, types, image_grid_thw=as_tensor(grids["image"]),
+                                            video_grid_thw=as_tensor(grids["video"]), second_per_grid_ts=as_tensor(secs))
         return pos[:, 0], int(delta)
 
     def test_equal_to_hf_for_images_and_short_videos(self):

@@ -54,8 +54,8 @@ def general_mm_embed_routine(
         outs = encode_items(list(missing.values()))
         for (h, item), e in zip(missing.items(), outs):
             if e.shape[0] != item.num_tokens:
-                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an {item.modality} of {item.num_tokens} "
-                                 "tokens; the processor and the model disagree.")
+                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an {item.modality} of "
+                                 f"{item.num_tokens} tokens; the processor and the model disagree.")
             feats[h] = e
             if embedding_cache is not None:
                 embedding_cache.put(h, e.clone())  # own storage: e may be a view of the whole encoder batch
