@@ -29,7 +29,7 @@ FORWARD = "forward"
 PING = "ping"
 STOP = "stop"
 _TENSOR_FIELDS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc", "extend_prefix_lens",
-                  "extend_seq_lens", "logits_indices")
+                  "extend_seq_lens", "logits_indices", "mrope_positions")
 _LIST_FIELDS = ("seq_lens_cpu", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
 
 

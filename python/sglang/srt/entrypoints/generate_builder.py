@@ -71,6 +71,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
     params = _as_list(req.sampling_params, len(prompts), "sampling_params")
     rids = _as_list(req.rid, len(prompts), "rid") if isinstance(req.rid, list) else None
     images = req.image_data if is_batch and isinstance(req.image_data, list) else [req.image_data] * len(prompts)
+    videos = req.video_data if is_batch and isinstance(req.video_data, list) else [req.video_data] * len(prompts)
     reqs: List[TokenizedGenerateReqInput] = []
     for p, prompt in enumerate(prompts):
         sp = _sampling_dict(params[p], rt.vocab_size)
@@ -89,10 +90,11 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
                 return_logprob=req.return_logprob,
                 top_logprobs_num=req.top_logprobs_num,
                 image_data=images[p],
+                video_data=videos[p],
                 prompt_param="text" if req.text is not None else "input_ids",
                 max_tokens_param="max_new_tokens",
             )
-            ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # images: processed per choice
+            ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # media: processed per choice
             reqs.append(t)
     seen = set()
     for t in reqs:

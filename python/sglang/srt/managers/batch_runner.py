@@ -139,8 +139,15 @@ class BatchRunner:
             input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + n])
             positions.extend(range(r.kv_len, r.kv_len + n))
             out_loc.append(pool.slots(r.req_pool_idx, r.kv_len, r.kv_len + n))  # host rows: no device read
+        # M-RoPE requests: (t, h, w) positions of the chunk from the prompt's table (a chunk, or the rest after a
+        # cached prefix, starts anywhere in it), then i + delta; other requests repeat their 1-D position
+        mrope = None
+        if any(r.uses_mrope for r in reqs):
+            mrope = torch.cat([r.mm_inputs.positions_3d(r.kv_len, r.kv_len + n) if r.uses_mrope
+                               else _int64(list(range(r.kv_len, r.kv_len + n))).expand(3, -1) for r, n in units], 1)
         return ForwardBatch(
             ForwardMode.EXTEND, len(reqs), input_ids=_int64(input_ids), positions=_int64(positions),
+            mrope_positions=mrope,
             req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens), out_cache_loc=torch.cat(out_loc),
             seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows, extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=lens, extend_prefix_lens=_int64(prefix_lens), extend_seq_lens=_int64(lens),
@@ -160,11 +167,13 @@ class BatchRunner:
     def _build_decode(self, reqs: List[Req]) -> ForwardBatch:
         r2t = self.memory.req_to_token_pool.req_to_token_host  # host rows: no device read
         rows = _int64([r.req_pool_idx for r in reqs])
-        positions = _int64([r.kv_len for r in reqs])
+        cols = _int64([r.kv_len for r in reqs])
+        # past the prompt an M-RoPE position is the same on all three axes: one rotary position, kv_len + delta
+        positions = _int64([r.kv_len + r.mrope_delta for r in reqs])
         seq_lens = [r.kv_len + 1 for r in reqs]
         return ForwardBatch(
             ForwardMode.DECODE, len(reqs), input_ids=_int64([r.output_ids[-1] for r in reqs]), positions=positions,
-            req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, positions],
+            req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, cols],
             seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(), mm_inputs=None,
         )
 

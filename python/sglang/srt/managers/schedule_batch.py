@@ -34,6 +34,8 @@ class Req:
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
         self.mm_inputs = mm_inputs
+        # M-RoPE models: the position of sequence token i >= len(prompt) is i + mrope_delta (0 otherwise)
+        self.mrope_delta = getattr(mm_inputs, "mrope_position_delta", 0) if self.uses_mrope else 0
         self.stop_token_ids = set(sampling_params.stop_token_ids or [])
         if not sampling_params.ignore_eos and eos_token_ids:
             self.stop_token_ids |= set(eos_token_ids)
@@ -63,6 +65,11 @@ class Req:
         self.grammar = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
+
+    @property
+    def uses_mrope(self) -> bool:
+        """The request's positions are three-axis (a prompt position table from the processor)."""
+        return getattr(self.mm_inputs, "mrope_positions", None) is not None
 
     # ------------------------------------------------------------------ shapes
     @property

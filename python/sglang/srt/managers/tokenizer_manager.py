@@ -82,9 +82,14 @@ class TokenizerManager:
         from sglang.srt.multimodal.processors import get_mm_processor_for_dir
 
         self.mm_processor = get_mm_processor_for_dir(self.model_path, server_args)
-        self.image_token: Optional[str] = None  # the placeholder the chat template puts where an image goes
+        # the placeholder text the chat template puts where an item of each modality goes
+        self.mm_placeholders: Dict[str, str] = {}
         if self.mm_processor is not None and self.tokenizer is not None:
-            self.image_token = self.tokenizer.convert_ids_to_tokens(self.mm_processor.image_token_id)
+            for modality in self.mm_processor.supported_modalities:
+                text = self.mm_processor.chat_placeholder(modality, self.tokenizer)
+                if text is not None:
+                    self.mm_placeholders[modality] = text
+        self.image_token: Optional[str] = self.mm_placeholders.get("image")
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, self.mm_processor, self.vocab_size, self.context_len, self.max_req_len,
             self.max_req_input_len, grammar_backend=server_args.grammar_backend,

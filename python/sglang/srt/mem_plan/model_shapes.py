@@ -182,6 +182,7 @@ def text_shape_from_config(cfg: dict) -> TextShape:
             v_head_dim=cfg["v_head_dim"],
         )
     bias = bool(cfg.get("attention_bias", False))
+    qkv_bias_types = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")  # biases on q/k/v only
     moe = {}
     if mt in ("qwen2_moe", "qwen3_moe"):
         moe = dict(num_experts=_num_experts(cfg), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
@@ -192,8 +193,8 @@ def text_shape_from_config(cfg: dict) -> TextShape:
                    moe_intermediate_size=cfg["intermediate_size"])
     return TextShape(
         **common,
-        qkv_bias=bias or mt in ("qwen2", "qwen2_moe"),
-        o_bias=bias and mt not in ("qwen2", "qwen2_moe"),
+        qkv_bias=bias or mt in qkv_bias_types,
+        o_bias=bias and mt not in qkv_bias_types,
         qk_norm=mt in ("qwen3", "qwen3_moe"),
         **moe,
     )

@@ -281,7 +281,7 @@ class CudaGraphRunner:
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.forward_mode.is_decode() and fb.batch_size <= self.max_bs and fb.mm_inputs is None
-                and bool(self.graphs))
+                and fb.mrope_positions is None and bool(self.graphs))
 
     @torch.inference_mode()
     def replay(self, fb: ForwardBatch) -> torch.Tensor:

@@ -64,6 +64,9 @@ class ForwardBatch:
 
     # multimodal: per-batch input embeddings overrides (see the multimodal model), opaque here
     mm_inputs: Optional[List[Any]] = None
+    # M-RoPE models (EXTEND with a multimodal request): [3, N] int64 (t, h, w) positions; None: `positions` on
+    # all three axes (decode positions already include each request's delta)
+    mrope_positions: Optional[torch.Tensor] = None
 
 
 def move_to_device(batch: ForwardBatch, device) -> ForwardBatch:

@@ -107,6 +107,13 @@ class LlavaForConditionalGeneration(nn.Module):
             out.extend(feats.unbind(0))
         return out
 
+    def encode_items(self, items) -> List[torch.Tensor]:
+        """MultimodalDataItems (images only) -> projected embeddings [T, H_text] each."""
+        bad = [it.modality for it in items if it.modality != "image"]
+        if bad:
+            raise ValueError(f"LLaVA encodes images only, not {bad[0]}.")
+        return self.encode_images([it.feature for it in items])
+
     @torch.inference_mode()
     def profile_encoder(self, batch_size: int, pixel_shape: Tuple[int, ...], device: str) -> int:
         """Measured peak bytes of encoding batch_size largest-size images (weights excluded)."""
@@ -131,7 +138,7 @@ class LlavaForConditionalGeneration(nn.Module):
             from sglang.srt.multimodal.mm_utils import general_mm_embed_routine
 
             embeds = general_mm_embed_routine(input_ids, forward_batch, self.language_model.model.embed_tokens,
-                                              self.encode_images, self.embedding_cache)
+                                              self.encode_items, self.embedding_cache)
         return self.language_model(input_ids, positions, forward_batch, input_embeds=embeds)
 
     # ------------------------------------------------------------------ weights

@@ -16,6 +16,7 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "Qwen3MoeForCausalLM": (f"{_PKG}.qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": (f"{_PKG}.mixtral", "MixtralForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 
 

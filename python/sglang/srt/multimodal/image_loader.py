@@ -1,7 +1,8 @@
 """load_image: an API image reference -> a decoded RGB PIL image, or ValueError saying what is wrong.
 
 Accepted: PIL images, raw bytes, `data:image/...;base64,...` URLs, bare base64 strings, and local file paths
-(plain or file://) inside --allowed-local-media-path. Remote http(s) URLs are not fetched.
+(plain or file://) inside --allowed-local-media-path. Remote http(s) URLs are not fetched. media_bytes() does the
+same for videos (video_loader.py) and audio.
 The HTTP layer maps ValueError to 400, so every message names the problem and the limit.
 """
 
@@ -20,51 +21,63 @@ from PIL import Image
 MAX_DECODED_IMAGE_PIXELS = 8192 * 8192
 
 
-def _decode_base64(data: str) -> bytes:
+def _decode_base64(data: str, kind: str = "image") -> bytes:
     data = "".join(data.split())
     if not data:
-        raise ValueError("The image's base64 data is empty.")
+        raise ValueError(f"The {kind}'s base64 data is empty.")
     try:
         return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
     except (binascii.Error, ValueError) as e:
-        raise ValueError(f"The image is not valid base64: {e}.") from e
+        raise ValueError(f"The {kind} is not valid base64: {e}.") from e
 
 
-def _read_local(path: str, allowed_dir: Optional[str]) -> bytes:
+def _read_local(path: str, allowed_dir: Optional[str], kind: str = "image") -> bytes:
     if allowed_dir is None:
-        raise ValueError("Local image paths are not allowed on this server (start it with --allowed-local-media-path).")
+        raise ValueError(f"Local {kind} paths are not allowed on this server (start it with "
+                         "--allowed-local-media-path).")
     real = os.path.realpath(path)
     root = os.path.realpath(allowed_dir)
     if os.path.commonpath([real, root]) != root:
-        raise ValueError(f"The image path {path!r} is outside the allowed media directory.")
+        raise ValueError(f"The {kind} path {path!r} is outside the allowed media directory.")
     if not os.path.isfile(real):
-        raise ValueError(f"The image file {path!r} does not exist.")
+        raise ValueError(f"The {kind} file {path!r} does not exist.")
     with open(real, "rb") as f:
         return f.read()
 
 
-def image_bytes(item: Any, allowed_local_media_path: Optional[str] = None) -> bytes:
+# media type prefix a data URL of each kind must have
+_DATA_URL_TYPES = {"image": "image/", "video": "video/", "audio": "audio/"}
+_DATA_URL_EXAMPLES = {"image": "image/png", "video": "video/mp4", "audio": "audio/wav"}
+
+
+def media_bytes(item: Any, allowed_local_media_path: Optional[str] = None, kind: str = "image") -> bytes:
+    """The raw bytes of an API media reference of `kind` ("image", "video", "audio")."""
     if isinstance(item, (bytes, bytearray, memoryview)):
         return bytes(item)
     if isinstance(item, dict) and "url" in item:  # {"url": ...} as in OpenAI's image_url object
         item = item["url"]
     if not isinstance(item, str):
-        raise ValueError(f"Unsupported image input of type {type(item).__name__}; send a data URL or base64 string.")
+        raise ValueError(f"Unsupported {kind} input of type {type(item).__name__}; send a data URL or base64 string.")
     s = item.strip()
     if s.startswith("data:"):
         header, sep, payload = s.partition(",")
+        want = _DATA_URL_TYPES[kind]
         if not sep or ";base64" not in header:
-            raise ValueError("The image data URL must look like 'data:image/png;base64,<data>'.")
-        if not header[5:].startswith("image/"):
-            raise ValueError(f"The data URL has media type {header[5:].split(';')[0]!r}; an image/* type is required.")
-        return _decode_base64(payload)
+            raise ValueError(f"The {kind} data URL must look like 'data:{_DATA_URL_EXAMPLES[kind]};base64,<data>'.")
+        if not header[5:].startswith(want):
+            raise ValueError(f"The data URL has media type {header[5:].split(';')[0]!r}; a {want}* type is required.")
+        return _decode_base64(payload, kind)
     if s.startswith(("http://", "https://")):
-        raise ValueError("Remote image URLs are not fetched by this server; send the image as a base64 data URL.")
+        raise ValueError(f"Remote {kind} URLs are not fetched by this server; send the {kind} as a base64 data URL.")
     if s.startswith("file://"):
-        return _read_local(s[len("file://"):], allowed_local_media_path)
+        return _read_local(s[len("file://"):], allowed_local_media_path, kind)
     if s.startswith("/") or s.startswith("./"):
-        return _read_local(s, allowed_local_media_path)
-    return _decode_base64(s)
+        return _read_local(s, allowed_local_media_path, kind)
+    return _decode_base64(s, kind)
+
+
+def image_bytes(item: Any, allowed_local_media_path: Optional[str] = None) -> bytes:
+    return media_bytes(item, allowed_local_media_path, "image")
 
 
 def _declared_size(data: bytes) -> Optional[Tuple[int, int]]:

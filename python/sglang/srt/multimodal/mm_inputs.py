@@ -5,21 +5,33 @@ Token layout of a request with images (all indices into the expanded input_ids):
 Pad ids are derived from the image's content hash (pad_ids()), so two different images never share a prefix in
 the radix cache while the same image at the same place does. They are ordinary vocabulary ids: the model
 overwrites those rows of the prompt embeddings with the image's embeddings, located by offset, never by value.
+
+Each item carries its modality ("image", "video"; "audio" later), its preprocessed features (LLaVA: pixels
+[C, S, S]; Qwen2.5-VL: flattened patches [P, C*T*p*p]) and model-specific metadata (e.g. "grid_thw",
+"second_per_grid_t"). Models with multimodal rotary positions (M-RoPE) also get per-request positions:
+mrope_positions [3, len(input_ids)] for the prompt, and mrope_position_delta, the offset every later token adds to
+its sequence index (decode positions, re-prefilled output tokens); the scheduler reads both (managers/batch_runner).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import torch
 
+MODALITIES = ("image", "video", "audio")
 
-def content_hash(pixel_values: torch.Tensor) -> str:
-    """sha256 of the preprocessed pixels: the same picture in another container format hits the same cache entry."""
+
+def content_hash(pixel_values: torch.Tensor, extra: str = "") -> str:
+    """sha256 of the preprocessed pixels (and `extra`: what else shapes the item's embeddings or positions, e.g.
+    its grid): the same picture in another container format hits the same cache entry."""
     t = pixel_values.detach().to("cpu", torch.float32).contiguous()
-    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+    h = hashlib.sha256(t.numpy().tobytes())
+    if extra:
+        h.update(extra.encode())
+    return h.hexdigest()
 
 
 def pad_ids(image_hash: str, num_tokens: int, vocab_size: int) -> List[int]:
@@ -29,21 +41,44 @@ def pad_ids(image_hash: str, num_tokens: int, vocab_size: int) -> List[int]:
 
 @dataclass
 class MultimodalDataItem:
-    pixel_values: torch.Tensor  # [C, S, S] float32, normalised
+    feature: torch.Tensor  # the processor's output for the encoder (float32), e.g. pixels or patches
     hash: str
-    offset: int  # first token of this image in the expanded input_ids
+    offset: int  # first token of this item in the expanded input_ids
     num_tokens: int
     image_size: tuple = (0, 0)  # (width, height) as received, for logs
+    modality: str = "image"
+    metadata: dict = field(default_factory=dict)  # model-specific, e.g. {"grid_thw": (t, h, w)}
 
     @property
     def end(self) -> int:
         return self.offset + self.num_tokens
+
+    @property
+    def pixel_values(self) -> torch.Tensor:  # the image models' name for the feature
+        return self.feature
 
 
 @dataclass
 class MultimodalInputs:
     input_ids: List[int]  # the prompt with every image token expanded into num_tokens pad ids
     mm_items: List[MultimodalDataItem] = field(default_factory=list)
+    mrope_positions: Optional[torch.Tensor] = None  # [3, len(input_ids)] int64 (M-RoPE models only)
+    mrope_position_delta: int = 0  # position of token i beyond the prompt: i + delta
+
+    def count(self, modality: str) -> int:
+        return sum(1 for it in self.mm_items if it.modality == modality)
+
+    def positions_3d(self, start: int, end: int) -> torch.Tensor:
+        """M-RoPE positions [3, end - start] of sequence tokens [start, end): the prompt's table, then i + delta."""
+        prompt = self.mrope_positions
+        n_prompt = prompt.shape[1] if prompt is not None else 0
+        parts = []
+        if start < n_prompt:
+            parts.append(prompt[:, start:min(end, n_prompt)])
+        if end > max(start, n_prompt):
+            tail = torch.arange(max(start, n_prompt), end, dtype=torch.int64) + self.mrope_position_delta
+            parts.append(tail.expand(3, -1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def items_in_range(self, start: int, end: int):
         """(item, lo, hi) for each image overlapping tokens [start, end); rows [lo, hi) of its embeddings."""

@@ -1,4 +1,4 @@
-"""general_mm_embed_routine: prompt embeddings of an EXTEND batch with image rows spliced in.
+"""general_mm_embed_routine: prompt embeddings of an EXTEND batch with image / video rows spliced in.
 
 Request b of the batch prefills tokens [extend_prefix_lens[b], extend_prefix_lens[b] + extend_seq_lens[b]) of its
 sequence, at rows [row_b, row_b + extend_seq_lens[b]) of the batch (rows are concatenated in request order). An
@@ -6,12 +6,13 @@ image at [offset, offset + num_tokens) of the sequence may overlap that chunk in
 or a cached prefix covers its first tokens -- so only its overlapping embedding rows are copied:
     sequence tokens [lo, hi)  ->  batch rows [row_b + lo - start_b, row_b + hi - start_b),  embedding rows
     [lo - offset, hi - offset).
-Embeddings come from the cache first (held for the whole batch), then the misses are encoded in one call.
+Embeddings come from the cache first (held for the whole batch), then the misses are encoded in one call of the
+model's encode_items (which groups them by modality as its encoders need).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -22,10 +23,10 @@ def general_mm_embed_routine(
     input_ids: torch.Tensor,
     forward_batch: ForwardBatch,
     embed_tokens: Callable[[torch.Tensor], torch.Tensor],
-    encode_images: Callable[[List[torch.Tensor]], List[torch.Tensor]],
+    encode_items: Callable[[List[Any]], List[torch.Tensor]],
     embedding_cache=None,
 ) -> torch.Tensor:
-    """input_ids [N] -> embeddings [N, hidden]. encode_images: list of pixel_values -> list of [T_i, hidden]."""
+    """input_ids [N] -> embeddings [N, hidden]. encode_items: MultimodalDataItems -> one [T_i, hidden] each."""
     embeds = embed_tokens(input_ids)
     needs = []  # (first batch row, item, first embedding row, end embedding row)
     row = 0
@@ -50,11 +51,11 @@ def general_mm_embed_routine(
         else:
             missing[item.hash] = item
     if missing:
-        outs = encode_images([item.pixel_values for item in missing.values()])
+        outs = encode_items(list(missing.values()))
         for (h, item), e in zip(missing.items(), outs):
             if e.shape[0] != item.num_tokens:
-                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an image of {item.num_tokens} "
-                                 "tokens; the processor and the model disagree.")
+                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an {item.modality} of "
+                                 f"{item.num_tokens} tokens; the processor and the model disagree.")
             feats[h] = e
             if embedding_cache is not None:
                 embedding_cache.put(h, e.clone())  # own storage: e may be a view of the whole encoder batch

@@ -220,7 +220,18 @@ class ImageContentPart(OpenAIModel):
     image_url: ImageURL
 
 
-ContentPart = Annotated[Union[TextContentPart, ImageContentPart], Field(discriminator="type")]
+class VideoURL(OpenAIModel):
+    url: str
+
+
+class VideoContentPart(OpenAIModel):
+    """SGLang's extension: {"type": "video_url", "video_url": {"url": data URL / base64 / allowed local file}}."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[Union[TextContentPart, ImageContentPart, VideoContentPart], Field(discriminator="type")]
 
 
 class ChatMessage(OpenAIModel):
@@ -231,16 +242,22 @@ class ChatMessage(OpenAIModel):
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None  # an earlier reply's thoughts, sent back by some clients
 
-    def text(self, image_placeholder: Optional[str] = None) -> str:
-        """The text parts joined; image parts become image_placeholder (a multimodal model's image token)."""
+    def text(self, image_placeholder: Optional[str] = None, video_placeholder: Optional[str] = None) -> str:
+        """The text parts joined; image / video parts become the model's placeholder text for them."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(p.text if isinstance(p, TextContentPart) else (image_placeholder or "") for p in self.content)
+        holders = {"image_url": image_placeholder or "", "video_url": video_placeholder or ""}
+        return "".join(p.text if isinstance(p, TextContentPart) else holders[p.type] for p in self.content)
 
     def image_urls(self) -> List[str]:
         if not isinstance(self.content, list):
             return []
         return [p.image_url.url for p in self.content if isinstance(p, ImageContentPart)]
+
+    def video_urls(self) -> List[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.video_url.url for p in self.content if isinstance(p, VideoContentPart)]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -303,6 +320,7 @@ class GenerateRequest(OpenAIModel):
     return_logprob: bool = v.FLAG.field(False)
     top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
     image_data: Optional[Any] = None
+    video_data: Optional[Any] = None
     model: Optional[str] = None
     # upstream fields sglang-router always sends (see upstream_only)
     return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")

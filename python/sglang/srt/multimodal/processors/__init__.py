@@ -10,6 +10,7 @@ _PKG = "sglang.srt.multimodal.processors"
 # architecture -> (module, class)
 PROCESSOR_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaImageProcessor"),
+    "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLProcessor"),
 }
 
 

@@ -1,21 +1,33 @@
-"""BaseMultimodalProcessor: image_data + prompt ids -> MultimodalInputs (runs in the main process, no model).
+"""BaseMultimodalProcessor: image/video data + prompt ids -> MultimodalInputs (runs in the main process, no model).
 
 Image placement: each image token in the prompt takes the next image, in order. A prompt without image tokens
 gets all its images at the start (after the BOS token, if the prompt starts with one). Any other mismatch between
-image tokens and images is a ValueError.
+image tokens and images is a ValueError. Per-request item counts are checked against --limit-mm-data-per-request
+(and the hard cap below) before anything is decoded.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from sglang.srt.multimodal.image_loader import load_image
 from sglang.srt.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, content_hash, pad_ids
 
-# A request may carry at most this many images (each costs encoder work and prompt tokens).
+# A request may carry at most this many items of one modality (each costs encoder work and prompt tokens).
 MAX_IMAGES_PER_REQUEST = 16
+
+
+def as_list(data: Any) -> list:
+    if data is None:
+        return []
+    return list(data) if isinstance(data, (list, tuple)) else [data]
+
+
+def item_limits_of(server_args) -> Dict[str, int]:
+    limits = getattr(server_args, "mm_item_limits", None)
+    return limits() if callable(limits) else {}
 
 
 class BaseMultimodalProcessor:
@@ -23,6 +35,8 @@ class BaseMultimodalProcessor:
     vocab_size: int
     bos_token_id: Optional[int] = None
     allowed_local_media_path: Optional[str] = None
+    supported_modalities = ("image",)
+    item_limits: Dict[str, int] = {}  # --limit-mm-data-per-request
 
     # ---- per model ----
     def preprocess(self, image) -> torch.Tensor:
@@ -36,13 +50,31 @@ class BaseMultimodalProcessor:
     def max_tokens_per_image(self) -> int:
         raise NotImplementedError
 
+    def chat_placeholder(self, modality: str, tokenizer) -> Optional[str]:
+        """The text the chat template puts where an item of `modality` goes (None: not accepted)."""
+        return tokenizer.convert_ids_to_tokens(self.image_token_id) if modality == "image" else None
+
     # ---- shared ----
-    def process(self, input_ids: List[int], image_data: Any) -> MultimodalInputs:
-        images = image_data if isinstance(image_data, (list, tuple)) else [image_data]
+    def check_counts(self, counts: Dict[str, int]) -> None:
+        """Refuse modalities this model does not take, and more items than the limits allow (before decoding)."""
+        for modality, n in counts.items():
+            if not n:
+                continue
+            if modality not in self.supported_modalities:
+                raise ValueError(f"This model does not accept {modality} inputs; it accepts "
+                                 f"{', '.join(self.supported_modalities)}.")
+            limit = self.item_limits.get(modality)
+            if limit is not None and n > limit:
+                raise ValueError(f"The request has {n} {modality} items; this server allows at most {limit} per "
+                                 f"request (--limit-mm-data-per-request). Send at most {limit}.")
+            if n > MAX_IMAGES_PER_REQUEST:
+                raise ValueError(f"The request has {n} {modality}s; at most {MAX_IMAGES_PER_REQUEST} are accepted.")
+
+    def process(self, input_ids: List[int], image_data: Any = None, video_data: Any = None) -> MultimodalInputs:
+        images = as_list(image_data)
+        self.check_counts({"image": len(images), "video": len(as_list(video_data))})
         if not images:
             return MultimodalInputs(list(input_ids), [])
-        if len(images) > MAX_IMAGES_PER_REQUEST:
-            raise ValueError(f"The request has {len(images)} images; at most {MAX_IMAGES_PER_REQUEST} are accepted.")
         pixels = []
         for i, item in enumerate(images):
             try:
@@ -61,7 +93,7 @@ class BaseMultimodalProcessor:
             pv, size = pixels[k]
             h = content_hash(pv)
             n = self.num_image_tokens(pv)
-            items.append(MultimodalDataItem(pixel_values=pv, hash=h, offset=len(out), num_tokens=n, image_size=size))
+            items.append(MultimodalDataItem(feature=pv, hash=h, offset=len(out), num_tokens=n, image_size=size))
             out.extend(pad_ids(h, n, self.vocab_size))
             k += 1
         return MultimodalInputs(out, items)

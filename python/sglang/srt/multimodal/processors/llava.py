@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.multimodal.image_processing import ImageProcessorConfig, preprocess_image
-from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
+from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor, item_limits_of
 
 
 def image_token_id_of(hf_config) -> int:
@@ -32,6 +32,7 @@ class LlavaImageProcessor(BaseMultimodalProcessor):
         self.vocab_size = text.vocab_size
         self.bos_token_id = getattr(text, "bos_token_id", None)
         self.allowed_local_media_path = server_args.allowed_local_media_path
+        self.item_limits = item_limits_of(server_args)
         self.config = ImageProcessorConfig.from_model_dir(model_dir, hf_config.vision_config,
                                                           server_args.max_image_pixels)
         self.tokens_per_image = llava_num_image_tokens(hf_config)
