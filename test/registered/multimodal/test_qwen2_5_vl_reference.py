@@ -43,7 +43,7 @@ class QwenVLReferenceBase:
         from transformers import Qwen2_5_VLForConditionalGeneration
 
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.model_dir = make_random_qwen2_5_vl(cls.tmp.name)
+        cls.model_dir = make_random_qwen2_5_vl(cls.tmp.name, video_max_frames=32)  # > the 16-frame video chunk
         cls.hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(cls.model_dir, dtype=torch.float32).eval()
         cls.engine = Engine(model_path=cls.model_dir, dtype="float32", max_total_tokens=4096,
                             max_running_requests=8, random_seed=0, log_level="warning", **cls.engine_kwargs)
@@ -113,6 +113,30 @@ class TestQwen2_5_VL(QwenVLReferenceBase, unittest.TestCase):
         self.check(f"{IMG} Watch {VID} now", [data_url(make_image(6, 56, 56))], [v])
         self.assertGreater(len(ids2), len(ids))
         self.assertEqual(stats.num_images, encoded + 1, "only the new image is encoded; the video hits the cache")
+
+    def test_long_video_is_encoded_in_planned_chunks(self):
+        # 40 frames at 4 fps sampled at 2 fps -> 20 frames = 10 temporal slices; the planned chunk is 16 frames
+        # (mem_plan.encoder_inputs.VIDEO_CHUNK_FRAMES) = 8 slices -> chunks of 8 and 2 slices, each one tower call
+        # of its own and one unit of the video gate. The chunks' embeddings are HF's for the whole video. (Tokens
+        # are not compared here: past a video whose time span exceeds its spatial span, transformers 5's position
+        # rule differs from Qwen2.5-VL's original one, which this runtime follows -- test_qwen_vl_processing.py.)
+        v = video(7, frames=40)
+        ids = self.tok.encode(f"Long clip {VID} summary.")
+        item = self.proc.process(ids, None, [v]).mm_items[0]
+        self.assertEqual(item.metadata["grid_thw"][0], 10)
+        self.assertEqual(item.chunk_rows(), [(0, 48), (48, 60)])
+        self.assertEqual(self.runner.model.encoder_workloads["video"].chunk_frames, 16)
+        with torch.no_grad():
+            ours = torch.cat(self.runner.model.encode_items([item.chunk(0), item.chunk(1)]))
+            ref = self.hf.get_video_features(pixel_values_videos=item.feature,
+                                             video_grid_thw=torch.tensor([item.metadata["grid_thw"]]))
+        torch.testing.assert_close(ours, ref.pooler_output[0], rtol=1e-4, atol=1e-5)
+        stats = self.runner.model.encoder_stats
+        before = stats.num_images
+        out = self.engine.generate(input_ids=ids, video_data=v, sampling_params=GREEDY)
+        self.assertEqual(len(out["output_ids"]), MAX_NEW)
+        self.assertEqual(stats.num_images - before, 2, "one tower call per planned chunk")
+        self.assertGreaterEqual(self.runner.encoder_admission.max_units_per_batch["video"], 1)
 
     def test_text_only_request(self):
         ids = self.tok.encode("Plain text, no pictures.")

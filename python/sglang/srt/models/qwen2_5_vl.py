@@ -71,27 +71,28 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
             out.extend(self.visual(patches, grids))
         return out
 
-    @torch.inference_mode()
-    def profile_encoder(self, batch_size: int, grid_thw: Tuple[int, int, int], device: str) -> int:
-        """Measured peak bytes of encoding batch_size items of the largest accepted grid (t, h, w) patches."""
-        from sglang.srt.mem_plan.measure import measure_peak
+    def mm_encoder_probes(self) -> dict:
+        """{"image": probe, "video": probe} (multimodal/runner_setup.py): each encodes its planned largest unit of
+        work -- work.vision.num_inputs inputs of work.vision.grid_thw patches: images at the pixel cap, one video
+        chunk of the planned frames -- through encode_items, as serving does."""
+        return {"image": self._probe_encoder, "video": self._probe_encoder}
+
+    def _probe_encoder(self, work, device: str) -> None:
         from sglang.srt.multimodal.mm_inputs import MultimodalDataItem
 
-        t, h, w = grid_thw
+        t, h, w = work.vision.grid_thw
         v = self.config.vision_config
         dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+        n = work.vision.num_inputs
         saved = self.encoder_batch_size
-        self.encoder_batch_size = batch_size
+        self.encoder_batch_size = n
         dummy = [MultimodalDataItem(torch.zeros(t * h * w, dim, device=device), "", 0, t * h * w // self.merge_units,
-                                    modality="video" if t > 1 else "image", metadata={"grid_thw": (t, h, w)})
-                 for _ in range(batch_size)]
+                                    modality=work.modality, metadata={"grid_thw": (t, h, w)}) for _ in range(n)]
         try:
-            with measure_peak(device) as meter:
-                self.encode_items(dummy)
+            self.encode_items(dummy)
         finally:
             self.encoder_batch_size = saved
             self.encoder_stats = EncoderStats()  # the profile run is not real work
-        return meter.increase_bytes
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()

@@ -19,18 +19,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from sglang.srt.mem_plan.encoder import EncoderBudget
+from sglang.srt.multimodal.mm_inputs import unit_key  # noqa: F401  (models and tests key chunks with it)
 
 
 def encoder_chunks(item) -> List[Tuple[int, int]]:
     """[(lo, hi)] embedding rows of each encoder chunk of an item, relative to item.offset."""
     chunks = getattr(item, "encoder_chunks", None)
     return list(chunks) if chunks else [(0, item.num_tokens)]
-
-
-def unit_key(item_hash: str, index: int, num_chunks: int) -> str:
-    """The embedding-cache / admission key of one encoder chunk: the item's hash for a one-chunk item (images), else
-    `<hash>:<index>` -- models cache chunk embeddings under this key."""
-    return item_hash if num_chunks == 1 else f"{item_hash}:{index}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -34,6 +34,12 @@ def content_hash(pixel_values: torch.Tensor, extra: str = "") -> str:
     return h.hexdigest()
 
 
+def unit_key(item_hash: str, index: int, num_chunks: int) -> str:
+    """The embedding-cache / admission key of one encoder chunk: the item's hash for a one-chunk item (images), else
+    `<hash>:<index>`."""
+    return item_hash if num_chunks == 1 else f"{item_hash}:{index}"
+
+
 def pad_ids(image_hash: str, num_tokens: int, vocab_size: int) -> List[int]:
     base = int(image_hash[:15], 16)
     return [(base + i) % vocab_size for i in range(num_tokens)]
@@ -48,10 +54,30 @@ class MultimodalDataItem:
     image_size: tuple = (0, 0)  # (width, height) as received, for logs
     modality: str = "image"
     metadata: dict = field(default_factory=dict)  # model-specific, e.g. {"grid_thw": (t, h, w)}
+    # A long item (video, audio) is encoded in planned chunks (mem_plan/encoder_inputs.py), one per encoder call:
+    # chunk i covers embedding rows encoder_chunks[i] = (lo, hi) relative to offset, and is encoded from feature
+    # rows chunk_features[i] = (first, end, metadata of the chunk). None: the item is one chunk.
+    encoder_chunks: Optional[List[Tuple[int, int]]] = None
+    chunk_features: Optional[List[Tuple[int, int, dict]]] = None
 
     @property
     def end(self) -> int:
         return self.offset + self.num_tokens
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.encoder_chunks) if self.encoder_chunks else 1
+
+    def chunk_rows(self) -> List[Tuple[int, int]]:
+        return list(self.encoder_chunks) if self.encoder_chunks else [(0, self.num_tokens)]
+
+    def chunk(self, index: int) -> "MultimodalDataItem":
+        """Chunk `index` as an item of its own (what one encoder call sees), keyed by unit_key."""
+        if not self.encoder_chunks:
+            return self
+        (lo, hi), (first, end, meta) = self.encoder_chunks[index], self.chunk_features[index]
+        return MultimodalDataItem(self.feature[first:end], unit_key(self.hash, index, self.num_chunks),
+                                  self.offset + lo, hi - lo, self.image_size, self.modality, {**self.metadata, **meta})
 
     @property
     def pixel_values(self) -> torch.Tensor:  # the image models' name for the feature

@@ -6,8 +6,10 @@ image at [offset, offset + num_tokens) of the sequence may overlap that chunk in
 or a cached prefix covers its first tokens -- so only its overlapping embedding rows are copied:
     sequence tokens [lo, hi)  ->  batch rows [row_b + lo - start_b, row_b + hi - start_b),  embedding rows
     [lo - offset, hi - offset).
-Embeddings come from the cache first (held for the whole batch), then the misses are encoded in one call of the
-model's encode_items (which groups them by modality as its encoders need).
+A long item is encoded in its planned chunks (item.encoder_chunks, one encoder call each, keyed by unit_key): only
+the chunks that overlap the batch are looked up in the embedding cache, and only the misses are encoded, in one call
+of the model's encode_items (which groups them by modality as its encoders need) -- so a chunked prefill through a
+long video encodes each chunk once, when its rows are first needed, as the scheduler's admission charged it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.multimodal.mm_inputs import unit_key
 
 
 def general_mm_embed_routine(
@@ -40,26 +43,35 @@ def general_mm_embed_routine(
     if not needs:
         return embeds
 
+    # one entry per encoder chunk the batch needs: (first batch row, chunk item, first row, end row in the chunk)
+    pieces = []
+    for dst, item, lo, hi in needs:
+        for index, (clo, chi) in enumerate(item.chunk_rows()):
+            a, b = max(lo, clo), min(hi, chi)
+            if a < b:
+                pieces.append((dst + a - lo, item, index, a - clo, b - clo))
+
     feats: Dict[str, torch.Tensor] = {}
-    missing = {}
-    for _, item, _, _ in needs:
-        if item.hash in feats or item.hash in missing:
+    missing = {}  # unit key -> the chunk as an item of its own
+    for _, item, index, _, _ in pieces:
+        key = unit_key(item.hash, index, item.num_chunks)
+        if key in feats or key in missing:
             continue
-        hit: Optional[torch.Tensor] = embedding_cache.get(item.hash) if embedding_cache is not None else None
+        hit: Optional[torch.Tensor] = embedding_cache.get(key) if embedding_cache is not None else None
         if hit is not None:
-            feats[item.hash] = hit
+            feats[key] = hit
         else:
-            missing[item.hash] = item
+            missing[key] = item.chunk(index)
     if missing:
         outs = encode_items(list(missing.values()))
-        for (h, item), e in zip(missing.items(), outs):
-            if e.shape[0] != item.num_tokens:
-                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an {item.modality} of "
-                                 f"{item.num_tokens} tokens; the processor and the model disagree.")
-            feats[h] = e
+        for (key, chunk), e in zip(missing.items(), outs):
+            if e.shape[0] != chunk.num_tokens:
+                raise ValueError(f"The encoder produced {e.shape[0]} embeddings for an {chunk.modality} (chunk) of "
+                                 f"{chunk.num_tokens} tokens; the processor and the model disagree.")
+            feats[key] = e
             if embedding_cache is not None:
-                embedding_cache.put(h, e.clone())  # own storage: e may be a view of the whole encoder batch
+                embedding_cache.put(key, e.clone())  # own storage: e may be a view of the whole encoder batch
 
-    for dst, item, lo, hi in needs:
-        embeds[dst : dst + hi - lo] = feats[item.hash][lo:hi].to(embeds.dtype)
+    for dst, item, index, lo, hi in pieces:
+        embeds[dst : dst + hi - lo] = feats[unit_key(item.hash, index, item.num_chunks)][lo:hi].to(embeds.dtype)
     return embeds

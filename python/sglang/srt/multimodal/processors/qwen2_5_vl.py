@@ -12,12 +12,28 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
+from sglang.srt.mem_plan.encoder_inputs import video_chunk_frames
 from sglang.srt.multimodal.image_loader import load_image
 from sglang.srt.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, content_hash, pad_ids
 from sglang.srt.multimodal.mrope_positions import mrope_positions
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor, as_list, item_limits_of
 from sglang.srt.multimodal.qwen_vl_image import largest_grid, load_pixel_configs, num_tokens_of, preprocess_frames
 from sglang.srt.multimodal.video_loader import load_video
+
+
+def split_video_into_chunks(item: MultimodalDataItem, chunk_grid_t: int, merge: int) -> None:
+    """Encode a video of grid (t, h, w) in chunks of chunk_grid_t temporal slices: the tower attends within one
+    slice at a time (its full-attention layers' sequences and its windows are per slice; its rotary positions are
+    2-D), so the chunks' embeddings are the whole video's, and each chunk costs what the plan's video term covers."""
+    t, h, w = item.metadata["grid_thw"]
+    if t <= chunk_grid_t:
+        return
+    rows_per_t, tokens_per_t = h * w, h * w // (merge * merge)
+    item.encoder_chunks, item.chunk_features = [], []
+    for t0 in range(0, t, chunk_grid_t):
+        t1 = min(t0 + chunk_grid_t, t)
+        item.encoder_chunks.append((t0 * tokens_per_t, t1 * tokens_per_t))
+        item.chunk_features.append((t0 * rows_per_t, t1 * rows_per_t, {"grid_thw": (t1 - t0, h, w)}))
 
 
 class Qwen2_5_VLProcessor(BaseMultimodalProcessor):
@@ -37,6 +53,9 @@ class Qwen2_5_VLProcessor(BaseMultimodalProcessor):
         self.item_limits = item_limits_of(server_args)
         self.image_cfg, self.video_cfg = load_pixel_configs(model_dir, server_args.max_image_pixels)
         self.max_video_frames = min(self.video_cfg.max_frames, server_args.max_video_frames)
+        # the planned video chunk (the plan's encoder_video term is one chunk): the same function as the plan's
+        tp = self.video_cfg.temporal_patch_size
+        self.video_chunk_grid_t = video_chunk_frames(server_args.max_video_frames, tp) // tp
         if self.image_cfg.patch_size != vision.patch_size or self.image_cfg.merge_size != self.merge:
             raise ValueError(f"preprocessor_config.json (patch {self.image_cfg.patch_size}, merge "
                              f"{self.image_cfg.merge_size}) disagrees with the vision config (patch "
@@ -76,8 +95,10 @@ class Qwen2_5_VLProcessor(BaseMultimodalProcessor):
         patches, grid = preprocess_frames(video.frames, cfg, repeat_to_temporal_patch=False)
         second_per_grid_t = cfg.temporal_patch_size / video.sampled_fps
         meta = {"grid_thw": grid, "second_per_grid_t": second_per_grid_t, "num_frames": len(video.frames)}
-        return MultimodalDataItem(patches, content_hash(patches, f"video{grid}{second_per_grid_t!r}"), 0,
+        item = MultimodalDataItem(patches, content_hash(patches, f"video{grid}{second_per_grid_t!r}"), 0,
                                   num_tokens_of(grid, self.merge), video.size, "video", meta)
+        split_video_into_chunks(item, self.video_chunk_grid_t, self.merge)
+        return item
 
     def _items(self, datas: list, make, name: str) -> List[MultimodalDataItem]:
         out = []
