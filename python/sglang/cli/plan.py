@@ -32,6 +32,8 @@ from sglang.srt.configs.resolved import (
 )
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
+from sglang.srt.mem_plan.encoder import EncoderTerm, encoder_term_name
+from sglang.srt.mem_plan.encoder_plan import MODALITY_ORDER
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
 from sglang.srt.mem_plan.model_shapes import load_config
 from sglang.srt.mem_plan.sizes import (
@@ -48,6 +50,7 @@ from sglang.srt.server_args import ServerArgs
 HINT_TERM_SHARE = 0.10
 MEASURED_FIELDS = {"weights": "weight_bytes", "activations": "activation_bytes", "cuda_graphs": "cuda_graph_bytes",
                    "encoder": "encoder_bytes"}
+MEASURED_ENCODERS = tuple(encoder_term_name(m) for m in MODALITY_ORDER)  # --measured encoder_video=BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--total-memory-gb", type=float, default=None,
                     help="With --device cpu: the RAM available to the server, in GiB. Default: this machine's.")
     hw.add_argument("--measured", action="append", default=[], metavar="TERM=BYTES",
-                    help=f"Use a measured value for a term instead of its formula ({', '.join(MEASURED_FIELDS)}).")
+                    help=f"Use a measured value for a term instead of its formula "
+                         f"({', '.join(MEASURED_FIELDS)}, {', '.join(MEASURED_ENCODERS)}).")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     return p
 
@@ -78,8 +82,9 @@ def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
         parser.error("--gpu and --device cpu exclude each other.")
     for item in ns.measured:
         term, _, value = item.partition("=")
-        if term not in MEASURED_FIELDS or not value.isdigit():
-            parser.error(f"--measured {item!r}: use TERM=BYTES with TERM one of {', '.join(MEASURED_FIELDS)}.")
+        if term not in MEASURED_FIELDS and term not in MEASURED_ENCODERS or not value.isdigit():
+            parser.error(f"--measured {item!r}: use TERM=BYTES with TERM one of "
+                         f"{', '.join(MEASURED_FIELDS)}, {', '.join(MEASURED_ENCODERS)}.")
     return sa, ns
 
 
@@ -110,22 +115,28 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
 
 def plan_inputs(sa: ServerArgs, ns, model: B.ModelFacts, device: B.DeviceFacts) -> PlanInputs:
     measured = B.formula_terms(sa, model, device)
-    overrides = {}
+    overrides, encoders = {}, {t.name: t for t in measured.encoder_terms}
     for item in ns.measured:
         term, _, value = item.partition("=")
+        if term in MEASURED_ENCODERS:
+            if term not in encoders:
+                build_parser().error(f"--measured {term}: the model has no such encoder term "
+                                     f"({', '.join(encoders) or 'none'}).")
+            encoders[term] = dataclasses.replace(encoders[term], num_bytes=int(value), source="measured")
+            continue
         overrides[MEASURED_FIELDS[term]] = int(value)
         measured.sources[term] = "measured"
-    measured = dataclasses.replace(measured, **overrides)
+    measured = dataclasses.replace(measured, encoder_terms=tuple(encoders.values()), **overrides)
     return B.build_plan_inputs(sa, model, device, measured)
 
 
 def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
     """What the encoder reservation and the embedding cache cost the KV pool: the same plan without them."""
-    reserved = inputs.encoder_bytes + inputs.mm_cache_bytes
+    reserved = inputs.encoder_total_bytes + inputs.mm_cache_bytes
     if reserved == 0:
         return None
     try:
-        without = plan_memory(dataclasses.replace(inputs, encoder_bytes=0, mm_cache_bytes=0))
+        without = plan_memory(dataclasses.replace(inputs, encoder_bytes=0, encoder_terms=(), mm_cache_bytes=0))
     except MemoryPlanError:
         return None
     return {"reserved_bytes": reserved, "kv_tokens_with": plan.max_total_num_tokens,
@@ -150,7 +161,7 @@ def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) 
     runtime = (inputs.workspace.bytes_for(slots, graph_bs)
                + req_to_token_bytes(slots, inputs.context_len, UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES)
                + inputs.activation_bytes + upstream_logits_per_req * slots + inputs.cuda_graph_bytes
-               + inputs.encoder_bytes + inputs.moe_workspace_bytes)
+               + inputs.encoder_total_bytes + inputs.moe_workspace_bytes)
     slack = pre - int(y * pre)
     return {"mem_fraction_static": y, "max_total_num_tokens": tokens, "max_running_requests": slots,
             "slack_bytes": slack, "unplanned_runtime_bytes": runtime, "slack_left_bytes": slack - runtime,
@@ -162,8 +173,10 @@ def hints(plan: MemoryPlan, inputs: PlanInputs, kv_cache_dtype: str) -> list[str
     if plan.max_total_num_tokens < plan.context_len:
         out.append(f"The KV pool holds {plan.max_total_num_tokens:,} tokens, less than one full-context request: "
                    f"use --context-length {plan.max_total_num_tokens // 2:,} or less, more --tp, or fp8 KV.")
-    for name in ("attention_workspace", "req_to_token", "logits", "encoder", "activations", "moe_workspace"):
-        t = plan.term(name)
+    names = ("attention_workspace", "req_to_token", "logits", "activations", "moe_workspace", "encoder",
+             *MEASURED_ENCODERS)
+    for t in (t for t in plan.terms if t.name in names):
+        name = t.name
         if t.num_bytes > HINT_TERM_SHARE * plan.budget_bytes:
             if name == "moe_workspace":
                 out.append(f"moe_workspace takes {gib(t.num_bytes):.2f} GiB at --chunked-prefill-size "

@@ -114,7 +114,7 @@ class TestPlanCommand(unittest.TestCase):
     def test_encoder_reserve(self):
         llava = os.path.join(FIXTURES, "llava-siglip-qwen2-7b")
         auto = self.check_fits(llava, "h100-80gb")
-        enc = {t["name"]: t["num_bytes"] for t in auto["plan"]["terms"]}["encoder"]
+        enc = {t["name"]: t["num_bytes"] for t in auto["plan"]["terms"]}["encoder_image"]
         self.assertGreater(enc, 0)
         fixed = self.check_fits(llava, "h100-80gb", "--encoder-mem-reserve", "2")
         self.assertEqual({t["name"]: t["num_bytes"] for t in fixed["plan"]["terms"]}["encoder"], 2 * GiB)

@@ -46,9 +46,10 @@ class TestEncoderBudgetBurst(unittest.TestCase):
             plan = runner.memory_plan
             adm = runner.encoder_admission
             self.assertEqual(plan.budget_bytes, int(CAP_GIB * 2**30))
-            self.assertEqual(plan.bytes_of("encoder"), runner.multimodal.encoder_reserve_bytes)
+            self.assertEqual(plan.bytes_of("encoder_image"), runner.multimodal.encoder_reserve_bytes)
             self.assertGreater(runner.multimodal.encoder_reserve_bytes, 0)
-            self.assertEqual(plan.term("encoder").source, "measured")
+            self.assertEqual(plan.term("encoder_image").source, "measured")
+            self.assertEqual([t.name for t in plan.terms if t.name.startswith("encoder")], ["encoder_image"])
             self.assertEqual(adm.max_images, ENCODER_BATCH)
 
             prompts = [f"Request {i}: compare <image> with <image>." for i in range(NUM_REQS)]

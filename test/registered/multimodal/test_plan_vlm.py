@@ -25,25 +25,27 @@ class TestPlanVlm(unittest.TestCase):
         status, result, text = run(["--model-path", LLAVA, "--gpu", "h100-80gb"])
         self.assertEqual(status, 0)
         t = terms(result)
-        self.assertGreater(t["encoder"]["num_bytes"], 0)
-        self.assertIn("vision: 729 tokens x batch 1", t["encoder"]["detail"])  # (384 / 14)^2 SigLIP patches
+        self.assertNotIn("encoder", t)  # one term per modality: LLaVA encodes images
+        self.assertGreater(t["encoder_image"]["num_bytes"], 0)
+        self.assertIn("vision: 729 tokens x batch 1", t["encoder_image"]["detail"])  # (384 / 14)^2 SigLIP patches
         self.assertEqual(t["mm_embedding_cache"]["num_bytes"], 100 * MiB)
         effect = result["encoder_effect"]
         cell = result["kv_cell_bytes"]
-        reserved = t["encoder"]["num_bytes"] + t["mm_embedding_cache"]["num_bytes"]
+        reserved = t["encoder_image"]["num_bytes"] + t["mm_embedding_cache"]["num_bytes"]
         self.assertEqual(effect["reserved_bytes"], reserved)
         # the KV pool gives up what the encoder takes (to within a token), and no more
         self.assertLessEqual(abs(effect["kv_tokens_lost"] - reserved / cell), 1)
         self.assertIn("Encoder reservation + embedding cache", text)
-        self.assertIn("encoder ", text)
+        self.assertIn("encoder_image ", text)
 
     def test_explicit_reservation_and_batch_size(self):
         _, auto, _ = run(["--model-path", LLAVA, "--gpu", "h100-80gb", "--encoder-batch-size", "4"])
         _, one, _ = run(["--model-path", LLAVA, "--gpu", "h100-80gb"])
-        self.assertEqual(terms(auto)["encoder"]["num_bytes"], 4 * terms(one)["encoder"]["num_bytes"])
+        self.assertEqual(terms(auto)["encoder_image"]["num_bytes"], 4 * terms(one)["encoder_image"]["num_bytes"])
         _, fixed, text = run(["--model-path", LLAVA, "--gpu", "h100-80gb", "--encoder-mem-reserve", "4",
                               "--mm-embedding-cache-mb", "0"])
-        self.assertEqual(terms(fixed)["encoder"]["num_bytes"], 4 * GiB)
+        self.assertEqual(terms(fixed)["encoder"]["num_bytes"], 4 * GiB)  # the one shared reservation
+        self.assertNotIn("encoder_image", terms(fixed))
         self.assertEqual(terms(fixed)["mm_embedding_cache"]["num_bytes"], 0)
         lost = fixed["encoder_effect"]["kv_tokens_lost"]
         self.assertLessEqual(abs(lost - 4 * GiB / fixed["kv_cell_bytes"]), 1)

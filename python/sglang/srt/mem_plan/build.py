@@ -20,6 +20,7 @@ from sglang.srt.mem_plan.backends import GRAPH_BACKENDS, AttentionShape, Backend
 from sglang.srt.mem_plan.budget import CPU_DEFAULT_AVAILABLE_SHARE, cpu_default_cap_bytes
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
+from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
@@ -89,6 +90,7 @@ class MeasuredTerms:
     encoder_bytes: int = 0
     sources: dict = field(default_factory=dict)  # term -> measured / formula / declared
     encoder_detail: str = ""
+    encoder_terms: tuple = ()  # encoder.EncoderTerm per modality (replaces encoder_bytes; encoder_plan.py)
 
 
 def gpu_tier_defaults(sa, device: DeviceFacts) -> tuple[int, int]:
@@ -168,13 +170,12 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     """The dry run's stand-ins for the measured terms (declared formulas in model_shapes.py / encoder.py)."""
     shape, tp = model.shape, sa.tp_size
     chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
+    encoder, detail, encoder_terms = 0, "", ()
     if sa.encoder_mem_reserve is not None:
         encoder = encoder_reservation_bytes(None, 1, sa.encoder_mem_reserve)
         detail = "--encoder-mem-reserve"
     else:
-        encoder = sum(encoder_reservation_bytes(e, sa.encoder_batch_size) for e in shape.encoders)
-        detail = "; ".join(f"{e.name}: {e.max_tokens_per_input:,} tokens x batch {sa.encoder_batch_size}"
-                           for e in shape.encoders)
+        encoder_terms = formula_encoder_terms(shape, sa, model.dtype, device.kind)
     return MeasuredTerms(
         weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype),
                                              getattr(sa, "ep_size", 1))
@@ -184,6 +185,7 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
         encoder_bytes=encoder,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula", "encoder": "declared"},
         encoder_detail=detail,
+        encoder_terms=encoder_terms,
     )
 
 
@@ -269,6 +271,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         cuda_graph_max_bs=graph_bs,
         encoder_bytes=measured.encoder_bytes,
         encoder_detail=measured.encoder_detail,
+        encoder_terms=tuple(measured.encoder_terms),
         mm_cache_bytes=mm_cache_bytes(sa, model) if mm_embedding_cache_bytes is None else mm_embedding_cache_bytes,
         tp_size=sa.tp_size,
         grammar_per_req_bytes=grammar_per_req,

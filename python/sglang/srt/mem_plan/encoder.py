@@ -1,8 +1,10 @@
-"""Encoder reservation: a typed budget for multimodal encoders instead of a cut to mem_fraction_static.
+"""Encoder reservation: a typed budget per modality for multimodal encoders instead of a cut to mem_fraction_static.
 
-The reservation is either explicit (--encoder-mem-reserve, GiB) or computed from the encoder's declared spec at
-the largest accepted input times the encoder batch size. EncoderBudget is the admission helper the scheduler
-uses so it never runs more encoder work at once than the reservation covers.
+Each modality a model encodes (image / video / audio) is one plan term, `encoder_<modality>` (EncoderTerm): the peak
+of its encoder on the largest planned unit of work (encoder_inputs.py) -- measured by the server at startup, a
+formula (encoder_towers.py, EncoderSpec) in `sglang plan`. An explicit --encoder-mem-reserve (GiB) replaces them with
+one shared term, `encoder`. EncoderBudget is the admission helper the scheduler uses so it never runs more encoder
+work at once than a reservation covers.
 """
 
 from __future__ import annotations
@@ -43,6 +45,34 @@ class EncoderSpec:
     @property
     def peak_bytes_per_input(self) -> int:
         return self.bytes_for_tokens(self.max_tokens_per_input)
+
+
+ENCODER_TERM_PREFIX = "encoder_"
+SHARED_ENCODER_TERM = "encoder"  # --encoder-mem-reserve: one reservation every modality shares
+
+
+def encoder_term_name(modality: str) -> str:
+    return ENCODER_TERM_PREFIX + modality
+
+
+@dataclass(frozen=True)
+class EncoderTerm:
+    """One modality's encoder reservation as the plan charges it."""
+
+    modality: str
+    num_bytes: int
+    source: str  # measured / formula / declared
+    detail: str = ""
+
+    @property
+    def name(self) -> str:
+        return encoder_term_name(self.modality)
+
+    def __post_init__(self):
+        if self.num_bytes < 0:
+            raise ValueError(f"encoder term {self.name}: negative size {self.num_bytes}")
+        if self.source not in ("measured", "formula", "declared"):
+            raise ValueError(f"encoder term {self.name}: source {self.source!r}")
 
 
 def encoder_reservation_bytes(spec: Optional[EncoderSpec], encoder_batch_size: int = 1,

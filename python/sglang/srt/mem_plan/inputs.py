@@ -78,6 +78,13 @@ class PlanInputs:
     grammar_cache_bytes: int = 0  # structured output: compiled-grammar cache budget (--grammar-cache-mb)
     moe_workspace_bytes: int = 0  # MoE models: the fused-experts workspace at the chunk size (moe_sizes.py)
     moe_workspace_detail: str = ""
+    # one term per encoded modality (encoder.EncoderTerm: encoder_image / encoder_video / encoder_audio); with them
+    # encoder_bytes is 0, and a plan without them shows the one shared `encoder` term (--encoder-mem-reserve or 0)
+    encoder_terms: tuple = ()
+
+    @property
+    def encoder_total_bytes(self) -> int:
+        return self.encoder_bytes + sum(t.num_bytes for t in self.encoder_terms)
 
     def __post_init__(self):
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
@@ -98,6 +105,8 @@ class PlanInputs:
             if value is not None and value < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0 when set, got {value}")
         check_mem_fraction_static(self.mem_fraction_static)
+        if self.encoder_terms and self.encoder_bytes:
+            raise ValueError("PlanInputs: per-modality encoder_terms and a shared encoder_bytes exclude each other")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("chunked_prefill_size must be positive, or -1 (disabled)")
         bad = {k: v for k, v in self.sources.items() if v not in ("measured", "declared", "formula")}

@@ -22,8 +22,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
-from sglang.srt.mem_plan.encoder import EncoderSpec
-from sglang.srt.mem_plan.qwen_vl_shapes import is_qwen_vl_vision, qwen_vl_encoder_spec, qwen_vl_vision_params
+from sglang.srt.mem_plan.encoder_shapes import PREPROCESSOR_KEY, encoder_parts, load_preprocessor_config
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
@@ -55,11 +54,17 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def load_config(path: str) -> dict:
-    """config.json from a model directory, or a .json file path."""
-    if os.path.isdir(path):
+    """config.json from a model directory, or a .json file path. A directory's preprocessor_config.json (the image /
+    video / audio processor's size caps) rides along under PREPROCESSOR_KEY."""
+    directory = path if os.path.isdir(path) else None
+    if directory is not None:
         path = os.path.join(path, "config.json")
     with open(path) as f:
-        return json.load(f)
+        cfg = json.load(f)
+    preprocessor = load_preprocessor_config(directory) if directory is not None else None
+    if preprocessor is not None:
+        cfg[PREPROCESSOR_KEY] = preprocessor
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -134,8 +139,16 @@ def _sparse_layers(cfg: dict, model_type: str, num_layers: int) -> tuple[int, ..
     return ()
 
 
+# Text models of multimodal configs that are an architecture this module knows under another name.
+TEXT_MODEL_TYPE_ALIASES = {
+    "qwen2_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2",
+    "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe", "qwen3_omni_moe_text": "qwen3_moe",
+}
+
+
 def text_shape_from_config(cfg: dict) -> TextShape:
     mt = cfg.get("model_type", "llama")
+    mt = TEXT_MODEL_TYPE_ALIASES.get(mt, mt)
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     num_layers = cfg["num_hidden_layers"]
     is_deepseek = mt.startswith("deepseek")
@@ -244,61 +257,14 @@ def _routed_expert_params(s: TextShape, tp: int, ep: int) -> int:
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")
 
 
-def vision_tower_params(v: dict) -> int:
-    """SigLIP / CLIP vision transformer (+ SigLIP's pooling head only when vision_use_head is true)."""
-    h, inter, layers = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
-    channels, patch, image = v.get("num_channels", 3), v["patch_size"], v["image_size"]
-    num_patches = (image // patch) ** 2
-    layer = 4 * (h * h + h) + 2 * 2 * h + (h * inter + inter) + (inter * h + h)
-    n = layers * layer + 2 * h  # + post_layernorm
-    if v.get("model_type", "siglip_vision_model").startswith("clip"):
-        n += h + channels * patch * patch * h + (num_patches + 1) * h + 2 * h  # class emb, conv (no bias), pos, pre-LN
-    else:
-        n += channels * patch * patch * h + h + num_patches * h  # conv + bias, positions
-        if v.get("vision_use_head", False):
-            n += h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h)
-    return n
-
-
-def audio_tower_params(a: dict) -> int:
-    """Whisper-style encoder: two convs, learned positions, pre-LN layers (k_proj without bias), final LN,
-    optional output projection to output_dim."""
-    d, ffn, layers = a["d_model"], a["encoder_ffn_dim"], a["encoder_layers"]
-    mel, positions = a.get("num_mel_bins", 128), a.get("max_source_positions", 1500)
-    layer = 3 * (d * d + d) + d * d + 2 * 2 * d + (d * ffn + ffn) + (ffn * d + d)
-    n = (mel * d * 3 + d) + (d * d * 3 + d) + positions * d + layers * layer + 2 * d
-    out = a.get("output_dim", 0)
-    if out:
-        n += d * out + out
-    return n
-
-
-def projector_params(vision_hidden: int, text_hidden: int) -> int:
-    """LLaVA multi_modal_projector: Linear(Hv, Ht) + GELU + Linear(Ht, Ht), with biases."""
-    return vision_hidden * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
-
-
-def vision_encoder_spec(v: dict, output_dim: int, act_dtype_bytes: int = 2) -> EncoderSpec:
-    tokens = (v["image_size"] // v["patch_size"]) ** 2
-    if v.get("model_type", "").startswith("clip"):
-        tokens += 1
-    return EncoderSpec("vision", v["num_hidden_layers"], v["hidden_size"], v["intermediate_size"],
-                       v["num_attention_heads"], tokens, output_dim, act_dtype_bytes)
-
-
-def audio_encoder_spec(a: dict, act_dtype_bytes: int = 2) -> EncoderSpec:
-    return EncoderSpec("audio", a["encoder_layers"], a["d_model"], a["encoder_ffn_dim"],
-                       a["encoder_attention_heads"], a.get("max_source_positions", 1500),
-                       a.get("output_dim", 0), act_dtype_bytes)
-
-
 @dataclass(frozen=True)
 class ModelShape:
     text: TextShape
     vision_params: int = 0
     audio_params: int = 0
     projector_params: int = 0
-    encoders: tuple[EncoderSpec, ...] = field(default=())
+    encoders: tuple = field(default=())  # encoder towers (encoder_shapes.py), one per tower, named vision / audio
+    processor: Optional[object] = None  # encoder_inputs.ProcessorFacts: the processor's size caps
 
     # ---- weights ----
     def params(self, tp: int = 1, ep: int = 1) -> dict[str, int]:
@@ -373,31 +339,26 @@ class ModelShape:
 
 
 def model_shape_from_config(cfg: dict) -> ModelShape:
+    """config.json (a load_config dict) -> ModelShape: the text model, and the encoder towers of a multimodal model
+    (encoder_shapes.py: LLaVA-style text_config + vision_config, Qwen2.5-VL's flat config + vision_config, a
+    Qwen3-Omni thinker_config)."""
+    preprocessor = cfg.get(PREPROCESSOR_KEY)
     if "thinker_config" in cfg:
         cfg = cfg["thinker_config"]
-    if "text_config" not in cfg:
-        return ModelShape(text_shape_from_config(cfg))
-    text_cfg = dict(cfg["text_config"])
-    text_cfg.setdefault("torch_dtype", cfg.get("torch_dtype", "bfloat16"))
-    text_cfg.setdefault("architectures", cfg.get("architectures"))
-    if "tie_word_embeddings" in cfg:
-        text_cfg.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
+    if "text_config" in cfg:
+        text_cfg = dict(cfg["text_config"])
+        text_cfg.setdefault("torch_dtype", cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        text_cfg.setdefault("architectures", cfg.get("architectures"))
+        if "tie_word_embeddings" in cfg:
+            text_cfg.setdefault("tie_word_embeddings", cfg["tie_word_embeddings"])
+    else:
+        text_cfg = {k: v for k, v in cfg.items() if k not in ("vision_config", "audio_config")}
     text = text_shape_from_config(text_cfg)
-    vision, audio, projector, encoders = 0, 0, 0, []
-    if cfg.get("vision_config") and is_qwen_vl_vision(cfg["vision_config"]):
-        v = cfg["vision_config"]  # the merger projects: no separate projector
-        vision = qwen_vl_vision_params(v)
-        encoders.append(qwen_vl_encoder_spec(v, text.dtype_bytes))
-    elif cfg.get("vision_config"):
-        v = cfg["vision_config"]
-        vision = vision_tower_params(v)
-        projector = projector_params(v["hidden_size"], text.hidden_size)
-        encoders.append(vision_encoder_spec(v, text.hidden_size, text.dtype_bytes))
-    if cfg.get("audio_config"):
-        a = cfg["audio_config"]
-        audio = audio_tower_params(a)
-        encoders.append(audio_encoder_spec(a, text.dtype_bytes))
-    return ModelShape(text, vision, audio, projector, tuple(encoders))
+    if not cfg.get("vision_config") and not cfg.get("audio_config"):
+        return ModelShape(text)
+    parts = encoder_parts(cfg, text.hidden_size, text.dtype_bytes, preprocessor)
+    return ModelShape(text, parts.vision_params, parts.audio_params, parts.projector_params, parts.encoders,
+                      parts.processor)
 
 
 def model_shape_from_path(path: str) -> ModelShape:

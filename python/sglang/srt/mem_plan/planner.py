@@ -51,8 +51,8 @@ class _Resolved:
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
         )
-        fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_bytes + x.mm_cache_bytes
-                         + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
+        fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
+                         + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
         max_tokens = x.max_total_tokens
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
@@ -93,7 +93,7 @@ class _Resolved:
                        f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
             MemoryTerm("moe_workspace", x.moe_workspace_bytes, src("moe_workspace"), x.moe_workspace_detail),
             MemoryTerm("cuda_graphs", x.cuda_graph_bytes, src("cuda_graphs"), f"max bs {graph_bs}"),
-            MemoryTerm("encoder", x.encoder_bytes, src("encoder"), x.encoder_detail),
+            *_encoder_terms(x),
             MemoryTerm("mm_embedding_cache", x.mm_cache_bytes, src("mm_embedding_cache"),
                        "image embeddings by content hash" if x.mm_cache_bytes else ""),
             MemoryTerm("grammar", x.grammar_cache_bytes + x.grammar_per_req_bytes * num_reqs, src("grammar"),
@@ -126,6 +126,13 @@ class _Resolved:
         """Every y on the 0.001 grid that works (an interval: startup needs y large, runtime needs y small)."""
         ys = [k / B.FRACTION_GRID for k in B.fraction_grid()]
         return [y for y in ys if self.explicit_outcome(y)[0] == "ok"]
+
+
+def _encoder_terms(x: PlanInputs) -> tuple[MemoryTerm, ...]:
+    """encoder_<modality> per encoded modality, or the one shared `encoder` term (--encoder-mem-reserve, or 0)."""
+    if x.encoder_terms:
+        return tuple(MemoryTerm(t.name, t.num_bytes, t.source, t.detail) for t in x.encoder_terms)
+    return (MemoryTerm("encoder", x.encoder_total_bytes, x.source_of("encoder"), x.encoder_detail),)
 
 
 def dummy_page_bytes(x: PlanInputs) -> int:

@@ -145,8 +145,9 @@ class ModelRunnerKVCacheMixin:
             activation_bytes=activation_bytes,
             cuda_graph_bytes=self.profile_cuda_graph_bytes(B.graph_batch_size(self.server_args, self.model_facts(),
                                                                               self.device_facts())),
-            encoder_bytes=mm.encoder_reserve_bytes,
+            encoder_bytes=0 if mm.encoder_terms else mm.encoder_reserve_bytes,  # per-modality terms, or one shared
             encoder_detail=mm.encoder_reserve_detail,
+            encoder_terms=mm.encoder_terms,
             sources={"weights": "measured", "activations": activation_source, "cuda_graphs": "measured",
                      "encoder": mm.encoder_reserve_source},
         )
