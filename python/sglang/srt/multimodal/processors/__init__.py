@@ -11,6 +11,7 @@ _PKG = "sglang.srt.multimodal.processors"
 PROCESSOR_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaImageProcessor"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioProcessor"),
 }
 
 
