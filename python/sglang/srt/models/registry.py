@@ -18,6 +18,9 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioForConditionalGeneration"),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": (f"{_PKG}.qwen3_omni_thinker",
+                                                    "Qwen3OmniMoeThinkerForConditionalGeneration"),
+    "Qwen3OmniMoeForConditionalGeneration": (f"{_PKG}.qwen3_omni_thinker", "Qwen3OmniMoeForConditionalGeneration"),
 }
 
 
