@@ -130,14 +130,16 @@ def whisper_log_mel(waveform: np.ndarray, num_mel_bins: int = 128) -> torch.Tens
     from transformers import WhisperFeatureExtractor
 
     fe = WhisperFeatureExtractor(feature_size=num_mel_bins)
-    out = fe(waveform, sampling_rate=16000, return_tensors="pt", padding="longest", return_attention_mask=True)
+    out = fe(waveform, sampling_rate=16000, return_tensors="pt", padding=True, truncation=False,
+             return_attention_mask=True)  # Qwen3OmniMoeProcessor's audio_kwargs
     n = int(out["attention_mask"].sum())
     return out["input_features"][0, :, :n].float()
 
 
-def hf_inputs(mm, cfg) -> dict:
+def hf_inputs(mm, cfg, audio_features=None) -> dict:
     """Our processor's output -> HF's generate() kwargs: pad ids back to the item tokens, pixel values, grids,
-    video_second_per_grid, audio input_features [B, mel, T] + feature_attention_mask."""
+    video_second_per_grid, audio input_features [B, mel, T] + feature_attention_mask (audio_features: HF's own
+    features of each audio, in order, instead of our processor's)."""
     ids = list(mm.input_ids)
     tokens = {"image": cfg.image_token_id, "video": cfg.video_token_id, "audio": cfg.audio_token_id}
     kw = {}
@@ -148,6 +150,11 @@ def hf_inputs(mm, cfg) -> dict:
         if not items:
             continue
         if modality == "audio":
+            if audio_features is not None:
+                for it, f in zip(items, audio_features):
+                    assert f.shape == it.feature.shape, (f.shape, it.feature.shape)
+                items = [type(it)(f, it.hash, it.offset, it.num_tokens, modality="audio")
+                         for it, f in zip(items, audio_features)]
             n = max(it.feature.shape[1] for it in items)
             feats = torch.zeros(len(items), items[0].feature.shape[0], n)
             mask = torch.zeros(len(items), n, dtype=torch.long)
@@ -165,9 +172,9 @@ def hf_inputs(mm, cfg) -> dict:
     return {"input_ids": x, "attention_mask": torch.ones_like(x), **kw}
 
 
-def hf_omni_greedy(model, mm, max_new_tokens: int) -> List[int]:
+def hf_omni_greedy(model, mm, max_new_tokens: int, audio_features=None) -> List[int]:
     """Greedy continuation by HF transformers' Qwen3-Omni Thinker (fp32) on our processor's output."""
-    kw = hf_inputs(mm, model.config)
+    kw = hf_inputs(mm, model.config, audio_features)
     with torch.no_grad():
         y = model.generate(**kw, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                            pad_token_id=0)
