@@ -16,7 +16,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=100, suite="cpu")
 
 from sglang.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang.test.mm_fixtures import data_url, make_image  # noqa: E402
