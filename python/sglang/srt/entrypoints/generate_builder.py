@@ -72,6 +72,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
     rids = _as_list(req.rid, len(prompts), "rid") if isinstance(req.rid, list) else None
     images = req.image_data if is_batch and isinstance(req.image_data, list) else [req.image_data] * len(prompts)
     videos = req.video_data if is_batch and isinstance(req.video_data, list) else [req.video_data] * len(prompts)
+    audios = req.audio_data if is_batch and isinstance(req.audio_data, list) else [req.audio_data] * len(prompts)
     reqs: List[TokenizedGenerateReqInput] = []
     for p, prompt in enumerate(prompts):
         sp = _sampling_dict(params[p], rt.vocab_size)
@@ -91,6 +92,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
                 top_logprobs_num=req.top_logprobs_num,
                 image_data=images[p],
                 video_data=videos[p],
+                audio_data=audios[p],
                 prompt_param="text" if req.text is not None else "input_ids",
                 max_tokens_param="max_new_tokens",
             )

@@ -85,15 +85,16 @@ class RequestTokenizer:
         top_logprobs_num: int = 0,
         image_data: Any = None,
         video_data: Any = None,
+        audio_data: Any = None,
         add_special_tokens: bool = True,
         prompt_param: str = "prompt",
         max_tokens_param: str = "max_tokens",
     ) -> TokenizedGenerateReqInput:
         """Validate one prompt + sampling params against the model's limits. Raises RequestError(400)."""
-        mm_param = "messages" if prompt_param == "messages" else ("video_data" if video_data else "image_data")
-        if (image_data or video_data) and self.mm_processor is None:
-            raise RequestError(400, f"This model does not accept {'video' if video_data else 'image'} inputs; "
-                               "send text only.", param=mm_param)
+        sent = [m for m, d in (("audio", audio_data), ("video", video_data), ("image", image_data)) if d]
+        mm_param = "messages" if prompt_param == "messages" else f"{sent[0] if sent else 'image'}_data"
+        if sent and self.mm_processor is None:
+            raise RequestError(400, f"This model does not accept {sent[0]} inputs; send text only.", param=mm_param)
         if input_ids is None:
             if text is None:
                 raise RequestError(400, "Either text or input_ids must be provided.", param=prompt_param)
@@ -101,9 +102,10 @@ class RequestTokenizer:
         else:
             self.check_token_ids(input_ids, param=prompt_param)
         mm_inputs = None
-        if image_data or video_data:  # image / video decoding and preprocessing: on this (pool) thread too
+        if sent:  # image / video / audio decoding and preprocessing: on this (pool) thread too
             try:
-                mm_inputs = self.mm_processor.process(input_ids, image_data, video_data)
+                extra = {"audio_data": audio_data} if audio_data else {}
+                mm_inputs = self.mm_processor.process(input_ids, image_data, video_data, **extra)
             except ValueError as e:
                 raise RequestError(400, str(e), param=mm_param) from e
             input_ids = mm_inputs.input_ids

@@ -57,7 +57,8 @@ def processor_facts(model_type: str, preprocessor: Optional[dict]) -> ProcessorF
             base = facts
     p = preprocessor or {}
     image = p.get("max_pixels") or (p.get("size") or {}).get("longest_edge") or base.image_max_pixels
-    video = (p.get("video") or {}).get("max_pixels") or base.video_frame_max_pixels
+    v = p.get("video") or {}
+    video = v.get("max_pixels") or (v.get("size") or {}).get("longest_edge") or base.video_frame_max_pixels
     return ProcessorFacts(int(image), int(video))
 
 

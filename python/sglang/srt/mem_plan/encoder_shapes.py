@@ -6,6 +6,7 @@ activation peaks the encoder terms are planned from (encoder_towers.py / encoder
     Qwen3-Omni     thinker_config: vision_config with deepstack_visual_indexes -> QwenVisionTower, audio_config with
                    n_window / downsample_hidden_size -> OmniAudioTower
     Whisper-style  audio_config (d_model, encoder_layers, ...) -> EncoderSpec "audio" over max_source_positions
+                   (Qwen2-Audio: + its multi_modal_projector, one Linear(d_model, text hidden))
 Qwen towers carry their own merger / output projection (counted in the tower); only LLaVA has a separate projector.
 The processor's size caps come from preprocessor_config.json when the model directory has one (encoder_inputs.py).
 """
@@ -122,4 +123,6 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
         else:
             audio = audio_tower_params(a)
             encoders.append(audio_encoder_spec(a, act_dtype_bytes))
+            if model_type == "qwen2_audio":  # multi_modal_projector: Linear(d_model, text hidden) with bias
+                projector += a["d_model"] * text_hidden + text_hidden
     return EncoderParts(vision, audio, projector, tuple(encoders), processor_facts(model_type, preprocessor))

@@ -268,6 +268,7 @@ class ModelShape:
         p = text_params(self.text, tp, ep)
         if self.vision_params:
             p["vision_tower"] = self.vision_params
+        if self.projector_params:
             p["projector"] = self.projector_params
         if self.audio_params:
             p["audio_tower"] = self.audio_params

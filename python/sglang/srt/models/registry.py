@@ -17,6 +17,10 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "MixtralForCausalLM": (f"{_PKG}.mixtral", "MixtralForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioForConditionalGeneration"),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": (f"{_PKG}.qwen3_omni_thinker",
+                                                    "Qwen3OmniMoeThinkerForConditionalGeneration"),
+    "Qwen3OmniMoeForConditionalGeneration": (f"{_PKG}.qwen3_omni_thinker", "Qwen3OmniMoeForConditionalGeneration"),
 }
 
 

@@ -6,6 +6,7 @@ Walking the expanded prompt left to right with a running position `next`:
                                     token (i, j, k) is at (next + floor(i * interval), next + j, next + k), where
                                     interval = 1 for an image and tokens_per_second * second_per_grid_t for a video
                                     (seconds between two temporal patches); then next = (largest position) + 1
+    audio (Qwen3-Omni)              each token (next, next, next); next += 1, as text
 After the prompt every token is at (i + delta) on all three axes, delta = (largest prompt position) + 1 - L.
 The positions depend only on the layout, never on token values (the pad ids are content hashes). After a video
 the running position continues from its largest position + 1 (the original Qwen2.5-VL rule, also vLLM's and
@@ -41,6 +42,11 @@ def mrope_positions(num_tokens: int, items, merge: int, tokens_per_second: float
         if text:
             parts.append(torch.arange(nxt, nxt + text).expand(3, -1))
             nxt += text
+        if it.modality == "audio":  # Qwen3-Omni: audio tokens advance all three axes by one, as text does
+            parts.append(torch.arange(nxt, nxt + it.num_tokens).expand(3, -1))
+            nxt += it.num_tokens
+            cursor = it.end
+            continue
         interval = 1.0
         if it.modality == "video":
             interval = tokens_per_second * float(it.metadata.get("second_per_grid_t", 1.0))

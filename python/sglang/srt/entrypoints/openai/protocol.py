@@ -231,7 +231,31 @@ class VideoContentPart(OpenAIModel):
     video_url: VideoURL
 
 
-ContentPart = Annotated[Union[TextContentPart, ImageContentPart, VideoContentPart], Field(discriminator="type")]
+class AudioURL(OpenAIModel):
+    url: str
+
+
+class AudioURLContentPart(OpenAIModel):
+    """SGLang's extension: {"type": "audio_url", "audio_url": {"url": data URL / base64 / allowed local file}}."""
+
+    type: Literal["audio_url"]
+    audio_url: AudioURL
+
+
+class InputAudio(OpenAIModel):
+    data: str  # base64 of the audio file
+    format: str  # "wav", "mp3", "flac", ... (checked by the audio loader)
+
+
+class InputAudioContentPart(OpenAIModel):
+    """OpenAI's {"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}."""
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[Union[TextContentPart, ImageContentPart, VideoContentPart, AudioURLContentPart,
+                              InputAudioContentPart], Field(discriminator="type")]
 
 
 class ChatMessage(OpenAIModel):
@@ -242,11 +266,13 @@ class ChatMessage(OpenAIModel):
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None  # an earlier reply's thoughts, sent back by some clients
 
-    def text(self, image_placeholder: Optional[str] = None, video_placeholder: Optional[str] = None) -> str:
-        """The text parts joined; image / video parts become the model's placeholder text for them."""
+    def text(self, image_placeholder: Optional[str] = None, video_placeholder: Optional[str] = None,
+             audio_placeholder: Optional[str] = None) -> str:
+        """The text parts joined; image / video / audio parts become the model's placeholder text for them."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        holders = {"image_url": image_placeholder or "", "video_url": video_placeholder or ""}
+        holders = {"image_url": image_placeholder or "", "video_url": video_placeholder or "",
+                   "audio_url": audio_placeholder or "", "input_audio": audio_placeholder or ""}
         return "".join(p.text if isinstance(p, TextContentPart) else holders[p.type] for p in self.content)
 
     def image_urls(self) -> List[str]:
@@ -258,6 +284,13 @@ class ChatMessage(OpenAIModel):
         if not isinstance(self.content, list):
             return []
         return [p.video_url.url for p in self.content if isinstance(p, VideoContentPart)]
+
+    def audios(self) -> List[Any]:
+        """audio_url parts as their URL, input_audio parts as {"data", "format"} (multimodal/audio_loader.py)."""
+        if not isinstance(self.content, list):
+            return []
+        return [p.audio_url.url if isinstance(p, AudioURLContentPart) else p.input_audio.model_dump()
+                for p in self.content if isinstance(p, (AudioURLContentPart, InputAudioContentPart))]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -321,6 +354,7 @@ class GenerateRequest(OpenAIModel):
     top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
     image_data: Optional[Any] = None
     video_data: Optional[Any] = None
+    audio_data: Optional[Any] = None
     model: Optional[str] = None
     # upstream fields sglang-router always sends (see upstream_only)
     return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")

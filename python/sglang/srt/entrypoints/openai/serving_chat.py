@@ -42,12 +42,12 @@ class OpenAIServingChat(OpenAIServingBase):
     object_prefix = "chatcmpl"
     request_model = ChatCompletionRequest
 
-    def template_messages(self, req: ChatCompletionRequest) -> tuple[List[dict], List[str], List[str]]:
-        messages, images, videos = [], [], []
+    def template_messages(self, req: ChatCompletionRequest) -> tuple[List[dict], List[str], List[str], list]:
+        messages, images, videos, audios = [], [], [], []
         holders = self.tokenizer_manager.mm_placeholders
         for m in req.messages:
             msg = {"role": ROLE_ALIASES.get(m.role, m.role),
-                   "content": m.text(holders.get("image"), holders.get("video"))}
+                   "content": m.text(holders.get("image"), holders.get("video"), holders.get("audio"))}
             if m.name is not None:
                 msg["name"] = m.name
             if m.tool_calls is not None:
@@ -59,7 +59,8 @@ class OpenAIServingChat(OpenAIServingBase):
             messages.append(msg)
             images.extend(m.image_urls())
             videos.extend(m.video_urls())
-        return messages, images, videos
+            audios.extend(m.audios())
+        return messages, images, videos, audios
 
     def logprobs_content(self, out: ReqOutput) -> Optional[List[dict]]:
         if out.new_token_logprobs is None:
@@ -106,7 +107,7 @@ class OpenAIServingChat(OpenAIServingBase):
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
                               {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param,
                                **grammar_param_names(req)}, grammar_backend=tm.server_args.grammar_backend)
-        messages, images, videos = self.template_messages(req)
+        messages, images, videos, audios = self.template_messages(req)
         prompt = await tm.apply_chat_template(
             messages,
             tools=plan.template_tools,
@@ -118,7 +119,7 @@ class OpenAIServingChat(OpenAIServingBase):
         for i in range(req.n):
             t = await tm.tokenize_request(
                 text=prompt,
-                input_ids=None if images or videos else ids,  # with media: tokenize and process again per choice
+                input_ids=None if images or videos or audios else ids,  # with media: tokenize and process again per choice
                 sampling_params=choice_sampling_params(base, i),
                 rid=rids[i],
                 stream=req.stream,
@@ -126,6 +127,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 top_logprobs_num=req.top_logprobs or 0,
                 image_data=images or None,
                 video_data=videos or None,
+                audio_data=audios or None,
                 add_special_tokens=False,  # the template already spells out the special tokens
                 prompt_param="messages",
                 max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",

@@ -11,6 +11,9 @@ _PKG = "sglang.srt.multimodal.processors"
 PROCESSOR_REGISTRY: Dict[str, Tuple[str, str]] = {
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaImageProcessor"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLProcessor"),
+    "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioProcessor"),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": (f"{_PKG}.qwen3_omni", "Qwen3OmniThinkerProcessor"),
+    "Qwen3OmniMoeForConditionalGeneration": (f"{_PKG}.qwen3_omni", "Qwen3OmniThinkerProcessor"),
 }
 
 

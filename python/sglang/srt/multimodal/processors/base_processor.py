@@ -70,9 +70,10 @@ class BaseMultimodalProcessor:
             if n > MAX_IMAGES_PER_REQUEST:
                 raise ValueError(f"The request has {n} {modality}s; at most {MAX_IMAGES_PER_REQUEST} are accepted.")
 
-    def process(self, input_ids: List[int], image_data: Any = None, video_data: Any = None) -> MultimodalInputs:
+    def process(self, input_ids: List[int], image_data: Any = None, video_data: Any = None,
+                audio_data: Any = None) -> MultimodalInputs:
         images = as_list(image_data)
-        self.check_counts({"image": len(images), "video": len(as_list(video_data))})
+        self.check_counts({"image": len(images), "video": len(as_list(video_data)), "audio": len(as_list(audio_data))})
         if not images:
             return MultimodalInputs(list(input_ids), [])
         pixels = []

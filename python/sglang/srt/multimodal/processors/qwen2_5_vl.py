@@ -110,9 +110,10 @@ class Qwen2_5_VLProcessor(BaseMultimodalProcessor):
         return out
 
     # ---- the request ----
-    def process(self, input_ids: List[int], image_data: Any = None, video_data: Any = None) -> MultimodalInputs:
+    def process(self, input_ids: List[int], image_data: Any = None, video_data: Any = None,
+                audio_data: Any = None) -> MultimodalInputs:
         images, videos = as_list(image_data), as_list(video_data)
-        self.check_counts({"image": len(images), "video": len(videos)})
+        self.check_counts({"image": len(images), "video": len(videos), "audio": len(as_list(audio_data))})
         if not images and not videos:
             return MultimodalInputs(list(input_ids), [])
         queues = {self.image_token_id: self._items(images, self._image_item, "Image"),
