@@ -84,10 +84,11 @@ def vision_encoder_spec(v: dict, output_dim: int, act_dtype_bytes: int = 2) -> E
                        v["num_attention_heads"], tokens, output_dim, act_dtype_bytes)
 
 
-def audio_encoder_spec(a: dict, act_dtype_bytes: int = 2) -> EncoderSpec:
+def audio_encoder_spec(a: dict, act_dtype_bytes: int = 2, output_dim: int = 0) -> EncoderSpec:
+    """output_dim: the width of the embeddings kept per row (the tower's own output_dim, else a projector's)."""
     return EncoderSpec("audio", a["encoder_layers"], a["d_model"], a["encoder_ffn_dim"],
                        a["encoder_attention_heads"], a.get("max_source_positions", 1500),
-                       a.get("output_dim", 0), act_dtype_bytes)
+                       a.get("output_dim", 0) or output_dim, act_dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
             encoders.append(tower)
         else:
             audio = audio_tower_params(a)
-            encoders.append(audio_encoder_spec(a, act_dtype_bytes))
-            if model_type == "qwen2_audio":  # multi_modal_projector: Linear(d_model, text hidden) with bias
+            qwen2_audio = model_type == "qwen2_audio"
+            encoders.append(audio_encoder_spec(a, act_dtype_bytes, text_hidden if qwen2_audio else 0))
+            if qwen2_audio:  # multi_modal_projector: Linear(d_model, text hidden) with bias
                 projector += a["d_model"] * text_hidden + text_hidden
     return EncoderParts(vision, audio, projector, tuple(encoders), processor_facts(model_type, preprocessor))
