@@ -83,13 +83,9 @@ class TokenizerManager:
 
         self.mm_processor = get_mm_processor_for_dir(self.model_path, server_args)
         # the placeholder text the chat template puts where an item of each modality goes
-        self.mm_placeholders: Dict[str, str] = {}
-        if self.mm_processor is not None and self.tokenizer is not None:
-            for modality in self.mm_processor.supported_modalities:
-                text = self.mm_processor.chat_placeholder(modality, self.tokenizer)
-                if text is not None:
-                    self.mm_placeholders[modality] = text
-        self.image_token: Optional[str] = self.mm_placeholders.get("image")
+        proc, tok = self.mm_processor, self.tokenizer
+        holders = {m: proc.chat_placeholder(m, tok) for m in proc.supported_modalities} if proc and tok else {}
+        self.mm_placeholders: Dict[str, str] = {m: text for m, text in holders.items() if text is not None}
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, self.mm_processor, self.vocab_size, self.context_len, self.max_req_len,
             self.max_req_input_len, grammar_backend=server_args.grammar_backend,
