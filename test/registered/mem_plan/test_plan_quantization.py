@@ -124,8 +124,9 @@ class TestWeightFormatRules(unittest.TestCase):
         self.assertEqual(cpu_packed_bytes(576, 1536, 8) * 8 / (576 * 1536), 9.0)
         self.assertEqual(cpu_packed_bytes(17, 33, 8), 4 * (16 * 32 + 64))
         self.assertEqual(weight_format("gguf", None, "Q4_1").matrix_bytes(576, 1536, 2), cpu_packed_bytes(576, 1536, 4))
-        # a GGUF type the runtime dequantizes is held in the model dtype
-        self.assertEqual(weight_format("gguf", None, "Q6_K").matrix_bytes(576, 1536, 2), 576 * 1536 * 2)
+        # a GGUF type without a packed form (K-quants, F16, F32) is requantized at load to 8-bit blocks
+        # (model_loader/gguf_weights.py: packing.staging_q8_blocks)
+        self.assertEqual(weight_format("gguf", None, "Q6_K").matrix_bytes(576, 1536, 2), cpu_packed_bytes(576, 1536, 8))
 
     def test_quantized_matrices_are_the_blocks_linear_weights(self):
         """For Qwen3-30B-A3B (MoE, q/k norms), the matrices sized as quantized hold every attention and expert

@@ -26,7 +26,8 @@ from sglang.srt.layers.attention import backend_resolution as br
 from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
-from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_linear_type, weight_format
+from sglang.srt.mem_plan.quantization_sizes import (PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_expert_bits,
+                                                    gguf_linear_type, weight_format)
 
 # Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -189,6 +190,17 @@ def planned_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Option
     quant = sa.quantization
     if quant not in PLAN_ONLY_QUANTIZATIONS:
         quant = served_quantization(sa, gguf_path, device, dtype, kernels)
-        quant = None if quant == "none" else quant
-    gguf_type = gguf_linear_type(gguf_path) if quant == "gguf" else ""
-    return weight_format(quant, hf_quant_config, gguf_type)
+        if quant != "none":
+            return served_weight_format(quant, gguf_path)
+        quant = None
+    return weight_format(quant, hf_quant_config)
+
+
+def served_weight_format(quantization: str, gguf_path: Optional[str]) -> WeightFormat:
+    """The format of a served (resolved) quantization, as the plan sizes it: for 'gguf' the file's linear type and
+    its MoE experts' own bits (the runtime's MoE workspace depends on them: mem_plan/build.moe_workspace)."""
+    if quantization == "none":
+        return WeightFormat()
+    gguf = quantization == "gguf"
+    return weight_format(quantization, None, gguf_linear_type(gguf_path) if gguf else "",
+                         gguf_expert_bits(gguf_path) if gguf else None)

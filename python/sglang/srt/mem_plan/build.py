@@ -224,10 +224,11 @@ def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]
 
 def moe_workspace(sa, model: ModelFacts, device: DeviceFacts) -> Optional[MoEWorkspaceSpec]:
     """The fused-experts workspace of one rank at the chunk size (moe_sizes.py); None for a dense model. The runner
-    allocates exactly this before its profile forward."""
+    allocates exactly this before its profile forward. Quantized experts size it by their bits, so both sides need
+    the served weight format in model.weight_format."""
     chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
     return moe_workspace_spec(model.shape.text, chunk, sa.tp_size, model.dtype, device.kind, device.cpu_kernels,
-                              getattr(sa, "ep_size", 1))
+                              getattr(sa, "ep_size", 1), model.weight_format.routed_expert_bits())
 
 
 def cpu_replica_share(sa, device: DeviceFacts) -> DeviceFacts:

@@ -12,17 +12,22 @@ Bytes of one [rows, cols] weight (rows = output features, cols = input features)
     awq           4-bit values (int32-packed qweight) + per group of group_size input columns and each output row:
                   an fp16 scale and a 4-bit zero point (qzeros int32-packed)  -> rows*cols/2 + groups*rows*(2 + 1/2)
     gptq          the same + g_idx, one int32 per input column (zero points are stored even when symmetric)
-    gguf          the runtime's CPU packed form for Q4_0 / Q4_1 (4 bits) and Q8_0 (8 bits); other GGUF types are
-                  dequantized to the model dtype at load. The file itself holds GGUF_BLOCK_BYTES per 32 weights
-                  (Q4_0 4.5 bits/weight, Q4_1 5.0, Q8_0 8.5), what llama.cpp keeps in memory.
+    gguf          the runtime's CPU packed form for Q4_0 / Q4_1 (4 bits) and Q8_0 (8 bits); other GGUF types (F16,
+                  F32, K-quants) are requantized to 8-bit blocks at load, as w8a8_int8. The file itself holds
+                  GGUF_BLOCK_BYTES per 32 weights (Q4_0 4.5 bits/weight, Q4_1 5.0, Q8_0 8.5), what llama.cpp keeps.
+                  A MoE file's routed experts (3-D ffn_*_exps tensors) may have other types than its 2-D linear
+                  tensors: their bits are read per layer (gguf_expert_bits), a layer's gate/up at the larger bits of
+                  its two tensors, as the runtime packs them (layers/moe/quant_experts.py).
 CPU packed form (sgl-kernel quant_gemm.h, layers/quantization/packing.py): records of 16 rows x 32 weights with an
 fp16 d and c per row, rows padded to 16 and columns to 32: 16 * 32 * bits / 8 + 64 bytes per record.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 
@@ -31,8 +36,12 @@ GGUF_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32
                       "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256}
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110,
                     "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292}
-# GGUF types the runtime serves from their blocks (bits of the packed form); the rest are dequantized at load
+# GGUF types the runtime serves from their blocks (bits of the packed form); the rest are requantized to int8 blocks
 GGUF_PACKED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+GGUF_REQUANTIZED_BITS = 8
+DENSE_BITS = 16  # what a spec's bit width says for dense (unquantized) weights
+# llama.cpp's stacked expert tensors (blk.N.<name>.weight, [E, rows, cols]) by the fused weight they become
+GGUF_EXPERT_TENSORS = {"ffn_gate_exps": "w13", "ffn_up_exps": "w13", "ffn_down_exps": "w2"}
 
 CPU_PACK_ROWS = 16  # rows per packed record
 CPU_PACK_COLS = 32  # weights per row of a record
@@ -75,14 +84,16 @@ class WeightFormat:
     group_size: int = DEFAULT_GROUP_SIZE  # awq / gptq; -1: one group over all input columns
     block_size: Optional[tuple[int, int]] = None  # fp8 weight_block_size
     gguf_type: str = ""  # gguf: the linear tensors' type
+    # gguf MoE: (gate/up, down) bits of the routed experts of each MoE layer, in layer order
+    expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None
 
     def matrix_bytes(self, rows: int, cols: int, dense_bytes: int) -> int:
         """Bytes held for one [rows, cols] linear weight; dense_bytes is the model dtype's element size."""
         m = self.method
-        if m == "none" or (m == "gguf" and self.gguf_type not in GGUF_PACKED_BITS):
+        if m == "none":
             return rows * cols * dense_bytes
         if m == "gguf":
-            return cpu_packed_bytes(rows, cols, GGUF_PACKED_BITS[self.gguf_type])
+            return cpu_packed_bytes(rows, cols, GGUF_PACKED_BITS.get(self.gguf_type, GGUF_REQUANTIZED_BITS))
         if m == "w8a8_int8":
             return cpu_packed_bytes(rows, cols, 8)
         if m == "fp8":
@@ -95,22 +106,76 @@ class WeightFormat:
             return values + per_group + (cols * GPTQ_G_IDX_BYTES if m == "gptq" else 0)
         raise ValueError(f"unknown weight format {m!r}")
 
+    def routed_expert_layer_bits(self, num_sparse_layers: int) -> Tuple[Tuple[int, int], ...]:
+        """(gate/up, down) bits of each MoE layer's routed experts in this runtime's CPU packed form; DENSE_BITS when
+        they are not held there (dense, or a GPU-only format, which the MoE workspace does not see)."""
+        if self.method == "gguf" and self.expert_bits is not None:
+            if len(self.expert_bits) != num_sparse_layers:
+                raise ValueError(f"the GGUF file has routed experts in {len(self.expert_bits)} layers, the model "
+                                 f"{num_sparse_layers} MoE layers")
+            return self.expert_bits
+        if self.method == "gguf":
+            bits = GGUF_PACKED_BITS.get(self.gguf_type, GGUF_REQUANTIZED_BITS)
+        else:
+            bits = 8 if self.method == "w8a8_int8" else DENSE_BITS
+        return ((bits, bits),) * num_sparse_layers
 
-def gguf_linear_type(gguf_path: Optional[str]) -> str:
-    """The type most of a GGUF file's block tensors (blk.*.weight, 2-D) have, e.g. 'Q4_1' (header only)."""
-    if not gguf_path:
-        return ""
+    def routed_expert_bits(self) -> Tuple[int, int]:
+        """(gate/up, down) bits the MoE workspace is sized for: the widest of any layer (one workspace serves them
+        all; mem_plan/moe_sizes.py)."""
+        layers = self.routed_expert_layer_bits(len(self.expert_bits) if self.expert_bits else 1)
+        return max(b for b, _ in layers), max(b for _, b in layers)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_block_tensor_types(path: str, size: int, mtime_ns: int) -> Tuple[Tuple[str, str, int], ...]:
+    """(name after 'blk.', e.g. '3.ffn_down_exps.weight', type name, dims) of every blk.*.weight tensor (header only;
+    cached per file version)."""
     import gguf
 
+    return tuple((t.name.split(".", 1)[1], t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(path).tensors
+                 if t.name.startswith("blk.") and t.name.endswith(".weight"))
+
+
+def _block_tensor_types(gguf_path: str) -> Tuple[Tuple[str, str, int], ...]:
+    st = os.stat(gguf_path)
+    return _gguf_block_tensor_types(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns)
+
+
+def gguf_linear_type(gguf_path: Optional[str]) -> str:
+    """The type most of a GGUF file's 2-D block tensors (blk.*.weight) have, e.g. 'Q4_1' (header only)."""
+    if not gguf_path:
+        return ""
     counts: dict[str, int] = {}
-    for t in gguf.GGUFReader(gguf_path).tensors:
-        if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2:
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    for _, kind, dims in _block_tensor_types(gguf_path):
+        if dims == 2:
+            counts[kind] = counts.get(kind, 0) + 1
     return max(counts, key=counts.get) if counts else ""
 
 
+def gguf_type_bits(gguf_type: str) -> int:
+    """Bits of the CPU packed form a GGUF tensor of this type is held in (F16, F32, K-quants: requantized)."""
+    return GGUF_PACKED_BITS.get(gguf_type, GGUF_REQUANTIZED_BITS)
+
+
+def gguf_expert_bits(gguf_path: Optional[str]) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """(gate/up, down) bits of a GGUF MoE file's routed experts, per MoE layer in layer order: a layer's gate/up at
+    the larger bits of its gate and up tensors (one packed weight holds both); None for a file without expert
+    tensors."""
+    if not gguf_path:
+        return None
+    layers: Dict[int, Dict[str, int]] = {}
+    for name, kind, _ in _block_tensor_types(gguf_path):
+        layer, _, rest = name.partition(".")
+        fused = GGUF_EXPERT_TENSORS.get(rest[: -len(".weight")])
+        if fused is not None:
+            bits = layers.setdefault(int(layer), {"w13": 0, "w2": 0})
+            bits[fused] = max(bits[fused], gguf_type_bits(kind))
+    return tuple((layers[i]["w13"], layers[i]["w2"]) for i in sorted(layers)) or None
+
+
 def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] = None,
-                  gguf_type: str = "") -> WeightFormat:
+                  gguf_type: str = "", expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None) -> WeightFormat:
     """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint)."""
     cfg = hf_quant_config or {}
     method = quantization or str(cfg.get("quant_method", "none")).lower()
@@ -126,7 +191,7 @@ def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] =
     if method == "w8a8_int8":
         return WeightFormat("w8a8_int8", 8)
     if method == "gguf":
-        return WeightFormat("gguf", GGUF_PACKED_BITS.get(gguf_type, 16), gguf_type=gguf_type)
+        return WeightFormat("gguf", gguf_type_bits(gguf_type), gguf_type=gguf_type, expert_bits=expert_bits)
     raise ValueError(f"--quantization {method!r}: the planner knows none, gguf, w8a8_int8, fp8, awq and gptq")
 
 
@@ -158,11 +223,7 @@ def linear_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]
             mats.extend([(2 * inter, H, count), (H, inter, count)])  # gate+up, down
 
     mlp(_cdiv(s.intermediate_size, tp), L - num_sparse)
-    if ep == 1:
-        mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_experts)
-    else:  # E / ep whole-or-split experts per rank (moe_sizes.expert_shard_of_rank)
-        experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
-        mlp(columns, num_sparse * experts)
+    mats += routed_expert_matrices(s, tp, ep)
     if s.shared_expert_intermediate_size:
         mlp(_cdiv(s.shared_expert_intermediate_size, tp), num_sparse)
     elif s.num_shared_experts:
@@ -170,12 +231,35 @@ def linear_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]
     return mats
 
 
+def routed_expert_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the routed experts' fused gate+up and down weights on one rank, in that order ([] for a
+    dense model); part of linear_matrices. ep = 1: every expert, N / tp columns; else E / ep experts of
+    moe_sizes.expert_shard_of_rank's columns."""
+    if ep == 1:
+        n, experts = _cdiv(text.moe_intermediate_size, tp), text.num_experts
+    else:
+        experts, n = expert_shard_of_rank(text.num_experts, text.moe_intermediate_size, tp, ep)
+    count = len(text.sparse_layers) * experts
+    if not (n and count):
+        return []
+    return [(2 * n, text.hidden_size, count), (text.hidden_size, n, count)]
+
+
 def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
     """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
-    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes (ep: --ep-size)."""
+    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes (ep: --ep-size; the
+    routed experts' at their own bits, fmt.routed_expert_bits, where the CPU packed form holds them)."""
     total = sum(shape.params(tp, ep).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
     if fmt.method == "none":
         return total
     for rows, cols, count in linear_matrices(shape.text, tp, ep):
         total += count * (fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - rows * cols * dense_dtype_bytes)
+    experts = routed_expert_matrices(shape.text, tp, ep)
+    if fmt.method in ("gguf", "w8a8_int8") and experts:
+        # linear_matrices sized the experts as the linear layers: correct them to each layer's bits
+        num_sparse = len(shape.text.sparse_layers)
+        for layer_bits in fmt.routed_expert_layer_bits(num_sparse):
+            for (rows, cols, count), bits in zip(experts, layer_bits):
+                total += count // num_sparse * (cpu_packed_bytes(rows, cols, bits)
+                                                - fmt.matrix_bytes(rows, cols, dense_dtype_bytes))
     return total

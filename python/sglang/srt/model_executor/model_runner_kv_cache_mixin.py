@@ -39,7 +39,16 @@ class ModelRunnerKVCacheMixin:
 
     # ------------------------------------------------------------------ facts
     def model_facts(self) -> B.ModelFacts:
-        return self.model_config.facts
+        facts = self.model_config.facts
+        if not facts.shape.text.num_experts:
+            return facts
+        # a MoE model's workspace depends on its experts' weight format (quantized experts: their bits,
+        # mem_plan/build.moe_workspace), as the dry run sizes it; read after the load (a GGUF's header only, once),
+        # so the header's parse does not move the RSS baseline the weights are measured against
+        from sglang.srt.configs.resolved import served_weight_format
+
+        fmt = served_weight_format(getattr(self, "quantization", "none"), getattr(self, "gguf_path", None))
+        return dataclasses.replace(facts, weight_format=fmt)
 
     def device_facts(self) -> B.DeviceFacts:
         from sglang.srt.configs.resolved import cpu_kernels_available, fused_cpu_decode

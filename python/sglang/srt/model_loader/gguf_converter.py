@@ -4,8 +4,10 @@ Weights are dequantized with the `gguf` package and stored as float32, so the fp
 the values llama.cpp would compute with. llama.cpp stores the q/k projections of `llama` models with their rows
 permuted for its interleaved rope; we undo that so the checkpoint uses the Hugging Face (neox, half-split) layout.
 
-The tokenizer is rebuilt from `tokenizer.ggml.*` metadata with the `tokenizers` library (byte-level BPE), and the
-chat template is copied from `tokenizer.chat_template`.
+MoE files (gguf_moe.py: Qwen3-MoE, Qwen2-MoE, Mixtral) have their stacked expert tensors split into the per-expert
+tensors of a Hugging Face checkpoint. The tokenizer is rebuilt from `tokenizer.ggml.*` metadata with the `tokenizers`
+library (byte-level BPE), and the chat template is copied from `tokenizer.chat_template`.
+--quantization gguf reads the linear layers' blocks from the file instead (gguf_weights.py).
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from sglang.srt.model_loader.gguf_moe import SHARED_GATE_HF_SUFFIX, MoENames, is_moe_file, moe_config_fields
+
 logger = logging.getLogger(__name__)
 
-# GGUF architecture -> (HF architecture, HF model_type, rows of q/k are rope-permuted)
+# GGUF architecture -> (HF architecture, HF model_type, rows of q/k are rope-permuted); MoE files (a llama file with
+# experts is Mixtral) take their architecture and expert fields from gguf_moe.moe_config_fields
 _ARCHS = {
     "llama": ("LlamaForCausalLM", "llama", True),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
 }
 
 # GGUF tensor name (after "blk.{i}.") -> HF name (after "model.layers.{i}.")
@@ -58,11 +65,29 @@ _QWEN2_SPLIT = (
 
 
 class GGUFMetadata:
-    """Typed access to a GGUFReader's key/value fields."""
+    """Typed access to a GGUFReader's key/value fields, and the file's tensor names in HF terms (hf_names)."""
 
     def __init__(self, reader):
         self.reader = reader
         self.arch = self.get("general.architecture")
+        self.is_moe = is_moe_file(self.arch, [t.name for t in reader.tensors])
+        self.moe_names = MoENames(self.arch, self._num_experts()) if self.is_moe else None
+
+    def _num_experts(self) -> int:
+        for t in self.reader.tensors:
+            if t.name.endswith(".ffn_gate_exps.weight"):
+                return int(t.shape.tolist()[-1])  # ggml order: [K, N, E]
+        return 0
+
+    def hf_names(self, gguf_name: str) -> List[str]:
+        """The HF tensor names of a GGUF tensor: one, or E (expert order) for a MoE file's stacked expert tensor."""
+        base, _, suffix = gguf_name.rpartition(".")  # suffix: weight | bias
+        if base.startswith("blk.") and self.moe_names is not None:
+            _, layer, rest = base.split(".", 2)
+            names = self.moe_names.hf_names(layer, rest, suffix)
+            if names is not None:
+                return names
+        return [_hf_tensor_name(gguf_name)]
 
     def get(self, key: str, default: Any = None) -> Any:
         field = self.reader.fields.get(key)
@@ -74,6 +99,11 @@ class GGUFMetadata:
         return self.get(f"{self.arch}.{key}", default)
 
 
+def rope_rows_permuted(arch: str) -> bool:
+    """Whether llama.cpp stores this architecture's q/k rows permuted for its interleaved rope (unpermute_rope_rows)."""
+    return _ARCHS[arch][2]
+
+
 def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation: interleaved rope pairs -> HF's [first half | second half]."""
     rows, cols = w.shape
@@ -81,20 +111,30 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def iter_dequantized_tensors(reader, meta: GGUFMetadata) -> Iterator[Tuple[str, np.ndarray]]:
-    """Yield (hf_name, float32 array in HF layout) for every tensor of the file."""
+    """Yield (hf_name, float32 array in HF layout) for every tensor of the file (a stacked expert tensor: one per
+    expert, each dequantized from its own slab of blocks)."""
     from gguf.quants import dequantize
 
-    permuted = _ARCHS[meta.arch][2]
+    permuted = rope_rows_permuted(meta.arch)
     n_head = meta.arch_get("attention.head_count")
     n_kv_head = meta.arch_get("attention.head_count_kv", n_head)
     for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
-        name = _hf_tensor_name(t.name)
+        names = meta.hf_names(t.name)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if len(names) > 1:  # stacked experts [E, rows, cols]: t.data's leading dimension is the expert
+            for name, slab in zip(names, t.data):
+                w = dequantize(slab, t.tensor_type).astype(np.float32, copy=False).reshape(shape[1:])
+                yield name, np.array(w, copy=True)
+            continue
+        name = names[0]
         w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        w = w.reshape(shape)
         if permuted and name.endswith("self_attn.q_proj.weight"):
             w = unpermute_rope_rows(w, n_head)
         elif permuted and name.endswith("self_attn.k_proj.weight"):
             w = unpermute_rope_rows(w, n_kv_head)
+        elif name.endswith(SHARED_GATE_HF_SUFFIX):
+            w = w.reshape(1, -1)  # [K] in the file, the [1, K] weight of a Linear(K, 1) in HF
         w = np.ascontiguousarray(w)
         yield name, (w if w.flags.writeable else w.copy())
 
@@ -118,6 +158,8 @@ def build_hf_config(meta: GGUFMetadata, tensor_names: List[str]) -> Tuple[dict, 
     if any(n == "rope_freqs.weight" for n in tensor_names):
         raise ValueError("GGUF files with rope_freqs (Llama-3.1 style rope scaling) are not supported yet.")
     architecture, model_type, _ = _ARCHS[meta.arch]
+    if meta.arch in ("qwen2moe", "qwen3moe") and not meta.is_moe:
+        raise ValueError(f"GGUF architecture {meta.arch!r} without expert tensors (blk.*.ffn_gate_exps)")
     hidden = int(meta.arch_get("embedding_length"))
     n_head = int(meta.arch_get("attention.head_count"))
     head_dim = int(meta.arch_get("attention.key_length", hidden // n_head))
@@ -148,6 +190,8 @@ def build_hf_config(meta: GGUFMetadata, tensor_names: List[str]) -> Tuple[dict, 
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+    if meta.is_moe:
+        config.update(moe_config_fields(meta, config["num_hidden_layers"]))
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}
     return config, generation
 
@@ -233,52 +277,9 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
         json.dump(generation, f, indent=2)
 
 
-# Linear-layer tensors served in their own blocks with --quantization gguf (layers/quantization/); the rest (the
-# embedding, an untied lm_head, norms) are read dense from the converted directory.
+# Linear-layer tensors served in their own blocks with --quantization gguf (layers/quantization/, gguf_weights.py)
+# besides the routed experts (gguf_moe.is_expert_weight_name); the rest (the embedding, an untied lm_head, norms,
+# MoE routers) are read dense from the converted directory.
 QUANTIZED_LINEAR_SUFFIXES = tuple(
     f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 )
-
-
-def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(hf_name, tensor) for a model built with --quantization gguf: the linear layers' tensors in the staging form
-    of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored, rope rows unpermuted; other types
-    requantized to 8-bit blocks, packing.staging_q8_blocks), every other tensor dense from model_dir's safetensors.
-    kinds counts the linear tensors per GGUF type name (for the load log)."""
-    import gguf
-
-    from sglang.srt.layers.quantization import packing
-    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
-
-    reader = gguf.GGUFReader(gguf_path)
-    meta = GGUFMetadata(reader)
-    permuted = _ARCHS[meta.arch][2]
-    heads = {"q_proj": meta.arch_get("attention.head_count")}
-    heads["k_proj"] = meta.arch_get("attention.head_count_kv", heads["q_proj"])
-    served = set()
-    for t in reader.tensors:
-        name = _hf_tensor_name(t.name)
-        if not name.endswith(QUANTIZED_LINEAR_SUFFIXES) or len(t.shape) != 2:
-            continue
-        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
-        ggml_type = int(t.tensor_type)
-        if ggml_type in packing.GGUF_BLOCK_BYTES:
-            raw = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True).reshape(rows, -1))
-            staging = packing.staging_from_gguf(raw, ggml_type)
-            kind = packing.GGUF_TYPE_NAMES[ggml_type]
-        else:
-            from gguf.quants import dequantize
-
-            dense = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(rows, cols)
-            staging = packing.staging_q8_blocks(torch.from_numpy(np.ascontiguousarray(dense)))
-            kind = f"{t.tensor_type.name}->int8"
-        proj = name.split(".")[-2]
-        if permuted and proj in heads:
-            staging = torch.from_numpy(unpermute_rope_rows(staging.numpy(), heads[proj])).contiguous()
-        kinds[kind] = kinds.get(kind, 0) + 1
-        served.add(name)
-        yield name, staging
-    del reader
-    for name, tensor in safetensors_weights_iterator(model_dir):
-        if name not in served:
-            yield name, tensor

@@ -1,8 +1,9 @@
 """load_model: build the model class for a ModelConfig on a device and fill it from the checkpoint.
 
 quantization (resolved by layers.quantization.resolve_quantization): 'none' loads dense weights of the model dtype;
-'gguf' builds quantized linear layers and reads their tensors as blocks from gguf_path (the rest from the converted
-directory); 'w8a8_int8' quantizes the dense checkpoint's linear weights to int8 as they load.
+'gguf' builds quantized linear layers and MoE experts and reads their tensors as blocks from gguf_path (the rest from
+the converted directory; model_loader/gguf_weights.py); 'w8a8_int8' quantizes the dense checkpoint's linear and
+expert weights to 8-bit blocks as they load.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Dict, Optional, Set
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -61,24 +62,22 @@ def _quantized_modules(model: nn.Module):
     return [(n, m) for n, m in model.named_modules() if getattr(m, "quant_method", None) is not None]
 
 
-def _load_packed_cache(model: nn.Module, path: str) -> Set[str]:
-    """Give every quantized layer its packed weight from the cache; returns the checkpoint names they replace."""
+def _cache_key(module_name: str, buffer: str) -> str:
+    return f"{module_name}.{buffer}"
+
+
+def _load_packed_cache(model: nn.Module, path: str) -> None:
+    """Give every quantized layer (linear layers, MoE experts) its packed buffers from the cache."""
     from safetensors import safe_open
 
-    from sglang.srt.model_loader.gguf_converter import QUANTIZED_LINEAR_SUFFIXES
-
     with safe_open(path, framework="pt", device="cpu") as f:
-        names = set(f.keys())
         modules = _quantized_modules(model)
-        if {f"{n}.qweight" for n, _ in modules} != names:
+        want = {_cache_key(n, b) for n, m in modules for b in m.quant_method.PACKED_BUFFERS}
+        if want != set(f.keys()):
             raise ValueError(f"{path} does not match this model's quantized layers; delete it to rebuild it")
         for name, module in modules:
-            module.quant_method.load_packed(module, f.get_tensor(f"{name}.qweight"))
-        served = set()
-        for key in f.keys():
-            module_name = key[: -len(".qweight")]
-            served.update(f"{module_name.rsplit('.', 1)[0]}.{s}" for s in QUANTIZED_LINEAR_SUFFIXES)
-    return served
+            module.quant_method.load_packed(
+                module, {b: f.get_tensor(_cache_key(name, b)) for b in module.quant_method.PACKED_BUFFERS})
 
 
 def _save_packed_cache(model: nn.Module, path: str) -> None:
@@ -87,7 +86,8 @@ def _save_packed_cache(model: nn.Module, path: str) -> None:
 
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        save_file({f"{n}.qweight": m.qweight for n, m in _quantized_modules(model)}, tmp)
+        save_file({_cache_key(n, b): getattr(m, b) for n, m in _quantized_modules(model)
+                   for b in m.quant_method.PACKED_BUFFERS}, tmp)
         os.replace(tmp, path)
     except OSError as e:  # a read-only cache: the next start packs again
         logger.warning("Could not cache the packed weights at %s (%s)", path, e)
@@ -107,13 +107,14 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
     if quantization == "gguf":
         if gguf_path is None:
             raise ValueError("--quantization gguf needs the .gguf file the model directory was converted from")
-        from sglang.srt.model_loader.gguf_converter import iter_gguf_quantized_weights
+        from sglang.srt.model_loader.gguf_weights import is_quantized_weight_name, iter_gguf_quantized_weights
 
         cache = os.path.join(model_config.model_path, PACKED_CACHE_FILE)
         if os.path.isfile(cache):
-            served = _load_packed_cache(model, cache)
+            _load_packed_cache(model, cache)
             kinds["packed-cache"] = 1
-            weights = (nw for nw in safetensors_weights_iterator(model_config.model_path) if nw[0] not in served)
+            weights = (nw for nw in safetensors_weights_iterator(model_config.model_path)
+                       if not is_quantized_weight_name(nw[0]))
         else:
             weights = iter_gguf_quantized_weights(gguf_path, model_config.model_path, kinds)
     else:
@@ -133,6 +134,6 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
             detail = "from the packed-weights cache"
         else:
             detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " tensors" if kinds else "int8 per 32 weights"
-        what += f", {packed} linear layers {quantization}: {detail}"
+        what += f", {packed} quantized layers ({quantization}): {detail}"
     logger.info("Loaded %s (%s) on %s in %.1f s", model_config.architecture, what, device, time.perf_counter() - start)
     return model

@@ -6,7 +6,9 @@
 With tp ranks the experts and the shared expert each leave a partial sum over their intermediate columns; the block
 adds them and all-reduces once (the gate's weights are replicated, so the sigmoid factor is the same on every rank).
 Checkpoint names follow the attribute names: mlp.gate, mlp.experts.{e}.*, mlp.shared_expert.*, mlp.shared_expert_gate
-(Mixtral's block_sparse_moe is renamed to mlp on load).
+(Mixtral's block_sparse_moe is renamed to mlp on load). With --quantization the routed experts
+(layers/moe/quant_experts.py) and the shared expert are block-quantized; the router and the shared expert's gate stay
+dense.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from sglang.srt.distributed.communication_op import tp_all_reduce
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.moe_layer import FusedMoE
+from sglang.srt.layers.quantization import dense_linear
 from sglang.srt.models.llama import LlamaMLP
 
 
@@ -26,14 +29,16 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"Unsupported expert activation {hidden_act!r}; only silu is supported.")
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        with dense_linear():  # routers stay dense under --quantization (layers/quantization/__init__.py)
+            self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(num_experts, top_k, hidden_size, moe_intermediate_size, renormalize,
                                 reduce_results=False)
         self.shared_expert = self.shared_expert_gate = None
         if shared_expert_intermediate_size:
             self.shared_expert = LlamaMLP(hidden_size, shared_expert_intermediate_size, hidden_act,
                                           reduce_results=False)
-            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
+            with dense_linear():
+                self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [N, hidden] -> router logits [N, E] -> [N, hidden]

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.quantization import packing
 from sglang.srt.layers.quantization.linear_method import quant_kernels
-from sglang.srt.mem_plan.moe_sizes import CPU_KERNEL_ALIGN_BYTES, CPU_KERNEL_DIM_MULTIPLE, cpu_kernel_workspace_bytes
+from sglang.srt.mem_plan.moe_sizes import CPU_KERNEL_DIM_MULTIPLE, cpu_kernel_workspace_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -45,31 +45,13 @@ PACK_ROWS = 16  # output columns per packed block
 _warned_unpacked = False
 
 
-def _align(nbytes: int) -> int:
-    return -(-nbytes // CPU_KERNEL_ALIGN_BYTES) * CPU_KERNEL_ALIGN_BYTES
-
-
-def _quant_act_row_bytes(bits: int, blocks: int) -> int:
-    """quant_gemm.h's quant_act_row_bytes: int8 per value, twice for 8-bit weights (the residual pass)."""
-    return (2 if bits == 8 else 1) * blocks * packing.BLOCK
-
-
 def fused_moe_cpu_workspace_bytes(num_tokens: int, top_k: int, num_experts: int, hidden_size: int,
                                   intermediate_size: int, w13_bits: int = 16, w2_bits: int = 16) -> int:
-    """Bytes of the kernel's workspace for `num_tokens` tokens (moe.h's moe_workspace_bytes, the same formula):
-    expert_start and block_start int32 [E + 1] each, slot_token int32 and slot_weight fp32 [M * k] each,
-    silu(gate) * up bf16 [M * k, N], the fp32 sum of the experts' outputs [M, K]; each region 64-byte aligned.
-    Quantized experts (w13_bits, w2_bits in {4, 8}; moe_quant.h) add the int8 activations with their fp32 scales and
-    sums per 32 values: hidden per token [M, K], silu(gate) * up per slot [M * k, N]."""
-    slots = num_tokens * top_k
-    nbytes = cpu_kernel_workspace_bytes(num_tokens, top_k, num_experts, hidden_size, intermediate_size)
-    if (w13_bits, w2_bits) == (16, 16):
-        return nbytes
-    if w13_bits not in (4, 8) or w2_bits not in (4, 8):
-        raise ValueError(f"quantized experts have 4 or 8 bits, got w13 {w13_bits}, w2 {w2_bits}")
-    nb13, nb2 = hidden_size // packing.BLOCK, intermediate_size // packing.BLOCK
-    return (nbytes + _align(num_tokens * _quant_act_row_bytes(w13_bits, nb13)) + 2 * _align(4 * num_tokens * nb13)
-            + _align(slots * _quant_act_row_bytes(w2_bits, nb2)) + 2 * _align(4 * slots * nb2))
+    """Bytes of the kernel's workspace for `num_tokens` tokens (moe.h's moe_workspace_bytes; with quantized experts,
+    w13_bits and w2_bits in {4, 8}, moe_quant.h's moe_quant_workspace_bytes): the plan's formula,
+    mem_plan/moe_sizes.cpu_kernel_workspace_bytes, which the plan charges and the runtime allocates."""
+    return cpu_kernel_workspace_bytes(num_tokens, top_k, num_experts, hidden_size, intermediate_size, w13_bits,
+                                      w2_bits)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ Checkpoint tensors (expert_checkpoint_target maps their names):
 gate and up ([N, K]) give rows [s*N_r, (s+1)*N_r), down ([K, N]) its columns (s: the rank's column shard); a rank
 reads only those, and only for its own experts: another group's expert tensors are never read.
 
+--quantization gguf / w8a8_int8 (CPU, tp = 1): the two weights are block-quantized instead (quant_experts.py), loaded
+from the same names and shards, and run the 'cpu' implementation.
+
 forward(hidden [M, K], router_logits [M, E]) routes (router.py) and runs the implementation chosen once at build
 (dispatch.py) in the workspace the runner attached (attach_moe_workspace), at most workspace.max_tokens tokens per
 call: a longer input (a decode batch of more requests than the chunk) runs in slices.
@@ -36,9 +39,9 @@ from sglang.srt.distributed.communication_op import tp_all_reduce
 from sglang.srt.distributed.parallel_state import get_ep_size, get_tp_rank, get_tp_size, moe_parallel_layout
 from sglang.srt.layers.linear import default_weight_loader
 from sglang.srt.layers.moe.dispatch import get_fused_experts
+from sglang.srt.layers.moe.quant_experts import QUANT_EXPERTS_IMPL, expert_bits, quant_experts_method
 from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.layers.moe.workspace import MoEWorkspace
-from sglang.srt.layers.quantization import linear_quant_method
 from sglang.srt.mem_plan.moe_sizes import SORT_BLOCK_M, TORCH_SORT_BLOCK_M, MoEWorkspaceSpec, moe_impl_for
 
 GATE, UP, DOWN = "w1", "w3", "w2"
@@ -63,8 +66,6 @@ class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
                  reduce_results: bool = True):
         super().__init__()
-        if linear_quant_method(self) is not None:
-            raise ValueError("--quantization: MoE experts are served dense only; use --quantization none.")
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.layout = layout = moe_parallel_layout(self.tp_size, self.tp_rank, get_ep_size())
         if num_experts % layout.ep_size or intermediate_size % layout.moe_tp_size:
@@ -76,16 +77,27 @@ class FusedMoE(nn.Module):
         self.first_expert = layout.ep_rank * self.num_local_experts  # global id of local expert 0
         self.intermediate_size = intermediate_size // layout.moe_tp_size  # N_r
         self.renormalize, self.reduce_results = renormalize, reduce_results
-        n, e_l = self.intermediate_size, self.num_local_experts
-        self.w13_weight = nn.Parameter(torch.empty(e_l, 2 * n, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(e_l, hidden_size, n), requires_grad=False)
-        self.w13_weight.weight_loader = self.weight_loader
-        self.w2_weight.weight_loader = self.weight_loader
-        # the implementation is chosen once, by the device the weights are built on (meta: as on a CPU)
-        self.impl = moe_impl_for(self.w13_weight.device.type)
-        self.fused_experts = get_fused_experts(self.impl)
         self.workspace: Optional[MoEWorkspace] = None
         self._loaded: set = set()
+        self._built_dtype = torch.get_default_dtype()  # the model dtype, the activations' (act_dtype)
+        device = torch.empty(0).device  # where the model is being built (meta: as on a CPU)
+        # --quantization: block-quantized experts (layers/moe/quant_experts.py) take the place of the dense weights
+        # and run the 'cpu' implementation; None: dense experts
+        self.quant_method = quant_experts_method(self, device)
+        if self.quant_method is None:
+            n, e_l = self.intermediate_size, self.num_local_experts
+            self.w13_weight = nn.Parameter(torch.empty(e_l, 2 * n, hidden_size), requires_grad=False)
+            self.w2_weight = nn.Parameter(torch.empty(e_l, hidden_size, n), requires_grad=False)
+            self.w13_weight.weight_loader = self.weight_loader
+            self.w2_weight.weight_loader = self.weight_loader
+            # the implementation is chosen once, by the device the weights are built on
+            self.impl = moe_impl_for(device.type)
+            self.fused_experts = get_fused_experts(self.impl)
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The activations' dtype: the dense experts' (as they are now), or the model's for quantized ones."""
+        return self._built_dtype if self.quant_method is not None else self.w13_weight.dtype
 
     # ------------------------------------------------------------------ loading
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
@@ -117,12 +129,14 @@ class FusedMoE(nn.Module):
         config.json by the same rule, mem_plan/build.moe_workspace)."""
         return MoEWorkspaceSpec(max_tokens, self.top_k, self.num_local_experts, self.hidden_size,
                                 self.intermediate_size, act_dtype, SORT_BLOCK_M.get(self.impl, TORCH_SORT_BLOCK_M),
-                                self.impl)
+                                self.impl, *expert_bits(self))
 
     def use_impl(self, impl: str) -> None:
         """Run the experts with `impl` (the plan's choice, moe_sizes.moe_impl_for). The CPU kernel reads its expert
         weights packed: they are packed here, in place, once (layers/moe/fused_moe_cpu.py)."""
-        if impl == "cpu":
+        if self.quant_method is not None and impl != QUANT_EXPERTS_IMPL:
+            raise ValueError(f"quantized experts run the {QUANT_EXPERTS_IMPL!r} implementation, not {impl!r}")
+        if impl == "cpu" and self.quant_method is None:
             from sglang.srt.layers.moe.fused_moe_cpu import prepack_moe_weights_
 
             if not prepack_moe_weights_(self.w13_weight, self.w2_weight):
@@ -164,8 +178,8 @@ def attach_moe_workspace(model: nn.Module, spec: Optional[MoEWorkspaceSpec], dev
     for layer in layers:
         if layer.impl != spec.impl:
             layer.use_impl(spec.impl)
-        want = layer.workspace_spec(spec.max_tokens, str(layer.w13_weight.dtype).replace("torch.", ""))
-        if want != spec:
+        want = layer.workspace_spec(spec.max_tokens, str(layer.act_dtype).replace("torch.", ""))
+        if not spec.serves(want):
             raise ValueError(f"the plan's MoE workspace {spec} is not what this layer needs: {want}")
     workspace = MoEWorkspace(spec, device)
     for layer in layers:

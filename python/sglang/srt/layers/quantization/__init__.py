@@ -6,8 +6,9 @@
 Unset --quantization means 'gguf' for a .gguf model on CPU (the bundled default model too: llama.cpp serves it from
 its Q4_1 blocks) where the quant_linear kernel runs, unless the dtype is float32, which stays the exact dequantized
 HF reference path; 'none' otherwise (tp > 1, GPUs, CPUs without AVX-512 VNNI, SGLANG_CPU_KERNELS=0).
-An explicit value always wins. Only the transformer's linear layers are quantized; the embedding, the lm_head
-(tied to the embedding in small models) and the norms stay dense in --dtype.
+An explicit value always wins. Only the transformer's linear layers and MoE experts (layers/moe/quant_experts.py) are
+quantized; the embedding, the lm_head (tied to the embedding in small models), the norms and MoE routers (built
+inside dense_linear()) stay dense in --dtype.
 """
 
 from __future__ import annotations
@@ -55,9 +56,21 @@ def quantization_config(method: str) -> Iterator[None]:
         _state.method = old
 
 
+def dense_linear():
+    """Layers built inside this block stay dense whatever --quantization says: MoE routers and the shared expert's
+    sigmoid gate (the plan counts them in the model dtype, mem_plan/quantization_sizes.py; llama.cpp keeps routers
+    unquantized too, so a GGUF's router is read dense)."""
+    return quantization_config("none")
+
+
+def current_quantization() -> str:
+    """The method of the enclosing quantization_config block ('none' outside one)."""
+    return getattr(_state, "method", "none")
+
+
 def linear_quant_method(layer) -> Optional["QuantLinearMethod"]:
     """The quant method for a LinearBase being built (None: dense weight). Called by LinearBase.__init__."""
-    method = getattr(_state, "method", "none")
+    method = current_quantization()
     if method == "none":
         return None
     from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
@@ -65,4 +78,5 @@ def linear_quant_method(layer) -> Optional["QuantLinearMethod"]:
     return QuantLinearMethod(method)
 
 
-__all__ = ["QUANTIZATION_METHODS", "resolve_quantization", "quantization_config", "linear_quant_method"]
+__all__ = ["QUANTIZATION_METHODS", "resolve_quantization", "quantization_config", "dense_linear",
+           "current_quantization", "linear_quant_method"]

@@ -4,14 +4,16 @@ Loading: create_weights gives the layer a staging `weight` that the layer's own 
 (q/k/v, gate/up: the same row ranges as the dense path), in the staging form of packing.py for 'gguf' (the GGUF
 iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. When every row has arrived the layer packs it
 (packing.pack) into the buffer `qweight`, the only copy it keeps, and drops the staging weight; `weight` is then
-None. finalize_quantized_layers() checks after loading that no layer was left unpacked.
+None. finalize_quantized_layers() checks after loading that no layer was left unpacked. load_packed /
+PACKED_BUFFERS / unpacked_reason are the interface the loader's packed-weights cache and that check use, shared with
+the quantized MoE experts (layers/moe/quant_experts.py).
 Forward: the quant_linear kernel (sgl-kernel/csrc/cpu/quant_gemm.h) when the CPU kernels are in use, else the torch
 path: dequantize the packed weight to the input's dtype for this call and F.linear.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -77,8 +79,12 @@ class QuantLinearMethod:
         del layer.weight
         layer.register_parameter("weight", None)
 
-    def load_packed(self, layer: nn.Module, packed: torch.Tensor) -> None:
+    # names of the packed buffers the packed-weights cache holds per layer (model_loader/loader.py)
+    PACKED_BUFFERS = ("qweight",)
+
+    def load_packed(self, layer: nn.Module, buffers: Dict[str, torch.Tensor]) -> None:
         """Take an already packed weight (the packed-weights cache) instead of loading shards."""
+        packed = buffers["qweight"]
         rows, cols = layer.output_size, layer.input_size
         bits = 4 if packed.shape[-1] == cpu_record_bytes(4) else 8
         expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), cpu_record_bytes(bits))
@@ -89,6 +95,12 @@ class QuantLinearMethod:
         layer._quant_rows_loaded = rows
         del layer.weight
         layer.register_parameter("weight", None)
+
+    def unpacked_reason(self, layer: nn.Module) -> Optional[str]:
+        """None once the layer is packed, else what is missing (finalize_quantized_layers)."""
+        if layer.qweight is not None:
+            return None
+        return f"got {layer._quant_rows_loaded} of {layer.output_size} rows from the checkpoint"
 
     # ---- forward
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -109,14 +121,15 @@ class QuantLinearMethod:
 
 
 def finalize_quantized_layers(model: nn.Module) -> int:
-    """After load_weights: every quantized layer must be packed. Returns how many are."""
+    """After load_weights: every quantized layer (linear layers, quantized MoE experts: layers/moe/quant_experts.py)
+    must be packed. Returns how many are."""
     packed = 0
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if method is None:
             continue
-        if getattr(module, "qweight", None) is None:
-            raise ValueError(f"quantized layer {name} got {module._quant_rows_loaded} of {module.output_size} rows "
-                             "from the checkpoint")
+        reason = method.unpacked_reason(module)
+        if reason is not None:
+            raise ValueError(f"quantized layer {name} {reason}")
         packed += 1
     return packed

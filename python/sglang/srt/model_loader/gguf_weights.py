@@ -1,0 +1,81 @@
+"""The weights of a model built with --quantization gguf: the linear layers' and routed experts' tensors as blocks.
+
+    iter_gguf_quantized_weights(gguf_path, model_dir, kinds) -> (hf_name, tensor) for load_weights
+
+A quantized tensor comes in the staging form of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored,
+rope rows unpermuted as the dense converter does; other types requantized to 8-bit blocks, packing.staging_q8_blocks)
+under its HF name; a MoE file's stacked expert tensor comes as one staging tensor per expert, under the per-expert
+names the dense converter writes (gguf_moe.py), so FusedMoE's loaders see the same names and shards as for an HF
+checkpoint. Every other tensor (embedding, lm_head, norms, routers) is read dense from the converted directory.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, Tuple
+
+import numpy as np
+import torch
+
+from sglang.srt.model_loader.gguf_converter import (
+    QUANTIZED_LINEAR_SUFFIXES,
+    GGUFMetadata,
+    rope_rows_permuted,
+    unpermute_rope_rows,
+)
+from sglang.srt.model_loader.gguf_moe import is_expert_weight_name
+
+
+def is_quantized_weight_name(hf_name: str) -> bool:
+    """Whether --quantization gguf / w8a8_int8 serves this checkpoint tensor quantized (else it loads dense)."""
+    return hf_name.endswith(QUANTIZED_LINEAR_SUFFIXES) or is_expert_weight_name(hf_name)
+
+
+def _staging(data: np.ndarray, tensor_type, rows: int, cols: int) -> Tuple[torch.Tensor, str]:
+    """One [rows, cols] weight's GGUF data -> (staging uint8 [rows, blocks * 36], what it was, for the load log)."""
+    from sglang.srt.layers.quantization import packing
+
+    ggml_type = int(tensor_type)
+    if ggml_type in packing.GGUF_BLOCK_BYTES:
+        raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(rows, -1))
+        return packing.staging_from_gguf(raw, ggml_type), packing.GGUF_TYPE_NAMES[ggml_type]
+    from gguf.quants import dequantize
+
+    dense = dequantize(data, tensor_type).astype(np.float32, copy=False).reshape(rows, cols)
+    return packing.staging_q8_blocks(torch.from_numpy(np.ascontiguousarray(dense))), f"{tensor_type.name}->int8"
+
+
+def iter_gguf_quantized_weights(gguf_path: str, model_dir: str,
+                                kinds: Dict[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(hf_name, tensor) for every checkpoint tensor (module docstring). kinds counts the quantized GGUF tensors per
+    type name (a stacked expert tensor once), for the load log."""
+    import gguf
+
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+    reader = gguf.GGUFReader(gguf_path)
+    meta = GGUFMetadata(reader)
+    permuted = rope_rows_permuted(meta.arch)
+    heads = {"q_proj": meta.arch_get("attention.head_count")}
+    heads["k_proj"] = meta.arch_get("attention.head_count_kv", heads["q_proj"])
+    served = set()
+    for t in reader.tensors:
+        names = meta.hf_names(t.name)
+        shape = [int(d) for d in reversed(t.shape.tolist())]
+        if not is_quantized_weight_name(names[0]) or len(shape) != (3 if len(names) > 1 else 2):
+            continue
+        if len(names) > 1:  # stacked experts [E, rows, cols]: one expert's slab at a time
+            for name, slab in zip(names, t.data):
+                staging, kind = _staging(slab, t.tensor_type, shape[1], shape[2])
+                yield name, staging
+        else:
+            staging, kind = _staging(t.data, t.tensor_type, shape[0], shape[1])
+            proj = names[0].split(".")[-2]
+            if permuted and proj in heads:  # staging rows are the weight's rows: unpermute them alike
+                staging = torch.from_numpy(unpermute_rope_rows(staging.numpy(), heads[proj])).contiguous()
+            yield names[0], staging
+        kinds[kind] = kinds.get(kind, 0) + 1
+        served.update(names)
+    del reader
+    for name, tensor in safetensors_weights_iterator(model_dir):
+        if name not in served:
+            yield name, tensor
