@@ -124,6 +124,25 @@ def test_qwen3_30b_a3b_on_h100():
                                                               block=64)
 
 
+def test_mixtral_8x7b_needs_two_h100s():
+    """Mixtral-8x7B (published config): 46.7 B parameters by hand; alone on an H100 its weights do not fit, at tp=2
+    (experts' columns split) and at ep=2 (whole experts per rank) it fits, with the workspace of the rank's experts."""
+    path = os.path.join(FIXTURES, "mixtral-8x7b")
+    with open(f"{path}/config.json") as f:
+        config = json.load(f)
+    v, h, n, layers, e = 32000, 4096, 14336, 32, 8
+    params = 2 * v * h + layers * (2 * h * h + 2 * h * 1024 + e * 3 * h * n + h * e + 2 * h) + h
+    assert params == 46_702_792_704
+    got = dry_run("--model-path", path, "--gpu", "h200")
+    assert term(got, "weights")["num_bytes"] == 2 * params + 32768 * 128 * 2  # + the shared bf16 rope table
+    assert term(got, "moe_workspace")["num_bytes"] == by_hand(dict(config, moe_intermediate_size=n), 8192, 1, 2, 64)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert plan_main(["--model-path", path, "--gpu", "h100-80gb", "--json"]) != 0
+    for par in (["--tp", "2"], ["--tp", "2", "--ep-size", "2"]):
+        assert dry_run("--model-path", path, "--gpu", "h100-80gb", *par)["plan"]["max_total_num_tokens"] > 400_000
+
+
 def test_dense_model_has_no_moe_workspace():
     assert term(dry_run("--model-path", LLAMA_8B, "--gpu", "h100-80gb"), "moe_workspace")["num_bytes"] == 0
 
