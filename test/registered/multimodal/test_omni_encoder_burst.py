@@ -12,7 +12,7 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=35, suite="cpu")
 
 from sglang.srt.entrypoints.engine import Engine  # noqa: E402
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown  # noqa: E402

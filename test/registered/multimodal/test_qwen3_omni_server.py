@@ -14,7 +14,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 from sglang.srt.multimodal.audio_loader import load_audio  # noqa: E402
 from sglang.srt.multimodal.processors.qwen3_omni import Qwen3OmniThinkerProcessor  # noqa: E402
