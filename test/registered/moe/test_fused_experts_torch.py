@@ -96,7 +96,7 @@ def test_bf16_within_bf16_tolerance_and_workspace_reused():
 def test_nothing_row_sized_is_allocated_outside_the_workspace(dtype):
     """Besides its output, a call allocates only O(rows) integers and weights (what the activations formula charges
     per routed row) and O(E) counts: every [rows, ...] intermediate is the workspace's."""
-    from sglang.srt.mem_plan.model_shapes import ROUTED_ROW_TEMPORARY_BYTES
+    from sglang.srt.mem_plan.moe_activations import ROUTED_ROW_TEMPORARY_BYTES
 
     m = 256
     ws = MoEWorkspace(MoEWorkspaceSpec(m, TOP_K, E, K, N, str(dtype).replace("torch.", "")), "cpu")

@@ -17,7 +17,7 @@ expert runs on tokens not routed to it, and nothing loops over tokens):
 
 Every R-sized intermediate lives in the workspace (mem_plan/moe_sizes.py; its block is 1 here). Outside it: the
 output [M, K], and temporaries of O(R) integers and fp32 weights (the sort's int64 order, the rows' tokens and weights)
-and O(E) counts, which the activations term covers (model_shapes.ROUTED_ROW_TEMPORARY_BYTES).
+and O(E) counts, which the activations term covers (mem_plan/moe_activations.py).
 Accumulation: the GEMMs and the combine run in the input dtype, so fp32 inputs accumulate in fp32 and bf16 inputs in
 bf16 (each row's GEMM reduction in whatever precision torch's kernel uses for that dtype; the routing weight is
 rounded to bf16, as the Qwen references do, and the k weighted outputs of a token are summed into the bf16 output). A token's k contributions are added in increasing expert order, the order
