@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.layers.moe.fused_moe_torch import fused_experts_torch
+from sglang.srt.layers.moe.fused_moe_torch import fused_experts_torch, row_pieces
 from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.layers.moe.workspace import MoEWorkspace
 from sglang.srt.mem_plan.moe_sizes import MoEWorkspaceSpec
@@ -96,7 +96,7 @@ def test_bf16_within_bf16_tolerance_and_workspace_reused():
 def test_nothing_row_sized_is_allocated_outside_the_workspace(dtype):
     """Besides its output, a call allocates only O(rows) integers and weights (what the activations formula charges
     per routed row) and O(E) counts: every [rows, ...] intermediate is the workspace's."""
-    from sglang.srt.mem_plan.model_shapes import ROUTED_ROW_TEMPORARY_BYTES
+    from sglang.srt.mem_plan.moe_activations import ROUTED_ROW_TEMPORARY_BYTES
 
     m = 256
     ws = MoEWorkspace(MoEWorkspaceSpec(m, TOP_K, E, K, N, str(dtype).replace("torch.", "")), "cpu")
@@ -109,6 +109,45 @@ def test_nothing_row_sized_is_allocated_outside_the_workspace(dtype):
     allocated = sum(e.cpu_memory_usage for e in prof.function_events if e.cpu_memory_usage > 0 and not e.cpu_children)
     budget = out.numel() * out.element_size() + m * TOP_K * ROUTED_ROW_TEMPORARY_BYTES + 64 * (E + 1)
     assert allocated <= budget, (allocated, budget)
+
+
+def test_row_pieces_tile_each_group_in_powers_of_two():
+    for lo, count in [(0, 1), (5, 2), (7, 300), (0, 256), (1000, 2047), (3, 16384)]:
+        pieces = row_pieces(lo, lo + count, True)
+        assert pieces[0][0] == lo and pieces[-1][1] == lo + count
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+        sizes = [hi - start for start, hi in pieces]
+        assert all(size & (size - 1) == 0 for size in sizes) and sizes == sorted(sizes, reverse=True)
+        assert len(pieces) == bin(count).count("1")
+    assert row_pieces(7, 307, False) == [(7, 307)]
+
+
+def test_bf16_calls_with_new_routings_leave_memory_where_it_was():
+    """torch's bf16 GEMMs on a CPU (oneDNN) keep state per row count; every routing gives the experts new row counts,
+    so one GEMM per expert group grew RSS by ~15 MB over these 20 calls (K 1024, N 256). The power-of-two pieces
+    reuse the shapes the warm-up calls built: no growth."""
+    from sglang.srt.mem_plan.measure import cpu_current_rss_bytes, trim_cpu_heap
+
+    k_dim, n, experts, m = 1024, 256, 8, 256
+    g = torch.Generator().manual_seed(0)
+    w13 = (torch.randn(experts, 2 * n, k_dim, generator=g) / k_dim**0.5).bfloat16()
+    w2 = (torch.randn(experts, k_dim, n, generator=g) / n**0.5).bfloat16()
+    ws = MoEWorkspace(MoEWorkspaceSpec(m, TOP_K, experts, k_dim, n, "bfloat16"), "cpu")
+    hidden = torch.randn(m, k_dim, generator=g).bfloat16()
+
+    def call(seed):
+        logits = torch.randn(m, experts, generator=torch.Generator().manual_seed(seed))
+        fused_experts_torch(hidden, w13, w2, *select_experts(logits, TOP_K, True), ws)
+
+    with torch.inference_mode():
+        for seed in range(4):  # warm: builds the piece shapes
+            call(seed)
+        trim_cpu_heap()
+        before = cpu_current_rss_bytes()
+        for seed in range(4, 24):
+            call(seed)
+        trim_cpu_heap()
+    assert cpu_current_rss_bytes() - before < 4 * 2**20, (cpu_current_rss_bytes() - before) / 2**20
 
 
 def test_workspace_too_small_is_refused():

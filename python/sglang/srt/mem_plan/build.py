@@ -166,10 +166,18 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
                          fused_cpu_decode=device.fused_cpu_decode)
 
 
+def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:
+    """The declared activations of one forward at the chunk (model_shapes.activation_bytes, a MoE model's with the
+    planned experts' implementation): the dry run's term, and on CPU the runner's too unless it measured more."""
+    chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
+    moe = moe_workspace(sa, model, device)
+    return model.shape.activation_bytes(chunk, sa.tp_size, model.dtype, device.kind,
+                                        moe_impl=moe.impl if moe is not None else None)
+
+
 def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     """The dry run's stand-ins for the measured terms (declared formulas in model_shapes.py / encoder.py)."""
     shape, tp = model.shape, sa.tp_size
-    chunk = resolve_chunked_prefill_size(sa, device, model.context_len)
     encoder, detail, encoder_terms = 0, "", ()
     if sa.encoder_mem_reserve is not None:
         encoder = encoder_reservation_bytes(None, 1, sa.encoder_mem_reserve)
@@ -180,7 +188,7 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
         weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype),
                                              getattr(sa, "ep_size", 1))
                       + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0)),
-        activation_bytes=shape.activation_bytes(chunk, tp, model.dtype, device.kind),
+        activation_bytes=activation_formula_bytes(sa, model, device),
         cuda_graph_bytes=graph_batch_size(sa, model, device) * CUDA_GRAPH_BYTES_PER_BS,
         encoder_bytes=encoder,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula", "encoder": "declared"},

@@ -23,6 +23,7 @@ from typing import Optional
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
 from sglang.srt.mem_plan.encoder_shapes import PREPROCESSOR_KEY, encoder_parts, load_preprocessor_config
+from sglang.srt.mem_plan.moe_activations import moe_first_call_bytes, moe_routing_bytes
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
@@ -36,17 +37,14 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 # most of them 93-112, = 2.7-3.7x the live tensors; glibc arenas and oneDNN scratch are the extra), set just above
 # the top of that range (3.9 -> 120 MiB), so a start rarely measures more than the formula and the plan, the same on
 # every start, is what `sglang plan` predicts; a start that does measure more still reserves what it measured.
+# Those starts also counted the K/V the profile wrote into its scratch pool (~47 MB); with those pages resident before
+# the peak (model_runner_kv_cache_mixin) the same model measures 62-68 MB, so 3.9 is now generous (left as is: a
+# refit moves every dense CPU plan). MoE models add their routing and first-call terms (moe_activations.py).
 ACTIVATION_TEMPORARY_FACTOR = 2
 ACTIVATION_TEMPORARY_FACTOR_CPU = 3.9
 # CPU: what loading adds to the process beyond the tensors, after the heap trim (library code and allocator state
 # first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB).
 CPU_LOAD_RESIDUAL_BYTES = 10 * 2**20
-ROUTER_LOGIT_BYTES = 4  # fp32 router logits per token per expert
-# routing temporaries per token (layers/moe/router.py, fused_moe_torch.py): per expert the logits upcast to fp32
-# and their softmax; per routed row (token, expert) the fp32 weight, topk's int64 id and its int32 copy, the sort's
-# int64 order, the row's int32 token, its gathered fp32 weight and that weight in the activation dtype (<= 4 B)
-ROUTER_BYTES_PER_EXPERT = 2 * ROUTER_LOGIT_BYTES
-ROUTED_ROW_TEMPORARY_BYTES = 4 + 8 + 4 + 8 + 4 + 4 + 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -311,8 +309,11 @@ class ModelShape:
                               **common)
 
     # ---- declared runtime terms ----
-    def activation_bytes(self, num_tokens: int, tp: int = 1, dtype: Optional[str] = None, device: str = "cuda") -> int:
-        """Declared formula for the peak activation of a forward over num_tokens tokens on one rank."""
+    def activation_bytes(self, num_tokens: int, tp: int = 1, dtype: Optional[str] = None, device: str = "cuda",
+                         moe_impl: Optional[str] = None) -> int:
+        """Declared formula for the peak activation of a forward over num_tokens tokens on one rank; a MoE model's
+        routing and its experts' first-call state with moe_impl (moe_activations.py; build.activation_formula_bytes
+        passes the planned implementation)."""
         s = self.text
         H, nq = s.hidden_size, _cdiv(s.num_q_heads, tp)
         if s.is_mla:
@@ -323,17 +324,17 @@ class ModelShape:
             attn = (nq + 2 * nkv) * s.head_dim + nq * s.head_dim
         has_dense_mlp = len(s.sparse_layers) < s.num_layers
         mlp = _cdiv(s.intermediate_size, tp) if has_dense_mlp else 0
-        router = 0
+        router = first_call = 0
         if s.sparse_layers:
             # the routed experts' rows live in the moe_workspace term (moe_sizes.py); what a MoE layer adds here is
-            # its shared expert (a dense MLP) and the routing temporaries
+            # its shared expert (a dense MLP), the routing temporaries and, once, its libraries' first-call state
             shared = s.shared_expert_intermediate_size or s.num_shared_experts * s.moe_intermediate_size
             mlp = max(mlp, _cdiv(shared, tp))
-            router = num_tokens * (s.num_experts * ROUTER_BYTES_PER_EXPERT
-                                   + s.num_experts_per_tok * ROUTED_ROW_TEMPORARY_BYTES)
+            router = moe_routing_bytes(num_tokens, s.num_experts, s.num_experts_per_tok)
+            first_call = moe_first_call_bytes(moe_impl, device)
         per_token = 3 * H + attn + 3 * mlp  # residual, normed, output + attention + gate/up (2x) and act
         factor = ACTIVATION_TEMPORARY_FACTOR_CPU if device == "cpu" else ACTIVATION_TEMPORARY_FACTOR
-        return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor)
+        return int((num_tokens * per_token * dtype_bytes(dtype or s.dtype) + router) * factor) + first_call
 
 
 def model_shape_from_config(cfg: dict) -> ModelShape:

@@ -82,6 +82,10 @@ class ModelRunnerKVCacheMixin:
         page = self.server_args.page_size
         r2t = ReqToTokenPool(1, req_to_token_row_len(self.context_len), self.device)
         kv = self._kv_pool(num_tokens)
+        # the scratch pool's pages resident before the peak is measured (its torch.empty is backed page by page on a
+        # CPU): the K/V the forward writes belong to the kv_cache term, not to the activations
+        kv.k_buffer.zero_()
+        kv.v_buffer.zero_()
         backend = self._attention_backend(r2t, kv, 1, 0)
         slots = torch.arange(page, page + num_tokens, dtype=torch.int64, device=self.device)
         r2t.req_to_token[1, :num_tokens] = slots
@@ -143,8 +147,7 @@ class ModelRunnerKVCacheMixin:
             self.own_activation_bytes = self.profile_activation_bytes(chunk)
         activation_bytes, activation_source = tp_max_int(self.own_activation_bytes), "measured"
         if str(self.device) == "cpu":
-            model = self.model_facts()
-            formula = model.shape.activation_bytes(chunk, self.server_args.tp_size, model.dtype, "cpu")
+            formula = B.activation_formula_bytes(self.server_args, self.model_facts(), self.device_facts())
             activation_bytes, activation_source = B.cpu_activation_term(formula, activation_bytes)
             logger.info("Activation peak at chunk %d: %s %.1f MB, formula %.1f MB -> plan uses the %s",
                         chunk, self.activation_peak_source(), self.own_activation_bytes / 2**20, formula / 2**20,
