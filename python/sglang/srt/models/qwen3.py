@@ -19,9 +19,11 @@ class Qwen3Attention(LlamaAttention):
         n = hidden_states.shape[0]
         qkv = self.qkv_proj(hidden_states)  # [N, (H + 2KV) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(n, self.num_heads, self.head_dim))  # [N, H, D]
-        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim))  # [N, KV, D]
-        q, k = self.rotary_emb(positions, q, k)
+        # per-head norms over [N x heads, D] rows (2-D and contiguous: the CPU rmsnorm kernel takes them in bf16)
+        q = self.q_norm(q.reshape(n * self.num_heads, self.head_dim)).view(n, self.num_heads, self.head_dim)
+        k = self.k_norm(k.reshape(n * self.num_kv_heads, self.head_dim)).view(n, self.num_kv_heads, self.head_dim)
+        q, _ = self.rotary_emb(positions, q)  # one tensor at a time: in place on the CPU rotary kernel path
+        k, _ = self.rotary_emb(positions, k)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
