@@ -19,6 +19,7 @@ from typing import Iterable, List, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.models.mm_weights import load_multimodal_weights
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.models.registry import get_model_class
 from sglang.srt.models.vision_encoder import VisionTransformer, get_activation
@@ -150,27 +151,14 @@ class LlavaForConditionalGeneration(nn.Module):
         return name
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        text_weights = []
-        loaded = set()
-        for raw_name, w in weights:
+        def rename(raw_name: str):
             name = self.checkpoint_name(raw_name)
-            if name.startswith("language_model."):
-                text_weights.append((name[len("language_model."):], w))
-                continue
-            if name.startswith("vision_tower.head.") or name.endswith("position_ids"):
-                continue  # SigLIP's pooling head is not used by LLaVA; position_ids are a buffer
-            if name not in params:
-                raise KeyError(f"Checkpoint tensor {raw_name!r} has no parameter in {type(self).__name__}.")
-            param = params[name]
-            if param.shape != w.shape:
-                raise ValueError(f"{raw_name}: checkpoint shape {tuple(w.shape)} != parameter {tuple(param.shape)}")
-            param.data.copy_(w)
-            loaded.add(name)
-        self.language_model.load_weights(text_weights)
-        missing = [n for n in params if not n.startswith("language_model.") and n not in loaded]
-        if missing:
-            raise ValueError(f"Checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+            if not name.startswith("language_model.") and (name.startswith("vision_tower.head.")
+                                                           or name.endswith("position_ids")):
+                return None  # SigLIP's pooling head is not used by LLaVA; position_ids are a buffer
+            return name
+
+        load_multimodal_weights(self, weights, rename)
 
 
 EntryClass = LlavaForConditionalGeneration

@@ -23,6 +23,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.models.mm_weights import load_multimodal_weights
 from sglang.srt.configs.model_config import get_rope_parameters
 from sglang.srt.layers.mrotary_embedding import MRotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -245,26 +246,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(nn.Module):
         return name
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        text_weights, loaded = [], set()
-        for raw_name, w in weights:
-            name = self.checkpoint_name(raw_name)
-            if name is None:
-                continue
-            if name.startswith("language_model."):
-                text_weights.append((name[len("language_model."):], w))
-                continue
-            if name not in params:
-                raise KeyError(f"Checkpoint tensor {raw_name!r} has no parameter in {type(self).__name__}.")
-            if params[name].shape != w.shape:
-                raise ValueError(f"{raw_name}: checkpoint shape {tuple(w.shape)} != parameter "
-                                 f"{tuple(params[name].shape)}")
-            params[name].data.copy_(w)
-            loaded.add(name)
-        self.language_model.load_weights(text_weights)
-        missing = [n for n in params if not n.startswith("language_model.") and n not in loaded]
-        if missing:
-            raise ValueError(f"Checkpoint is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        load_multimodal_weights(self, weights, self.checkpoint_name)
 
 
 class Qwen3OmniMoeForConditionalGeneration(Qwen3OmniMoeThinkerForConditionalGeneration):
