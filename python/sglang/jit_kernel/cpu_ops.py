@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ _tried = False
 _reason = "not loaded yet"
 _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
 _amx: Optional[bool] = None
+_threads: Optional[Tuple[int, int]] = None  # (threads, spin us) the runtime chose; None: torch's thread count
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -150,6 +151,7 @@ def get_cpu_ops() -> Optional[ModuleType]:
                     module = _build()
                 if module.cpu_supported():
                     _ops, _reason = module, "in use"
+                    _apply_threads()
                 else:
                     _reason = "the CPU check of the compiled kernels failed"
             except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
@@ -157,6 +159,26 @@ def get_cpu_ops() -> Optional[ModuleType]:
                 logger.warning("CPU kernels unavailable (%s); using the torch path.", _reason)
         _tried = True
         return _ops
+
+
+def _apply_threads() -> None:
+    if _ops is None:
+        return
+    if _threads is None:
+        import torch
+
+        _ops.set_num_threads(torch.get_num_threads())
+    else:
+        _ops.set_num_threads(_threads[0])
+        _ops.set_spin_us(_threads[1])
+
+
+def set_kernel_threads(num_threads: int, spin_us: int) -> None:
+    """Size the kernels' thread pool (sgl-kernel/csrc/cpu/parallel.h) now if they are loaded, else when they load.
+    Until this is called they take torch's thread count at load."""
+    global _threads
+    _threads = (num_threads, spin_us)
+    _apply_threads()
 
 
 @contextlib.contextmanager

@@ -177,7 +177,10 @@ class ServerArgs:
         + " (layers/attention/backend_resolution.py).", choices=ATTENTION_BACKEND_CHOICES
     )
     triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
-    num_threads: Optional[int] = _f(None, "CPU threads for torch. Default: all cores.")
+    num_threads: Optional[int] = _f(
+        None, "CPU threads of each scheduler process (torch and the CPU kernels). Default: the cores this process may "
+        "use (affinity mask, cgroup quota), less one for the HTTP process above two cores, shared by the node's TP "
+        "ranks / DP replicas. SGLANG_CPU_OMP_THREADS_BIND=\"0-3|4-7\" pins each TP rank to its cores.")
 
     # ---- structured output (srt/constrained/) ----
     grammar_backend: str = _f(

@@ -1,8 +1,8 @@
-// Python bindings of the CPU kernels (AVX-512 BF16): argument checks, threading with at::parallel_for, and a
+// Python bindings of the CPU kernels (AVX-512 BF16): argument checks, threading with sgl_cpu::parallel_for (parallel.h), and a
 // run-time CPU check. The kernels themselves live in the headers next to this file, one concept each.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <cstring>
 #include <vector>
@@ -50,7 +50,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
   uint16_t* yp = bf16_ptr(y);
   // work unit: 4 weight rows; a thread's share is contiguous so its stream is one range of memory
   const int64_t blocks = (N + 3) / 4;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+  sgl_cpu::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, b0 * 4, std::min(N, b1 * 4));
   });
   return y;
@@ -82,7 +82,7 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& weight) {
   uint16_t* pp = bf16_ptr(packed);
   sgl_cpu::amx_pack_rows(xp, M, K, pp);
   const int64_t full = N / 16;
-  at::parallel_for(0, full, 4, [&](int64_t b0, int64_t b1) {
+  sgl_cpu::parallel_for(0, full, 4, [&](int64_t b0, int64_t b1) {
     sgl_cpu::amx_configure();
     sgl_cpu::amx_gemm_bf16(pp, M, wp, N, K, yp, b0 * 16, b1 * 16);
     sgl_cpu::amx_release();
@@ -102,7 +102,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   at::Tensor packed = at::empty_like(wc);
   const uint16_t* wp = bf16_ptr(wc);
   uint16_t* pp = bf16_ptr(packed);
-  at::parallel_for(0, N / sgl_cpu::kPackRows, 16, [&](int64_t b0, int64_t b1) {
+  sgl_cpu::parallel_for(0, N / sgl_cpu::kPackRows, 16, [&](int64_t b0, int64_t b1) {
     sgl_cpu::pack_vnni_bf16(wp, N, K, pp, b0, b1);
   });
   return packed;
@@ -122,7 +122,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
   const uint16_t* pp = bf16_ptr(packed);
   uint16_t* yp = bf16_ptr(y);
   // work unit: one block of 16 output columns; a thread's share is contiguous so its stream is one range of memory
-  at::parallel_for(0, N / sgl_cpu::kPackRows, 4, [&](int64_t b0, int64_t b1) {
+  sgl_cpu::parallel_for(0, N / sgl_cpu::kPackRows, 4, [&](int64_t b0, int64_t b1) {
     sgl_cpu::gemm_vnni_bf16(xp, M, pp, N, K, yp, b0, b1);
   });
   return y;
@@ -151,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optio
   const uint16_t* wp = bf16_ptr(weight);
   uint16_t* op = bf16_ptr(out);
   const float feps = (float)eps;
-  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+  sgl_cpu::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       sgl_cpu::rmsnorm_row(xp + r * hidden, rp ? rp + r * hidden : nullptr, wp, op + r * hidden,
                            rop ? rop + r * hidden : nullptr, hidden, feps);
@@ -167,7 +167,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   at::Tensor out = at::empty({rows, inter}, x.options());
   const uint16_t* xp = bf16_ptr(x);
   uint16_t* op = bf16_ptr(out);
-  at::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
+  sgl_cpu::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) sgl_cpu::silu_and_mul_row(xp + r * 2 * inter, op + r * inter, inter);
   });
   return out;
@@ -191,7 +191,7 @@ void rotary_embedding_(const at::Tensor& positions, at::Tensor& x, int64_t num_h
   uint16_t* xp = bf16_ptr(x);
   const uint16_t* cp = bf16_ptr(cos_sin_cache);
   const int64_t ld = x.stride(0);
-  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+  sgl_cpu::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) sgl_cpu::rope_heads(xp + r * ld, num_heads, head_size, cp + pp[r] * rd, rd);
   });
 }
@@ -259,9 +259,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const int64_t tasks = B * KV;
     std::vector<int64_t> cost(tasks);
     for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + 16;  // + a per-task overhead in key equivalents
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
+    const int64_t parts = std::max<int64_t>(
+        1, std::min<int64_t>(sgl_cpu::ThreadPool::instance().num_threads() * sgl_cpu::ThreadPool::kChunksPerThread, tasks));
     const std::vector<int64_t> first = sgl_cpu::split_by_cost(cost, parts);
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    sgl_cpu::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
       std::vector<float> scores(4 * max_len);
       for (int64_t p = p0; p < p1; ++p)
         for (int64_t t = first[p]; t < first[p + 1]; ++t) {
@@ -279,6 +280,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "SGLang CPU kernels (AVX-512 BF16)";
+  m.def("set_num_threads", [](int64_t n) { sgl_cpu::ThreadPool::instance().set_num_threads((int)n); },
+        "Threads the kernels' regions use, the calling thread included");
+  m.def("get_num_threads", [] { return (int64_t)sgl_cpu::ThreadPool::instance().num_threads(); },
+        "Threads the kernels' regions use");
+  m.def("set_spin_us", [](int64_t us) { sgl_cpu::ThreadPool::instance().set_spin_us(us); },
+        "Microseconds an idle kernel thread spins before it sleeps (0: sleep at once)");
+  m.def("get_spin_us", [] { return sgl_cpu::ThreadPool::instance().spin_us(); },
+        "Microseconds an idle kernel thread spins before it sleeps");
   m.def("cpu_supported", &cpu_supported, "True when this CPU has the AVX-512 BF16 instructions the kernels use");
   m.def("gemv", &gemv, "x [M, K] @ weight [N, K]^T in bf16 with fp32 accumulation (few-row decode GEMM)");
   m.def("amx_supported", &amx_supported, "True when AMX tiles can be used in this process (CPU and OS permission)");

@@ -3,7 +3,7 @@
 #pragma once
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include "moe.h"
 #include "moe_quant.h"
@@ -24,7 +24,7 @@ at::Tensor pack_moe_weight(const at::Tensor& w) {
   at::Tensor packed = at::empty_like(wc);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
   uint16_t* pp = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
-  at::parallel_for(0, E * per, 16, [&](int64_t b0, int64_t b1) {
+  sgl_cpu::parallel_for(0, E * per, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t e = b / per, blk = b % per;
       sgl_cpu::pack_vnni_bf16(wp + e * R * C, R, C, pp + e * R * C, blk, blk + 1);
@@ -111,10 +111,10 @@ at::Tensor fused_experts(const at::Tensor& hidden, const at::Tensor& w13, const 
   // routed expert's column blocks in memory order
   const int64_t gate_up_tasks = (int64_t)ws.block_start[E] * (N / sgl_cpu::kPackRows);
   const int64_t ldx = hidden.stride(0);
-  at::parallel_for(0, gate_up_tasks, 1, [&](int64_t t0, int64_t t1) {
+  sgl_cpu::parallel_for(0, gate_up_tasks, 1, [&](int64_t t0, int64_t t1) {
     sgl_cpu::moe_gate_up_tasks(xp, ldx, w13p, E, N, K, ws, t0, t1);
   });
-  at::parallel_for(0, down_task_count(K), 1, [&](int64_t c0, int64_t c1) {
+  sgl_cpu::parallel_for(0, down_task_count(K), 1, [&](int64_t c0, int64_t c1) {
     sgl_cpu::moe_down_tasks(w2p, E, N, K, M, ws, op, c0, c1);
   });
   return out;
@@ -154,7 +154,7 @@ at::Tensor fused_experts_quant(const at::Tensor& hidden, const at::Tensor& w13, 
       sgl_cpu::moe_quant_acts(ws_tensor.data_ptr<uint8_t>(), M, topk, E, N, K, (int)bits13, (int)bits2);
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(hidden.data_ptr<at::BFloat16>());
   const int64_t ldx = hidden.stride(0);
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       sgl_cpu::quantize_row_q8(xp + m * ldx, K, q.nb13, q.qx + m * q.lda13, q.dx + m * q.nb13, q.sx + m * q.nb13,
                                bits13 == 8 ? q.qx + m * q.lda13 + q.nb13 * sgl_cpu::kQBlock : nullptr);
@@ -162,18 +162,18 @@ at::Tensor fused_experts_quant(const at::Tensor& hidden, const at::Tensor& w13, 
   const uint8_t* w13p = w13.data_ptr<uint8_t>();
   const uint8_t* w2p = w2.data_ptr<uint8_t>();
   const int64_t gate_up_tasks = (int64_t)ws.block_start[E] * (N / sgl_cpu::kQTileRows);
-  at::parallel_for(0, gate_up_tasks, 1, [&](int64_t t0, int64_t t1) {
+  sgl_cpu::parallel_for(0, gate_up_tasks, 1, [&](int64_t t0, int64_t t1) {
     if (bits13 == 4) sgl_cpu::moe_quant_gate_up_tasks<4>(w13p, E, N, ws, q, t0, t1);
     else sgl_cpu::moe_quant_gate_up_tasks<8>(w13p, E, N, ws, q, t0, t1);
   });
   const int64_t slots = ws.expert_start[E];
-  at::parallel_for(0, slots, 16, [&](int64_t s0, int64_t s1) {
+  sgl_cpu::parallel_for(0, slots, 16, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s)
       sgl_cpu::quantize_row_q8(ws.act + s * N, N, q.nb2, q.qh + s * q.lda2, q.dh + s * q.nb2, q.sh + s * q.nb2,
                                bits2 == 8 ? q.qh + s * q.lda2 + q.nb2 * sgl_cpu::kQBlock : nullptr);
   });
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, down_task_count(K), 1, [&](int64_t c0, int64_t c1) {
+  sgl_cpu::parallel_for(0, down_task_count(K), 1, [&](int64_t c0, int64_t c1) {
     if (bits2 == 4) sgl_cpu::moe_quant_down_tasks<4>(w2p, E, K, M, ws, q, op, c0, c1);
     else sgl_cpu::moe_quant_down_tasks<8>(w2p, E, K, M, ws, q, op, c0, c1);
   });

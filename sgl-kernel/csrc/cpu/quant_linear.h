@@ -3,7 +3,7 @@
 #pragma once
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 
@@ -41,7 +41,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   float* sap = dap + M * nb;
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   // one row of activations: int8 per 32 values (and for 8-bit weights the residual pass), its scales and sums
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       if (is_bf16)
         sgl_cpu::quantize_row_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
@@ -53,7 +53,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   });
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+  sgl_cpu::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     if (is_bf16) {
       uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
       if (bits == 4) sgl_cpu::quant_gemm<4>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);

@@ -142,13 +142,14 @@ class TestFusedMoeKernel(unittest.TestCase, _Check):
         hidden, _, packed, weights, ids, out = self.run_case(m=40, top_k=4, num_experts=16, n=64, k=128)
         for rows in (slice(0, 1), slice(7, 8), slice(3, 20), slice(39, 40)):
             self.assertTrue(torch.equal(moe.fused_experts_cpu(hidden[rows], *packed, weights[rows], ids[rows]), out[rows]))
-        threads = torch.get_num_threads()
+        ops = get_cpu_ops()  # the kernels' own thread pool (sgl-kernel/csrc/cpu/parallel.h)
+        threads = ops.get_num_threads()
         try:
-            for t in (1, 3):
-                torch.set_num_threads(t)
+            for t in (1, 3, 8):
+                ops.set_num_threads(t)
                 self.assertTrue(torch.equal(moe.fused_experts_cpu(hidden, *packed, weights, ids), out), t)
         finally:
-            torch.set_num_threads(threads)
+            ops.set_num_threads(threads)
 
     def test_strided_hidden_and_workspace(self):
         hidden, _, packed, weights, ids, out = self.run_case(m=12, top_k=2, num_experts=8, n=32, k=64)

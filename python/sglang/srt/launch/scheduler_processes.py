@@ -22,6 +22,7 @@ from sglang.srt.launch.tp_ranks import spawn_followers
 from sglang.srt.managers.data_parallel_controller import merge_ready_info, replica_port_args
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.cpu_threads import default_threads_per_process, scheduler_child_env
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +37,13 @@ def start_scheduler_processes(sa: ServerArgs, port_args: PortArgs) -> ProcessGro
     if sa.tp_size == 1:
         group = ProcessGroup("scheduler process")
         group.spawn("the scheduler process", SCHEDULER_ENTRY, (sa, port_args), log_name="scheduler",
-                    log_level=sa.log_level)
+                    log_level=sa.log_level, env=scheduler_child_env())
         return group
     check_tp_config(sa)
     sa = with_dist_init_addr(sa)
     group = ProcessGroup("TP ranks")
-    group.spawn("TP rank 0", SCHEDULER_ENTRY, (sa, port_args), log_name="scheduler", log_level=sa.log_level)
+    group.spawn("TP rank 0", SCHEDULER_ENTRY, (sa, port_args), log_name="scheduler", log_level=sa.log_level,
+                env=scheduler_child_env())
     spawn_followers(group, sa)
     logger.info("TP ranks of this node: scheduler (rank 0) pid %d, followers %s at %s", group.pids[0],
                 group.pids[1:], sa.dist_init_addr)
@@ -64,7 +66,7 @@ def replica_server_args(server_args: ServerArgs, dp_size: int) -> ServerArgs:
     """A replica's ServerArgs: on CPU, with --num-threads unset, its share of the cores."""
     if dp_size == 1 or server_args.num_threads is not None or server_args.device not in ("auto", "cpu"):
         return server_args
-    return dataclasses.replace(server_args, num_threads=max(1, (os.cpu_count() or 1) // dp_size))
+    return dataclasses.replace(server_args, num_threads=default_threads_per_process(dp_size))
 
 
 def replica_visible_devices(server_args: ServerArgs, dp_size: int) -> Optional[List[str]]:
@@ -101,7 +103,7 @@ def start_replicas(sa: ServerArgs, port_args: PortArgs) -> ProcessGroup:
     group = ProcessGroup("data-parallel replicas", describe=describe_replica_death)
     for k, pa in enumerate(replica_port_args(port_args, dp)):
         group.spawn(f"data-parallel replica {k}", SCHEDULER_ENTRY, (replica_args, pa), log_name=f"scheduler dp{k}",
-                    log_level=sa.log_level, env={"CUDA_VISIBLE_DEVICES": devices[k]} if devices else None)
+                    log_level=sa.log_level, env={**scheduler_child_env(), **({"CUDA_VISIBLE_DEVICES": devices[k]} if devices else {})})
     logger.info("Started %d data-parallel replicas (pids %s), load balancing: %s", dp,
                 ", ".join(str(p) for p in group.pids), sa.load_balance_method)
     return group

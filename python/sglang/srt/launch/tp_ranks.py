@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 from sglang.srt.launch.process_group import ProcessGroup
 from sglang.srt.launch.tp_config import check_tp_config, ranks_of_node, with_dist_init_addr
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.cpu_threads import scheduler_child_env
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def spawn_followers(group: ProcessGroup, sa: ServerArgs) -> None:
     for rank in ranks_of_node(sa):
         if rank != 0:
             group.spawn(f"TP rank {rank}", FOLLOWER_ENTRY, (sa, rank), log_name=f"tp{rank}", log_level=sa.log_level,
-                        stop_wave=FOLLOWER_STOP_WAVE)
+                        stop_wave=FOLLOWER_STOP_WAVE, env=scheduler_child_env())
 
 
 def start_engine_ranks(sa: ServerArgs) -> Tuple[ServerArgs, Optional[ProcessGroup]]:

@@ -245,6 +245,7 @@ class Scheduler:
             "device": self.device,
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
             "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
+            "cpu_threads": getattr(self.model_runner, "cpu_threads", None) and self.model_runner.cpu_threads.to_dict(),
             "quantization": getattr(self.model_runner, "quantization", None),
             "attention_backend": getattr(self.model_runner, "attention_backend_choice", None) and
             self.model_runner.attention_backend_choice.to_dict(),

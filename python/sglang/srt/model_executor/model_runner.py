@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 import time
 
@@ -25,6 +24,7 @@ from sglang.srt.configs.resolved import resolve_backend, resolve_device, served_
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.cpu_threads import apply_cpu_threads, plan_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,11 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             from sglang.srt.distributed.parallel_state import init_tp_group
 
             init_tp_group(self.tp_size, tp_rank, server_args.dist_init_addr, self.device, server_args.ep_size)
+        self.cpu_threads = None
         if self.device == "cpu":
-            # the ranks of a node share its cores: each gets its share (at least one thread)
-            torch.set_num_threads(server_args.num_threads or max(1, (os.cpu_count() or 1) // ranks_per_node))
+            # the ranks of a node share its cores (utils/cpu_threads.py: affinity, cgroup quota, the HTTP process)
+            self.cpu_threads = plan_cpu_threads(server_args.num_threads, ranks_per_node, tp_rank % ranks_per_node)
+            apply_cpu_threads(self.cpu_threads)
         seed = server_args.random_seed if server_args.random_seed is not None else random.randint(0, 2**31 - 1)
         torch.manual_seed(seed)
         random.seed(seed)
