@@ -1,15 +1,22 @@
 """Serving benchmark for any OpenAI-compatible server (this one, vLLM, llama.cpp, ...).
 
-Sends `--num-prompts` random prompts to POST /v1/completions with streaming, either all at once capped by
-`--max-concurrency`, or as a Poisson process at `--request-rate`, and reports request/token throughput and
+Sends `--num-prompts` random prompts, streamed, to POST /v1/completions or (the `-chat` backends, e.g.
+`--backend sglang-oai-chat` or `vllm-chat`) as one user message to POST /v1/chat/completions, either all at once
+capped by `--max-concurrency`, or as a Poisson process at `--request-rate`, and reports request/token throughput and
 TTFT / TPOT / inter-token-latency / end-to-end percentiles as text and (with --output-file) a JSON line.
 
     python -m sglang.bench_serving --base-url http://127.0.0.1:30000 --num-prompts 32 \
         --random-input-len 256 --random-output-len 64 --max-concurrency 32
+    python -m sglang.bench_serving --backend sglang-oai-chat --num-prompts 64 --max-concurrency 32 \
+        --random-input-len 100 --random-output-len 64 --cpu-burner 1 --seed 5
 
 Prompts are token ids by default (exact input lengths, no tokenizer needed; OpenAI-compatible servers accept a
-list of ints as `prompt`); `--prompt-format text` sends random words instead. Output lengths are exact because
-`ignore_eos` is sent (except for --backend openai); token counts come from the streamed `usage`.
+list of ints as `prompt`); `--prompt-format text` (the only format for chat) sends that many random words instead.
+Output lengths are exact because `ignore_eos` is sent (except for the openai backends); token counts are the
+server's, from the streamed `usage`. Use a fresh `--seed` per run: a repeated prompt hits the prefix cache.
+
+While measuring, the server's running batch size is sampled from GET /metrics (bench_running_batch.py), and
+`--cpu-burner N` keeps N busy processes running beside the server (bench_cpu_burner.py).
 """
 
 from __future__ import annotations
@@ -22,36 +29,30 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import List, Optional
 
+from sglang.bench_cpu_burner import CpuBurner
+from sglang.bench_running_batch import DEFAULT_INTERVAL_S, RunningBatchSampler
+from sglang.bench_serving_client import (
+    BACKENDS,
+    RequestInput,
+    RequestOutput,
+    build_payload,
+    endpoint_path,
+    get_model,
+    is_chat,
+    send_request,
+)
+
 AIOHTTP_TIMEOUT_S = 6 * 60 * 60
-BACKENDS = ["sglang", "vllm", "lmdeploy", "llama.cpp", "openai"]
 # Words for --prompt-format text: common English words are about one token each in most tokenizers.
 WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an they "
     "you were her she there one all we their can has been if more when will would who so no time people year way "
     "day man thing woman life child world school state family student group country problem hand part place case"
 ).split()
-
-
-@dataclass
-class RequestInput:
-    prompt: object  # str or list of token ids
-    prompt_len: int
-    output_len: int
-
-
-@dataclass
-class RequestOutput:
-    success: bool = False
-    prompt_len: int = 0
-    output_len: int = 0
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    itl_s: List[float] = field(default_factory=list)  # gaps between streamed chunks after the first
-    generated_text: str = ""
-    error: str = ""
+WARMUP_SEED_OFFSET = 7919  # the warm-up prompt is drawn apart from the measured ones, so none of them is cached
 
 
 @dataclass
@@ -168,114 +169,69 @@ async def request_gaps(num: int, request_rate: float, seed: int):
             await asyncio.sleep(rng.expovariate(request_rate))
 
 
-# ---------------------------------------------------------------------- client
-def build_payload(args, model: str, req: RequestInput) -> dict:
-    payload = {
-        "model": model,
-        "prompt": req.prompt,
-        "max_tokens": req.output_len,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if args.backend != "openai" and not args.disable_ignore_eos:
-        payload["ignore_eos"] = True
-    return payload
-
-
-async def send_request(session, url: str, headers: dict, payload: dict, prompt_len: int) -> RequestOutput:
-    out = RequestOutput(prompt_len=prompt_len)
-    start = time.perf_counter()
-    last = start
-    chunks = 0
-    usage_tokens = None
-    text = []
-    try:
-        async with session.post(url, json=payload, headers=headers) as resp:
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    out.error = str(obj["error"])
-                    return out
-                if obj.get("usage"):
-                    usage_tokens = obj["usage"].get("completion_tokens")
-                choices = obj.get("choices") or []
-                if not choices or not choices[0].get("text"):
-                    continue
-                now = time.perf_counter()
-                if chunks == 0:
-                    out.ttft_s = now - start
-                else:
-                    out.itl_s.append(now - last)
-                last = now
-                chunks += 1
-                text.append(choices[0]["text"])
-        out.latency_s = time.perf_counter() - start
-        out.generated_text = "".join(text)
-        out.output_len = usage_tokens if usage_tokens is not None else chunks
-        out.success = chunks > 0
-        if not out.success:
-            out.error = "no tokens streamed"
-    except Exception as e:  # noqa: BLE001 - a failed request is a data point, not a crash
-        out.error = f"{type(e).__name__}: {e}"
-    return out
-
-
-async def get_model(session, base_url: str, headers: dict) -> str:
-    async with session.get(f"{base_url}/v1/models", headers=headers) as resp:
-        resp.raise_for_status()
-        return (await resp.json())["data"][0]["id"]
-
-
-async def benchmark(args) -> tuple[BenchmarkMetrics, List[RequestOutput]]:
+async def benchmark(args) -> tuple[BenchmarkMetrics, List[RequestOutput], dict]:
+    """Warm up, then (with the CPU burners running and the running batch sampled) send every request. Returns the
+    metrics, the per-request outputs and the run's context: running batch summary, burner and client CPU."""
     import aiohttp
 
     base_url = args.base_url or f"http://{args.host}:{args.port}"
-    url = f"{base_url}/v1/completions"
+    url = base_url + endpoint_path(args.backend)
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    reqs = sample_random_requests(
-        args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
-        args.prompt_format, args.seed, args.random_token_min, args.random_token_max,
-    )
+    workload = (args.random_input_len, args.random_output_len, args.random_range_ratio, args.prompt_format)
+    ids_range = (args.random_token_min, args.random_token_max)
+    reqs = sample_random_requests(args.num_prompts, *workload, args.seed, *ids_range)
+    warm = sample_random_requests(1, *workload, args.seed + WARMUP_SEED_OFFSET, *ids_range)[0]
+    warm.output_len = min(8, warm.output_len)
+    ignore_eos = not args.disable_ignore_eos
     timeout = aiohttp.ClientTimeout(total=AIOHTTP_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = args.model or await get_model(session, base_url, headers)
+
+        async def one(req: RequestInput) -> RequestOutput:
+            return await send_request(
+                session, url, headers, build_payload(args.backend, model, req, ignore_eos), req.prompt_len
+            )
+
         for _ in range(args.warmup_requests):
-            warm = RequestInput(reqs[0].prompt, reqs[0].prompt_len, min(8, reqs[0].output_len))
-            w = await send_request(session, url, headers, build_payload(args, model, warm), warm.prompt_len)
+            w = await one(warm)
             if not w.success:
                 raise SystemExit(f"Warmup request failed: {w.error}")
         sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
 
         async def limited(req: RequestInput) -> RequestOutput:
             if sem is None:
-                return await send_request(session, url, headers, build_payload(args, model, req), req.prompt_len)
+                return await one(req)
             async with sem:
-                return await send_request(session, url, headers, build_payload(args, model, req), req.prompt_len)
+                return await one(req)
 
-        start = time.perf_counter()
-        tasks = []
-        async for i in request_gaps(len(reqs), args.request_rate, args.seed):
-            tasks.append(asyncio.ensure_future(limited(reqs[i])))
-        outputs = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return calculate_metrics(outputs, duration), outputs
+        sampler = RunningBatchSampler(session, base_url, headers, args.metrics_interval_s)
+        with CpuBurner(args.cpu_burner) as burner:  # stopped (and reaped) however this block is left
+            cpu0 = time.process_time()
+            start = time.perf_counter()
+            sampler.start()
+            try:
+                tasks = []
+                async for i in request_gaps(len(reqs), args.request_rate, args.seed):
+                    tasks.append(asyncio.ensure_future(limited(reqs[i])))
+                outputs = await asyncio.gather(*tasks)
+            finally:
+                await sampler.stop()
+            duration = time.perf_counter() - start
+            client_cpu_s = time.process_time() - cpu0
+    context = {
+        **sampler.summary(),
+        "cpu_burner": args.cpu_burner,
+        "cpu_burner_cores_busy": burner.cores_busy,
+        "client_cpu_s": client_cpu_s,
+    }
+    return calculate_metrics(outputs, duration), outputs, context
 
 
-def format_report(args, m: BenchmarkMetrics) -> str:
+def format_report(args, m: BenchmarkMetrics, context: dict) -> str:
     rows = [
-        ("Backend", args.backend),
+        ("Backend", f"{args.backend} ({endpoint_path(args.backend)})"),
         ("Request rate (req/s)", args.request_rate),
         ("Max concurrency", args.max_concurrency),
         ("Successful requests", m.completed),
@@ -295,6 +251,9 @@ def format_report(args, m: BenchmarkMetrics) -> str:
          f"{m.mean_itl_ms:.1f} / {m.median_itl_ms:.1f} / {m.p90_itl_ms:.1f} / {m.p99_itl_ms:.1f}"),
         ("E2E latency mean / median / p99 (ms)",
          f"{m.mean_e2e_latency_ms:.1f} / {m.median_e2e_latency_ms:.1f} / {m.p99_e2e_latency_ms:.1f}"),
+        ("Running batch mean / p50 / min / max", running_batch_text(context)),
+        ("CPU burner processes (cores busy)", f"{context['cpu_burner']} ({context['cpu_burner_cores_busy']:.2f})"),
+        ("Benchmark client CPU (s)", f"{context['client_cpu_s']:.2f}"),
     ]
     width = max(len(k) for k, _ in rows) + 2
     lines = ["=" * 20 + " Serving benchmark " + "=" * 20]
@@ -303,10 +262,19 @@ def format_report(args, m: BenchmarkMetrics) -> str:
     return "\n".join(lines)
 
 
+def running_batch_text(context: dict) -> str:
+    if not context["running_batch_samples"]:
+        return f"n/a: {context['running_batch_note']}"
+    return (f"{context['running_batch_mean']:.1f} / {context['running_batch_p50']:.1f} / "
+            f"{context['running_batch_min']:.0f} / {context['running_batch_max']:.0f} "
+            f"({context['running_batch_samples']} samples of GET /metrics)")
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=BACKENDS, default="sglang",
-                   help="Server kind; all are driven through /v1/completions ('openai' omits ignore_eos).")
+                   help="Server kind: the '-chat' ones POST one user message to /v1/chat/completions, the others a "
+                        "prompt to /v1/completions; the 'openai' ones omit ignore_eos.")
     p.add_argument("--base-url", default=None, help="Server URL, e.g. http://127.0.0.1:30000 (overrides host/port).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -320,7 +288,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="Lengths are uniform in [ratio * len, len]; 1.0 makes them exact.")
     p.add_argument("--random-token-min", type=int, default=1000, help="Smallest random token id (ids format).")
     p.add_argument("--random-token-max", type=int, default=20000, help="Largest random token id + 1 (ids format).")
-    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
+    p.add_argument("--prompt-format", choices=["ids", "text"], default=None,
+                   help="ids: random token ids (completions only); text: --random-input-len random words. "
+                        "Default: ids for completions, text for chat.")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Requests per second (Poisson arrivals); inf sends all at once.")
     p.add_argument("--max-concurrency", type=int, default=None, help="At most this many requests in flight.")
@@ -328,7 +298,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup-requests", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default=None, help="Append the results as one JSON line to this file.")
+    p.add_argument("--cpu-burner", type=int, default=0, metavar="N",
+                   help="Run N busy processes (a pure Python loop each) from after the warm-up until the last "
+                        "request ends: a busy neighbour competing with the server for cores.")
+    p.add_argument("--metrics-interval-s", type=float, default=DEFAULT_INTERVAL_S,
+                   help="Sample the server's running batch size from GET /metrics this often while measuring "
+                        "(sglang:num_running_reqs, needs --enable-metrics; vllm:num_requests_running); 0: off.")
     args = p.parse_args(argv)
+    if args.prompt_format is None:
+        args.prompt_format = "text" if is_chat(args.backend) else "ids"
+    if is_chat(args.backend) and args.prompt_format != "text":
+        p.error(f"--backend {args.backend} sends chat messages: use --prompt-format text (random words).")
+    if args.cpu_burner < 0 or args.metrics_interval_s < 0:
+        p.error("--cpu-burner and --metrics-interval-s must be >= 0.")
     if not 0.0 < args.random_range_ratio <= 1.0:
         p.error("--random-range-ratio must be in (0, 1].")
     if args.num_prompts < 1 or args.random_input_len < 1 or args.random_output_len < 1:
@@ -337,8 +319,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:
-    metrics, outputs = asyncio.run(benchmark(args))
-    print(format_report(args, metrics))
+    metrics, outputs, context = asyncio.run(benchmark(args))
+    print(format_report(args, metrics, context))
     errors = sorted({o.error for o in outputs if not o.success})
     for e in errors[:5]:
         print(f"error: {e}", file=sys.stderr)
@@ -350,7 +332,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "random_output_len": args.random_output_len,
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
         "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
         **asdict(metrics),
+        **context,
     }
     if args.output_file:
         with open(args.output_file, "a") as f:

@@ -20,6 +20,7 @@ register_cpu_ci(est_time=3, suite="cpu")
 # Top to bottom. A module belongs to the layer of its longest matching prefix; every module must match one.
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("tools", ("sglang", "sglang.cli", "sglang.launch_server", "sglang.bench_serving", "sglang.bench_utils",
+               "sglang.bench_serving_client", "sglang.bench_cpu_burner", "sglang.bench_running_batch",
                "sglang.bench_one_batch", "sglang.bench_offline_throughput", "sglang.test")),
     ("entrypoints: HTTP app, OpenAI API, Engine", ("sglang.srt.entrypoints",)),
     ("launch: process groups", ("sglang.srt.launch",)),
