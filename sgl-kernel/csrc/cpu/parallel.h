@@ -5,8 +5,10 @@
 // is descheduled for a scheduler time slice (milliseconds) inside nearly every region, and a forward of hundreds of
 // regions slows by 10-50x. Here a region is cut into more chunks than threads; threads take chunks from one shared
 // counter, and the caller returns as soon as every chunk is done — a thread that was not running never held a chunk,
-// so nobody waits for it. Idle workers spin briefly (kernels of one forward follow each other within microseconds),
-// then sleep on a futex so that they leave the core to whoever needs it.
+// so nobody waits for it. An idle worker spins a few microseconds, then keeps polling with sched_yield() (any other
+// thread that wants its core, torch's OpenMP worker or another process, runs first) for up to spin_us, then sleeps on
+// a futex. A plain busy spin of that length would take the core from torch's OpenMP threads between two kernels
+// (c=32 decode 20% slower); sleeping at once makes each region pay a futex wake-up (batch-1 decode 10% slower).
 //
 // Protocol (one job at a time, published by the calling thread):
 //   claim_  = (epoch << 32) | next chunk index. A worker loads it, reads the job fields, and takes a chunk with a
@@ -38,6 +40,7 @@ namespace sgl_cpu {
 
 class ThreadPool {
  public:
+  static constexpr int64_t kPauseNs = 5000;  // an idle worker's busy spin before it starts yielding
   static constexpr int64_t kChunksPerThread = 4;
   using Body = std::function<void(int64_t, int64_t)>;
 
@@ -161,14 +164,17 @@ class ThreadPool {
       const int64_t t0 = now_ns();
       uint32_t w;
       while ((w = wake_.load(std::memory_order_acquire)) == seen) {
-        if (now_ns() - t0 >= spin_ns_.load(std::memory_order_relaxed)) {
+        const int64_t idle_ns = now_ns() - t0;
+        if (idle_ns >= spin_ns_.load(std::memory_order_relaxed)) {
           sleepers_.fetch_add(1);
           // re-check after registering, so a publish between the load and the wait is not missed (the futex itself
           // also returns at once when the word has moved on)
           if (wake_.load() == seen) futex_wait(&wake_, seen);
           sleepers_.fetch_sub(1);
-        } else {
+        } else if (idle_ns < kPauseNs) {
           _mm_pause();
+        } else {
+          sched_yield();  // still ready within ~1 us, but any other thread that wants this core runs first
         }
       }
       seen = w;
@@ -180,7 +186,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   int num_threads_ = 1;
   std::atomic<int> active_workers_{0};
-  std::atomic<int64_t> spin_ns_{50 * 1000};
+  std::atomic<int64_t> spin_ns_{2000 * 1000};
   std::atomic<const Body*> body_{nullptr};
   std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1}, chunks_{0};
   std::atomic<uint64_t> claim_{0};

@@ -12,7 +12,7 @@ Chosen once at startup from what the process may really use, not from `os.cpu_co
 
 How threads wait matters as much as their number when the cores are shared. The project's kernels
 (sgl-kernel/csrc/cpu/parallel.h) split work dynamically and never wait for a thread that is not running; their idle
-threads spin KERNEL_SPIN_US and then sleep. torch's own operators use OpenMP, whose default is to spin on a barrier
+threads poll for KERNEL_SPIN_US (SGLANG_CPU_KERNEL_SPIN_US), yielding the core to any thread that wants it, then sleep. torch's own operators use OpenMP, whose default is to spin on a barrier
 for a thread that another process has descheduled: `OMP_WAIT_POLICY=PASSIVE` (set for the scheduler processes the
 server starts, unless the environment already sets it) makes those waits sleep instead. Measured on 2 cores with one
 busy neighbour process (benchmark/README.md): streaming chat at c=32 went from 10 to ~410 tok/s.
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 OMP_WAIT_ENV = "OMP_WAIT_POLICY"
 DEFAULT_OMP_WAIT_POLICY = "PASSIVE"
 BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-KERNEL_SPIN_US = 50  # an idle kernel thread's spin before it sleeps: longer than the gap between two kernels
+SPIN_ENV = "SGLANG_CPU_KERNEL_SPIN_US"
+KERNEL_SPIN_US = 2000  # an idle kernel thread polls (yielding its core) this long before it sleeps (parallel.h)
 CORES_KEPT_FOR_HTTP_ABOVE = 2  # with more cores than this, one is left to the HTTP/tokenizer process
 
 
@@ -139,7 +140,7 @@ def plan_cpu_threads(num_threads: Optional[int], sharers: int, local_rank: int,
     return CpuThreadPlan(num_threads=max(1, count), available_cpus=cores, available_source=source,
                          chosen_by=chosen_by, bound_cores=bound,
                          omp_wait_policy=os.environ.get(OMP_WAIT_ENV, "(OpenMP default: spin)"),
-                         kernel_spin_us=KERNEL_SPIN_US)
+                         kernel_spin_us=int(os.environ.get(SPIN_ENV, KERNEL_SPIN_US)))
 
 
 def apply_cpu_threads(plan: CpuThreadPlan) -> None:
