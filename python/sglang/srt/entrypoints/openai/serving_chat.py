@@ -198,7 +198,12 @@ class OpenAIServingChat(OpenAIServingBase):
                 if i not in parsers:
                     parsers[i] = self.output_parser(req, plan)
                     parts.append(chunk(i, {"role": "assistant", "content": ""}))
-                deltas = parsers[i].feed(out.new_text, out.finished)
+                if not parsers[i].active and not req.logprobs:  # plain text: the delta is the text (parser.feed)
+                    if out.new_text:
+                        parts.append(chunks.chat_content(i, out.new_text))
+                    deltas = ()
+                else:
+                    deltas = parsers[i].feed(out.new_text, out.finished)
                 if not deltas and req.logprobs and out.new_token_ids:
                     deltas = [{"content": ""}]  # the logprobs still go out with this step
                 for k, delta in enumerate(deltas):
