@@ -27,6 +27,7 @@ from sglang.srt.launch.scheduler_processes import start_scheduler_processes, wai
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.tokenizer_loading import preload_tokenizer
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.gc_freeze import freeze_startup_heap
 from sglang.srt.utils.startup_timing import process_age_s
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
         tm = TokenizerManager(server_args, port_args, info, preloaded)
         app = create_app(tm)
+        freeze_startup_heap()
         asyncio.run(serve(app, tm, schedulers, server_args, started))
     except KeyboardInterrupt:
         pass

@@ -27,6 +27,23 @@ logger = logging.getLogger(__name__)
 # stop well under 5 s (in-flight requests are failed at once, so their connections close quickly)
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 3.0
 SCHEDULER_WATCH_INTERVAL_S = 0.2
+# bytes a connection may hold in this process beyond what the kernel's socket buffer took, before a response's
+# writer waits (asyncio's default is 64 KiB). 0: a stream whose client reads slower than tokens arrive waits as soon
+# as the kernel holds all it will take, and the token deltas that arrive meanwhile leave as one chunk (the
+# TokenizerManager merges what is queued for a request) instead of one chunk per token queued in memory here
+CONNECTION_WRITE_BUFFER_BYTES = 0
+
+
+def http_protocol_class():
+    """uvicorn's HTTP protocol (httptools when installed, else h11) with the write-buffer limit above."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class StreamingHTTPProtocol(AutoHTTPProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            transport.set_write_buffer_limits(high=CONNECTION_WRITE_BUFFER_BYTES)
+
+    return StreamingHTTPProtocol
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -43,6 +60,7 @@ async def serve(app, tm: TokenizerManager, schedulers: ProcessGroup, server_args
 
     config = uvicorn.Config(
         app,
+        http=http_protocol_class(),
         host=server_args.host,
         port=server_args.port,
         log_level=server_args.log_level,

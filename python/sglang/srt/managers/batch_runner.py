@@ -16,7 +16,14 @@ import torch
 
 from sglang.srt.constrained.scheduler_hooks import GrammarGate
 from sglang.srt.managers.decode_memory import DecodeMemory
-from sglang.srt.managers.fault_confinement import FaultPolicy, StepFault, fault_message, is_oom, step_phase
+from sglang.srt.managers.fault_confinement import (
+    FATAL_ERRORS,
+    FaultPolicy,
+    StepFault,
+    fault_message,
+    is_oom,
+    step_phase,
+)
 from sglang.srt.managers.output_sink import OutputSink
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
@@ -87,11 +94,15 @@ class BatchRunner:
             if self.sink.overlap is not None:
                 self.sink.overlap.num_dropped_tokens += 1
             return
+        # step_phase("detokenize") spelled out: this runs once per token, a context manager costs more than the rest
         try:
-            with step_phase("detokenize"):
+            if self.fault_policy.faults is not None:
                 self.fault_policy.inject("detokenize", [req], self.forward_ct)
-                self.sink.append_token(req, out, row)
-        except StepFault as f:
+            self.sink.append_token(req, out, row)
+        except FATAL_ERRORS:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault while detokenizing fails this request only
+            f = e if isinstance(e, StepFault) else StepFault("detokenize", e)
             self.fault_policy.on_fault(f"Request {req.rid} failed in the detokenize step", f.cause)
             self.sink.fail(req, fault_message(f.step, f.cause))
             return
@@ -182,9 +193,8 @@ class BatchRunner:
         reqs = list(self.queues.running)
         if not reqs:
             return False
-        for r in reqs:
-            slots = self.memory.alloc(r, 1)
-            assert slots is not None, "decode memory was checked"
+        allocated = self.memory.alloc_decode(reqs)
+        assert allocated, "decode memory was checked"
         self._run_confined([(r, 1) for r in reqs], decode=True)
         self.queues.running = [r for r in self.queues.running if _alive(r)]
         self.forward_ct += 1

@@ -3,13 +3,63 @@
 Text is decoded over a short window of tokens: `prefix_offset` marks tokens already turned into text that are kept
 only as context (so a tokenizer's leading-space rules apply), `read_offset` marks the end of the tokens whose text
 has been emitted. A new piece is emitted only when it does not end in U+FFFD (an incomplete UTF-8 sequence).
+
+Cost: one decode call per token. The text of the context window is kept between calls, and when the window is one
+token (the usual case) it comes from a table of single-token texts shared by every request of the tokenizer. A
+transformers fast tokenizer is called through its Rust `tokenizers.Tokenizer` directly (the Python wrapper costs
+three times the decode itself) when that gives the same text: no clean-up of tokenization spaces, and no subclass
+decoding its own way.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
 
 REPLACEMENT_CHAR = "\ufffd"
+# transformers' generic fast-tokenizer classes (4.x, 5.x): their _decode is the Rust decode, then an optional clean-up
+_GENERIC_FAST_DECODE_MODULES = ("transformers.tokenization_utils_fast", "transformers.tokenization_utils_tokenizers")
+SINGLE_TOKEN_TABLE_MAX_ENTRIES = 1 << 18  # per tokenizer and flags; a vocabulary is smaller than this
+
+Decode = Callable[[List[int]], str]
+# tokenizer -> {(skip_special_tokens, spaces_between_special_tokens): (decode, {token id: its text alone})}
+_DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _rust_decode(tokenizer, skip_special_tokens: bool) -> Optional[Decode]:
+    """The Rust decode behind `tokenizer.decode`, when calling it directly gives the same text; else None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    cls = type(tokenizer)
+    try:
+        import tokenizers
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return None
+    if (not isinstance(backend, tokenizers.Tokenizer) or getattr(tokenizer, "clean_up_tokenization_spaces", True)
+            or cls.decode is not PreTrainedTokenizerBase.decode
+            or getattr(cls, "_decode", None) is None or cls._decode.__module__ not in _GENERIC_FAST_DECODE_MODULES):
+        return None
+    rust = backend.decode
+    return lambda ids: rust(ids, skip_special_tokens=skip_special_tokens)
+
+
+def text_decoder(tokenizer, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> Tuple[Decode, Dict[int, str]]:
+    """(ids -> text, the shared table of single-token texts) for a tokenizer and decode flags."""
+    key = (skip_special_tokens, spaces_between_special_tokens)
+    try:
+        per_tokenizer = _DECODERS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: nothing shared
+        per_tokenizer = {}
+    found = per_tokenizer.get(key)
+    if found is None:
+        decode = _rust_decode(tokenizer, skip_special_tokens)
+        if decode is None:
+            def decode(ids: List[int]) -> str:
+                return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                        spaces_between_special_tokens=spaces_between_special_tokens)
+        found = per_tokenizer[key] = (decode, {})
+    return found
 
 
 class IncrementalDetokenizer:
@@ -17,40 +67,46 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
+        self._decode, self._single_texts = text_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         self.token_ids: List[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
-        self.text = ""
+        self.prefix_text = ""  # the text of token_ids[prefix_offset:read_offset]
 
-    def _decode(self, ids: List[int]) -> str:
-        return self.tokenizer.decode(
-            ids,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-        )
+    def _window_text(self) -> str:
+        """The text of token_ids[prefix_offset:read_offset]: a single token's from the shared table."""
+        if self.read_offset - self.prefix_offset != 1:
+            return self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        tid = self.token_ids[self.prefix_offset]
+        text = self._single_texts.get(tid)
+        if text is None:
+            text = self._decode([tid])
+            if len(self._single_texts) < SINGLE_TOKEN_TABLE_MAX_ENTRIES:
+                self._single_texts[tid] = text
+        return text
+
+    def _emit(self, full_text: str) -> str:
+        piece = full_text[len(self.prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        self.prefix_text = self._window_text()
+        return piece
 
     def add(self, new_ids: List[int]) -> str:
         """Append tokens; returns the text they complete (possibly empty)."""
         self.token_ids.extend(new_ids)
-        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.token_ids[self.prefix_offset :])
-        if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) < len(prefix_text):
+        if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) < len(self.prefix_text):
             return ""
-        piece = full_text[len(prefix_text) :]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
-        self.text += piece
-        return piece
+        return self._emit(full_text)
 
     def flush(self) -> str:
         """At the end of generation: whatever is pending, replacement characters included."""
         if self.read_offset == len(self.token_ids):
             return ""
-        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
-        full_text = self._decode(self.token_ids[self.prefix_offset :])
-        piece = full_text[len(prefix_text) :]
-        self.prefix_offset = self.read_offset = len(self.token_ids)
-        self.text += piece
+        piece = self._emit(self._decode(self.token_ids[self.prefix_offset :]))
+        self.prefix_offset = self.read_offset
+        self.prefix_text = ""
         return piece
 
 

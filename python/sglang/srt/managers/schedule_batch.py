@@ -125,8 +125,10 @@ class Req:
                 piece += self.detok.flush()
         if not piece:
             return
-        start = len(self.output_text)
-        self.output_text += piece
+        text, self.output_text = self.output_text, ""  # the one reference left: += grows it in place, not a copy
+        start = len(text)
+        text += piece
+        self.output_text = text
         if sp.stop_strs and n_out >= sp.min_new_tokens:
             hit = find_stop(self.output_text, sp.stop_strs, start)
             if hit is not None:

@@ -40,6 +40,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.gc_freeze import freeze_startup_heap
 from sglang.srt.utils.startup_timing import process_age_s
 
 logger = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, report) 
     scheduler.warmup()
     log_startup_breakdown(scheduler, t_imports, t_init, t_warmup)
     proc = SchedulerProcess(scheduler, server_args, port_args)
+    freeze_startup_heap()
     if server_args.tp_size > 1:
         signal.signal(signal.SIGTERM, lambda signum, frame: proc.stop_requested.set())
     report.ready(ready_info(scheduler))

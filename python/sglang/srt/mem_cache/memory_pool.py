@@ -82,6 +82,23 @@ class ReqToTokenPool:
             self._pending_cols.extend(range(start, start + n))
             self._pending_slots.extend(slots)
 
+    def write_cells(self, rows: List[int], cols: List[int], slots: List[int]) -> None:
+        """req_to_token[rows[i], cols[i]] = slots[i] for every i, with one indexed write (a decode step's new
+        tokens, one per request)."""
+        if len(rows) == 1:  # a plain element write costs a third of an indexed one
+            self.req_to_token_host[rows[0], cols[0]] = slots[0]
+        else:
+            index = (torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64))
+            self.req_to_token_host[index] = torch.tensor(slots, dtype=self.req_to_token_host.dtype)
+        if self.mirrored:
+            self._pending_rows.extend(rows)
+            self._pending_cols.extend(cols)
+            self._pending_slots.extend(slots)
+
+    def read_cells(self, rows: List[int], cols: List[int]) -> List[int]:
+        """[req_to_token[rows[i], cols[i]] for every i], from the host copy."""
+        return self.req_to_token_host[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)].tolist()
+
     def read(self, row: int, start: int, end: int) -> List[int]:
         """The slots of row `row`, columns [start, end), from the host copy."""
         return self.req_to_token_host[row, start:end].tolist()

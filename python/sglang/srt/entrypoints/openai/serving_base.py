@@ -183,17 +183,22 @@ class OpenAIServingBase:
 
     def stream_response(self, gen: AsyncIterator, events: AsyncIterator[bytes]) -> "SSEResponse":
         """SSE response over `events` (which reads `gen`): a RequestError mid-stream becomes an error event, the
-        request stream is always closed (aborting the request if the client left), and the stream ends in [DONE]."""
+        request stream is always closed (aborting the request if the client left), and the stream ends in [DONE]
+        (`events` may send it itself, at the end of its last chunk, so that one write carries both)."""
 
         async def body() -> AsyncIterator[bytes]:
+            done = False
             try:
                 async for chunk in events:
+                    done = chunk.endswith(SSE_DONE)
                     yield chunk
             except RequestError as e:
+                done = False
                 yield self.stream_error(e)
             finally:
                 await gen.aclose()
-            yield SSE_DONE
+            if not done:
+                yield SSE_DONE
 
         return SSEResponse(body())
 

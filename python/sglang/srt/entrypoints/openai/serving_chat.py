@@ -17,15 +17,16 @@ from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE,
     OpenAIServingBase,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
     json_response,
     matched_stop,
-    sse,
     usage_dict,
 )
+from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
 from sglang.srt.function_call.tool_call_stream import ToolCallStream
 from sglang.srt.function_call.tool_plan import ToolPlan, plan_tools, template_tool_calls
 from sglang.srt.managers.io_struct import ReqOutput
@@ -172,44 +173,57 @@ class OpenAIServingChat(OpenAIServingBase):
         except RequestError:
             await gen.aclose()
             raise
-        cid, created, model = self.new_id(), self.created(), self.tokenizer_manager.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunks = StreamChunks(self.new_id(), "chat.completion.chunk", self.created(),
+                              self.tokenizer_manager.served_model_name, include_usage)
 
         def chunk(i: int, delta: dict, finish_reason=None, logprobs=None, matched=None) -> bytes:
+            if finish_reason is None and logprobs is None and len(delta) == 1 and "content" in delta:
+                return chunks.chat_content(i, delta["content"])  # the chunk of almost every token
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["matched_stop"] = matched
-            c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-            if include_usage:
-                c["usage"] = None
-            return sse(c)
+            return chunks.choice(choice)
 
         async def events() -> AsyncIterator[bytes]:
+            """One write per output: all the chunks of one merged delta go out together, and after the last
+            choice's finish the usage chunk and [DONE] go with it."""
             completion_tokens, cached = {}, 0
             parsers = {}
+            num_finished = 0
             item = first
             while item is not None:
                 i, out = item
+                parts = []
                 if i not in parsers:
                     parsers[i] = self.output_parser(req, plan)
-                    yield chunk(i, {"role": "assistant", "content": ""})
-                deltas = parsers[i].feed(out.new_text, out.finished)
+                    parts.append(chunk(i, {"role": "assistant", "content": ""}))
+                if not parsers[i].active and not req.logprobs:  # plain text: the delta is the text (parser.feed)
+                    if out.new_text:
+                        parts.append(chunks.chat_content(i, out.new_text))
+                    deltas = ()
+                else:
+                    deltas = parsers[i].feed(out.new_text, out.finished)
                 if not deltas and req.logprobs and out.new_token_ids:
                     deltas = [{"content": ""}]  # the logprobs still go out with this step
                 for k, delta in enumerate(deltas):
                     lp = {"content": self.logprobs_content(out)} if req.logprobs and k == 0 else None
-                    yield chunk(i, delta, logprobs=lp)
+                    parts.append(chunk(i, delta, logprobs=lp))
                 if out.finished:
                     reason = finish_reason_with_calls(finish_reason_str(out.finish_reason), parsers[i])
-                    yield chunk(i, {}, reason, matched=matched_stop(out.finish_reason))
+                    parts.append(chunk(i, {}, reason, matched=matched_stop(out.finish_reason)))
+                    num_finished += 1
                 completion_tokens[i] = out.completion_tokens
                 if i == 0:
                     cached = out.cached_tokens
+                if num_finished == req.n:  # nothing follows but the usage and [DONE]
+                    if include_usage:
+                        parts.append(chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached)))
+                    parts.append(SSE_DONE)
+                if parts:
+                    yield b"".join(parts)
                 item = await self.first_item(gen)
-            if include_usage:
-                yield sse({
-                    "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [], "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached),
-                })
+            if num_finished < req.n and include_usage:  # the outputs ended without every finish
+                yield chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached))
 
         return self.stream_response(gen, events())

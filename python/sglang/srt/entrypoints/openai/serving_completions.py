@@ -13,15 +13,16 @@ from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE,
     OpenAIServingBase,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
     json_response,
     matched_stop,
-    sse,
     usage_dict,
 )
+from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.sampling.sampling_params import choice_sampling_params
@@ -93,7 +94,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         prompt_tokens = sum(len(tokenized[p * req.n].input_ids) for p in range(len(prompts)))
         gen = tm.generate_many(tokenized, raw_request)
         if req.stream:
-            return await self.stream(req, gen, prompt_tokens, echo_texts)
+            return await self.stream(req, gen, prompt_tokens, echo_texts, len(tokenized))
         return await self.complete(req, gen, prompt_tokens, echo_texts, len(tokenized))
 
     async def complete(self, req, gen, prompt_tokens, echo_texts, num_choices) -> Response:
@@ -126,59 +127,65 @@ class OpenAIServingCompletion(OpenAIServingBase):
             "usage": usage_dict(prompt_tokens, completion_tokens, cached),
         })
 
-    async def stream(self, req, gen: AsyncIterator, prompt_tokens: int, echo_texts: List[str]) -> Response:
+    async def stream(self, req, gen: AsyncIterator, prompt_tokens: int, echo_texts: List[str],
+                     num_choices: int) -> Response:
         try:
             first = await self.first_item(gen)
         except RequestError:
             await gen.aclose()
             raise
-        rid, created, model = self.new_id(), self.created(), self.tokenizer_manager.served_model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunks = StreamChunks(self.new_id(), "text_completion", self.created(),
+                              self.tokenizer_manager.served_model_name, include_usage)
         logprob_state = {}
 
-        def chunk(i: int, out: ReqOutput, first_of_choice: bool) -> dict:
+        def chunk(i: int, out: ReqOutput, first_of_choice: bool) -> bytes:
             text = out.new_text
             if first_of_choice and echo_texts:
                 text = echo_texts[i] + text
+            if req.logprobs is None and not out.finished:
+                return chunks.completion_text(i, text)  # the chunk of almost every token
             logprobs = None
             if req.logprobs is not None:
                 lp = logprob_state.setdefault(i, CompletionLogprobs(self.tokenizer_manager, len(echo_texts[i]) if echo_texts else 0))
                 logprobs = lp.delta(out)
-            c = {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{
-                    "index": i,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason_str(out.finish_reason) if out.finished else None,
-                    "matched_stop": matched_stop(out.finish_reason) if out.finished else None,
-                }],
-            }
-            if include_usage:
-                c["usage"] = None
-            return c
+            return chunks.choice({
+                "index": i,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason_str(out.finish_reason) if out.finished else None,
+                "matched_stop": matched_stop(out.finish_reason) if out.finished else None,
+            })
+
+        def usage() -> bytes:
+            cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
+            return chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total))
+
+        completion_tokens: dict = {}
+        cached: dict = {}
 
         async def events() -> AsyncIterator[bytes]:
-            completion_tokens: dict = {}
-            cached: dict = {}
+            """One write per output; after the last choice's finish the usage chunk and [DONE] go with it."""
             seen = set()
+            num_finished = 0
             item = first
             while item is not None:
                 i, out = item
+                parts = []
                 if out.new_text or out.finished or i not in seen or (req.logprobs is not None and out.new_token_ids):
-                    yield sse(chunk(i, out, i not in seen))
+                    parts.append(chunk(i, out, i not in seen))
                     seen.add(i)
                 completion_tokens[i] = out.completion_tokens
                 cached[i] = out.cached_tokens
+                num_finished += out.finished
+                if num_finished == num_choices:  # nothing follows but the usage and [DONE]
+                    if include_usage:
+                        parts.append(usage())
+                    parts.append(SSE_DONE)
+                if parts:
+                    yield b"".join(parts)
                 item = await self.first_item(gen)
-            if include_usage:
-                cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
-                yield sse({
-                    "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                    "usage": usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total),
-                })
+            if num_finished != num_choices and include_usage:
+                yield usage()
 
         return self.stream_response(gen, events())
