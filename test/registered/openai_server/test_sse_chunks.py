@@ -58,7 +58,8 @@ def test_chat_chunks_are_the_dicts_bytes(include_usage):
             got = w.choice(choice)
             assert got == reference("chat.completion.chunk", [choice], include_usage)
             ChatCompletionChunk.model_validate_json(payload(got))
-    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 1}}
+    usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+             "prompt_tokens_details": {"cached_tokens": 1}}
     got = w.usage(usage)
     assert got == reference("chat.completion.chunk", [], True, usage)
     assert ChatCompletionChunk.model_validate_json(payload(got)).usage.total_tokens == 12

@@ -97,7 +97,8 @@ class ReqToTokenPool:
 
     def read_cells(self, rows: List[int], cols: List[int]) -> List[int]:
         """[req_to_token[rows[i], cols[i]] for every i], from the host copy."""
-        return self.req_to_token_host[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)].tolist()
+        index = (torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64))
+        return self.req_to_token_host[index].tolist()
 
     def read(self, row: int, start: int, end: int) -> List[int]:
         """The slots of row `row`, columns [start, end), from the host copy."""
