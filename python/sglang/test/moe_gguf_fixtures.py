@@ -9,7 +9,8 @@ llama.cpp's interleaved rope, as its converter does). Each layer's experts are s
 weight_type: the type of every 2-D / 3-D linear weight (attention, dense MLP, experts, shared expert): F32, F16,
 Q8_0, Q4_0 or Q4_1 (blocks by gguf.quants.quantize); tensor_types overrides it per kind of block tensor, e.g.
 {"ffn_down_exps": "Q8_0"}, or for one layer's, {"blk.0.ffn_down_exps": "Q8_0"} (llama.cpp's mixed files keep some
-tensors wider). The embedding and the output stay F32 (F16 in an F16 file);
+tensors wider). The embedding and the output stay F32 (F16 in an F16 file) unless tensor_types names them
+({"output": "Q8_0"}, {"token_embd": ...}, as llama.cpp's quantized files store them);
 norms, biases and routers F32, as llama.cpp keeps them. A synthetic byte-level BPE vocabulary (256 byte symbols,
 then merges of letter pairs) fills the tokenizer metadata the converter needs; chat_template, when given, is stored as
 tokenizer.chat_template (a server can then chat).
@@ -164,7 +165,7 @@ def write_moe_gguf(hf_dir: str, out_path: str, weight_type: str = "Q8_0",
         if w.ndim == 1 or name.split(".")[-2] in _DENSE_KEEP:
             kind = "F32"
         elif not name.startswith("blk."):
-            kind = dense_kind
+            kind = tensor_types.get(base, dense_kind)
         data, raw_type = _encode(w, kind)
         writer.add_tensor(name, data, raw_dtype=raw_type)
     writer.write_header_to_file()

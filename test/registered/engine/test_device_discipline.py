@@ -20,6 +20,7 @@ from sglang.srt.constrained.request_grammar import RequestGrammar
 from sglang.srt.constrained.token_bitmask import TokenBitmask
 from sglang.srt.layers.attention.paged_kv_indices import build_page_table
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.vocab_embedding import ParallelLMHead
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.schedule_batch import Req
@@ -171,7 +172,8 @@ def test_kv_writes_take_device_slots_only():
 
 def test_logits_processor_on_the_device():
     proc = LogitsProcessor(SimpleNamespace(vocab_size=100))
-    head = SimpleNamespace(weight=torch.zeros(128, 32, device=META))
+    with torch.device(META):
+        head = ParallelLMHead(128, 32)
     hidden = torch.zeros(9, 32, device=META)
     with DeviceDiscipline() as dd:
         for mode, lens in ((ForwardMode.EXTEND, [4, 5]), (ForwardMode.DECODE, None)):

@@ -27,7 +27,7 @@ from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
 from sglang.srt.mem_plan.quantization_sizes import (PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_expert_bits,
-                                                    gguf_linear_type, weight_format)
+                                                    gguf_linear_type, gguf_packed_vocab, weight_format)
 
 # Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -197,10 +197,12 @@ def planned_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Option
 
 
 def served_weight_format(quantization: str, gguf_path: Optional[str]) -> WeightFormat:
-    """The format of a served (resolved) quantization, as the plan sizes it: for 'gguf' the file's linear type and
-    its MoE experts' own bits (the runtime's MoE workspace depends on them: mem_plan/build.moe_workspace)."""
+    """The format of a served (resolved) quantization, as the plan sizes it: for 'gguf' the file's linear type, its
+    MoE experts' own bits (the runtime's MoE workspace depends on them: mem_plan/build.moe_workspace) and its packed
+    vocabulary table (the loader packs the same one: model_loader/loader.py)."""
     if quantization == "none":
         return WeightFormat()
     gguf = quantization == "gguf"
     return weight_format(quantization, None, gguf_linear_type(gguf_path) if gguf else "",
-                         gguf_expert_bits(gguf_path) if gguf else None)
+                         gguf_expert_bits(gguf_path) if gguf else None,
+                         gguf_packed_vocab(gguf_path) if gguf else ("", 0))

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.communication_op import tp_all_gather
-from sglang.srt.layers.linear import linear
 
 if TYPE_CHECKING:
     from sglang.srt.layers.vocab_embedding import ParallelLMHead
@@ -40,5 +39,5 @@ class LogitsProcessor(nn.Module):
         indices = compute_logits_indices(forward_batch)
         if indices is not None:
             hidden_states = hidden_states[indices]
-        logits = tp_all_gather(linear(hidden_states, lm_head.weight), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]
+        logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]
         return logits[:, : self.vocab_size].float()

@@ -22,7 +22,7 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
-from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, ModelShape
+from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
     CAPTURABLE,
     MoEWorkspaceSpec,
@@ -175,6 +175,12 @@ def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:
                                         moe_impl=moe.impl if moe is not None else None)
 
 
+def cpu_load_residual_bytes(fmt: WeightFormat) -> int:
+    """What a CPU start's load adds beyond the tensors (model_shapes.py): less where the lm_head's table is packed."""
+    packed = fmt.method == "gguf" and fmt.packed_vocab_bits > 0
+    return CPU_PACKED_LOAD_RESIDUAL_BYTES if packed else CPU_LOAD_RESIDUAL_BYTES
+
+
 def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     """The dry run's stand-ins for the measured terms (declared formulas in model_shapes.py / encoder.py)."""
     shape, tp = model.shape, sa.tp_size
@@ -187,7 +193,7 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
     return MeasuredTerms(
         weight_bytes=(quantized_weight_bytes(shape, model.weight_format, tp, dtype_bytes(model.dtype),
                                              getattr(sa, "ep_size", 1))
-                      + (CPU_LOAD_RESIDUAL_BYTES if device.kind == "cpu" else 0)),
+                      + (cpu_load_residual_bytes(model.weight_format) if device.kind == "cpu" else 0)),
         activation_bytes=activation_formula_bytes(sa, model, device),
         cuda_graph_bytes=graph_batch_size(sa, model, device) * CUDA_GRAPH_BYTES_PER_BS,
         encoder_bytes=encoder,

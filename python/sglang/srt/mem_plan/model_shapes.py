@@ -43,8 +43,14 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 ACTIVATION_TEMPORARY_FACTOR = 2
 ACTIVATION_TEMPORARY_FACTOR_CPU = 3.9
 # CPU: what loading adds to the process beyond the tensors, after the heap trim (library code and allocator state
-# first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB).
+# first touched by the load; measured on SmolLM2-135M: RSS +10.6 MB over the tensors, 3 starts within 0.2 MB; +9.9
+# MiB again, and +10.1 MiB on the issue-21 MoE benchmark's Q8_0 GGUF, starts that read the packed-weights cache).
+# With the lm_head's table held packed (--quantization gguf, quantization_sizes.gguf_packed_vocab) those starts add
+# much less: SmolLM2 (tied table) -2.5 to +1.7 MiB over 5 starts, the MoE file (untied lm_head, the embedding still
+# read dense) +0.8 MiB; a first start, which parses and packs the file and writes the cache, adds more: SmolLM2 +13.0
+# / +13.4 MiB (+25.6 with the dense table), the MoE file +24.7 MiB. 6 MiB sits between SmolLM2's two kinds of start.
 CPU_LOAD_RESIDUAL_BYTES = 10 * 2**20
+CPU_PACKED_LOAD_RESIDUAL_BYTES = 6 * 2**20
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -1,8 +1,11 @@
 """Bytes of quantized linear weights: the one place the weights term learns the weight format (torch-free).
 
 Which tensors are quantized: the linear layers of the transformer blocks (attention q/k/v/o or MLA's projections,
-dense MLP gate/up/down, MoE experts and shared experts). Embeddings, lm_head, norms, biases, MoE routers and
-encoders stay in the model dtype, as in upstream SGLang and in this runtime (layers/quantization/).
+dense MLP gate/up/down, MoE experts and shared experts). Norms, biases, MoE routers and encoders stay in the model
+dtype, as in upstream SGLang and in this runtime (layers/quantization/); so do the embedding and the lm_head, except
+that a GGUF file's lm_head table served with --quantization gguf is held as its own packed blocks when its type has a
+packed form (gguf_packed_vocab: the file's output.weight, or its token_embd.weight where the embedding is tied to the
+lm_head, one packed table then serving both), as llama.cpp reads it.
 
 Bytes of one [rows, cols] weight (rows = output features, cols = input features):
     none          rows * cols * dtype bytes
@@ -86,6 +89,9 @@ class WeightFormat:
     gguf_type: str = ""  # gguf: the linear tensors' type
     # gguf MoE: (gate/up, down) bits of the routed experts of each MoE layer, in layer order
     expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None
+    # gguf: the vocabulary table held packed (PACKED_VOCAB_LM_HEAD / PACKED_VOCAB_EMBEDDING, "" for none) and its bits
+    packed_vocab: str = ""
+    packed_vocab_bits: int = 0
 
     def matrix_bytes(self, rows: int, cols: int, dense_bytes: int) -> int:
         """Bytes held for one [rows, cols] linear weight; dense_bytes is the model dtype's element size."""
@@ -128,18 +134,47 @@ class WeightFormat:
 
 
 @functools.lru_cache(maxsize=4)
-def _gguf_block_tensor_types(path: str, size: int, mtime_ns: int) -> Tuple[Tuple[str, str, int], ...]:
-    """(name after 'blk.', e.g. '3.ffn_down_exps.weight', type name, dims) of every blk.*.weight tensor (header only;
-    cached per file version)."""
+def _gguf_weight_tensor_types(path: str, size: int, mtime_ns: int) -> Tuple[Tuple[str, str, int], ...]:
+    """(name, type name, dims) of every *.weight tensor, e.g. ('blk.3.ffn_down_exps.weight', 'Q8_0', 3) (header
+    only; cached per file version)."""
     import gguf
 
-    return tuple((t.name.split(".", 1)[1], t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(path).tensors
-                 if t.name.startswith("blk.") and t.name.endswith(".weight"))
+    return tuple((t.name, t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(path).tensors
+                 if t.name.endswith(".weight"))
+
+
+def _weight_tensor_types(gguf_path: str) -> Tuple[Tuple[str, str, int], ...]:
+    st = os.stat(gguf_path)
+    return _gguf_weight_tensor_types(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns)
 
 
 def _block_tensor_types(gguf_path: str) -> Tuple[Tuple[str, str, int], ...]:
-    st = os.stat(gguf_path)
-    return _gguf_block_tensor_types(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns)
+    """(name after 'blk.', e.g. '3.ffn_down_exps.weight', type name, dims) of every blk.*.weight tensor."""
+    return tuple((name.split(".", 1)[1], kind, dims) for name, kind, dims in _weight_tensor_types(gguf_path)
+                 if name.startswith("blk."))
+
+
+# the vocabulary table --quantization gguf holds as packed blocks (layers/quantization/vocab_method.py)
+PACKED_VOCAB_LM_HEAD = "lm_head"  # an untied output.weight: the lm_head's own table (the embedding stays dense)
+PACKED_VOCAB_EMBEDDING = "embedding"  # a tied token_embd.weight: one packed table, the embedding and the lm_head
+GGUF_LM_HEAD_TENSOR, GGUF_EMBEDDING_TENSOR = "output.weight", "token_embd.weight"
+
+
+def gguf_packed_vocab(gguf_path: Optional[str]) -> Tuple[str, int]:
+    """(which vocabulary table a --quantization gguf start of this file holds packed, its bits), or ("", 0): both
+    stay dense in the model dtype. The lm_head's table is the file's output.weight, else (the converter then ties
+    them) its token_embd.weight; it is packed only when its type has a packed form of its own (GGUF_PACKED_BITS:
+    Q4_0, Q4_1, Q8_0), so the logits read the file's own blocks. Other types (F16, F32, K-quants) stay dense: a
+    requantized lm_head would round the logits of a file whose author kept that table wide."""
+    if not gguf_path:
+        return "", 0
+    types = {name: kind for name, kind, _ in _weight_tensor_types(gguf_path)}
+    if GGUF_LM_HEAD_TENSOR in types:
+        table, kind = PACKED_VOCAB_LM_HEAD, types[GGUF_LM_HEAD_TENSOR]
+    else:
+        table, kind = PACKED_VOCAB_EMBEDDING, types.get(GGUF_EMBEDDING_TENSOR, "")
+    bits = GGUF_PACKED_BITS.get(kind, 0)
+    return (table, bits) if bits else ("", 0)
 
 
 def gguf_linear_type(gguf_path: Optional[str]) -> str:
@@ -175,8 +210,10 @@ def gguf_expert_bits(gguf_path: Optional[str]) -> Optional[Tuple[Tuple[int, int]
 
 
 def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] = None,
-                  gguf_type: str = "", expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None) -> WeightFormat:
-    """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint)."""
+                  gguf_type: str = "", expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None,
+                  packed_vocab: Tuple[str, int] = ("", 0)) -> WeightFormat:
+    """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint).
+    packed_vocab: gguf_packed_vocab's (table, bits) of a GGUF file (gguf only)."""
     cfg = hf_quant_config or {}
     method = quantization or str(cfg.get("quant_method", "none")).lower()
     if method in ("none", ""):
@@ -191,7 +228,8 @@ def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] =
     if method == "w8a8_int8":
         return WeightFormat("w8a8_int8", 8)
     if method == "gguf":
-        return WeightFormat("gguf", gguf_type_bits(gguf_type), gguf_type=gguf_type, expert_bits=expert_bits)
+        return WeightFormat("gguf", gguf_type_bits(gguf_type), gguf_type=gguf_type, expert_bits=expert_bits,
+                            packed_vocab=packed_vocab[0], packed_vocab_bits=packed_vocab[1])
     raise ValueError(f"--quantization {method!r}: the planner knows none, gguf, w8a8_int8, fp8, awq and gptq")
 
 
@@ -248,7 +286,9 @@ def routed_expert_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, in
 def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
     """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
     the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes (ep: --ep-size; the
-    routed experts' at their own bits, fmt.routed_expert_bits, where the CPU packed form holds them)."""
+    routed experts' at their own bits, fmt.routed_expert_bits, where the CPU packed form holds them; the packed
+    vocabulary table of a GGUF file, fmt.packed_vocab, in its packed bytes: exactly one [vocab, hidden] table, the
+    lm_head's or the tied embedding's)."""
     total = sum(shape.params(tp, ep).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
     if fmt.method == "none":
         return total
@@ -262,4 +302,7 @@ def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_by
             for (rows, cols, count), bits in zip(experts, layer_bits):
                 total += count // num_sparse * (cpu_packed_bytes(rows, cols, bits)
                                                 - fmt.matrix_bytes(rows, cols, dense_dtype_bytes))
+    if fmt.method == "gguf" and fmt.packed_vocab_bits:
+        rows, cols = _cdiv(shape.text.vocab_size, tp), shape.text.hidden_size
+        total += cpu_packed_bytes(rows, cols, fmt.packed_vocab_bits) - rows * cols * dense_dtype_bytes
     return total

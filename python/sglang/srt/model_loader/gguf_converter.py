@@ -278,8 +278,9 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
 
 
 # Linear-layer tensors served in their own blocks with --quantization gguf (layers/quantization/, gguf_weights.py)
-# besides the routed experts (gguf_moe.is_expert_weight_name); the rest (the embedding, an untied lm_head, norms,
-# MoE routers) are read dense from the converted directory.
+# besides the routed experts (gguf_moe.is_expert_weight_name) and the lm_head's table where it has a packed form
+# (gguf_weights.packed_vocab_weight_names); the rest (norms, MoE routers, the other tables) are read dense from the
+# converted directory.
 QUANTIZED_LINEAR_SUFFIXES = tuple(
     f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 )

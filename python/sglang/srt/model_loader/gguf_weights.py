@@ -1,17 +1,19 @@
 """The weights of a model built with --quantization gguf: the linear layers' and routed experts' tensors as blocks.
 
-    iter_gguf_quantized_weights(gguf_path, model_dir, kinds) -> (hf_name, tensor) for load_weights
+    iter_gguf_quantized_weights(gguf_path, model_dir, kinds, packed_names) -> (hf_name, tensor) for load_weights
 
 A quantized tensor comes in the staging form of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored,
 rope rows unpermuted as the dense converter does; other types requantized to 8-bit blocks, packing.staging_q8_blocks)
 under its HF name; a MoE file's stacked expert tensor comes as one staging tensor per expert, under the per-expert
 names the dense converter writes (gguf_moe.py), so FusedMoE's loaders see the same names and shards as for an HF
-checkpoint. Every other tensor (embedding, lm_head, norms, routers) is read dense from the converted directory.
+checkpoint. The packed vocabulary table (packed_names: packed_vocab_weight_names of the table the loader built
+packed, its type one with a packed form) comes in the staging form as well. Every other tensor (the embedding and
+lm_head otherwise, norms, routers) is read dense from the converted directory.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, Tuple
 
 import numpy as np
 import torch
@@ -22,7 +24,17 @@ from sglang.srt.model_loader.gguf_converter import (
     rope_rows_permuted,
     unpermute_rope_rows,
 )
+from sglang.srt.mem_plan.quantization_sizes import PACKED_VOCAB_EMBEDDING, PACKED_VOCAB_LM_HEAD
 from sglang.srt.model_loader.gguf_moe import is_expert_weight_name
+
+
+# the HF name of each vocabulary table quantization_sizes.gguf_packed_vocab may name (gguf_converter's names)
+_PACKED_VOCAB_NAMES = {PACKED_VOCAB_LM_HEAD: "lm_head.weight", PACKED_VOCAB_EMBEDDING: "model.embed_tokens.weight"}
+
+
+def packed_vocab_weight_names(packed_vocab: str) -> FrozenSet[str]:
+    """The checkpoint names served as blocks for a packed vocabulary table ("" -> none)."""
+    return frozenset([_PACKED_VOCAB_NAMES[packed_vocab]]) if packed_vocab else frozenset()
 
 
 def is_quantized_weight_name(hf_name: str) -> bool:
@@ -44,10 +56,11 @@ def _staging(data: np.ndarray, tensor_type, rows: int, cols: int) -> Tuple[torch
     return packing.staging_q8_blocks(torch.from_numpy(np.ascontiguousarray(dense))), f"{tensor_type.name}->int8"
 
 
-def iter_gguf_quantized_weights(gguf_path: str, model_dir: str,
-                                kinds: Dict[str, int]) -> Iterator[Tuple[str, torch.Tensor]]:
+def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str, int],
+                                packed_names: Iterable[str] = ()) -> Iterator[Tuple[str, torch.Tensor]]:
     """(hf_name, tensor) for every checkpoint tensor (module docstring). kinds counts the quantized GGUF tensors per
     type name (a stacked expert tensor once), for the load log."""
+    packed_names = frozenset(packed_names)
     import gguf
 
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
@@ -61,7 +74,8 @@ def iter_gguf_quantized_weights(gguf_path: str, model_dir: str,
     for t in reader.tensors:
         names = meta.hf_names(t.name)
         shape = [int(d) for d in reversed(t.shape.tolist())]
-        if not is_quantized_weight_name(names[0]) or len(shape) != (3 if len(names) > 1 else 2):
+        quantized = is_quantized_weight_name(names[0]) or names[0] in packed_names
+        if not quantized or len(shape) != (3 if len(names) > 1 else 2):
             continue
         if len(names) > 1:  # stacked experts [E, rows, cols]: one expert's slab at a time
             for name, slab in zip(names, t.data):

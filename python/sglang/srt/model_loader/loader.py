@@ -1,9 +1,10 @@
 """load_model: build the model class for a ModelConfig on a device and fill it from the checkpoint.
 
 quantization (resolved by layers.quantization.resolve_quantization): 'none' loads dense weights of the model dtype;
-'gguf' builds quantized linear layers and MoE experts and reads their tensors as blocks from gguf_path (the rest from
-the converted directory; model_loader/gguf_weights.py); 'w8a8_int8' quantizes the dense checkpoint's linear and
-expert weights to 8-bit blocks as they load.
+'gguf' builds quantized linear layers and MoE experts, and the file's packed vocabulary table where it has one
+(mem_plan/quantization_sizes.gguf_packed_vocab: the lm_head, or the embedding tied to it), and reads their tensors
+as blocks from gguf_path (the rest from the converted directory; model_loader/gguf_weights.py); 'w8a8_int8'
+quantizes the dense checkpoint's linear and expert weights to 8-bit blocks as they load.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from sglang.srt.models.registry import get_model_class
 logger = logging.getLogger(__name__)
 
 # packed linear weights of a converted GGUF (layers/quantization/packing.py layout), written on the first start
-# v2: 8-bit blocks fitted with an offset. Safetensors format, not named *.safetensors (the dense loader globs those).
-PACKED_CACHE_FILE = "packed-gguf-v2.qweights"
+# v2: 8-bit blocks fitted with an offset; v3: the packed vocabulary table too. Safetensors format, not named
+# *.safetensors (the dense loader globs those).
+PACKED_CACHE_FILE = "packed-gguf-v3.qweights"
 
 
 @contextlib.contextmanager
@@ -39,10 +41,13 @@ def set_default_torch_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_model(model_config: ModelConfig, device: str = "meta", quantization: str = "none") -> nn.Module:
-    """The model with uninitialised weights of model_config.dtype on `device` ("meta" allocates nothing)."""
+def build_model(model_config: ModelConfig, device: str = "meta", quantization: str = "none",
+                packed_vocab: str = "") -> nn.Module:
+    """The model with uninitialised weights of model_config.dtype on `device` ("meta" allocates nothing);
+    packed_vocab: the vocabulary table built packed ('gguf' only; layers/quantization/quantization_config)."""
     cls = get_model_class(model_config.architecture)
-    with set_default_torch_dtype(model_config.dtype), torch.device(device), quantization_config(quantization):
+    with (set_default_torch_dtype(model_config.dtype), torch.device(device),
+          quantization_config(quantization, packed_vocab)):
         return cls(model_config.hf_config)
 
 
@@ -96,27 +101,40 @@ def _save_packed_cache(model: nn.Module, path: str) -> None:
 
 
 def load_model(model_config: ModelConfig, device: str = None, quantization: str = "none",
-               gguf_path: Optional[str] = None) -> nn.Module:
+               gguf_path: Optional[str] = None, packed_vocab: Optional[str] = None) -> nn.Module:
+    """packed_vocab: gguf_packed_vocab(gguf_path)'s table, read here when None (the runner reads the file's header
+    before its RSS baseline, so the parse's residue is not charged to the weights)."""
     from sglang.srt.layers.linear import prepack_dense_linear_weights
     from sglang.srt.layers.quantization.linear_method import finalize_quantized_layers
 
     device = device or model_config.device
     start = time.perf_counter()
-    model = build_model(model_config, device, quantization)
+    if quantization != "gguf":
+        packed_vocab = ""
+    elif gguf_path is None:
+        raise ValueError("--quantization gguf needs the .gguf file the model directory was converted from")
+    elif packed_vocab is None:
+        from sglang.srt.mem_plan.quantization_sizes import gguf_packed_vocab
+
+        packed_vocab = gguf_packed_vocab(gguf_path)[0]  # the table the plan prices packed (configs/resolved.py)
+    model = build_model(model_config, device, quantization, packed_vocab)
     kinds: Dict[str, int] = {}
     if quantization == "gguf":
-        if gguf_path is None:
-            raise ValueError("--quantization gguf needs the .gguf file the model directory was converted from")
-        from sglang.srt.model_loader.gguf_weights import is_quantized_weight_name, iter_gguf_quantized_weights
+        from sglang.srt.model_loader.gguf_weights import (
+            is_quantized_weight_name,
+            iter_gguf_quantized_weights,
+            packed_vocab_weight_names,
+        )
 
+        packed_names = packed_vocab_weight_names(packed_vocab)
         cache = os.path.join(model_config.model_path, PACKED_CACHE_FILE)
         if os.path.isfile(cache):
             _load_packed_cache(model, cache)
             kinds["packed-cache"] = 1
             weights = (nw for nw in safetensors_weights_iterator(model_config.model_path)
-                       if not is_quantized_weight_name(nw[0]))
+                       if not is_quantized_weight_name(nw[0]) and nw[0] not in packed_names)
         else:
-            weights = iter_gguf_quantized_weights(gguf_path, model_config.model_path, kinds)
+            weights = iter_gguf_quantized_weights(gguf_path, model_config.model_path, kinds, packed_names)
     else:
         weights = safetensors_weights_iterator(model_config.model_path)
     # packing is many small uint8 operators: one thread is ~10x faster than two threads' OpenMP hand-offs on a

@@ -6,9 +6,11 @@
 Unset --quantization means 'gguf' for a .gguf model on CPU (the bundled default model too: llama.cpp serves it from
 its Q4_1 blocks) where the quant_linear kernel runs, unless the dtype is float32, which stays the exact dequantized
 HF reference path; 'none' otherwise (tp > 1, GPUs, CPUs without AVX-512 VNNI, SGLANG_CPU_KERNELS=0).
-An explicit value always wins. Only the transformer's linear layers and MoE experts (layers/moe/quant_experts.py) are
-quantized; the embedding, the lm_head (tied to the embedding in small models), the norms and MoE routers (built
-inside dense_linear()) stay dense in --dtype.
+An explicit value always wins. The transformer's linear layers and MoE experts (layers/moe/quant_experts.py) are
+quantized; the norms and MoE routers (built inside dense_linear()) stay dense in --dtype, and so do the embedding and
+the lm_head except under 'gguf', where the loader names the GGUF file's packed vocabulary table
+(mem_plan/quantization_sizes.gguf_packed_vocab: an untied lm_head, or the embedding the lm_head is tied to) and
+that table is built packed (vocab_method.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 if TYPE_CHECKING:
     from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
+    from sglang.srt.layers.quantization.vocab_method import QuantVocabMethod
 
 QUANTIZATION_METHODS = ("none", "gguf", "w8a8_int8")
 
@@ -46,14 +49,18 @@ def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, devic
 
 
 @contextlib.contextmanager
-def quantization_config(method: str) -> Iterator[None]:
-    """Inside this block every LinearBase built takes `method`'s weights ('none': the dense weight)."""
-    old = getattr(_state, "method", "none")
-    _state.method = method
+def quantization_config(method: str, packed_vocab: str = "") -> Iterator[None]:
+    """Inside this block every LinearBase built takes `method`'s weights ('none': the dense weight). packed_vocab
+    ('gguf' only): the vocabulary table built packed, quantization_sizes.PACKED_VOCAB_LM_HEAD (the lm_head) or
+    PACKED_VOCAB_EMBEDDING (the embedding, which the tied lm_head then reads); "" keeps both dense."""
+    if packed_vocab and method != "gguf":
+        raise ValueError(f"a packed vocabulary table is served from a GGUF file's blocks, not with {method!r}")
+    old = getattr(_state, "method", "none"), getattr(_state, "packed_vocab", "")
+    _state.method, _state.packed_vocab = method, packed_vocab
     try:
         yield
     finally:
-        _state.method = old
+        _state.method, _state.packed_vocab = old
 
 
 def dense_linear():
@@ -78,5 +85,17 @@ def linear_quant_method(layer) -> Optional["QuantLinearMethod"]:
     return QuantLinearMethod(method)
 
 
+def vocab_quant_method(is_lm_head: bool) -> Optional["QuantVocabMethod"]:
+    """The quant method for a vocabulary table being built (VocabParallelEmbedding / ParallelLMHead), None: dense."""
+    from sglang.srt.mem_plan.quantization_sizes import PACKED_VOCAB_EMBEDDING, PACKED_VOCAB_LM_HEAD
+
+    table = getattr(_state, "packed_vocab", "")
+    if table != (PACKED_VOCAB_LM_HEAD if is_lm_head else PACKED_VOCAB_EMBEDDING):
+        return None
+    from sglang.srt.layers.quantization.vocab_method import QuantVocabMethod
+
+    return QuantVocabMethod()
+
+
 __all__ = ["QUANTIZATION_METHODS", "resolve_quantization", "quantization_config", "dense_linear",
-           "current_quantization", "linear_quant_method"]
+           "current_quantization", "linear_quant_method", "vocab_quant_method"]
