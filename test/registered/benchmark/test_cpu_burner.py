@@ -80,8 +80,11 @@ def test_cleaned_up_when_the_block_raises():
 
 
 def spawn_parent_with_burner() -> tuple:
-    """A separate Python process (its own session) running one burner; returns (process, burner pid)."""
-    code = ("import time; from sglang.bench_cpu_burner import CpuBurner\n"
+    """A separate Python process (its own session) running one burner; returns (process, burner pid). It restores
+    Python's Ctrl-C handler: a runner started in the background by a shell (CI) passes SIGINT on as ignored, and
+    Python then installs no KeyboardInterrupt handler of its own."""
+    code = ("import signal, time; from sglang.bench_cpu_burner import CpuBurner\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "with CpuBurner(1) as b:\n    print(b.started_pids[0], flush=True)\n    time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True, env=os.environ.copy())
