@@ -32,6 +32,7 @@ from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.srt.mem_plan.build import CPU_LOAD_RESIDUAL_BYTES
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.tensor_bytes import tensor_bytes
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.moe_fixtures import VOCAB_SIZE, make_random_mixtral, make_random_qwen2_moe, make_random_qwen3_moe
 from sglang.test.moe_gguf_fixtures import write_moe_gguf
@@ -90,15 +91,6 @@ def agreement(engine: Engine, runs) -> float:
         top1 = driver.extend(rows, inputs, logits_indices=positions).argmax(-1).tolist()
     return sum(a == b for a, b in zip(top1, [t for run in runs for t in run])) / len(top1)
 
-
-def tensor_bytes(model) -> int:
-    """Bytes of every parameter and buffer the model holds (each storage once)."""
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 def dry_run_terms(path: str, quantization: str, cache: str) -> dict:

@@ -34,6 +34,7 @@ from sglang.srt.mem_plan.build import cpu_load_residual_bytes
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES
 from sglang.srt.mem_plan.quantization_sizes import cpu_packed_bytes, gguf_packed_vocab, weight_format
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.tensor_bytes import tensor_bytes
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.moe_fixtures import VOCAB_SIZE, make_random_qwen3_moe
 from sglang.test.moe_gguf_fixtures import write_moe_gguf
@@ -125,14 +126,6 @@ def test_which_table_is_packed_and_when(tmp_path):
         head = ParallelLMHead(64, 64).tie_weights(emb)
     assert emb.quant_method is None and head.weight is emb.weight
 
-
-def tensor_bytes(model) -> int:
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 def test_untied_q8_0_output_of_a_moe_file(tmp_path):

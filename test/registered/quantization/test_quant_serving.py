@@ -28,6 +28,7 @@ from sglang.srt.layers.quantization import resolve_quantization
 from sglang.srt.mem_plan.model_shapes import CPU_PACKED_LOAD_RESIDUAL_BYTES
 from sglang.srt.utils.hf_transformers_utils import apply_chat_template, get_tokenizer
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.tensor_bytes import tensor_bytes
 from sglang.test.engine_fixtures import assert_idle_and_intact, default_model_dir, shutdown
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 from sglang.test.top1_agreement import greedy_runs, teacher_forced_agreement
@@ -76,14 +77,6 @@ def file_table(engine) -> torch.Tensor:
     rows, cols = (int(d) for d in reversed(t.shape.tolist()))
     return torch.from_numpy(dequantize(t.data, t.tensor_type).astype(np.float32).reshape(rows, cols).copy())
 
-
-def tensor_bytes(model) -> int:
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 @needs_kernels
