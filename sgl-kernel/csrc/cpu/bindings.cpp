@@ -13,7 +13,10 @@
 #include "fused_moe.h"
 #include "gemm_bf16.h"
 #include "gemv.h"
+#include "logits.h"
+#include "moe_router.h"
 #include "norm.h"
+#include "qk_norm_rope.h"
 #include "quant_linear.h"
 #include "rope.h"
 
@@ -102,9 +105,8 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   at::Tensor packed = at::empty_like(wc);
   const uint16_t* wp = bf16_ptr(wc);
   uint16_t* pp = bf16_ptr(packed);
-  sgl_cpu::parallel_for(0, N / sgl_cpu::kPackRows, 16, [&](int64_t b0, int64_t b1) {
-    sgl_cpu::pack_vnni_bf16(wp, N, K, pp, b0, b1);
-  });
+  sgl_cpu::parallel_for(0, sgl_cpu::pack_groups(N / sgl_cpu::kPackRows, sgl_cpu::kPackGroup), 8,
+                        [&](int64_t g0, int64_t g1) { sgl_cpu::pack_vnni_bf16(wp, N, K, pp, g0, g1); });
   return packed;
 }
 
@@ -121,10 +123,9 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
   const uint16_t* xp = bf16_ptr(xc);
   const uint16_t* pp = bf16_ptr(packed);
   uint16_t* yp = bf16_ptr(y);
-  // work unit: one block of 16 output columns; a thread's share is contiguous so its stream is one range of memory
-  sgl_cpu::parallel_for(0, N / sgl_cpu::kPackRows, 4, [&](int64_t b0, int64_t b1) {
-    sgl_cpu::gemm_vnni_bf16(xp, M, pp, N, K, yp, b0, b1);
-  });
+  // work unit: one group of 48 output columns; a thread's share is contiguous so its stream is one range of memory
+  sgl_cpu::parallel_for(0, sgl_cpu::pack_groups(N / sgl_cpu::kPackRows, sgl_cpu::kPackGroup), 2,
+                        [&](int64_t g0, int64_t g1) { sgl_cpu::gemm_vnni_bf16(xp, M, pp, N, K, yp, g0, g1); });
   return y;
 }
 
@@ -301,7 +302,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_supported", &quant_supported, "True when this CPU has the AVX-512 VNNI instructions quant_linear uses");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
-  m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C] -> each expert in gemm_bf16.h's VNNI layout");
+  m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C], gate_up (w13) -> each expert packed as moe.h reads it");
   m.def("moe_workspace_bytes", &moe_workspace_bytes, "bytes of fused_experts' workspace for (M, k, E, N, K)");
   m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",
         py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("topk_weights"), py::arg("topk_ids"),
@@ -312,5 +313,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused MoE experts on block-quantized packed weights (Q4_0/Q4_1/Q8_0/int8): [M, K] bf16 -> [M, K]",
         py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("bits13"), py::arg("bits2"), py::arg("topk_weights"),
         py::arg("topk_ids"), py::arg("workspace") = py::none());
+  m.def("topk_softmax", &topk_softmax, "MoE routing: router logits [M, E] -> top-k softmax weights fp32, ids int32");
+  m.def("logits_to_float", &logits_to_float, "bf16 logits [B, V_pad] -> fp32 [B, vocab] (the first vocab columns)");
+  m.def("qk_norm_rope_", &qk_norm_rope_, "Qwen3 q/k head RMSNorm then RoPE, in place on the qkv projection's rows");
+  m.def("argmax_rows", &argmax_rows, "fp32 [B, V] -> int64 [B]: each row's first maximum (NaN counts as the maximum)");
   m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
 }

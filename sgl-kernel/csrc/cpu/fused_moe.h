@@ -13,21 +13,32 @@ namespace {
 
 constexpr int64_t kMoeDimMultiple = 32;  // K and N: the packing transposes 16 x 32 pieces (gemm_bf16.h's kPackK)
 
-// w [E, R, C] (R % 16 == 0, C % 32 == 0) -> each expert's [R, C] in gemm_bf16.h's VNNI layout, same shape and bytes
-at::Tensor pack_moe_weight(const at::Tensor& w) {
+// w [E, R, C] (R % 16 == 0, C % 32 == 0) -> each expert's [R, C] packed as moe.h reads it, same shape and bytes:
+// gate_up (w13, R = 2N): gate block g and up block g interleaved line by line; else (w2) gemm_bf16.h's layout.
+at::Tensor pack_moe_weight(const at::Tensor& w, bool gate_up) {
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kBFloat16, "pack_moe_weight: w must be a bf16 CPU tensor");
-  TORCH_CHECK(w.dim() == 3 && w.size(1) % sgl_cpu::kPackRows == 0 && w.size(2) % kMoeDimMultiple == 0,
-              "pack_moe_weight: w must be [E, R, C] with R a multiple of ", sgl_cpu::kPackRows, " and C of ",
-              kMoeDimMultiple, ", got ", w.sizes());
+  TORCH_CHECK(w.dim() == 3 && w.size(1) % ((gate_up ? 2 : 1) * sgl_cpu::kPackRows) == 0 &&
+                  w.size(2) % kMoeDimMultiple == 0,
+              "pack_moe_weight: w must be [E, R, C] with R a multiple of ", (gate_up ? 2 : 1) * sgl_cpu::kPackRows,
+              " and C of ", kMoeDimMultiple, ", got ", w.sizes());
   at::Tensor wc = w.contiguous();
-  const int64_t E = wc.size(0), R = wc.size(1), C = wc.size(2), per = R / sgl_cpu::kPackRows;
+  const int64_t E = wc.size(0), R = wc.size(1), C = wc.size(2), blocks = R / sgl_cpu::kPackRows;
+  const int64_t per = gate_up ? blocks / 2 : sgl_cpu::pack_groups(blocks, sgl_cpu::kPackGroup);  // groups an expert
   at::Tensor packed = at::empty_like(wc);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
   uint16_t* pp = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
-  sgl_cpu::parallel_for(0, E * per, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t e = b / per, blk = b % per;
-      sgl_cpu::pack_vnni_bf16(wp + e * R * C, R, C, pp + e * R * C, blk, blk + 1);
+  sgl_cpu::parallel_for(0, E * per, 16, [&](int64_t g0, int64_t g1) {
+    for (int64_t t = g0; t < g1; ++t) {
+      const int64_t e = t / per, g = t % per;
+      const uint16_t* we = wp + e * R * C;
+      uint16_t* pe = pp + e * R * C;
+      if (!gate_up) {
+        sgl_cpu::pack_vnni_bf16(we, R, C, pe, g, g + 1);
+        continue;
+      }
+      uint16_t* base = pe + g * 2 * sgl_cpu::kPackRows * C;
+      sgl_cpu::pack_vnni_block(we + g * sgl_cpu::kPackRows * C, C, base, 64);                  // gate block g
+      sgl_cpu::pack_vnni_block(we + (R / 2 + g * sgl_cpu::kPackRows) * C, C, base + 32, 64);  // up block g
     }
   });
   return packed;

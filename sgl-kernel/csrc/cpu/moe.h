@@ -1,11 +1,12 @@
 // Fused MoE experts in bf16 without AMX: out[m] = sum_j w[m, j] * (silu(x[m] G_e^T) * (x[m] U_e^T)) D_e^T, e = id[m, j],
 // for every token m, with G_e / U_e rows [0, N) / [N, 2N) of w13[e] and D_e = w2[e].
 //
-// Weights: packed once at load into gemm_bf16.h's VNNI layout, expert by expert (same element count as the original):
-//   w13[e] [2N, K] -> [2N/16][K/2][16][2]   (gate column block j is block j, its up block is block N/16 + j)
-//   w2[e]  [K, N]  -> [K/16][N/2][16][2]
+// Weights: packed once at load into gemm_bf16.h's VNNI lines, expert by expert (same element count as the original):
+//   w13[e] [2N, K] -> [N/16][K/2][2][16][2]   pair g: for each k-pair, the line of gate column block g (rows 16g..)
+//                                             then the line of its up block (rows N + 16g..)
+//   w2[e]  [K, N]  -> gemm_bf16.h's layout of a [K, N] weight: groups of 3 column blocks, [K/16/3][N/2][3][16][2]
 // so every output column is one chain of VDPBF16PS over k-pairs (broadcast input pair x 16 packed columns), no
-// horizontal sums, and one expert's column block is one contiguous run of memory.
+// horizontal sums, and what one task reads (a gate/up pair, a group of 3 down blocks) is one sequential run of memory.
 //
 // Three steps, all inside one call:
 // 1. route (serial, O(M * k + E)): a counting sort of the (token, j) pairs by expert into "slots"; the slots of expert e
@@ -36,6 +37,7 @@ namespace sgl_cpu {
 constexpr int kMoeRowTile = 8;     // slots per register tile
 constexpr int kMoeRowBlock = 64;   // slots per gate/up task (their weights' column block stays in L2)
 constexpr int kMoeDownBlocks = 3;  // 16-column blocks per down task (8 x 3 accumulators)
+static_assert(kMoeDownBlocks == kPackGroup, "a down task reads one packed group of w2");
 constexpr int64_t kMoeAlign = 64;  // every workspace region starts on a cache line
 
 inline int64_t moe_align(int64_t bytes) { return (bytes + kMoeAlign - 1) / kMoeAlign * kMoeAlign; }
@@ -105,10 +107,12 @@ inline int64_t moe_route(const Id* ids, int64_t id_s0, int64_t id_s1, const floa
 
 // acc[i][j] = sum over k-pairs p < pairs of rows[i][2p, 2p + 1] . block j's line p (16 columns); with next set, the
 // lines of the NB blocks at next[j] are prefetched alongside (the following column blocks of the same expert).
+// step: elements from one k-pair's line of a block to the next pair's (32 x the lines interleaved with it).
 template <int MB, int NB>
 SGL_AVX512_BF16 inline __attribute__((always_inline)) void moe_dot_tile(const uint16_t* const (&rows)[MB],
                                                                         const uint16_t* const (&blocks)[NB],
-                                                                        int64_t pairs, const uint16_t* const* next,
+                                                                        int64_t pairs, int64_t step,
+                                                                        const uint16_t* const* next,
                                                                         __m512 (&acc)[MB][NB]) {
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
@@ -117,11 +121,11 @@ SGL_AVX512_BF16 inline __attribute__((always_inline)) void moe_dot_tile(const ui
   for (int64_t p = 0; p < pairs; ++p) {
     if (next != nullptr) {
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next[j] + 32 * p), _MM_HINT_T0);
+      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(next[j] + step * p), _MM_HINT_T0);
     }
     __m512bh w[NB];
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) w[j] = (__m512bh)_mm512_loadu_si512(blocks[j] + 32 * p);
+    for (int j = 0; j < NB; ++j) w[j] = (__m512bh)_mm512_loadu_si512(blocks[j] + step * p);
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(rows[i] + 2 * p));
@@ -131,8 +135,8 @@ SGL_AVX512_BF16 inline __attribute__((always_inline)) void moe_dot_tile(const ui
   }
 }
 
-// MB slots x gate/up column block: act[s, 16 columns] = bf16(silu(bf16(gate)) * bf16(up)); next: the gate and up
-// blocks to prefetch meanwhile, or null.
+// MB slots x gate/up column block (the pair's lines at gate and gate + 32): act[s, 16 columns] =
+// bf16(silu(bf16(gate)) * bf16(up)); next: the gate and up lines of the pair to prefetch meanwhile, or null.
 template <int MB>
 SGL_AVX512_BF16 inline void moe_gate_up_tile(const uint16_t* x, int64_t ldx, const int32_t* tokens,
                                              const uint16_t* gate, const uint16_t* up, int64_t K,
@@ -142,7 +146,7 @@ SGL_AVX512_BF16 inline void moe_gate_up_tile(const uint16_t* x, int64_t ldx, con
   for (int i = 0; i < MB; ++i) rows[i] = x + (int64_t)tokens[i] * ldx;
   const uint16_t* const blocks[2] = {gate, up};
   __m512 acc[MB][2];
-  moe_dot_tile<MB, 2>(rows, blocks, K / 2, next, acc);
+  moe_dot_tile<MB, 2>(rows, blocks, K / 2, 64, next, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {
     const __m512 s = round_bf16(silu_ps(round_bf16(acc[i][0])));
@@ -150,23 +154,23 @@ SGL_AVX512_BF16 inline void moe_gate_up_tile(const uint16_t* x, int64_t ldx, con
   }
 }
 
-// MB consecutive slots (act rows ldx = N apart) x NB down column blocks: acc[token, 16 NB columns] += w * result.
+// MB consecutive slots (act rows ldx = N apart) x the NB down column blocks of the group at w2:
+// acc[token, 16 NB columns] += w * result.
 template <int MB, int NB>
 SGL_AVX512_BF16 inline void moe_down_tile(const uint16_t* act, int64_t N, const uint16_t* w2, const int32_t* tokens,
                                           const float* weights, float* acc, int64_t K, const uint16_t* next) {
   const uint16_t* rows[MB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) rows[i] = act + i * N;
-  const int64_t block = kPackRows * N;
   const uint16_t* blocks[NB];
   const uint16_t* nexts[NB];
 #pragma GCC unroll 4
   for (int j = 0; j < NB; ++j) {
-    blocks[j] = w2 + j * block;
-    nexts[j] = next + j * block;
+    blocks[j] = w2 + 32 * j;
+    nexts[j] = next + 32 * j;
   }
   __m512 r[MB][NB];
-  moe_dot_tile<MB, NB>(rows, blocks, N / 2, next != nullptr ? nexts : nullptr, r);
+  moe_dot_tile<MB, NB>(rows, blocks, N / 2, 32 * NB, next != nullptr ? nexts : nullptr, r);
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) {
     const __m512 w = _mm512_set1_ps(weights[i]);
@@ -182,7 +186,7 @@ inline int64_t moe_block_expert(const MoeWorkspace& ws, int64_t E, int64_t rb) {
 }
 
 // Step 2, tasks [t0, t1) of the (row block, column block) grid; G = N / 16 column blocks per row block.
-// w13 [E][2N/16][K/2][16][2], x [M, K] with row stride ldx.
+// w13 [E][N/16][K/2][2][16][2], x [M, K] with row stride ldx.
 SGL_AVX512_BF16 inline void moe_gate_up_tasks(const uint16_t* x, int64_t ldx, const uint16_t* w13, int64_t E,
                                               int64_t N, int64_t K, const MoeWorkspace& ws, int64_t t0, int64_t t1) {
   const int64_t G = N / kPackRows;
@@ -191,14 +195,14 @@ SGL_AVX512_BF16 inline void moe_gate_up_tasks(const uint16_t* x, int64_t ldx, co
     const int64_t e = moe_block_expert(ws, E, rb);
     const int64_t s0 = ws.expert_start[e] + (rb - ws.block_start[e]) * kMoeRowBlock;
     const int64_t s1 = std::min<int64_t>(s0 + kMoeRowBlock, ws.expert_start[e + 1]);
-    const uint16_t* gate = w13 + e * 2 * N * K + g * kPackRows * K;
-    const uint16_t* up = gate + N * K;
+    const uint16_t* gate = w13 + e * 2 * N * K + g * 2 * kPackRows * K;
+    const uint16_t* up = gate + 32;
     // the next task on this thread: its column block, of this expert or the next routed one, is prefetched meanwhile
     const uint16_t* next[2] = {nullptr, nullptr};
     if (t + 1 < t1) {
       const int64_t rb2 = (t + 1) / G, g2 = (t + 1) % G, e2 = rb2 == rb ? e : moe_block_expert(ws, E, rb2);
-      next[0] = w13 + e2 * 2 * N * K + g2 * kPackRows * K;
-      next[1] = next[0] + N * K;
+      next[0] = w13 + e2 * 2 * N * K + g2 * 2 * kPackRows * K;
+      next[1] = next[0] + 32;
     }
     int64_t s = s0;
     for (; s + kMoeRowTile <= s1; s += kMoeRowTile)
@@ -243,8 +247,8 @@ SGL_AVX512_BF16 inline void moe_down_rows(const MoeWorkspace& ws, int64_t s0, in
   }
 }
 
-// Step 3, down tasks [c0, c1): task c owns output column blocks [3c, min(3c + 3, K/16)) for all M tokens.
-// w2 [E][K/16][N/2][16][2]; out [M, K] bf16.
+// Step 3, down tasks [c0, c1): task c owns output column blocks [3c, min(3c + 3, K/16)) for all M tokens, the
+// packed group c of every expert's w2 (kMoeDownBlocks == kPackGroup). out [M, K] bf16.
 SGL_AVX512_BF16 inline void moe_down_tasks(const uint16_t* w2, int64_t E, int64_t N, int64_t K, int64_t M,
                                            const MoeWorkspace& ws, uint16_t* out, int64_t c0, int64_t c1) {
   const int64_t blocks = K / kPackRows;

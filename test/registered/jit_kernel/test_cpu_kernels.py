@@ -49,7 +49,8 @@ class TestCpuKernels(unittest.TestCase):
         path of a packed weight (kernels switched off) is exactly F.linear on the original."""
         from sglang.srt.layers.packed_linear import packed_linear, unpack_weight
 
-        for n, k in ((960, 576), (576, 1536), (16, 32), (3072, 64)):
+        # 80 and 16 rows: 5 and 1 blocks of 16, a last group shorter than the 3 blocks gemm_bf16.h interleaves
+        for n, k in ((960, 576), (576, 1536), (16, 32), (3072, 64), (80, 96)):
             w = torch.randn(n, k, dtype=BF16)
             packed = self.ops.pack_linear_weight(w)
             self.assertEqual((packed.shape, packed.dtype), (w.shape, BF16))
@@ -66,6 +67,34 @@ class TestCpuKernels(unittest.TestCase):
                 self.assertTrue(torch.equal(packed_linear(x[:5], packed, bias), F.linear(x[:5], w, bias)))
         with self.assertRaisesRegex(RuntimeError, "multiple of 16"):
             self.ops.pack_linear_weight(torch.zeros(24, 64, dtype=BF16))
+
+    def test_prepack_packs_an_untied_lm_head_not_a_tied_one(self):
+        """At load the dense layers' weights and an untied lm_head's are packed (its logits then come from
+        packed_linear: the same values for one row or many); a tied lm_head is the embedding table and stays as it is."""
+        from sglang.jit_kernel.cpu_ops import amx_available
+        from sglang.srt.layers.linear import prepack_dense_linear_weights
+        from sglang.srt.layers.packed_linear import unpack_weight
+        from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+        if amx_available():
+            self.skipTest("with AMX the dense weights stay unpacked")
+        model = torch.nn.Module()
+        model.embed, model.lm_head = VocabParallelEmbedding(320, 64), ParallelLMHead(320, 64)
+        model.tied_embed, model.tied_head = VocabParallelEmbedding(320, 64), ParallelLMHead(320, 64)
+        for m in (model.embed, model.lm_head, model.tied_embed):
+            m.weight.data = torch.randn(320, 64, dtype=BF16)
+        model.tied_head.tie_weights(model.tied_embed)
+        w, table = model.lm_head.weight.detach().clone(), model.tied_embed.weight.detach().clone()
+        self.assertEqual(prepack_dense_linear_weights(model), 1)
+        self.assertTrue(model.lm_head.weight.vnni_packed and torch.equal(unpack_weight(model.lm_head.weight), w))
+        self.assertFalse(getattr(model.tied_embed.weight, "vnni_packed", False))  # the shared table
+        self.assertFalse(getattr(model.embed.weight, "vnni_packed", False))  # an embedding is never packed
+        self.assertTrue(torch.equal(model.tied_head.weight, table))
+        x = torch.randn(5, 64, dtype=BF16)
+        logits = model.lm_head.logits(x)
+        self.assertTrue(torch.equal(logits, self.ops.packed_linear(x, model.lm_head.weight)))
+        self.assertTrue(torch.equal(model.lm_head.logits(x[2:3]), logits[2:3]))
+        torch.testing.assert_close(logits.float(), x.float() @ w.float().t(), atol=1e-2 * 8, rtol=2 ** -7)
 
     def test_amx_linear_matches_fp32_reference_and_is_batch_invariant(self):
         from sglang.jit_kernel.cpu_ops import amx_available
@@ -127,6 +156,55 @@ class TestCpuKernels(unittest.TestCase):
             self.ops.rotary_embedding_(pos, x, heads + kv, d, rope.cos_sin_cache)
             self.assertTrue(torch.equal(x[:, :n_qk], ref.reshape(6, n_qk)))
             self.assertTrue(torch.equal(x[:, n_qk:], qkv[:, n_qk:]))  # v untouched
+
+    def test_qk_norm_rope_equals_the_norm_then_rotary_kernels(self):
+        """Qwen3's attention prologue in one call: bit-identical to the rmsnorm kernel on every q and k head followed
+        by the rotary kernel (Qwen3Attention's module path), v untouched, rows of a wider tensor (row stride) too; and
+        as close to the torch formulas as the rmsnorm kernel is."""
+        from sglang.srt.layers.rotary_embedding import get_rope
+
+        heads, kv, d, n = 8, 2, 64, 5
+        qk, width = (heads + kv) * d, (heads + 2 * kv) * d
+        pos = torch.tensor([0, 3, 100, 4095, 7])
+        qw, kw = (torch.rand(d) + 0.5).to(BF16), (torch.rand(d) + 0.5).to(BF16)
+        for rd in (64, 32):
+            rope = get_rope(d, rd, 4096, 1e6, dtype=BF16)
+            wide = torch.randn(n, width + 32, dtype=BF16) * 3
+            qkv = wide[:, :width]
+            before = wide.clone()
+            self.ops.qk_norm_rope_(qkv, pos, qw, kw, 1e-6, heads, kv, d, rope.cos_sin_cache)
+            q = self.ops.rmsnorm(before[:, : heads * d].reshape(-1, d), None, qw, 1e-6)[0].view(n, heads * d)
+            k = self.ops.rmsnorm(before[:, heads * d : qk].reshape(-1, d), None, kw, 1e-6)[0].view(n, kv * d)
+            ref = torch.cat([q, k], dim=1)
+            self.ops.rotary_embedding_(pos, ref, heads + kv, d, rope.cos_sin_cache)
+            self.assertTrue(torch.equal(qkv[:, :qk], ref))
+            self.assertTrue(torch.equal(wide[:, qk:], before[:, qk:]))  # v and the columns past the rows untouched
+            heads_in = before[:, :qk].reshape(n, heads + kv, d).float()
+            w = torch.cat([qw.expand(heads, d), kw.expand(kv, d)])
+            normed = (w * F.rms_norm(heads_in, (d,), None, 1e-6).to(BF16)).reshape(n, qk)
+            torch_ref, _ = rope._forward_torch(pos, normed.view(n, -1, d))
+            torch.testing.assert_close(qkv[:, :qk], torch_ref.reshape(n, qk), atol=2 ** -6, rtol=2 ** -6)
+
+    def test_logits_to_float_and_argmax_rows_equal_torch(self):
+        """The widening of padded bf16 logits is exact, and each row's argmax follows torch.max(dim=-1).indices:
+        the first of equal maxima, a NaN as the maximum (its first one), a row of -inf -> 0; one row or forty (the
+        kernels' threads share those)."""
+        x = torch.randn(3, 1000 + 24, dtype=BF16)
+        self.assertTrue(torch.equal(self.ops.logits_to_float(x, 1000), x[:, :1000].float()))
+        y = torch.randn(7, 777)
+        y[1, 10] = y[1, 500] = y[1].max() + 1  # a tie: the first wins
+        y[2, 9] = y[2, 5] = float("nan")
+        y[3] = float("-inf")
+        y[4, 776] = float("inf")  # in the tail after the last full 16 values
+        y[5, 700:] = y[5].max() + 1
+        y[6] = 0.0
+        y[6, 300] = -0.0
+        self.assertEqual(self.ops.argmax_rows(y).tolist(), y.max(dim=-1).indices.tolist())
+        self.assertEqual(self.ops.argmax_rows(y).tolist()[:5], [y[0].argmax().item(), 10, 5, 0, 776])
+        big = torch.randn(40, 49152).bfloat16()
+        wide = self.ops.logits_to_float(big, 49152)
+        self.assertTrue(torch.equal(wide, big.float()))
+        self.assertTrue(torch.equal(self.ops.argmax_rows(wide), wide.max(dim=-1).indices))
 
     def test_decode_attention_matches_sdpa_and_writes_the_pool(self):
         # a task per (request, KV head) serves its group of query heads, 4 per pass over the keys: groups of 3

@@ -196,8 +196,8 @@ def test_bf16_experts_on_cpu_run_the_planned_kernel(model):
         with torch.inference_mode():
             got = layer(hidden, logits).float()
             weights, ids = select_experts(logits, layer.top_k, layer.renormalize)
-            want = fused_experts_torch(hidden, unpack_moe_weight(layer.w13_weight), unpack_moe_weight(layer.w2_weight),
-                                       weights, ids).float()
+            want = fused_experts_torch(hidden, unpack_moe_weight(layer.w13_weight, True),
+                                       unpack_moe_weight(layer.w2_weight, False), weights, ids).float()
         assert (got - want).abs().max() <= 2 ** -6 * want.abs().max(), (got - want).abs().max()
     finally:
         shutdown(engine)

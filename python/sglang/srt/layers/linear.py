@@ -15,6 +15,7 @@ GEMM goes through LinearBase.apply_linear, the one place a weight format (quanti
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import List, Optional, Union
 
 import torch
@@ -42,9 +43,9 @@ SMALL_M_ROWS = 128
 # tokens it gets in any other batch of 2-64.
 # Without AMX, the dense layer weights are packed at load (layers/packed_linear.py) and every row count takes that
 # kernel (single core, the 120 projections: 1 / 8 / 16 / 32 / 64 rows 18 / 25 / 49 / 91 / 171 ms against GEMV
-# 20 / 35 / 62 / 116 / 205 and mm 36 / 61 / 70 / 120 / 204); what stays unpacked (the tied lm_head, shapes the
-# packing does not take) keeps GEMV up to GEMV_NO_AMX_MAX_ROWS and torch.mm above (the 49152 x 576 lm_head, one
-# core: 8 / 16 / 32 / 64 rows GEMV 8.1 / 13.7 / 26.5 / 52.6 ms, mm 13.8 / 15.2 / 27.6 / 49.6).
+# 20 / 35 / 62 / 116 / 205 and mm 36 / 61 / 70 / 120 / 204), an untied lm_head included; what stays unpacked (a
+# tied lm_head, shapes the packing does not take) keeps GEMV up to GEMV_NO_AMX_MAX_ROWS and torch.mm above (the
+# 49152 x 576 lm_head, one core: 8 / 16 / 32 / 64 rows GEMV 8.1 / 13.7 / 26.5 / 52.6 ms, mm 13.8 / 15.2 / 27.6 / 49.6).
 GEMV_MAX_ROWS = 1
 AMX_MAX_ROWS = 64
 GEMV_NO_AMX_MAX_ROWS = 16
@@ -214,15 +215,20 @@ class QKVParallelLinear(LinearBase):
 
 
 def prepack_dense_linear_weights(model: nn.Module) -> int:
-    """Pack every dense bf16 LinearBase weight in place when the non-AMX kernel serves this machine (packed_linear.py);
-    returns the count."""
+    """Pack every dense bf16 LinearBase weight, and an untied lm_head's (ParallelLMHead.logits runs linear() too: at
+    batch 1 its vocabulary GEMV is the largest weight read of a decode step, 100 MB on the MoE benchmark model, and the
+    packed kernel streams it ~15% faster than gemv.h), in place when the non-AMX kernel serves this machine
+    (packed_linear.py); returns the count. A weight another module shares stays as it is: a tied lm_head is the
+    embedding table, whose rows the lookup reads."""
     ops = get_cpu_ops()
     if ops is None or amx_available() or not hasattr(ops, "pack_linear_weight"):
         return 0
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     count = 0
     for module in model.modules():
-        weight = getattr(module, "weight", None) if isinstance(module, LinearBase) else None
-        if getattr(module, "quant_method", None) is None and packable(weight):
+        dense = isinstance(module, LinearBase) or getattr(module, "is_lm_head", False)
+        weight = getattr(module, "weight", None) if dense else None
+        if getattr(module, "quant_method", None) is None and packable(weight) and uses[id(weight)] == 1:
             weight.data = ops.pack_linear_weight(weight.data)  # the original is freed: one copy is held
             weight.vnni_packed = True
             count += 1

@@ -1,5 +1,7 @@
 """LogitsProcessor: pick the rows that need logits and project them onto the vocabulary (with tp ranks: each rank's
-vocabulary slice, all-gathered in rank order before the sampler sees them)."""
+vocabulary slice, all-gathered in rank order before the sampler sees them). bf16 logits on a CPU with the kernels
+loaded are widened to fp32 by sgl-kernel/csrc/cpu/logits.h (exact, as .float(); torch's copy is an OpenMP region that
+costs a thread wake-up per decode step in the server)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.distributed.communication_op import tp_all_gather
 
 if TYPE_CHECKING:
@@ -40,4 +43,8 @@ class LogitsProcessor(nn.Module):
         if indices is not None:
             hidden_states = hidden_states[indices]
         logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]
+        if logits.dtype == torch.bfloat16 and logits.is_cpu and logits.stride(-1) == 1:
+            ops = get_cpu_ops()
+            if ops is not None:
+                return ops.logits_to_float(logits, self.vocab_size)
         return logits[:, : self.vocab_size].float()

@@ -24,6 +24,7 @@ from sglang.jit_kernel.cpu_ops import get_cpu_ops
 
 PACK_ROWS = 16  # output rows per packed block (kPackRows)
 PACK_K = 32  # input columns must be a multiple (kPackK)
+PACK_GROUP = 3  # blocks whose k-pair lines are interleaved (kPackGroup)
 
 
 def packable(weight: Optional[torch.Tensor]) -> bool:
@@ -33,16 +34,29 @@ def packable(weight: Optional[torch.Tensor]) -> bool:
 
 
 def unpack_weight(packed: torch.Tensor) -> torch.Tensor:
-    """The nn.Linear layout [N, K] of a packed weight ([N/16][K/2][16][2] -> [N][K])."""
-    n, k = packed.shape
-    return packed.view(n // PACK_ROWS, k // 2, PACK_ROWS, 2).permute(0, 2, 1, 3).reshape(n, k)
+    """The nn.Linear layout [..., N, K] of packed weights [..., N, K] (each [N, K] as gemm_bf16.h packs it: groups
+    of 3 blocks of 16 rows, [K/2][3][16][2] each, the last group of N/16 % 3 blocks [K/2][N/16 % 3][16][2])."""
+    *lead, n, k = packed.shape
+    flat = packed.reshape(-1, n * k)
+    blocks = n // PACK_ROWS
+    full = blocks // PACK_GROUP * PACK_GROUP  # blocks in whole groups
+    parts = []
+    if full:
+        whole = flat[:, : full * PACK_ROWS * k].reshape(-1, full // PACK_GROUP, k // 2, PACK_GROUP, PACK_ROWS, 2)
+        parts.append(whole.permute(0, 1, 3, 4, 2, 5).reshape(-1, full * PACK_ROWS, k))
+    if blocks > full:
+        rest = flat[:, full * PACK_ROWS * k:].reshape(-1, k // 2, blocks - full, PACK_ROWS, 2)
+        parts.append(rest.permute(0, 2, 3, 1, 4).reshape(-1, (blocks - full) * PACK_ROWS, k))
+    return torch.cat(parts, dim=1).reshape(*lead, n, k)
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) for a packed weight."""
+    ops = get_cpu_ops() if x.dtype == torch.bfloat16 else None
+    if ops is not None and x.dim() == 2 and x.shape[0] > 0 and bias is None:  # decode's case, no reshapes
+        return ops.packed_linear(x, weight)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    ops = get_cpu_ops() if x2.dtype == torch.bfloat16 else None
     if ops is not None and x2.shape[0] > 0:
         out = ops.packed_linear(x2, weight)
         if bias is not None:

@@ -28,6 +28,7 @@ from typing import Any, List, Optional, Protocol, Sequence, Set
 
 import torch
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.constrained.logits_mask import apply_grammar_mask_, apply_logit_bias_, has_grammar
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.topk_topp import filter_probs_, on_host, to_device
@@ -184,11 +185,23 @@ def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torc
 
     logprobs = torch.log_softmax(logits, dim=-1) if want_lp else None
     if all(greedy):
-        # max().indices: the same first-maximum index as argmax, ~2.5x faster on CPU for [B, 49k] float32
-        next_ids = logits.max(dim=-1).indices
+        next_ids = greedy_argmax(logits)
     else:
         next_ids = _sample_random(logits, reqs, greedy)
     return _to_host(next_ids, logprobs, reqs)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: each row's first maximum, torch.max(dim=-1).indices' rule (a NaN counts as the maximum). On a CPU
+    with the kernels loaded, one pass of sgl-kernel/csrc/cpu/logits.h on the kernels' threads: torch's reduction is
+    an OpenMP region, a thread wake-up per decode step in the server's scheduler (~70 us against ~5 us of work)."""
+    if logits.is_cpu and logits.dtype == torch.float32 and logits.dim() == 2 and logits.shape[1] > 0 \
+            and logits.stride(1) == 1:
+        ops = get_cpu_ops()
+        if ops is not None:
+            return ops.argmax_rows(logits)
+    # max().indices: the same first-maximum index as argmax, ~2.5x faster on CPU for [B, 49k] float32
+    return logits.max(dim=-1).indices
 
 
 def _to_host(next_ids: torch.Tensor, logprobs: Optional[torch.Tensor], reqs: List[Req]) -> SampleOutput:
@@ -219,7 +232,7 @@ def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) ->
     multinomial's own (mem_plan/sizes.py, the sampler's peak)."""
     device = logits.device
     # greedy rows: the first maximum of their logits, taken before the logits become probabilities
-    greedy_ids = logits.argmax(dim=-1) if any(greedy) else None
+    greedy_ids = greedy_argmax(logits) if any(greedy) else None
     temps = [1.0 if g else min(r.sampling_params.temperature, MAX_TEMPERATURE) for r, g in zip(reqs, greedy)]
     logits.div_(to_device(temps, logits.dtype, device).view(-1, 1))
     _make_finite_(logits)  # a tiny temperature can push the largest logits to +inf

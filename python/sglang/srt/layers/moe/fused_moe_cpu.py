@@ -6,8 +6,9 @@
              gate / up = hidden[m] @ w13[e][:N].T / w13[e][N:].T
 (the signature shared with fused_experts_torch and the Triton kernel). Ids outside [0, E) contribute nothing.
 
-The kernel reads the expert weights packed once at load (`prepack_moe_weights_`: every expert in gemm_bf16.h's VNNI
-layout, same shape, dtype and bytes, the packed tensor replacing the original; `vnni_packed` marks it). It serves bf16
+The kernel reads the expert weights packed once at load (`prepack_moe_weights_`: every expert in the VNNI lines moe.h
+reads, w13 with each gate block's lines interleaved with its up block's, w2 in gemm_bf16.h's layout; same shape, dtype
+and bytes, the packed tensor replacing the original; `vnni_packed` marks it). It serves bf16
 hidden states with K and N multiples of 32 when the CPU kernels are loaded (`get_cpu_ops()`); everything else takes
 `grouped_experts_torch` (unpacked weights too, with a warning once where the kernel could have served them): one pass
 per routed expert over its tokens with torch.mm, rounding where the kernel rounds (gate/up and silu(gate) * up in bf16,
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.srt.layers.packed_linear import unpack_weight
 from sglang.srt.layers.quantization import packing
 from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.srt.mem_plan.moe_sizes import CPU_KERNEL_DIM_MULTIPLE, cpu_kernel_workspace_bytes
@@ -126,7 +128,7 @@ def pack_moe_weights(w13: torch.Tensor, w2: torch.Tensor) -> Tuple[torch.Tensor,
     _, n, k = _expert_shapes(w13, w2)
     if not moe_kernel_shapes_supported(k, n):
         raise ValueError(f"pack_moe_weights: hidden size {k} and intermediate size {n} must be multiples of {MOE_DIM_MULTIPLE}")
-    w13p, w2p = ops.pack_moe_weight(w13), ops.pack_moe_weight(w2)
+    w13p, w2p = ops.pack_moe_weight(w13, True), ops.pack_moe_weight(w2, False)
     w13p.vnni_packed = True
     w2p.vnni_packed = True
     return w13p, w2p
@@ -145,19 +147,23 @@ def prepack_moe_weights_(w13: torch.Tensor, w2: torch.Tensor) -> bool:
     return True
 
 
-def unpack_moe_weight(packed: torch.Tensor) -> torch.Tensor:
-    """The [E, R, C] layout of a packed expert weight ([E][R/16][C/2][16][2] -> [E][R][C]); a view when possible."""
+def unpack_moe_weight(packed: torch.Tensor, gate_up: bool) -> torch.Tensor:
+    """The [E, R, C] layout of a packed expert weight: w13 (gate_up, R = 2N: [E][N/16][C/2][2][16][2], gate block g's
+    line then up block g's) or w2 (gemm_bf16.h's layout of each [R, C], packed_linear.unpack_weight)."""
+    if not gate_up:
+        return unpack_weight(packed)
     e, r, c = packed.shape
-    return packed.view(e, r // PACK_ROWS, c // 2, PACK_ROWS, 2).permute(0, 1, 3, 2, 4).reshape(e, r, c)
+    pairs = packed.reshape(e, r // (2 * PACK_ROWS), c // 2, 2, PACK_ROWS, 2)
+    return pairs.permute(0, 3, 1, 4, 2, 5).reshape(e, r, c)
 
 
-def _expert_weight(w: Experts, e: int, dtype: torch.dtype) -> torch.Tensor:
+def _expert_weight(w: Experts, e: int, dtype: torch.dtype, gate_up: bool) -> torch.Tensor:
     """Expert e's [R, C] weight in dtype: unpacked if packed, dequantized if quantized."""
     if isinstance(w, QuantExpertWeights):
         return w.dequantize(e, dtype)
     if not getattr(w, "vnni_packed", False):
         return w[e].to(dtype)
-    return unpack_moe_weight(w[e : e + 1])[0].to(dtype)
+    return unpack_moe_weight(w[e : e + 1], gate_up)[0].to(dtype)
 
 
 def grouped_experts_torch(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_weights: torch.Tensor,
@@ -178,9 +184,9 @@ def grouped_experts_torch(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_
         pairs = order[start : start + count]
         start += count
         tokens = pairs // top_k
-        gate_up = hidden[tokens] @ _expert_weight(w13, e, hidden.dtype).t()
+        gate_up = hidden[tokens] @ _expert_weight(w13, e, hidden.dtype, True).t()
         act = F.silu(gate_up[:, :n]) * gate_up[:, n:]
-        y = act @ _expert_weight(w2, e, hidden.dtype).t()
+        y = act @ _expert_weight(w2, e, hidden.dtype, False).t()
         out.index_add_(0, tokens, y.float() * flat_weights[pairs, None])
     return out.to(hidden.dtype)
 
