@@ -26,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional, Tuple
 
-from sglang.jit_kernel.cpu_isa import BF16_LEVEL, QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary, level_rank
+from sglang.jit_kernel.cpu_isa import (BF16_LEVEL, QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary, level_rank,
+                                      native_cpu_isa)
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,8 @@ def cpu_kernels_summary() -> str:
         return f"not used: {cpu_ops_status()}"
     module = ops if ops is not None else quant
     source = "sgl_kernel package" if module.__name__.startswith("sgl_kernel") else "built on first use"
-    where = f"{source}; CPU level {cpu_isa_summary()}"
+    level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
+    where = f"{source}; CPU level {level}" + ("" if level == native_cpu_isa() else f", native {native_cpu_isa()}")
     if ops is None:
         return f"in use for the quantized GEMM only ({where})"
     if amx_available():
