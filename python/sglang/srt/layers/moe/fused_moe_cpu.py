@@ -202,7 +202,7 @@ def fused_experts_cpu(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_weig
     served = hidden.dtype == torch.bfloat16 and hidden.is_cpu and moe_kernel_shapes_supported(k, n)
     if quantized:
         ops = quant_kernels() if served else None
-        if ops is not None:
+        if ops is not None and ops.moe_quant_supported():  # quant_linear runs from avx2 up, this kernel from avx512_bf16
             return ops.fused_experts_quant(hidden, w13.packed, w2.packed, w13.bits, w2.bits, topk_weights.float(),
                                            topk_ids, workspace)
         return grouped_experts_torch(hidden, w13, w2, topk_weights, topk_ids)
