@@ -18,10 +18,10 @@ import time
 import numpy as np
 import torch
 
+from sglang.jit_kernel.cpu_isa import LEVELS
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.quantization import packing
 
-LEVELS = ("scalar", "avx2", "avx512_vnni", "avx512_bf16", "amx")
 SHAPES = (("q/o", 576, 576), ("k/v", 576, 192), ("gate/up", 576, 1536), ("down", 1536, 576))  # (name, K, N)
 TYPES = (("Q4_1", packing.GGUF_Q4_1), ("Q8_0", packing.GGUF_Q8_0))
 STREAM_BYTES = 96 << 20  # the ring of weight copies in the stream regime (> a 32 MiB L3)

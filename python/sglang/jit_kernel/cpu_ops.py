@@ -234,8 +234,8 @@ def cpu_ops_status() -> str:
 
 
 def cpu_kernels_summary() -> str:
-    """One line for logs and /server_info: 'in use, with AMX (...)', 'in use, without AMX (...)', 'in use for the
-    quantized GEMM only (...)' or 'not used: <why>'; the parentheses name where the module came from and the level."""
+    """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
+    only', then where the module came from and the level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
     quant = get_quant_ops()
     if ops is None and quant is None:
@@ -243,13 +243,13 @@ def cpu_kernels_summary() -> str:
     module = ops if ops is not None else quant
     source = "sgl_kernel package" if module.__name__.startswith("sgl_kernel") else "built on first use"
     level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
-    where = f"{source}; CPU level {level}" + ("" if level == native_cpu_isa() else f", native {native_cpu_isa()}")
+    where = f"({source}), CPU level {level}" + ("" if level == native_cpu_isa() else f" (native {native_cpu_isa()})")
     if ops is None:
-        return f"in use for the quantized GEMM only ({where})"
+        return f"in use for the quantized GEMM only {where}"
     if amx_available():
-        return f"in use, with AMX ({where})"
+        return f"in use, with AMX {where}"
     off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""
-    return f"in use, without AMX{off} ({where})"
+    return f"in use, without AMX{off} {where}"
 
 
 if __name__ == "__main__":
