@@ -225,7 +225,12 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         "context_len": model.context_len,
         "attention_backend": backend, "attention_backend_reason": choice.reason, "kv_cache_dtype": sa.kv_cache_dtype, "kv_cell_bytes": inputs.kv_cell_bytes,
     }
-    where = (f"{gpu.name} x tp={sa.tp_size}" if gpu else f"CPU ({gib(device.pre_load_free_bytes):.2f} GiB available)")
+    if gpu is None:  # this machine: the ISA level that chose the dtype and the weight format, as a start resolves it
+        from sglang.jit_kernel.cpu_isa import cpu_isa_summary
+
+        header["cpu_isa"] = cpu_isa_summary()
+    where = (f"{gpu.name} x tp={sa.tp_size}" if gpu else
+             f"CPU level {header['cpu_isa']} ({gib(device.pre_load_free_bytes):.2f} GiB available)")
     if sa.dp_size > 1:  # the plan below is one replica's (memory flags are per replica; CPU RAM is shared: / dp)
         where += f" x dp={sa.dp_size} replicas, each planned as below"
     lines = [

@@ -1,7 +1,9 @@
-"""CPU kernels for bf16 decode on AVX-512 BF16 machines: the `sgl_kernel` package, or built on first use.
+"""CPU kernels: the `sgl_kernel` package, or built on first use; which of them run follows the ISA level (cpu_isa.py).
 
-`get_cpu_ops()` returns the compiled module, or None when the kernels cannot be used here (another CPU, no C++
-compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes the same thing.
+`get_cpu_ops()` returns the compiled module where its bf16 kernels run (level avx512_bf16 or amx), else None;
+`get_quant_ops()` returns it where the quantized GEMM runs (level avx2 and up). None means the kernels cannot be used
+here (a lower level, no C++ compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes
+the same thing. The module's level is set to this process's (`SGLANG_CPU_ISA` forces a lower one) when it loads.
 The sources are in the checkout's `sgl-kernel/csrc/cpu/`. Where they are found, in order:
 1. the `sgl_kernel` package (`pip install --no-build-isolation ./sgl-kernel`, which scripts/install.sh runs), when it
    was built from sources with the checkout's digest;
@@ -9,7 +11,7 @@ The sources are in the checkout's `sgl-kernel/csrc/cpu/`. Where they are found, 
    `~/.cache/torch_extensions`) under a name that changes with the sources, so an edit rebuilds and an unchanged
    tree loads in well under a second.
 `python -m sglang.jit_kernel.cpu_ops` loads them and prints what is in use. `SGLANG_CPU_AMX=0` switches the AMX
-GEMM off (to run and measure the non-AMX path on an AMX machine).
+GEMM off (to run and measure the non-AMX path on an AMX machine; the same as SGLANG_CPU_ISA=avx512_bf16 there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional, Tuple
 
+from sglang.jit_kernel.cpu_isa import (BF16_LEVEL, QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary, level_rank,
+                                      native_cpu_isa)
+
 logger = logging.getLogger(__name__)
 
 # python/sglang/jit_kernel/cpu_ops.py -> the checkout's root
@@ -36,22 +41,21 @@ _ops: Optional[ModuleType] = None
 _tried = False
 _reason = "not loaded yet"
 _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
+_bf16_ok = False  # the loaded module's bf16 kernels run at this level
+_quant_ok = False  # its quantized GEMM runs at this level
 _amx: Optional[bool] = None
 _threads: Optional[Tuple[int, int]] = None  # (threads, spin us) the runtime chose; None: torch's thread count
 
 
-def cpu_has_avx512_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return all(f" {flag}" in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16"))
-
-
 def cpu_kernels_expected() -> bool:
-    """Whether this machine should be running the kernels: the CPU has AVX-512 BF16 and they are not switched off.
-    (Tests assert that the kernels then really load, instead of silently testing the fallback.)"""
-    return cpu_has_avx512_bf16() and os.environ.get(ENV_SWITCH, "1") != "0"
+    """Whether this process should be running the bf16 kernels: its ISA level has AVX-512 BF16 and they are not
+    switched off. (Tests assert that the kernels then really load, instead of silently testing the fallback.)"""
+    return at_least(cpu_isa(), BF16_LEVEL) and os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def quant_kernels_expected() -> bool:
+    """Whether this process should be running the quantized GEMM (quant_linear): level avx2 and up, not switched off."""
+    return at_least(cpu_isa(), QUANT_LEVEL) and os.environ.get(ENV_SWITCH, "1") != "0"
 
 
 def source_digest() -> str:
@@ -128,11 +132,9 @@ def _prebuilt() -> Optional[ModuleType]:
     return module
 
 
-def get_cpu_ops() -> Optional[ModuleType]:
-    """The compiled kernels, or None (the reason is in `cpu_ops_status()`)."""
-    global _ops, _tried, _reason
-    if _disabled_depth:
-        return None
+def _load() -> Optional[ModuleType]:
+    """The compiled module at this process's level, loaded once (None below avx2, or when it cannot be built)."""
+    global _ops, _tried, _reason, _bf16_ok, _quant_ok
     if _tried:
         return _ops
     with _lock:
@@ -140,8 +142,8 @@ def get_cpu_ops() -> Optional[ModuleType]:
             return _ops
         if os.environ.get(ENV_SWITCH, "1") == "0":
             _reason = f"turned off by {ENV_SWITCH}=0"
-        elif not cpu_has_avx512_bf16():
-            _reason = "this CPU has no AVX-512 BF16 instructions"
+        elif not quant_kernels_expected():
+            _reason = f"no kernel for CPU level {cpu_isa_summary()}"
         else:
             try:
                 module = _prebuilt()
@@ -149,16 +151,34 @@ def get_cpu_ops() -> Optional[ModuleType]:
                     if not CSRC_DIR.is_dir():
                         raise FileNotFoundError(f"no sgl_kernel package and no kernel sources at {CSRC_DIR}")
                     module = _build()
-                if module.cpu_supported():
-                    _ops, _reason = module, "in use"
-                    _apply_threads()
-                else:
-                    _reason = "the CPU check of the compiled kernels failed"
+                # the module's own check (what the compiler and OS allow) can be lower than the flags say
+                level = min(cpu_isa(), module.cpu_isa_native(), key=level_rank)
+                module.set_cpu_isa(level)
+                _ops, _reason = module, "in use"
+                _bf16_ok = at_least(level, BF16_LEVEL) and bool(module.cpu_supported())
+                _quant_ok = bool(module.quant_supported())
+                _apply_threads()
             except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
                 _reason = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
                 logger.warning("CPU kernels unavailable (%s); using the torch path.", _reason)
         _tried = True
         return _ops
+
+
+def get_cpu_ops() -> Optional[ModuleType]:
+    """The compiled kernels where the bf16 ones run (level avx512_bf16 / amx), else None (why: `cpu_ops_status()`)."""
+    if _disabled_depth:
+        return None
+    ops = _load()
+    return ops if _bf16_ok else None
+
+
+def get_quant_ops() -> Optional[ModuleType]:
+    """The compiled kernels where the quantized GEMM runs (level avx2 and up), else None."""
+    if _disabled_depth:
+        return None
+    ops = _load()
+    return ops if _quant_ok else None
 
 
 def _apply_threads() -> None:
@@ -194,10 +214,11 @@ def cpu_kernels_disabled():
 
 
 def amx_available() -> bool:
-    """Whether the AMX GEMM (`amx_linear`) can run here: the kernels are loaded and Linux granted the tile state."""
+    """Whether the AMX GEMM (`amx_linear`) can run here: level amx, the kernels are loaded and Linux granted the tile
+    state."""
     global _amx
     ops = get_cpu_ops()
-    if ops is None or os.environ.get(AMX_ENV_SWITCH, "1") == "0":
+    if ops is None or cpu_isa() != "amx" or os.environ.get(AMX_ENV_SWITCH, "1") == "0":
         return False
     if _amx is None:
         _amx = bool(ops.amx_supported())
@@ -205,20 +226,30 @@ def amx_available() -> bool:
 
 
 def cpu_ops_status() -> str:
-    get_cpu_ops()
+    """Why the kernels are (not) in use: 'in use', or the reason none loaded."""
+    _load()
+    if _ops is not None and not _bf16_ok and cpu_kernels_expected():
+        return "the CPU check of the compiled bf16 kernels failed"
     return _reason
 
 
 def cpu_kernels_summary() -> str:
-    """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'not used: <why>'."""
+    """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
+    only', then where the module came from and the level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
-    if ops is None:
+    quant = get_quant_ops()
+    if ops is None and quant is None:
         return f"not used: {cpu_ops_status()}"
-    source = "sgl_kernel package" if ops.__name__.startswith("sgl_kernel") else "built on first use"
+    module = ops if ops is not None else quant
+    source = "sgl_kernel package" if module.__name__.startswith("sgl_kernel") else "built on first use"
+    level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
+    where = f"({source}), CPU level {level}" + ("" if level == native_cpu_isa() else f" (native {native_cpu_isa()})")
+    if ops is None:
+        return f"in use for the quantized GEMM only {where}"
     if amx_available():
-        return f"in use, with AMX ({source})"
+        return f"in use, with AMX {where}"
     off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""
-    return f"in use, without AMX{off} ({source})"
+    return f"in use, without AMX{off} {where}"
 
 
 if __name__ == "__main__":

@@ -9,11 +9,9 @@
 // the fourth C tile reuses tmm5).
 #pragma once
 
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cstring>
 
+#include "isa.h"  // amx_request_permission
 #include "vec.h"
 
 #define SGL_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -21,13 +19,6 @@
 namespace sgl_cpu {
 
 constexpr int kAmxMaxRows = 64;
-
-// Linux hands out the AMX tile state only to processes that ask for it (once per process).
-inline bool amx_request_permission() {
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
 
 struct alignas(64) TileConfig {
   uint8_t palette_id;

@@ -1,10 +1,12 @@
-// Python bindings of the CPU kernels (AVX-512 BF16): argument checks, threading with sgl_cpu::parallel_for (parallel.h), and a
-// run-time CPU check. The kernels themselves live in the headers next to this file, one concept each.
+// Python bindings of the CPU kernels (AVX-512 BF16; quant_linear from AVX2 up): argument checks, threading with
+// sgl_cpu::parallel_for (parallel.h), run-time CPU checks and the ISA level the kernels dispatch on (isa.h). The kernels
+// themselves live in the headers next to this file, one concept each.
 #include <torch/extension.h>
 
 #include "parallel.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "activation.h"
@@ -13,6 +15,7 @@
 #include "fused_moe.h"
 #include "gemm_bf16.h"
 #include "gemv.h"
+#include "isa.h"
 #include "logits.h"
 #include "moe_router.h"
 #include "norm.h"
@@ -57,6 +60,16 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
     sgl_cpu::gemv_bf16(xp, M, wp, N, K, yp, b0 * 4, std::min(N, b1 * 4));
   });
   return y;
+}
+
+void set_cpu_isa(const std::string& name) {
+  sgl_cpu::CpuIsa isa;
+  std::string names;
+  for (const char* n : sgl_cpu::kCpuIsaNames) names += std::string(names.empty() ? "" : ", ") + n;
+  TORCH_CHECK_VALUE(sgl_cpu::cpu_isa_from_name(name, &isa), "set_cpu_isa: unknown ISA level '", name, "' (one of ",
+                    names, ")");
+  TORCH_CHECK_VALUE(sgl_cpu::set_current_isa(isa), "set_cpu_isa: '", name, "' is above this CPU's native level '",
+                    sgl_cpu::cpu_isa_name(sgl_cpu::native_isa()), "'");
 }
 
 bool amx_supported() {
@@ -299,7 +312,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
   m.def("decode_attention_head_dims", &sgl_cpu::decode_attention_head_dims, "head_dim values decode_attention supports");
-  m.def("quant_supported", &quant_supported, "True when this CPU has the AVX-512 VNNI instructions quant_linear uses");
+  m.def("cpu_isa_native", [] { return std::string(sgl_cpu::cpu_isa_name(sgl_cpu::native_isa())); },
+        "The best ISA level of this CPU and OS: scalar < avx2 < avx512_vnni < avx512_bf16 < amx");
+  m.def("set_cpu_isa", &set_cpu_isa, "Set the ISA level the kernels dispatch on (at most cpu_isa_native())");
+  m.def("get_cpu_isa", [] { return std::string(sgl_cpu::cpu_isa_name(sgl_cpu::current_isa())); },
+        "The ISA level the kernels dispatch on (default: cpu_isa_native())");
+  m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
   m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C], gate_up (w13) -> each expert packed as moe.h reads it");
@@ -309,6 +327,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("workspace") = py::none());
   m.def("moe_quant_workspace_bytes", &moe_quant_workspace_bytes,
         "bytes of fused_experts_quant's workspace for (M, k, E, N, K, bits13, bits2)");
+  m.def("moe_quant_supported", &moe_quant_supported, "True when fused_experts_quant runs at the current ISA level");
   m.def("fused_experts_quant", &fused_experts_quant,
         "fused MoE experts on block-quantized packed weights (Q4_0/Q4_1/Q8_0/int8): [M, K] bf16 -> [M, K]",
         py::arg("hidden"), py::arg("w13"), py::arg("w2"), py::arg("bits13"), py::arg("bits2"), py::arg("topk_weights"),

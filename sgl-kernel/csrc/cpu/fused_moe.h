@@ -136,12 +136,16 @@ int64_t moe_quant_workspace_bytes(int64_t M, int64_t topk, int64_t E, int64_t N,
   return sgl_cpu::moe_quant_workspace_bytes(M, topk, E, N, K, (int)bits13, (int)bits2);
 }
 
+// True when fused_experts_quant runs at the current ISA level (avx512_bf16 and above: its epilogues are moe.h's bf16).
+bool moe_quant_supported() { return sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Bf16); }
+
 // The same on block-quantized experts: w13 uint8 [E, 2N/16, K/32, record(bits13)] and w2 uint8 [E, K/16, N/32,
 // record(bits2)], each expert packed as quant_linear's weights (moe_quant.h).
 at::Tensor fused_experts_quant(const at::Tensor& hidden, const at::Tensor& w13, const at::Tensor& w2, int64_t bits13,
                                int64_t bits2, const at::Tensor& topk_weights, const at::Tensor& topk_ids,
                                const c10::optional<at::Tensor>& workspace) {
-  TORCH_CHECK(quant_supported(), "fused_experts_quant: this CPU lacks AVX-512 VNNI/BF16");
+  TORCH_CHECK(moe_quant_supported(), "fused_experts_quant: needs the ISA level avx512_bf16 or above, the current one is '",
+              sgl_cpu::cpu_isa_name(sgl_cpu::current_isa()), "' (below it, run the experts on the torch path)");
   check_routing(hidden, topk_weights, topk_ids);
   TORCH_CHECK((bits13 == 4 || bits13 == 8) && (bits2 == 4 || bits2 == 8), "fused_experts_quant: bits must be 4 or 8");
   const int64_t M = hidden.size(0), K = hidden.size(1), E = w13.size(0), N = w13.size(1) * sgl_cpu::kQTileRows / 2;

@@ -1,5 +1,6 @@
 // Fused MoE experts on block-quantized expert weights (GGUF Q4_0 / Q4_1 / Q8_0, int8): moe.h's routing and task grid
-// with quant_gemm.h's records and integer dot products.
+// with quant_gemm.h's records and integer dot products. Compiled for AVX-512 VNNI + BF16 (its epilogues round to bf16
+// as moe.h's do): fused_experts_quant refuses levels below avx512_bf16.
 //
 // Weights: each expert packed as quant_gemm.h lays out a linear weight (layers/quantization/packing.py's pack):
 //   w13[e]: [2N/16 tiles][K/32 records]   (gate tile g is tile g, its up tile is tile N/16 + g)
@@ -118,9 +119,10 @@ SGL_AVX512_VNNI inline __attribute__((always_inline)) void moe_quant_dot(const u
 // MB slots x one gate/up tile pair -> act[s, 16 columns] = bf16(silu(bf16(gate)) * bf16(up)) (moe.h's epilogue).
 // next_gate / next_up: the tiles to prefetch meanwhile (or null).
 template <int BITS, int MB>
-SGL_AVX512_VNNI inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const int32_t* tokens, const uint8_t* gate,
-                                                   const uint8_t* up, const uint8_t* limit, const uint8_t* next_gate,
-                                                   const uint8_t* next_up, uint16_t* act, int64_t N) {
+SGL_AVX512_VNNI_BF16 inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const int32_t* tokens,
+                                                        const uint8_t* gate, const uint8_t* up, const uint8_t* limit,
+                                                        const uint8_t* next_gate, const uint8_t* next_up,
+                                                        uint16_t* act, int64_t N) {
   const int8_t* qa[MB];
   const float* da[MB];
   const float* sa[MB];
@@ -142,9 +144,9 @@ SGL_AVX512_VNNI inline void moe_quant_gate_up_tile(const MoeQuantActs& q, const 
 
 // MB consecutive slots x one down tile (16 output columns at acc): acc[token] += w * result; next: as moe_quant_dot.
 template <int BITS, int MB>
-SGL_AVX512_VNNI inline void moe_quant_down_tile(const MoeQuantActs& q, int64_t s, const int32_t* tokens,
-                                                const float* weights, const uint8_t* tile, const uint8_t* limit,
-                                                const uint8_t* next, float* acc, int64_t K) {
+SGL_AVX512_VNNI_BF16 inline void moe_quant_down_tile(const MoeQuantActs& q, int64_t s, const int32_t* tokens,
+                                                     const float* weights, const uint8_t* tile, const uint8_t* limit,
+                                                     const uint8_t* next, float* acc, int64_t K) {
   const int8_t* qa[MB];
   const float* da[MB];
   const float* sa[MB];
@@ -165,8 +167,9 @@ SGL_AVX512_VNNI inline void moe_quant_down_tile(const MoeQuantActs& q, int64_t s
 
 // Step 2 (quantized), tasks [t0, t1) of moe.h's (row block, column block) grid. w13: E x 2N/16 tiles of nb13 records.
 template <int BITS>
-SGL_AVX512_VNNI inline void moe_quant_gate_up_tasks(const uint8_t* w13, int64_t E, int64_t N, const MoeWorkspace& ws,
-                                                    const MoeQuantActs& q, int64_t t0, int64_t t1) {
+SGL_AVX512_VNNI_BF16 inline void moe_quant_gate_up_tasks(const uint8_t* w13, int64_t E, int64_t N,
+                                                         const MoeWorkspace& ws, const MoeQuantActs& q, int64_t t0,
+                                                         int64_t t1) {
   constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
   const int64_t G = N / kQTileRows, tile_bytes = q.nb13 * rec_bytes, expert_bytes = 2 * G * tile_bytes;
   for (int64_t t = t0; t < t1; ++t) {
@@ -205,9 +208,9 @@ SGL_AVX512_VNNI inline void moe_quant_gate_up_tasks(const uint8_t* w13, int64_t 
 // Step 3 (quantized), down tasks [c0, c1): task c owns the kMoeDownBlocks output tiles [3c, 3c + 3) for all tokens,
 // as in moe_down_tasks. w2: E x K/16 tiles of nb2 records.
 template <int BITS>
-SGL_AVX512_VNNI inline void moe_quant_down_tasks(const uint8_t* w2, int64_t E, int64_t K, int64_t M,
-                                                 const MoeWorkspace& ws, const MoeQuantActs& q, uint16_t* out,
-                                                 int64_t c0, int64_t c1) {
+SGL_AVX512_VNNI_BF16 inline void moe_quant_down_tasks(const uint8_t* w2, int64_t E, int64_t K, int64_t M,
+                                                      const MoeWorkspace& ws, const MoeQuantActs& q, uint16_t* out,
+                                                      int64_t c0, int64_t c1) {
   constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
   const int64_t tiles = K / kQTileRows, tile_bytes = q.nb2 * rec_bytes, expert_bytes = tiles * tile_bytes;
   for (int64_t c = c0; c < c1; ++c) {

@@ -1,47 +1,53 @@
-// GEMV/GEMM over block-quantized weights (GGUF Q4_0 / Q4_1 / Q8_0 and int8 weight-only), dequantized in registers.
+// The quantized GEMM on AVX-512 VNNI (the avx512_vnni level and above): weights in quant_layout.h's packed records,
+// dequantized in registers, int8 activations, VPDPBUSD (unsigned weight bytes x signed activation bytes) into one
+// int32 lane per output row.
 //
-// Every supported type is written as w = d * u + c per block of 32 weights of one row, with u an unsigned integer
-// (4-bit for Q4_0/Q4_1, 8-bit for Q8_0/int8 stored with +128) and d, c one fp16 pair per block:
-//   Q4_0: u = q, c = -8 d;  Q4_1: u = q, c = m;  Q8_0 / int8: u = q + 128, c = -128 d.
-// Activations are quantized to int8 per block of 32 values (a = da * qa, as llama.cpp does for its integer dot
-// products), so one block's dot product is  d * da * sum(u * qa) + c * da * sum(qa):  the integer sum comes from
-// VPDPBUSD (unsigned x signed bytes), the rest is two fp32 FMAs per block.
-//
-// Packed layout (quant_pack in layers/quantization/packing.py writes it once at load): output rows in tiles of 16,
-// each tile a run of records, one per 32-wide block of K:
-//   [16 x fp16 d][16 x fp16 c][u: 8 groups of 4 k values, each group one 64-byte register: lane r = row r's 4 bytes]
-// Q4 records hold the 8 groups in 4 registers (group g in the low nibbles, group g + 4 in the high nibbles):
-// 320 bytes per 16 x 32 weights (0.625 B/weight); Q8 records 576 bytes (1.125 B/weight). A tile's records are
-// contiguous, so each thread streams one range of memory. One int32 lane per output row: no horizontal sums.
+// Nothing here needs AVX-512 BF16: bf16 inputs are widened with integer shifts, and bf16 outputs are rounded either
+// in software (AVX-512 F/BW integer ops, the same bits as torch's fp32 -> bf16) or, where the level has BF16, by
+// VCVTNEPS2BF16 in a separate out-of-line function (HW_BF16), so no BF16 code is inlined into the VNNI path.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
-#include "vec.h"
+#include "quant_layout.h"
 
-#define SGL_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,f16c")))
+#define SGL_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define SGL_AVX512_VNNI_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma,f16c")))
 
 namespace sgl_cpu {
 
-constexpr int kQBlock = 32;        // weights (and activations) per scale
-constexpr int kQTileRows = 16;     // output rows per tile (one fp32 / int32 lane each)
 constexpr int kQMaxRowGroup = 8;   // input rows whose accumulators stay in registers
-constexpr int64_t kQ4RecordBytes = 64 + 4 * 64;
-constexpr int64_t kQ8RecordBytes = 64 + 8 * 64;
 
-inline int64_t quant_record_bytes(int bits) { return bits == 4 ? kQ4RecordBytes : kQ8RecordBytes; }
-// bytes of one quantized activation row: the int8 values, then for 8-bit weights their residual pass
-inline int64_t quant_act_row_bytes(int bits, int64_t nb) { return (bits == 8 ? 2 : 1) * nb * kQBlock; }
+// n (<= 16) bf16 -> fp32 (exact: bf16 is the top half of an fp32); lanes from n on read as 0.
+SGL_AVX512_VNNI inline __m512 q_load_bf16(const uint16_t* p, int n) {
+  const __m256i h = n == 16 ? _mm256_loadu_si256((const __m256i*)p) : _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
-// One activation row (K values, float or bf16) -> int8 per block of 32 (K padded with zeros to nb * 32),
-// da[b] = scale, sa[b] = scale * sum of the block's int8 values.
-// With q2 (not null) the rounding residual is quantized again, to int8 of scale da / kResidualScale, into q2: the
-// two int8 passes carry about 15 bits of each activation (used with 8-bit weights, where one pass's error would
-// dominate the weights').
-constexpr float kResidualScale = 254.0f;
+// fp32 -> bf16 bits, round to nearest even, NaN -> 0x7FC0: torch's conversion (denormals kept), integer ops only.
+SGL_AVX512_VNNI inline __m256i bf16_round_soft(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
 
+// rows x n fp32 values (16 apart in buf) -> bf16 rows of y (ldy apart) with VCVTNEPS2BF16. Out of line on purpose:
+// the VNNI-only code calls it and never inlines BF16 instructions.
+SGL_AVX512_VNNI_BF16 __attribute__((noinline)) inline void q_store_bf16_hw(uint16_t* y, int64_t ldy, const float* buf,
+                                                                           int rows, int n) {
+  const __mmask16 m = (__mmask16)((1u << n) - 1u);
+  for (int i = 0; i < rows; ++i)
+    _mm256_mask_storeu_epi16(y + i * ldy, m, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(buf + 16 * i)));
+}
+
+// One activation row -> int8 blocks (quant_layout.h); the AVX2 level's quantize_row_q8_avx2 gives the same bytes.
 template <typename T>
 SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
                                             int8_t* q2 = nullptr) {
@@ -51,8 +57,8 @@ SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, i
     const int n1 = (int)std::min<int64_t>(16, std::max<int64_t>(0, K - k0 - 16));
     __m512 v0, v1;
     if constexpr (sizeof(T) == 2) {
-      v0 = n0 == 16 ? load_bf16x16((const uint16_t*)x + k0) : load_bf16x16_tail((const uint16_t*)x + k0, n0);
-      v1 = n1 == 16 ? load_bf16x16((const uint16_t*)x + k0 + 16) : load_bf16x16_tail((const uint16_t*)x + k0 + 16, n1);
+      v0 = q_load_bf16((const uint16_t*)x + k0, n0);
+      v1 = q_load_bf16((const uint16_t*)x + k0 + 16, n1);
     } else {
       v0 = _mm512_maskz_loadu_ps((__mmask16)((1u << n0) - 1u), (const float*)x + k0);
       v1 = _mm512_maskz_loadu_ps((__mmask16)((1u << n1) - 1u), (const float*)x + k0 + 16);
@@ -96,17 +102,9 @@ SGL_AVX512_VNNI inline void load_record_u8(const uint8_t* rec, __m512i* wv) {
   }
 }
 
-template <typename T>
-SGL_AVX512_VNNI inline void store_row16(T* y, __m512 v, int n) {
-  if constexpr (sizeof(T) == 2) {
-    if (n == 16) store_bf16x16((uint16_t*)y, v); else store_bf16x16_tail((uint16_t*)y, v, n);
-  } else {
-    _mm512_mask_storeu_ps((float*)y, (__mmask16)((1u << n) - 1u), v);
-  }
-}
-
-// MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns.
-template <int BITS, int MB, typename T>
+// MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns. T = float, or
+// uint16_t for bf16 (rounded by VCVTNEPS2BF16 with HW_BF16, else in software: the same bits but for denormals).
+template <int BITS, int MB, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const int8_t* qa, const float* da,
                                        const float* sa, T* y, int64_t ldy, int n) {
   constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
@@ -140,42 +138,53 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
       acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
     }
   }
+  const __mmask16 m = (__mmask16)((1u << n) - 1u);
+  if constexpr (sizeof(T) == 4) {
 #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) store_row16<T>(y + i * ldy, acc[i], n);
+    for (int i = 0; i < MB; ++i) _mm512_mask_storeu_ps((float*)(y + i * ldy), m, acc[i]);
+  } else if constexpr (HW_BF16) {
+    alignas(64) float buf[MB * 16];
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) _mm512_store_ps(buf + 16 * i, acc[i]);
+    q_store_bf16_hw((uint16_t*)y, ldy, buf, MB, n);
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) _mm256_mask_storeu_epi16((uint16_t*)(y + i * ldy), m, bf16_round_soft(acc[i]));
+  }
 }
 
-template <int BITS, typename T>
+template <int BITS, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_tile_rows(const uint8_t* tile, int64_t nb, const int8_t* qa, const float* da,
                                             const float* sa, int64_t M, T* y, int64_t ldy, int n) {
   const int64_t lda = quant_act_row_bytes(BITS, nb);
   int64_t m = 0;
   for (; m + kQMaxRowGroup <= M; m += kQMaxRowGroup)
-    quant_tile<BITS, kQMaxRowGroup, T>(tile, nb, qa + m * lda, da + m * nb, sa + m * nb, y + m * ldy, ldy, n);
+    quant_tile<BITS, kQMaxRowGroup, T, HW_BF16>(tile, nb, qa + m * lda, da + m * nb, sa + m * nb, y + m * ldy, ldy, n);
   const int64_t r = M - m;
   const int8_t* q = qa + m * lda;
   const float* d = da + m * nb;
   const float* s = sa + m * nb;
   T* yy = y + m * ldy;
   switch (r) {
-    case 7: quant_tile<BITS, 7, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 6: quant_tile<BITS, 6, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 5: quant_tile<BITS, 5, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 4: quant_tile<BITS, 4, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 3: quant_tile<BITS, 3, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 2: quant_tile<BITS, 2, T>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 1: quant_tile<BITS, 1, T>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 7: quant_tile<BITS, 7, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 6: quant_tile<BITS, 6, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 5: quant_tile<BITS, 5, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 4: quant_tile<BITS, 4, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 3: quant_tile<BITS, 3, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 2: quant_tile<BITS, 2, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 1: quant_tile<BITS, 1, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
     default: break;
   }
 }
 
 // Output columns of tiles [t0, t1) of y [M, N] for activations already quantized (qa [M, nb * 32], da/sa [M, nb]).
-template <int BITS, typename T>
+template <int BITS, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_gemm(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
                                        const float* sa, int64_t M, T* y, int64_t N, int64_t t0, int64_t t1) {
   const int64_t tile_bytes = nb * (BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes);
   for (int64_t t = t0; t < t1; ++t) {
     const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
-    quant_tile_rows<BITS, T>(packed + t * tile_bytes, nb, qa, da, sa, M, y + t * kQTileRows, N, n);
+    quant_tile_rows<BITS, T, HW_BF16>(packed + t * tile_bytes, nb, qa, da, sa, M, y + t * kQTileRows, N, n);
   }
 }
 

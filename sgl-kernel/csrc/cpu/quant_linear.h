@@ -1,5 +1,6 @@
-// quant_linear: the binding of the quantized GEMM in quant_gemm.h (argument checks, activation quantization,
-// threading over 16-row tiles); included by bindings.cpp.
+// quant_linear: the binding of the quantized GEMM (argument checks, activation quantization, threading over 16-row
+// tiles), dispatched on the current ISA level (isa.h): avx512_vnni and above run quant_gemm.h (bf16 outputs rounded by
+// VCVTNEPS2BF16 from avx512_bf16 on, in software below), avx2 runs quant_gemm_avx2.h; included by bindings.cpp.
 #pragma once
 #include <torch/extension.h>
 
@@ -7,20 +8,40 @@
 
 #include <algorithm>
 
+#include "isa.h"
 #include "quant_gemm.h"
+#include "quant_gemm_avx2.h"
 
 namespace {
 
-bool quant_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-         __builtin_cpu_supports("avx512vnni");
+// True when the current level has a quant_linear kernel (avx2 and above).
+bool quant_supported() { return sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx2); }
+
+// One row of activations at `level` into its quant_act_row_bytes(bits, nb) bytes at q: int8 per 32 values and for
+// 8-bit weights the residual pass (AVX-512: a second int8 row; AVX2: both passes as one int16 row), scales, sums.
+template <typename T>
+void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
+                     int bits) {
+  if (level >= sgl_cpu::CpuIsa::kAvx512Vnni)
+    sgl_cpu::quantize_row_q8(x, K, nb, q, da, sa, bits == 8 ? q + nb * sgl_cpu::kQBlock : nullptr);
+  else
+    sgl_cpu::quantize_row_q8_avx2(x, K, nb, q, da, sa, bits == 8);
 }
 
-// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_gemm.h lays out -> [M, N]
+// Tiles [t0, t1) of y at `level`.
+template <int BITS, typename T>
+void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp, const float* dap,
+                   const float* sap, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1) {
+  if (level >= sgl_cpu::CpuIsa::kAvx512Bf16) sgl_cpu::quant_gemm<BITS, T, true>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+  else if (level == sgl_cpu::CpuIsa::kAvx512Vnni) sgl_cpu::quant_gemm<BITS, T, false>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+  else sgl_cpu::quant_gemm_avx2<BITS, T>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+}
+
+// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N]
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t bits) {
-  TORCH_CHECK(quant_supported(), "quant_linear: this CPU lacks AVX-512 VNNI/BF16");
+  const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
+  TORCH_CHECK(level >= sgl_cpu::CpuIsa::kAvx2, "quant_linear: no kernel at the ISA level '", sgl_cpu::cpu_isa_name(level),
+              "' (needs avx2 or above; this CPU's native level is '", sgl_cpu::cpu_isa_name(sgl_cpu::native_isa()), "')");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "quant_linear: x must be a 2-D CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "quant_linear: x must be bf16 or fp32");
   TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8");
@@ -44,11 +65,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       if (is_bf16)
-        sgl_cpu::quantize_row_q8(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
-                                 qp + m * lda, dap + m * nb, sap + m * nb, bits == 8 ? qp + m * lda + nb * 32 : nullptr);
+        quantize_row_at(level, reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
+                        qp + m * lda, dap + m * nb, sap + m * nb, (int)bits);
       else
-        sgl_cpu::quantize_row_q8(xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb,
-                                 bits == 8 ? qp + m * lda + nb * 32 : nullptr);
+        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, (int)bits);
     }
   });
   at::Tensor y = at::empty({M, N}, x.options());
@@ -56,12 +76,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   sgl_cpu::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     if (is_bf16) {
       uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-      if (bits == 4) sgl_cpu::quant_gemm<4>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-      else sgl_cpu::quant_gemm<8>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+      if (bits == 4) quant_gemm_at<4>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+      else quant_gemm_at<8>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
     } else {
       float* yp = y.data_ptr<float>();
-      if (bits == 4) sgl_cpu::quant_gemm<4>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-      else sgl_cpu::quant_gemm<8>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+      if (bits == 4) quant_gemm_at<4>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+      else quant_gemm_at<8>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
     }
   });
   return y;

@@ -143,6 +143,27 @@ class TestFusedMoeQuantKernel(unittest.TestCase):
         for rows in (slice(0, 1), slice(5, 6), slice(2, 17)):
             self.assertTrue(torch.equal(moe.fused_experts_cpu(hidden[rows], w13q, w2q, weights[rows], ids[rows]), out[rows]))
 
+    def test_below_avx512_bf16_the_torch_path_serves(self):
+        """Forced below avx512_bf16 (isa.h) the kernel refuses and fused_experts_cpu takes the torch path instead."""
+        ops = quant_kernels()
+        w13q, _ = quant_experts("Q4_0", 4, 64, 64, 0)
+        w2q, _ = quant_experts("Q8_0", 4, 64, 32, 1)
+        weights, ids = routing(3, 2, range(4), 2)
+        hidden = torch.randn(3, 64).to(BF16)
+        with cpu_kernels_disabled():
+            torch_out = moe.fused_experts_cpu(hidden, w13q, w2q, weights, ids)
+        native = ops.get_cpu_isa()
+        try:
+            for level in ("avx512_vnni", "avx2"):
+                ops.set_cpu_isa(level)
+                self.assertFalse(ops.moe_quant_supported())
+                self.assertTrue(torch.equal(moe.fused_experts_cpu(hidden, w13q, w2q, weights, ids), torch_out), level)
+                with self.assertRaisesRegex(RuntimeError, f"needs the ISA level avx512_bf16 .* '{level}'"):
+                    ops.fused_experts_quant(hidden, w13q.packed, w2q.packed, 4, 8, weights, ids)
+        finally:
+            ops.set_cpu_isa(native)
+        self.assertFalse(torch.equal(moe.fused_experts_cpu(hidden, w13q, w2q, weights, ids), torch_out))  # the kernel
+
     def test_workspace_bytes_formula(self):
         ops = quant_kernels()
         for m, top_k, e, k, n in ((1, 8, 64, 1024, 256), (2048, 8, 64, 1024, 256), (5, 3, 7, 96, 64)):

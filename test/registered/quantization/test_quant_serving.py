@@ -168,17 +168,17 @@ def test_engine_and_http_server_give_the_same_greedy_text(engine):
 
 
 def test_flag_rules():
-    assert resolve_quantization(None, True, "cpu", is_float32=False) == "gguf"
-    assert resolve_quantization(None, True, "cpu", is_float32=True) == "none"  # the exact HF reference path
-    assert resolve_quantization(None, False, "cpu", is_float32=False) == "none"
-    assert resolve_quantization(None, True, "cuda", is_float32=False) == "none"
-    assert resolve_quantization(None, True, "cpu", is_float32=False, kernels=False) == "none"  # no per-call dequant
-    assert resolve_quantization("gguf", True, "cpu", is_float32=False, kernels=False) == "gguf"
-    assert resolve_quantization("gguf", True, "cpu", is_float32=True) == "gguf"  # explicit wins
-    assert resolve_quantization("w8a8_int8", False, "cpu", is_float32=False) == "w8a8_int8"
+    assert resolve_quantization(None, True, "cpu", explicit_float32=False) == "gguf"
+    assert resolve_quantization(None, True, "cpu", explicit_float32=True) == "none"  # the exact HF reference path
+    assert resolve_quantization(None, False, "cpu", explicit_float32=False) == "none"
+    assert resolve_quantization(None, True, "cuda", explicit_float32=False) == "none"
+    assert resolve_quantization(None, True, "cpu", explicit_float32=False, kernels=False) == "none"  # no per-call dequant
+    assert resolve_quantization("gguf", True, "cpu", explicit_float32=False, kernels=False) == "gguf"
+    assert resolve_quantization("gguf", True, "cpu", explicit_float32=True) == "gguf"  # explicit wins
+    assert resolve_quantization("w8a8_int8", False, "cpu", explicit_float32=False) == "w8a8_int8"
     with pytest.raises(ValueError, match="needs a .gguf --model-path"):
-        resolve_quantization("gguf", False, "cpu", is_float32=False)
+        resolve_quantization("gguf", False, "cpu", explicit_float32=False)
     with pytest.raises(ValueError, match="sized by `sglang plan` only"):
-        resolve_quantization("fp8", False, "cpu", is_float32=False)
+        resolve_quantization("fp8", False, "cpu", explicit_float32=False)
     with pytest.raises(ValueError, match="--tp-size 2"):
-        resolve_quantization("w8a8_int8", False, "cpu", is_float32=False, tp_size=2)
+        resolve_quantization("w8a8_int8", False, "cpu", explicit_float32=False, tp_size=2)

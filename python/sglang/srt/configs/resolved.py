@@ -172,14 +172,31 @@ def cpu_quant_kernels() -> bool:
     return quant_kernels() is not None
 
 
+def check_cpu_quant_level(quantization: str) -> None:
+    """ValueError where this CPU's level has no quantized GEMM (below avx2): every call would dequantize the weights,
+    many times slower than serving them dense."""
+    from sglang.jit_kernel.cpu_isa import QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary
+
+    if not at_least(cpu_isa(), QUANT_LEVEL):
+        raise ValueError(f"--quantization {quantization}: this CPU's level is {cpu_isa_summary()}, and the quantized "
+                         f"GEMM needs {QUANT_LEVEL} (AVX2, FMA, F16C); without it every call would dequantize the "
+                         "weights, many times slower than dense. Leave --quantization unset (a .gguf is then "
+                         "dequantized once at load) or use --quantization none.")
+
+
 def served_quantization(sa, gguf_path: Optional[str], device: str, dtype: str,
                         kernels: Callable[[], bool] = cpu_quant_kernels) -> str:
     """The linear layers' format the runtime serves: 'none' | 'gguf' | 'w8a8_int8' (layers/quantization); ValueError
     for flags it refuses. The kernels are asked only where they decide: unset --quantization, a .gguf, a CPU."""
     from sglang.srt.layers.quantization import resolve_quantization  # torch-free
 
+    if sa.quantization in ("gguf", "w8a8_int8") and device == "cpu":
+        check_cpu_quant_level(sa.quantization)
     decides = sa.quantization is None and gguf_path is not None and device == "cpu"
-    return resolve_quantization(sa.quantization, gguf_path is not None, device, dtype == "float32", sa.tp_size,
+    # an explicit --dtype float32 asks for the exact dequantized reference; 'auto' resolving to float32 (a CPU level
+    # without bf16: mem_plan/dtypes.py) keeps the blocks and runs fp32 activations through them
+    explicit_fp32 = dtype == "float32" and sa.dtype != "auto"
+    return resolve_quantization(sa.quantization, gguf_path is not None, device, explicit_fp32, sa.tp_size,
                                 kernels() if decides else True)
 
 

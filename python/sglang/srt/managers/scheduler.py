@@ -244,6 +244,7 @@ class Scheduler:
             "page_size": self.page_size,
             "device": self.device,
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
+            "cpu_isa": getattr(self.model_runner, "cpu_isa", None),
             "cpu_kernels": getattr(self.model_runner, "cpu_kernels", None),
             "cpu_threads": getattr(self.model_runner, "cpu_threads", None) and self.model_runner.cpu_threads.to_dict(),
             "quantization": getattr(self.model_runner, "quantization", None),

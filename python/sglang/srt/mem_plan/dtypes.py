@@ -2,7 +2,8 @@
 
 Torch-free: names are strings here; `torch_dtype(name)` maps a canonical name to the torch dtype (lazy import).
 
-    --dtype auto           CPU -> bfloat16 (AVX-512 BF16 / AMX GEMMs; fp16 is unusable on CPU)
+    --dtype auto           CPU -> bfloat16 where the CPU has bf16 dot products (ISA level avx512_bf16 / amx,
+                           jit_kernel/cpu_isa.py), else float32 (torch emulates bf16 GEMMs there; fp16 is unusable)
                            GPU -> the checkpoint's dtype when it is bfloat16/float16, else bfloat16
     --kv-cache-dtype auto  the resolved --dtype
 fp8 KV caches are stored as uint8 views of one byte per element (memory_pool.py).
@@ -47,7 +48,9 @@ def resolve_model_dtype(dtype: str, device: str, checkpoint_dtype: Optional[str]
             raise ValueError(f"--dtype={dtype!r} is not allowed; choose one of {', '.join(WEIGHT_DTYPE_CHOICES)}.")
         return canonical_dtype(dtype)
     if device == "cpu":
-        return "bfloat16"
+        from sglang.jit_kernel.cpu_isa import bf16_native
+
+        return "bfloat16" if bf16_native() else "float32"
     try:
         ckpt = canonical_dtype(checkpoint_dtype) if checkpoint_dtype else None
     except ValueError:

@@ -136,11 +136,16 @@ class WeightFormat:
 @functools.lru_cache(maxsize=4)
 def _gguf_weight_tensor_types(path: str, size: int, mtime_ns: int) -> Tuple[Tuple[str, str, int], ...]:
     """(name, type name, dims) of every *.weight tensor, e.g. ('blk.3.ffn_down_exps.weight', 'Q8_0', 3) (header
-    only; cached per file version)."""
+    only, gguf_header.py; cached per file version)."""
     import gguf
 
-    return tuple((t.name, t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(path).tensors
-                 if t.name.endswith(".weight"))
+    from sglang.srt.mem_plan.gguf_header import read_tensor_table
+
+    try:
+        table = [(name, gguf.GGMLQuantizationType(kind).name, dims) for name, kind, dims in read_tensor_table(path)]
+    except ValueError:  # a file the short reader does not take (big-endian): the gguf package's full reader
+        table = [(t.name, t.tensor_type.name, len(t.shape)) for t in gguf.GGUFReader(path).tensors]
+    return tuple(row for row in table if row[0].endswith(".weight"))
 
 
 def _weight_tensor_types(gguf_path: str) -> Tuple[Tuple[str, str, int], ...]:

@@ -101,10 +101,19 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
             self.packed_vocab = gguf_packed_vocab(self.gguf_path)[0]
 
-        # bf16 on CPU runs the AVX-512 BF16 / AMX kernels where they apply: load (or build) them now, so their code
-        # is part of the baseline below and the log says which path decode takes
+        # on CPU the kernels run where this CPU's ISA level has them (jit_kernel/cpu_isa.py): bf16 GEMV/GEMM, attention
+        # and norms from avx512_bf16, the quantized GEMM from avx2; load (or build) them now, so their code is part of
+        # the baseline below and the log says which path decode takes
         self.cpu_kernels = None
-        if self.device == "cpu" and self.dtype == torch.bfloat16:
+        self.cpu_isa = None
+        if self.device == "cpu":
+            from sglang.jit_kernel.cpu_isa import cpu_isa, native_cpu_isa
+
+            self.cpu_isa = {"level": cpu_isa(), "native": native_cpu_isa(), "dtype": self.model_config.dtype_name,
+                            "quantization": self.quantization}
+            logger.info("CPU ISA level %s (native %s): dtype %s, weights %s", cpu_isa(), native_cpu_isa(),
+                        self.model_config.dtype_name, self.quantization)
+        if self.device == "cpu" and (self.dtype == torch.bfloat16 or self.quantization != "none"):
             from sglang.jit_kernel.cpu_ops import cpu_kernels_summary
 
             self.cpu_kernels = cpu_kernels_summary()

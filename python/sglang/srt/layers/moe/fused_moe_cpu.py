@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.layers.packed_linear import unpack_weight
 from sglang.srt.layers.quantization import packing
-from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.srt.mem_plan.moe_sizes import CPU_KERNEL_DIM_MULTIPLE, cpu_kernel_workspace_bytes
 
 logger = logging.getLogger(__name__)
@@ -207,8 +206,8 @@ def fused_experts_cpu(hidden: torch.Tensor, w13: Experts, w2: Experts, topk_weig
         raise ValueError("fused_experts_cpu: w13 and w2 must both be quantized or both dense")
     served = hidden.dtype == torch.bfloat16 and hidden.is_cpu and moe_kernel_shapes_supported(k, n)
     if quantized:
-        ops = quant_kernels() if served else None
-        if ops is not None:
+        ops = get_cpu_ops() if served else None
+        if ops is not None and ops.moe_quant_supported():  # the module's level: avx512_bf16 and up (isa.h)
             return ops.fused_experts_quant(hidden, w13.packed, w2.packed, w13.bits, w2.bits, topk_weights.float(),
                                            topk_ids, workspace)
         return grouped_experts_torch(hidden, w13, w2, topk_weights, topk_ids)

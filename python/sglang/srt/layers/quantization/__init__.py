@@ -4,8 +4,10 @@
     with quantization_config(name): build the model   # LinearBase.__init__ asks linear_quant_method(layer)
 
 Unset --quantization means 'gguf' for a .gguf model on CPU (the bundled default model too: llama.cpp serves it from
-its Q4_1 blocks) where the quant_linear kernel runs, unless the dtype is float32, which stays the exact dequantized
-HF reference path; 'none' otherwise (tp > 1, GPUs, CPUs without AVX-512 VNNI, SGLANG_CPU_KERNELS=0).
+its Q4_1 blocks) where the quant_linear kernel runs (CPU level avx2 and up: jit_kernel/cpu_isa.py), unless --dtype
+float32 is given, which stays the exact dequantized HF reference path; 'none' otherwise (tp > 1, GPUs, CPUs without
+AVX2, SGLANG_CPU_KERNELS=0). Where the level has no bf16 (avx2, avx512_vnni) --dtype auto is float32 and the blocks
+are served with fp32 activations.
 An explicit value always wins. The transformer's linear layers and MoE experts (layers/moe/quant_experts.py) are
 quantized; the norms and MoE routers (built inside dense_linear()) stay dense in --dtype, and so do the embedding and
 the lm_head except under 'gguf', where the loader names the GGUF file's packed vocabulary table
@@ -28,13 +30,13 @@ QUANTIZATION_METHODS = ("none", "gguf", "w8a8_int8")
 _state = threading.local()
 
 
-def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, device: str, is_float32: bool,
+def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, device: str, explicit_float32: bool,
                          tp_size: int = 1, kernels: bool = True) -> str:
     """The weight format a start uses; raises ValueError (naming the flag) for combinations that cannot work.
     kernels: whether quant_linear runs here (without it a quantized layer dequantizes per call, so unset stays
-    'none')."""
+    'none', and an explicit --quantization w8a8_int8 is refused: it would be many times slower than dense)."""
     if quantization is None:
-        served = model_is_gguf and device == "cpu" and not is_float32 and tp_size == 1 and kernels
+        served = model_is_gguf and device == "cpu" and not explicit_float32 and tp_size == 1 and kernels
         return "gguf" if served else "none"
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"--quantization {quantization!r} is sized by `sglang plan` only; this runtime serves "

@@ -19,23 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_quant_ops
 from sglang.srt.layers.quantization import packing
 from sglang.srt.mem_plan.quantization_sizes import cpu_record_bytes
 
 
-_kernel_ok: Optional[bool] = None
-
-
 def quant_kernels():
-    """The compiled kernels when quant_linear can run here (AVX-512 VNNI and BF16), else None (torch path)."""
-    global _kernel_ok
-    ops = get_cpu_ops()
-    if ops is None:
-        return None
-    if _kernel_ok is None:
-        _kernel_ok = hasattr(ops, "quant_linear") and bool(ops.quant_supported())
-    return ops if _kernel_ok else None
+    """The compiled kernels when quant_linear runs here (CPU level avx2 and up: jit_kernel/cpu_isa.py), else None
+    (torch path)."""
+    return get_quant_ops()
 
 
 class QuantLinearMethod:
