@@ -1,7 +1,8 @@
 """CPU kernels: the `sgl_kernel` package, or built on first use; which of them run follows the ISA level (cpu_isa.py).
 
 `get_cpu_ops()` returns the compiled module where its bf16 kernels run (level avx512_bf16 or amx), else None;
-`get_quant_ops()` returns it where the quantized GEMM runs (level avx2 and up). None means the kernels cannot be used
+`get_quant_ops()` returns it where the quantized GEMM runs (level avx2 and up); `get_fp32_ops()` where its fp32
+kernels run (decode attention, rmsnorm, silu_and_mul, rotary_embedding_ on fp32 tensors: level avx2 and up). None means the kernels cannot be used
 here (a lower level, no C++ compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes
 the same thing. The module's level is set to this process's (`SGLANG_CPU_ISA` forces a lower one) when it loads.
 The sources are in the checkout's `sgl-kernel/csrc/cpu/`. Where they are found, in order:
@@ -43,6 +44,7 @@ _reason = "not loaded yet"
 _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
 _bf16_ok = False  # the loaded module's bf16 kernels run at this level
 _quant_ok = False  # its quantized GEMM runs at this level
+_fp32_ok = False  # its fp32 kernels run at this level
 _amx: Optional[bool] = None
 _threads: Optional[Tuple[int, int]] = None  # (threads, spin us) the runtime chose; None: torch's thread count
 
@@ -134,7 +136,7 @@ def _prebuilt() -> Optional[ModuleType]:
 
 def _load() -> Optional[ModuleType]:
     """The compiled module at this process's level, loaded once (None below avx2, or when it cannot be built)."""
-    global _ops, _tried, _reason, _bf16_ok, _quant_ok
+    global _ops, _tried, _reason, _bf16_ok, _quant_ok, _fp32_ok
     if _tried:
         return _ops
     with _lock:
@@ -157,6 +159,7 @@ def _load() -> Optional[ModuleType]:
                 _ops, _reason = module, "in use"
                 _bf16_ok = at_least(level, BF16_LEVEL) and bool(module.cpu_supported())
                 _quant_ok = bool(module.quant_supported())
+                _fp32_ok = bool(module.f32_supported())
                 _apply_threads()
             except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
                 _reason = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -179,6 +182,15 @@ def get_quant_ops() -> Optional[ModuleType]:
         return None
     ops = _load()
     return ops if _quant_ok else None
+
+
+def get_fp32_ops() -> Optional[ModuleType]:
+    """The compiled kernels where their fp32 forms run (level avx2 and up: 512-bit from avx512_vnni, 256-bit at avx2),
+    else None."""
+    if _disabled_depth:
+        return None
+    ops = _load()
+    return ops if _fp32_ok else None
 
 
 def _apply_threads() -> None:
@@ -235,7 +247,7 @@ def cpu_ops_status() -> str:
 
 def cpu_kernels_summary() -> str:
     """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
-    only', then where the module came from and the level it runs at; or 'not used: <why>'."""
+    and the fp32 kernels', then where the module came from and the level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
     quant = get_quant_ops()
     if ops is None and quant is None:
@@ -245,7 +257,7 @@ def cpu_kernels_summary() -> str:
     level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
     where = f"({source}), CPU level {level}" + ("" if level == native_cpu_isa() else f" (native {native_cpu_isa()})")
     if ops is None:
-        return f"in use for the quantized GEMM only {where}"
+        return f"in use for the quantized GEMM and the fp32 kernels {where}"
     if amx_available():
         return f"in use, with AMX {where}"
     off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""

@@ -11,11 +11,12 @@
 
 #include "activation.h"
 #include "amx_gemm.h"
-#include "decode_attention.h"
+#include "decode_attention_op.h"
 #include "fused_moe.h"
 #include "gemm_bf16.h"
 #include "gemv.h"
 #include "isa.h"
+#include "kernels_f32.h"
 #include "logits.h"
 #include "moe_router.h"
 #include "norm.h"
@@ -32,6 +33,24 @@ inline uint16_t* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<uint16_
 void check_bf16_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
+}
+
+inline float* f32_ptr(const at::Tensor& t) { return t.data_ptr<float>(); }
+
+// The elementwise kernels take bf16 (level avx512_bf16 and up) or fp32 (level avx2 and up) tensors, all of one dtype;
+// true for fp32.
+bool check_kernel_dtype(const char* op, std::initializer_list<const at::Tensor*> ts) {
+  const auto dtype = (*ts.begin())->scalar_type();
+  for (const at::Tensor* t : ts) {
+    TORCH_CHECK(t->device().is_cpu(), op, ": tensors must be on the CPU");
+    TORCH_CHECK(t->scalar_type() == dtype, op, ": tensors must have one dtype, got ", t->scalar_type(), " and ", dtype);
+  }
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, op, ": bfloat16 or float32 tensors, got ", dtype);
+  const bool f32 = dtype == at::kFloat;
+  TORCH_CHECK(f32 ? sgl_cpu::f32_supported() : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Bf16), op, ": ", dtype,
+              " needs CPU level ", f32 ? "avx2" : "avx512_bf16", ", this module runs at ",
+              sgl_cpu::cpu_isa_name(sgl_cpu::current_isa()));
+  return f32;
 }
 
 bool cpu_supported() {
@@ -145,44 +164,46 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
 // returns (out, residual_out); residual_out is x + residual (or undefined without a residual)
 std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                            const at::Tensor& weight, double eps) {
-  check_bf16_cpu(x, "x");
-  check_bf16_cpu(weight, "weight");
+  const bool f32 = residual.has_value() ? check_kernel_dtype("rmsnorm", {&x, &weight, &*residual})
+                                        : check_kernel_dtype("rmsnorm", {&x, &weight});
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rmsnorm: x must be a contiguous [rows, hidden] tensor");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.numel() == hidden && weight.is_contiguous(), "rmsnorm: weight must have ", hidden, " elements");
   at::Tensor out = at::empty_like(x);
   at::Tensor res_out;
-  const uint16_t* rp = nullptr;
-  uint16_t* rop = nullptr;
   if (residual.has_value()) {
-    check_bf16_cpu(*residual, "residual");
     TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous(), "rmsnorm: residual must match x");
     res_out = at::empty_like(x);
-    rp = bf16_ptr(*residual);
-    rop = bf16_ptr(res_out);
   }
-  const uint16_t* xp = bf16_ptr(x);
-  const uint16_t* wp = bf16_ptr(weight);
-  uint16_t* op = bf16_ptr(out);
+  const bool has_res = residual.has_value();
   const float feps = (float)eps;
   sgl_cpu::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      sgl_cpu::rmsnorm_row(xp + r * hidden, rp ? rp + r * hidden : nullptr, wp, op + r * hidden,
-                           rop ? rop + r * hidden : nullptr, hidden, feps);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t o = r * hidden;
+      if (f32)
+        SGL_F32_CALL(rmsnorm_row, f32_ptr(x) + o, has_res ? f32_ptr(*residual) + o : nullptr, f32_ptr(weight),
+                     f32_ptr(out) + o, has_res ? f32_ptr(res_out) + o : nullptr, hidden, feps);
+      else
+        sgl_cpu::rmsnorm_row(bf16_ptr(x) + o, has_res ? bf16_ptr(*residual) + o : nullptr, bf16_ptr(weight),
+                             bf16_ptr(out) + o, has_res ? bf16_ptr(res_out) + o : nullptr, hidden, feps);
+    }
   });
   return {out, res_out};
 }
 
 // [rows, 2I] -> [rows, I]
 at::Tensor silu_and_mul(const at::Tensor& x) {
-  check_bf16_cpu(x, "x");
+  const bool f32 = check_kernel_dtype("silu_and_mul", {&x});
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "silu_and_mul: x must be contiguous [rows, 2I]");
   const int64_t rows = x.size(0), inter = x.size(1) / 2;
   at::Tensor out = at::empty({rows, inter}, x.options());
-  const uint16_t* xp = bf16_ptr(x);
-  uint16_t* op = bf16_ptr(out);
   sgl_cpu::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) sgl_cpu::silu_and_mul_row(xp + r * 2 * inter, op + r * inter, inter);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (f32)
+        SGL_F32_CALL(silu_and_mul_row, f32_ptr(x) + r * 2 * inter, f32_ptr(out) + r * inter, inter);
+      else
+        sgl_cpu::silu_and_mul_row(bf16_ptr(x) + r * 2 * inter, bf16_ptr(out) + r * inter, inter);
+    }
   });
   return out;
 }
@@ -191,8 +212,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 // contiguous) are rotated by cos_sin_cache[positions[n]].
 void rotary_embedding_(const at::Tensor& positions, at::Tensor& x, int64_t num_heads, int64_t head_size,
                        const at::Tensor& cos_sin_cache) {
-  check_bf16_cpu(x, "x");
-  check_bf16_cpu(cos_sin_cache, "cos_sin_cache");
+  const bool f32 = check_kernel_dtype("rotary_embedding_", {&x, &cos_sin_cache});
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1, "rotary: positions must be int64 [N]");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= num_heads * head_size, "rotary: bad x layout");
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous(), "rotary: cos_sin_cache must be [P, rd]");
@@ -202,92 +222,15 @@ void rotary_embedding_(const at::Tensor& positions, at::Tensor& x, int64_t num_h
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t max_pos = cos_sin_cache.size(0);
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(pp[i] >= 0 && pp[i] < max_pos, "rotary: position ", pp[i], " out of range");
-  uint16_t* xp = bf16_ptr(x);
-  const uint16_t* cp = bf16_ptr(cos_sin_cache);
   const int64_t ld = x.stride(0);
   sgl_cpu::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) sgl_cpu::rope_heads(xp + r * ld, num_heads, head_size, cp + pp[r] * rd, rd);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (f32)
+        SGL_F32_CALL(rope_heads, f32_ptr(x) + r * ld, num_heads, head_size, f32_ptr(cos_sin_cache) + pp[r] * rd, rd);
+      else
+        sgl_cpu::rope_heads(bf16_ptr(x) + r * ld, num_heads, head_size, bf16_ptr(cos_sin_cache) + pp[r] * rd, rd);
+    }
   });
-}
-
-// Writes the new k/v [B, KV, D] to the pool at out_cache_loc, then attends q [B, H, D] over each request's tokens
-// req_to_token[req_pool_indices[b], :seq_lens[b]] -> [B, H * D].
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
-                            at::Tensor& v_cache, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                            const at::Tensor& seq_lens, const at::Tensor& out_cache_loc, double scale) {
-  for (auto* t : {&q, &k, &v}) check_bf16_cpu(*t, "q/k/v");
-  check_bf16_cpu(k_cache, "k_cache");
-  check_bf16_cpu(v_cache, "v_cache");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "decode_attention: q, k, v must be [B, heads, D]");
-  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes(), "decode_attention: caches must be contiguous [slots, KV, D]");
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1);
-  TORCH_CHECK(k_cache.size(2) == D && k.size(1) == KV && v.size(1) == KV && k.size(2) == D && v.size(2) == D &&
-                  k.size(0) == B && v.size(0) == B, "decode_attention: head shapes do not match");
-  const std::vector<int64_t> dims = sgl_cpu::decode_attention_head_dims();
-  TORCH_CHECK(std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, "decode_attention: head_dim ", D,
-              " is not one of the compiled ", c10::IntArrayRef(dims), ", or heads ", H, " are not a multiple of kv heads ", KV);
-  for (auto* t : {&req_to_token, &req_pool_indices, &seq_lens, &out_cache_loc})
-    TORCH_CHECK(t->scalar_type() == at::kLong, "decode_attention: index tensors must be int64");
-  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "decode_attention: bad req_to_token");
-  at::Tensor rpi = req_pool_indices.contiguous(), lens = seq_lens.contiguous(), loc = out_cache_loc.contiguous();
-  const int64_t* rp = rpi.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  const int64_t* locp = loc.data_ptr<int64_t>();
-  const int64_t slots = k_cache.size(0), table_rows = req_to_token.size(0), table_len = req_to_token.size(1);
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(rp[b] >= 0 && rp[b] < table_rows && lp[b] >= 1 && lp[b] <= table_len && locp[b] >= 0 &&
-                    locp[b] < slots, "decode_attention: index out of range for request ", b);
-    max_len = std::max(max_len, lp[b]);
-  }
-  // 1. the new tokens' K and V into the pool (heads contiguous within a token for k, v and the pool)
-  uint16_t* kc = bf16_ptr(k_cache);
-  uint16_t* vc = bf16_ptr(v_cache);
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == D && v.stride(1) == D,
-              "decode_attention: k/v heads must be contiguous");
-  const uint16_t* kp = bf16_ptr(k);
-  const uint16_t* vp = bf16_ptr(v);
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(kc + locp[b] * KV * D, kp + b * k.stride(0), KV * D * sizeof(uint16_t));
-    std::memcpy(vc + locp[b] * KV * D, vp + b * v.stride(0), KV * D * sizeof(uint16_t));
-  }
-  // 2. every slot the requests will read must lie inside the pool
-  const int64_t* table = req_to_token.data_ptr<int64_t>();
-  const int64_t ld_table = req_to_token.stride(0);
-  bool bad_slot = false;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t* tokens = table + rp[b] * ld_table;
-    for (int64_t j = 0; j < lp[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
-  }
-  // 3. attention
-  at::Tensor qc = q.contiguous();
-  const uint16_t* qp = bf16_ptr(qc);
-  at::Tensor out = at::empty({B, H * D}, q.options());
-  uint16_t* op = bf16_ptr(out);
-  const int64_t group = H / KV;
-  const float fscale = (float)scale;
-  if (!bad_slot) {
-    // a task per (request, KV head) serves the query heads of its group; tasks are split over the threads by their
-    // key counts (mixed lengths would leave one thread idle with an even split by count)
-    const int64_t tasks = B * KV;
-    std::vector<int64_t> cost(tasks);
-    for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + 16;  // + a per-task overhead in key equivalents
-    const int64_t parts = std::max<int64_t>(
-        1, std::min<int64_t>(sgl_cpu::ThreadPool::instance().num_threads() * sgl_cpu::ThreadPool::kChunksPerThread, tasks));
-    const std::vector<int64_t> first = sgl_cpu::split_by_cost(cost, parts);
-    sgl_cpu::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<float> scores(4 * max_len);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t t = first[p]; t < first[p + 1]; ++t) {
-          const int64_t b = t / KV, kv_head = t % KV, h0 = b * H + kv_head * group;
-          sgl_cpu::decode_attention_group(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, lp[b],
-                                          fscale, scores.data(), op + h0 * D);
-        }
-    });
-  }
-  TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");
-  return out;
 }
 
 }  // namespace
@@ -317,6 +260,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_isa", &set_cpu_isa, "Set the ISA level the kernels dispatch on (at most cpu_isa_native())");
   m.def("get_cpu_isa", [] { return std::string(sgl_cpu::cpu_isa_name(sgl_cpu::current_isa())); },
         "The ISA level the kernels dispatch on (default: cpu_isa_native())");
+  m.def("f32_supported", &sgl_cpu::f32_supported,
+        "True when the fp32 rmsnorm / silu_and_mul / rotary_embedding_ / decode_attention run at the current level (>= avx2)");
   m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
@@ -336,5 +281,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("logits_to_float", &logits_to_float, "bf16 logits [B, V_pad] -> fp32 [B, vocab] (the first vocab columns)");
   m.def("qk_norm_rope_", &qk_norm_rope_, "Qwen3 q/k head RMSNorm then RoPE, in place on the qkv projection's rows");
   m.def("argmax_rows", &argmax_rows, "fp32 [B, V] -> int64 [B]: each row's first maximum (NaN counts as the maximum)");
-  m.def("decode_attention", &decode_attention, "Write new K/V to the pool and attend over each request's tokens");
+  m.def("decode_attention", &sgl_cpu::decode_attention,
+        "Write new K/V to the pool and attend over each request's tokens (bf16 from avx512_bf16, fp32 from avx2)");
 }

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #define SGL_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+// AVX-512 without BF16 (the avx512_vnni level's fp32 code); functions of the BF16 target may inline these.
+#define SGL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 namespace sgl_cpu {
 

@@ -1,12 +1,13 @@
 // Vector exp for fp32 (AVX-512): range reduction to 2^n * e^r, |r| <= ln2/2, then a degree-6 polynomial.
 // Relative error ~1e-7, below bf16's resolution, so results rounded to bf16 match a correctly rounded exp.
+// AVX-512F only, so both the bf16 kernels and the avx512_vnni level's fp32 ones (vec_f32.h) use it.
 #pragma once
 
 #include "vec.h"
 
 namespace sgl_cpu {
 
-SGL_AVX512_BF16 inline __m512 exp_ps(__m512 x) {
+SGL_AVX512 inline __m512 exp_ps(__m512 x) {
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
   const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
   const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);

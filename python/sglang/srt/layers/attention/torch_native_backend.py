@@ -14,9 +14,9 @@ Query layouts:
            The transient of one such call is bounded by the "extend_attention" declaration (mem_plan/backends.py),
            which the memory plan reserves.
 
-On a CPU with AVX-512 BF16 and a bf16 pool, decode instead calls one fused kernel per layer
-(sgl-kernel/csrc/cpu/decode_attention.h) that writes the new K/V and reads each request's keys and values in place
-through req_to_token: no gathered copy, no padding, no mask.
+On a CPU, decode instead calls one fused kernel per layer that writes the new K/V and reads each request's keys and
+values in place through req_to_token: no gathered copy, no padding, no mask. A bf16 pool from level avx512_bf16
+(sgl-kernel/csrc/cpu/decode_attention.h), an fp32 pool from level avx2 (decode_attention_f32_impl.h).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_fp32_ops
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 
@@ -36,15 +36,23 @@ if TYPE_CHECKING:
 
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
-    """Whether decode runs through the fused CPU kernel (and so needs no gather workspace)."""
+    """Whether decode runs through the fused CPU kernel (and so needs no gather workspace): `sglang plan` asks this
+    too. bf16 model and pool from level avx512_bf16, fp32 ones from avx2."""
+    ops = fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim, v_head_dim)
+    return ops is not None
+
+
+def fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim):
+    """The compiled module whose decode_attention serves this pool at this process's CPU level, or None."""
     if not (
         str(device).startswith("cpu")
-        and model_dtype == kv_dtype == kv_store_dtype == torch.bfloat16
+        and model_dtype == kv_dtype == kv_store_dtype
+        and model_dtype in (torch.bfloat16, torch.float32)
         and v_head_dim == head_dim
     ):
-        return False
-    ops = get_cpu_ops()
-    return ops is not None and head_dim in ops.decode_attention_head_dims()
+        return None
+    ops = get_cpu_ops() if model_dtype == torch.bfloat16 else get_fp32_ops()
+    return ops if ops is not None and head_dim in ops.decode_attention_head_dims() else None
 
 
 @dataclass
@@ -73,11 +81,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         super().__init__(**kwargs)
         self.forward_metadata: Optional[TorchNativeMetadata] = None
         pool = self.token_to_kv_pool
-        fused = fused_cpu_decode_available(
+        self.cpu_decode_ops = fused_cpu_decode_ops(
             self.device, getattr(self.model_config, "dtype", None), pool.dtype, getattr(pool, "store_dtype", pool.dtype),
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
-        self.cpu_decode_ops = get_cpu_ops() if fused else None
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:

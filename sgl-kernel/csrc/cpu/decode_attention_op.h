@@ -1,0 +1,140 @@
+// The decode_attention binding (included by bindings.cpp only): argument checks, the new K/V written to the pool,
+// the tasks split over the threads; the kernel by the pool's dtype and the level the module dispatches on:
+//   bf16 pool  decode_attention.h                      level avx512_bf16 and up
+//   fp32 pool  decode_attention_f32_impl.h, 512-bit    level avx512_vnni and up
+//              the same algorithm, 256-bit (AVX2)      level avx2
+#pragma once
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "decode_attention.h"
+#include "isa.h"
+#include "kernels_f32.h"
+#include "parallel.h"
+
+namespace sgl_cpu {
+
+// The bf16 kernel, and the current level's fp32 one: each (request, KV head) task's heads in place.
+inline void decode_attention_task(const uint16_t* q, int64_t group, const uint16_t* kc, const uint16_t* vc,
+                                  int64_t kv_heads, int64_t kv_head, int64_t d, const int64_t* tokens, int64_t len,
+                                  float scale, float* scores, uint16_t* out) {
+  decode_attention_group(q, group, kc, vc, kv_heads, kv_head, d, tokens, len, scale, scores, out);
+}
+inline void decode_attention_task(const float* q, int64_t group, const float* kc, const float* vc, int64_t kv_heads,
+                                  int64_t kv_head, int64_t d, const int64_t* tokens, int64_t len, float scale,
+                                  float* scores, float* out) {
+  SGL_F32_CALL(decode_attention_group, q, group, kc, vc, kv_heads, kv_head, d, tokens, len, scale, scores, out);
+}
+
+template <typename T>
+inline T* decode_ptr(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+// Writes the new k/v [B, KV, D] to the pool at out_cache_loc, then attends q [B, H, D] over each request's tokens
+// req_to_token[req_pool_indices[b], :seq_lens[b]] -> [B, H * D]. T: uint16_t (bf16) or float.
+template <typename T>
+at::Tensor decode_attention_t(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                              at::Tensor& v_cache, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                              const at::Tensor& seq_lens, const at::Tensor& out_cache_loc, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "decode_attention: q, k, v must be [B, heads, D]");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(), "decode_attention: caches must be contiguous [slots, KV, D]");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KV = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && k.size(1) == KV && v.size(1) == KV && k.size(2) == D && v.size(2) == D &&
+                  k.size(0) == B && v.size(0) == B, "decode_attention: head shapes do not match");
+  const std::vector<int64_t> dims = decode_attention_head_dims();
+  TORCH_CHECK(std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, "decode_attention: head_dim ", D,
+              " is not one of the compiled ", c10::IntArrayRef(dims), ", or heads ", H, " are not a multiple of kv heads ", KV);
+  for (auto* t : {&req_to_token, &req_pool_indices, &seq_lens, &out_cache_loc})
+    TORCH_CHECK(t->scalar_type() == at::kLong, "decode_attention: index tensors must be int64");
+  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "decode_attention: bad req_to_token");
+  at::Tensor rpi = req_pool_indices.contiguous(), lens = seq_lens.contiguous(), loc = out_cache_loc.contiguous();
+  const int64_t* rp = rpi.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  const int64_t* locp = loc.data_ptr<int64_t>();
+  const int64_t slots = k_cache.size(0), table_rows = req_to_token.size(0), table_len = req_to_token.size(1);
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(rp[b] >= 0 && rp[b] < table_rows && lp[b] >= 1 && lp[b] <= table_len && locp[b] >= 0 &&
+                    locp[b] < slots, "decode_attention: index out of range for request ", b);
+    max_len = std::max(max_len, lp[b]);
+  }
+  // 1. the new tokens' K and V into the pool (heads contiguous within a token for k, v and the pool)
+  T* kc = decode_ptr<T>(k_cache);
+  T* vc = decode_ptr<T>(v_cache);
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == D && v.stride(1) == D,
+              "decode_attention: k/v heads must be contiguous");
+  const T* kp = decode_ptr<T>(k);
+  const T* vp = decode_ptr<T>(v);
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(kc + locp[b] * KV * D, kp + b * k.stride(0), KV * D * sizeof(T));
+    std::memcpy(vc + locp[b] * KV * D, vp + b * v.stride(0), KV * D * sizeof(T));
+  }
+  // 2. every slot the requests will read must lie inside the pool
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t ld_table = req_to_token.stride(0);
+  bool bad_slot = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* tokens = table + rp[b] * ld_table;
+    for (int64_t j = 0; j < lp[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
+  }
+  // 3. attention
+  at::Tensor qc = q.contiguous();
+  const T* qp = decode_ptr<T>(qc);
+  at::Tensor out = at::empty({B, H * D}, q.options());
+  T* op = decode_ptr<T>(out);
+  const int64_t group = H / KV;
+  const float fscale = (float)scale;
+  if (!bad_slot) {
+    // a task per (request, KV head) serves the query heads of its group; tasks are split over the threads by their
+    // key counts (mixed lengths would leave one thread idle with an even split by count)
+    const int64_t tasks = B * KV;
+    std::vector<int64_t> cost(tasks);
+    for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + 16;  // + a per-task overhead in key equivalents
+    const int64_t parts = std::max<int64_t>(
+        1, std::min<int64_t>(ThreadPool::instance().num_threads() * ThreadPool::kChunksPerThread, tasks));
+    const std::vector<int64_t> first = split_by_cost(cost, parts);
+    parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> scores(4 * max_len);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t t = first[p]; t < first[p + 1]; ++t) {
+          const int64_t b = t / KV, kv_head = t % KV, h0 = b * H + kv_head * group;
+          decode_attention_task(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, lp[b], fscale,
+                                scores.data(), op + h0 * D);
+        }
+    });
+  }
+  TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");
+  return out;
+}
+
+// All of q, k, v and both caches bf16 (level avx512_bf16 and up) or all fp32 (level avx2 and up).
+inline at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                                   at::Tensor& v_cache, const at::Tensor& req_to_token,
+                                   const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                                   const at::Tensor& out_cache_loc, double scale) {
+  const auto dtype = q.scalar_type();
+  for (const at::Tensor* t : {&q, &k, &v, (const at::Tensor*)&k_cache, (const at::Tensor*)&v_cache}) {
+    TORCH_CHECK(t->device().is_cpu(), "decode_attention: q, k, v and the caches must be CPU tensors");
+    TORCH_CHECK(t->scalar_type() == dtype, "decode_attention: q, k, v and the caches must have one dtype, got ",
+                t->scalar_type(), " and ", dtype);
+  }
+  if (dtype == at::kBFloat16) {
+    TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), "decode_attention: bfloat16 needs CPU level avx512_bf16, this "
+                "module runs at ", cpu_isa_name(current_isa()));
+    return decode_attention_t<uint16_t>(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                        out_cache_loc, scale);
+  }
+  TORCH_CHECK(dtype == at::kFloat, "decode_attention: bfloat16 or float32 tensors, got ", dtype);
+  TORCH_CHECK(f32_supported(), "decode_attention: float32 needs CPU level avx2, this module runs at ",
+              cpu_isa_name(current_isa()));
+  return decode_attention_t<float>(q, k, v, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, out_cache_loc,
+                                   scale);
+}
+
+}  // namespace sgl_cpu
