@@ -26,6 +26,7 @@ from sglang.srt.configs.resolved import (
     check_tp_sharding,
     cpu_kernels_available,
     fused_cpu_decode,
+    use_fp32_kernels,
     plan_backend,
     planned_weight_format,
     resolve_model,
@@ -108,6 +109,7 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
         path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
     cfg = load_config(path)
     model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
+    use_fp32_kernels(sa.dtype, device_kind, model.dtype)  # as the runner decides it (the decode workspace follows)
     check_tp_sharding(model.shape, sa.tp_size, sa.ep_size)
     fmt = planned_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, model.dtype)
     return dataclasses.replace(model, weight_format=fmt), path

@@ -45,6 +45,7 @@ _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
 _bf16_ok = False  # the loaded module's bf16 kernels run at this level
 _quant_ok = False  # its quantized GEMM runs at this level
 _fp32_ok = False  # its fp32 kernels run at this level
+_fp32_serving = False  # set_fp32_kernels: fp32 layers take them (else the torch reference path)
 _amx: Optional[bool] = None
 _threads: Optional[Tuple[int, int]] = None  # (threads, spin us) the runtime chose; None: torch's thread count
 
@@ -184,10 +185,18 @@ def get_quant_ops() -> Optional[ModuleType]:
     return ops if _quant_ok else None
 
 
+def set_fp32_kernels(on: bool) -> None:
+    """Whether fp32 layers take the fp32 kernels (decode attention, RMSNorm, SiluAndMul, rotary). Off by default:
+    fp32 then stays the torch reference path, bit for bit; a start turns it on where --dtype auto resolved to float32
+    (a CPU level without bf16: configs/resolved.use_fp32_kernels, which `sglang plan` calls too)."""
+    global _fp32_serving
+    _fp32_serving = bool(on)
+
+
 def get_fp32_ops() -> Optional[ModuleType]:
-    """The compiled kernels where their fp32 forms run (level avx2 and up: 512-bit from avx512_vnni, 256-bit at avx2),
-    else None."""
-    if _disabled_depth:
+    """The compiled kernels where their fp32 forms run (level avx2 and up: 512-bit from avx512_vnni, 256-bit at avx2)
+    and set_fp32_kernels(True) asked for them, else None."""
+    if _disabled_depth or not _fp32_serving:
         return None
     ops = _load()
     return ops if _fp32_ok else None
@@ -247,7 +256,7 @@ def cpu_ops_status() -> str:
 
 def cpu_kernels_summary() -> str:
     """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
-    and the fp32 kernels', then where the module came from and the level it runs at; or 'not used: <why>'."""
+    and the fp32 kernels' (or '... only' where fp32 stays the torch path), then where the module came from and the level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
     quant = get_quant_ops()
     if ops is None and quant is None:
@@ -257,7 +266,7 @@ def cpu_kernels_summary() -> str:
     level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
     where = f"({source}), CPU level {level}" + ("" if level == native_cpu_isa() else f" (native {native_cpu_isa()})")
     if ops is None:
-        return f"in use for the quantized GEMM and the fp32 kernels {where}"
+        return f"in use for the quantized GEMM{' and the fp32 kernels' if _fp32_serving and _fp32_ok else ' only'} {where}"
     if amx_available():
         return f"in use, with AMX {where}"
     off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""

@@ -9,7 +9,7 @@ once per process) and reports:
   - teacher-forced top-1 agreement of that model with the reference runs: >= 0.90 where the blocks are served
     (int8 activations, and bf16 ones at avx512_bf16), exactly 1.0 at scalar (the reference path itself);
   - the greedy tokens of one prompt through sglang.Engine (the path users take) equal to the same process's model's
-    greedy run: the engine serves at the level it reports.
+    greedy run: the engine serves at the level it reports; `sglang plan`'s attention workspace equals the start's.
 Levels above the native one are skipped (and refused: test_cpu_isa.py).
 """
 
@@ -59,7 +59,7 @@ def reference_runs():
 def worker(runs_path: str) -> dict:
     """In a process started with SGLANG_CPU_ISA: the model as a start resolves and loads it, measured."""
     import sglang
-    from sglang.srt.configs.resolved import served_quantization
+    from sglang.srt.configs.resolved import served_quantization, use_fp32_kernels
     from sglang.srt.model_loader import load_model
     from sglang.test.top1_agreement import greedy_runs, teacher_forced_agreement
 
@@ -67,20 +67,28 @@ def worker(runs_path: str) -> dict:
     runs = json.load(open(runs_path))
     config = ModelConfig.from_server_args(args, model_dir)
     quant = served_quantization(args, gguf, "cpu", config.dtype_name)
+    use_fp32_kernels(args.dtype, "cpu", config.dtype_name)  # as the runner does: the engine below decides the same
     model = load_model(config, "cpu", quant, gguf)
     out = {"dtype": config.dtype_name, "quantization": quant,
            "agreement": teacher_forced_agreement(model, config, prompts, runs),
            "own_run": greedy_runs(model, config, prompts[:1], ENGINE_TOKENS)[0]}
     del model
+    from sglang.cli.plan import run as plan_run
+
+    out["plan_attention_workspace"] = _term(plan_run(["--device", "cpu", "--json"])[1]["plan"], "attention_workspace")
     engine = sglang.Engine(log_level="error")
     try:
         res = engine.generate(input_ids=prompts[0], sampling_params={"temperature": 0, "max_new_tokens": ENGINE_TOKENS})
         info = engine.get_server_info()
     finally:
         engine.shutdown()
-    out.update(engine_ids=res["output_ids"], cpu_isa=info["cpu_isa"], cpu_kernels=info["cpu_kernels"],
+    out.update(engine_ids=res["output_ids"], attention_workspace=_term(info["memory_plan"], "attention_workspace"), cpu_isa=info["cpu_isa"], cpu_kernels=info["cpu_kernels"],
                server_dtype=info["dtype"], server_quantization=info["quantization"])
     return out
+
+
+def _term(plan: dict, name: str) -> int:
+    return next(t["num_bytes"] for t in plan["terms"] if t["name"] == name)
 
 
 class TestCpuIsaLevels(unittest.TestCase):
@@ -123,6 +131,8 @@ class TestCpuIsaLevels(unittest.TestCase):
                 else:
                     self.assertEqual(r["agreement"], 1.0)  # the reference path itself
                 self.assertEqual(r["engine_ids"], r["own_run"])
+                # `sglang plan` decides the decode path (fused kernel or the gather workspace) as the start does
+                self.assertEqual(r["plan_attention_workspace"], r["attention_workspace"])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from sglang.jit_kernel.cpu_isa import LEVELS
-from sglang.jit_kernel.cpu_ops import cpu_kernels_disabled, cpu_ops_status, get_fp32_ops, quant_kernels_expected
+from sglang.jit_kernel.cpu_ops import (cpu_kernels_disabled, cpu_ops_status, get_fp32_ops, quant_kernels_expected,
+                                       set_fp32_kernels)
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=45, suite="cpu")
@@ -23,6 +24,9 @@ register_cpu_ci(est_time=45, suite="cpu")
 @unittest.skipUnless(quant_kernels_expected(), "no AVX2 on this CPU, or SGLANG_CPU_KERNELS=0: no fp32 kernels")
 class TestCpuKernelsF32Levels(unittest.TestCase):
     def setUp(self):
+        self.assertIsNone(get_fp32_ops())  # off unless a start serving fp32 by --dtype auto asks for them
+        set_fp32_kernels(True)
+        self.addCleanup(set_fp32_kernels, False)
         self.ops = get_fp32_ops()
         self.assertIsNotNone(self.ops, f"fp32 CPU kernels did not load: {cpu_ops_status()}")
         self.level0 = self.ops.get_cpu_isa()

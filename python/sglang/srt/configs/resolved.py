@@ -12,6 +12,7 @@ run refuses what a start refuses, with the same message:
                        check_ep_sharding), before any rank starts
     quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
                        planned_weight_format (the bytes `sglang plan` charges, plan-only formats included)
+    fp32 kernels       use_fp32_kernels: fp32 layers take the kernels where --dtype auto chose float32
     fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace
     Triton kv splits   --triton-attention-num-kv-splits as given (its default is ServerArgs'): build.attention_shape
 Torch-free at import; resolve_device and the live-device checks import torch when called.
@@ -111,6 +112,18 @@ def cpu_kernels_available(device: str) -> bool:
     from sglang.jit_kernel.cpu_ops import get_cpu_ops
 
     return get_cpu_ops() is not None
+
+
+def use_fp32_kernels(dtype_flag: str, device: str, dtype_name: str) -> bool:
+    """Whether fp32 layers run the CPU kernels' fp32 forms (jit_kernel/cpu_ops.set_fp32_kernels, set here): where
+    --dtype auto resolved to float32 on a CPU (a level without bf16, mem_plan/dtypes.py). An explicit --dtype float32
+    stays the torch reference path on every level. The runner and `sglang plan` both call this before they ask
+    fused_cpu_decode, so the plan's gather workspace follows the same decision."""
+    from sglang.jit_kernel.cpu_ops import set_fp32_kernels
+
+    on = str(device).startswith("cpu") and dtype_flag == "auto" and dtype_name == "float32"
+    set_fp32_kernels(on)
+    return on
 
 
 def check_tp_sharding(shape: ModelShape, tp_size: int, ep_size: int = 1) -> None:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from sglang.srt.configs.resolved import resolve_backend, resolve_device, served_quantization
+from sglang.srt.configs.resolved import resolve_backend, resolve_device, served_quantization, use_fp32_kernels
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.server_args import ServerArgs
@@ -86,6 +86,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
+        # fp32 layers take the CPU kernels' fp32 forms where --dtype auto chose float32 (a CPU level without bf16)
+        self.fp32_kernels = use_fp32_kernels(server_args.dtype, self.device, self.model_config.dtype_name)
         self.startup_s["config"] = time.perf_counter() - started
         from sglang.srt.model_loader.model_path import gguf_source_path
 
