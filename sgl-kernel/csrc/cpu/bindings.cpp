@@ -53,6 +53,21 @@ bool check_kernel_dtype(const char* op, std::initializer_list<const at::Tensor*>
   return f32;
 }
 
+// The pool's contract under churn: `iters` back-to-back regions over [0, n) (chunks of `grain`), each index run
+// exactly once per region; returns the number of indices run twice or never (0 when correct). For the pool's test.
+int64_t pool_stress(int64_t iters, int64_t n, int64_t grain) {
+  int64_t bad = 0;
+  for (int64_t it = 0; it < iters; ++it) {
+    std::vector<std::atomic<int>> hits(n);
+    for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+    sgl_cpu::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+    });
+    for (auto& h : hits) bad += h.load(std::memory_order_relaxed) != 1;
+  }
+  return bad;
+}
+
 bool cpu_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -254,6 +269,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
+  m.def("pool_stress", &pool_stress, "regions run back to back: indices run twice or never (0 when the pool is correct)");
   m.def("decode_attention_head_dims", &sgl_cpu::decode_attention_head_dims, "head_dim values decode_attention supports");
   m.def("cpu_isa_native", [] { return std::string(sgl_cpu::cpu_isa_name(sgl_cpu::native_isa())); },
         "The best ISA level of this CPU and OS: scalar < avx2 < avx512_vnni < avx512_bf16 < amx");

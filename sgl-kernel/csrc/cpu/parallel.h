@@ -11,9 +11,10 @@
 // (c=32 decode 20% slower); sleeping at once makes each region pay a futex wake-up (batch-1 decode 10% slower).
 //
 // Protocol (one job at a time, published by the calling thread):
-//   claim_  = (epoch << 32) | next chunk index. A worker loads it, reads the job fields, and takes a chunk with a
-//             compare-exchange on the same value; success proves the job was still current when its fields were
-//             read (the caller only rewrites them after every chunk is done, which needs the claimed chunk).
+//   claim_  = (epoch << 32) | next chunk index. The caller first stores the new epoch with index kClosed, then the
+//             job fields, then the epoch with index 0. A worker loads claim_, reads the job fields, and takes a chunk
+//             with a compare-exchange on the same value; success proves the job was still current when its fields
+//             were read (a stale value fails: the epoch moved on before any field was rewritten).
 //   done_   = chunks finished in the current job; the caller waits until it equals the chunk count.
 //   wake_   = futex word bumped at each publish, for sleeping workers.
 // Calls from inside a region, or while another thread runs one, run inline on the calling thread.
@@ -42,6 +43,7 @@ class ThreadPool {
  public:
   static constexpr int64_t kPauseNs = 5000;  // an idle worker's busy spin before it starts yielding
   static constexpr int64_t kChunksPerThread = 4;
+  static constexpr uint64_t kClosed = 0xffffffffu;  // claim_'s index while the caller writes a job: above any count
   using Body = std::function<void(int64_t, int64_t)>;
 
   static ThreadPool& instance() {
@@ -86,6 +88,14 @@ class ThreadPool {
     const int64_t want = (int64_t)num_threads_ * kChunksPerThread;
     const int64_t chunk = std::max(grain, (n + want - 1) / want);
     const int64_t chunks = (n + chunk - 1) / chunk;
+    // Close the new epoch before rewriting the job: a worker still holding the previous job's last claim_ value
+    // (every chunk taken) could otherwise read these new fields, find an index below the new chunk count and win its
+    // compare-exchange before claim_ moves on — running a chunk twice and counting it into this job's done_, so the
+    // caller would return while that worker still runs the body on its stack frame (seen as a crash in
+    // decode_attention under load).
+    const uint64_t epoch = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+    claim_.store((epoch << 32) | kClosed, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);  // pairs with the worker's acquire fence before its CAS
     body_.store(&body, std::memory_order_relaxed);
     begin_.store(begin, std::memory_order_relaxed);
     end_.store(end, std::memory_order_relaxed);
@@ -93,7 +103,6 @@ class ThreadPool {
     chunks_.store(chunks, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
-    const uint64_t epoch = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
     claim_.store(epoch << 32, std::memory_order_release);
     wake_.fetch_add(1);  // seq_cst with the sleepers_ load: pairs with the worker's sleepers_ add + wake_ re-check
     if (sleepers_.load() > 0) futex_wake(&wake_);
@@ -129,7 +138,9 @@ class ThreadPool {
       const Body* body = body_.load(std::memory_order_relaxed);
       const int64_t b = begin_.load(std::memory_order_relaxed), e = end_.load(std::memory_order_relaxed);
       const int64_t chunk = chunk_.load(std::memory_order_relaxed), chunks = chunks_.load(std::memory_order_relaxed);
-      const int64_t idx = (int64_t)(c & 0xffffffffu);
+      const int64_t idx = (int64_t)(c & kClosed);
+      // a field written after the caller closed the epoch makes that close visible to the CAS below
+      std::atomic_thread_fence(std::memory_order_acquire);
       if (body == nullptr || idx >= chunks) return any;
       if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
       any = true;

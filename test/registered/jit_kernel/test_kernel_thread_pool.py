@@ -70,6 +70,17 @@ class TestKernelThreadPool(unittest.TestCase):
                 for got, want in zip(self.run_kernels(), ref):
                     self.assertTrue(torch.equal(got, want), f"{n} threads")
 
+    def test_every_index_once_under_churn(self):
+        """Regions back to back with more threads than cores (workers descheduled mid-claim): each index runs exactly
+        once per region. A chunk run twice was the failure behind a crash under load (a stale claim taking a chunk of
+        the next job while its fields were written: parallel.h's closed epoch); a race this narrow rarely shows in a
+        short run, but any miscounted or lost chunk does."""
+        for threads, spin_us in ((2, 2000), (4, 0), (8, 20)):
+            self.ops.set_num_threads(threads)
+            self.ops.set_spin_us(spin_us)
+            self.assertEqual(self.ops.pool_stress(20000, 64, 1), 0, (threads, spin_us))
+            self.assertEqual(self.ops.pool_stress(2000, 1000, 7), 0, (threads, spin_us))
+
     def test_idle_threads_sleep(self):
         """After a region the workers spin for a few microseconds, then sleep: an idle server leaves its cores to
         other processes. With a spin of 1 s (what an OpenMP team does by default) the same idle wait burns CPU,
