@@ -202,6 +202,16 @@ def get_fp32_ops() -> Optional[ModuleType]:
     return ops if _fp32_ok else None
 
 
+def get_ops_for_dtype(dtype) -> Optional[ModuleType]:
+    """The module whose elementwise / attention kernels take tensors of `dtype` here: bf16 -> get_cpu_ops(), fp32 ->
+    get_fp32_ops(), any other dtype None (the layers' torch path)."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return get_cpu_ops()
+    return get_fp32_ops() if dtype == torch.float32 else None
+
+
 def _apply_threads() -> None:
     if _ops is None:
         return
@@ -256,7 +266,8 @@ def cpu_ops_status() -> str:
 
 def cpu_kernels_summary() -> str:
     """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
-    and the fp32 kernels' (or '... only' where fp32 stays the torch path), then where the module came from and the level it runs at; or 'not used: <why>'."""
+    and the fp32 kernels' (or '... only' where fp32 stays the torch path), then where the module came from and the
+    level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
     quant = get_quant_ops()
     if ops is None and quant is None:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_fp32_ops
+from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 
 # the CPU kernel's dtypes: bf16 from level avx512_bf16, fp32 from avx2 (sgl-kernel/csrc/cpu/norm.h, kernels_f32.h)
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
@@ -26,7 +26,7 @@ class RMSNorm(nn.Module):
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """x: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
         if x.dtype in _KERNEL_DTYPES and x.is_cpu and x.dim() == 2 and x.is_contiguous() and self.weight.dtype == x.dtype:
-            ops = get_cpu_ops() if x.dtype == torch.bfloat16 else get_fp32_ops()
+            ops = get_ops_for_dtype(x.dtype)
             if ops is not None and (residual is None or residual.is_contiguous()):
                 out, residual_out = ops.rmsnorm(x, residual, self.weight, self.variance_epsilon)
                 return out if residual is None else (out, residual_out)

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_fp32_ops
+from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 
 
 def _default_inv_freq(rotary_dim: int, base: float, device) -> torch.Tensor:
@@ -76,7 +76,7 @@ class RotaryEmbedding(nn.Module):
         inputs: new ones, or on the CPU kernel path (bf16 or fp32, key None, heads contiguous) `query` itself, rotated in place."""
         dtype = query.dtype
         if key is None and dtype in (torch.bfloat16, torch.float32) and query.is_cpu and self.cos_sin_cache.dtype == dtype:
-            ops = get_cpu_ops() if dtype == torch.bfloat16 else get_fp32_ops()  # bf16 from avx512_bf16, fp32 from avx2
+            ops = get_ops_for_dtype(dtype)  # bf16 from avx512_bf16, fp32 from avx2
             n = query.shape[0]
             flat = query.view(n, -1) if query.dim() == 3 and query.stride(-1) == 1 and query.stride(1) == self.head_size else query
             if ops is not None and flat.dim() == 2 and flat.stride(1) == 1:

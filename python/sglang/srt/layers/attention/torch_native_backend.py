@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_fp32_ops
+from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 
@@ -51,7 +51,7 @@ def fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim
         and v_head_dim == head_dim
     ):
         return None
-    ops = get_cpu_ops() if model_dtype == torch.bfloat16 else get_fp32_ops()
+    ops = get_ops_for_dtype(model_dtype)
     return ops if ops is not None and head_dim in ops.decode_attention_head_dims() else None
 
 
