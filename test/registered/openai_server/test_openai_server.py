@@ -161,10 +161,23 @@ def test_server_info_and_flush(base_url, headers):
     assert info["cuda_graphs"] == {"enabled": False, "reason": "cpu: no CUDA graphs here, decode runs eagerly"}
     from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
 
+    from sglang.jit_kernel.cpu_isa import at_least, cpu_isa, native_cpu_isa
+
+    # the CPU level this server resolved, and the dtype and weight format it led to (bf16 only from avx512_bf16)
+    dtype = "bfloat16" if at_least(cpu_isa(), "avx512_bf16") else "float32"
+    assert info["cpu_isa"] == {"level": cpu_isa(), "native": native_cpu_isa(), "dtype": dtype,
+                               "quantization": info["quantization"]}, info["cpu_isa"]
+    assert info["dtype"] == dtype
+    from sglang.jit_kernel.cpu_ops import quant_kernels_expected
+
     if cpu_kernels_expected():  # the default bf16 server decodes through the CPU kernels, and says so
-        assert info["cpu_kernels"].startswith("in use"), info["cpu_kernels"]
-    else:
+        assert info["cpu_kernels"].startswith("in use, with"), info["cpu_kernels"]
+    elif quant_kernels_expected():  # avx2 / avx512_vnni: fp32 activations through the quantized GEMM and fp32 kernels
+        assert info["cpu_kernels"].startswith("in use for the quantized GEMM and the fp32 kernels"), info["cpu_kernels"]
+    elif dtype == "bfloat16":  # SGLANG_CPU_KERNELS=0: the bf16 server says why the kernels are not used
         assert info["cpu_kernels"].startswith("not used"), info["cpu_kernels"]
+    else:  # scalar: fp32 dense, nothing to load (the runner reports no kernel summary)
+        assert info["cpu_kernels"] is None and info["quantization"] == "none", info["cpu_kernels"]
     assert requests.post(f"{base_url}/flush_cache", headers=headers).status_code == 200
     assert requests.get(f"{base_url}/health_generate", headers=headers).status_code == 200
 
