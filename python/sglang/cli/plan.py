@@ -106,7 +106,7 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
         from sglang.srt.model_loader import resolve_model_path
         from sglang.srt.model_loader.model_path import gguf_source_path
 
-        path, gguf_path = resolve_model_path(sa), gguf_source_path(sa)
+        path, gguf_path = resolve_model_path(sa, dense_linears=False), gguf_source_path(sa)  # config only
     cfg = load_config(path)
     model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
     use_fp32_kernels(sa.dtype, device_kind, model.dtype)  # as the runner decides it (the decode workspace follows)

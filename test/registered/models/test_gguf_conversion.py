@@ -1,4 +1,7 @@
-"""GGUF -> HF conversion of the bundled SmolLM2: exact weights, tokenizer, chat template, atomic one-time cache."""
+"""GGUF -> HF conversion of the bundled SmolLM2: exact weights, tokenizer, chat template, atomic one-time cache; the
+linear shard written only when a caller reads it (a --quantization gguf start does not), then the same checkpoint."""
+
+import json
 
 import os
 import tempfile
@@ -9,7 +12,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from sglang.srt.model_loader.model_path import default_model_path, ensure_converted_gguf
+from sglang.srt.model_loader.gguf_converter import DENSE_SHARD, GGUF_SOURCE_FILE, LINEAR_SHARD, SHARD_INDEX
+from sglang.srt.model_loader.model_path import default_model_path, ensure_converted_gguf, ensure_dense_linears
 from sglang.srt.utils.hf_transformers_utils import apply_chat_template, get_tokenizer
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -40,6 +44,18 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def shard_tensors(model_dir: str) -> dict:
+    """name -> tensor of every shard the directory's index lists (read with safetensors, not the project's loader)."""
+    with open(os.path.join(model_dir, SHARD_INDEX)) as f:
+        weight_map = json.load(f)["weight_map"]
+    out = {}
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(os.path.join(model_dir, shard), "pt") as f:
+            out.update({name: f.get_tensor(name) for name in f.keys()})
+    assert sorted(out) == sorted(weight_map), "the index and the shards disagree"
+    return out
+
+
 class TestGGUFConversion(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -48,6 +64,7 @@ class TestGGUFConversion(unittest.TestCase):
         start = time.perf_counter()
         cls.model_dir = ensure_converted_gguf(cls.gguf_path, cls.tmp.name)
         cls.convert_sec = time.perf_counter() - start
+        cls.tensors = shard_tensors(cls.model_dir)
 
     @classmethod
     def tearDownClass(cls):
@@ -55,7 +72,8 @@ class TestGGUFConversion(unittest.TestCase):
 
     def test_cache_is_complete_and_reused(self):
         files = set(os.listdir(self.model_dir))
-        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", DENSE_SHARD,
+                     LINEAR_SHARD, SHARD_INDEX, GGUF_SOURCE_FILE):
             self.assertIn(name, files)
         self.assertEqual([d for d in os.listdir(self.tmp.name) if d.startswith(".tmp")], [])
         start = time.perf_counter()
@@ -69,34 +87,33 @@ class TestGGUFConversion(unittest.TestCase):
         reader = gguf.GGUFReader(self.gguf_path)
         by_name = {t.name: t for t in reader.tensors}
         checked = 0
-        with safe_open(os.path.join(self.model_dir, "model.safetensors"), "pt") as f:
-            self.assertEqual(len(list(f.keys())), len(by_name))
-            for gguf_name, hf_name, n_head in [
-                ("token_embd.weight", "model.embed_tokens.weight", None),
-                ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight", 9),
-                ("blk.7.attn_k.weight", "model.layers.7.self_attn.k_proj.weight", 3),
-                ("blk.29.attn_v.weight", "model.layers.29.self_attn.v_proj.weight", None),
-                ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight", None),
-                ("blk.3.ffn_norm.weight", "model.layers.3.post_attention_layernorm.weight", None),
-                ("output_norm.weight", "model.norm.weight", None),
-            ]:
-                t = by_name[gguf_name]
-                raw = np.asarray(t.data)
-                kind = t.tensor_type.name
-                if kind == "Q8_0":
-                    ref = dequant_q8_0(raw.view(np.uint8))
-                elif kind == "Q4_1":
-                    ref = dequant_q4_1(raw.view(np.uint8))
-                else:
-                    ref = raw.astype(np.float32).reshape(-1)
-                ref = ref.reshape(tuple(reversed([int(d) for d in t.shape])))
-                ours = f.get_tensor(hf_name)
-                self.assertEqual(ours.dtype, torch.float32)
-                ours = ours.numpy()
-                if n_head is not None:
-                    ours = llama_cpp_permute(ours, n_head)
-                np.testing.assert_array_equal(ours, ref, err_msg=hf_name)
-                checked += 1
+        self.assertEqual(len(self.tensors), len(by_name))
+        for gguf_name, hf_name, n_head in [
+            ("token_embd.weight", "model.embed_tokens.weight", None),
+            ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight", 9),
+            ("blk.7.attn_k.weight", "model.layers.7.self_attn.k_proj.weight", 3),
+            ("blk.29.attn_v.weight", "model.layers.29.self_attn.v_proj.weight", None),
+            ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight", None),
+            ("blk.3.ffn_norm.weight", "model.layers.3.post_attention_layernorm.weight", None),
+            ("output_norm.weight", "model.norm.weight", None),
+        ]:
+            t = by_name[gguf_name]
+            raw = np.asarray(t.data)
+            kind = t.tensor_type.name
+            if kind == "Q8_0":
+                ref = dequant_q8_0(raw.view(np.uint8))
+            elif kind == "Q4_1":
+                ref = dequant_q4_1(raw.view(np.uint8))
+            else:
+                ref = raw.astype(np.float32).reshape(-1)
+            ref = ref.reshape(tuple(reversed([int(d) for d in t.shape])))
+            ours = self.tensors[hf_name]
+            self.assertEqual(ours.dtype, torch.float32)
+            ours = ours.numpy()
+            if n_head is not None:
+                ours = llama_cpp_permute(ours, n_head)
+            np.testing.assert_array_equal(ours, ref, err_msg=hf_name)
+            checked += 1
         self.assertEqual(checked, 7)
 
     @unittest.skipUnless(__import__("importlib").util.find_spec("accelerate"), "transformers' GGUF loader needs accelerate")
@@ -107,9 +124,17 @@ class TestGGUFConversion(unittest.TestCase):
             os.path.dirname(self.gguf_path), gguf_file=os.path.basename(self.gguf_path), dtype=torch.float32
         )
         ref = hf.state_dict()
-        with safe_open(os.path.join(self.model_dir, "model.safetensors"), "pt") as f:
-            for name in f.keys():
-                self.assertTrue(torch.equal(f.get_tensor(name), ref[name]), name)
+        for name, tensor in self.tensors.items():
+            self.assertTrue(torch.equal(tensor, ref[name]), name)
+
+    def test_transformers_loads_the_sharded_checkpoint(self):
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        state = hf.state_dict()
+        for name in ("model.layers.3.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight",
+                     "model.norm.weight", "model.embed_tokens.weight"):
+            self.assertTrue(torch.equal(state[name], self.tensors[name]), name)
 
     def test_tokenizer_round_trip_and_chat_template(self):
         tok = get_tokenizer(self.model_dir)
@@ -125,6 +150,46 @@ class TestGGUFConversion(unittest.TestCase):
         ids = apply_chat_template(tok, [{"role": "user", "content": "Hi there"}], tokenize=True)
         self.assertEqual(ids[0], 1)
         self.assertEqual(tok.decode(ids), text)
+
+
+class TestLinearShardOnDemand(unittest.TestCase):
+    """dense_linears=False (the runner's --quantization gguf start): no float32 linear layers until asked for."""
+
+    def test_partial_then_completed_equals_full_conversion(self):
+        gguf_path = default_model_path()
+        with tempfile.TemporaryDirectory() as full_root, tempfile.TemporaryDirectory() as root:
+            full = shard_tensors(ensure_converted_gguf(gguf_path, full_root))
+            model_dir = ensure_converted_gguf(gguf_path, root, dense_linears=False)
+            files = set(os.listdir(model_dir))
+            self.assertIn(DENSE_SHARD, files)
+            self.assertNotIn(LINEAR_SHARD, files)
+            self.assertNotIn(SHARD_INDEX, files)  # without the index transformers refuses the directory: not a checkpoint
+            with safe_open(os.path.join(model_dir, DENSE_SHARD), "pt") as f:
+                dense = sorted(f.keys())
+            # every tensor but the 7 linear layers of each of the 30 layers: 30 x 2 norms, the final norm, the embedding
+            self.assertEqual(len(dense), 30 * 2 + 2)
+            self.assertFalse(any(n.endswith(("_proj.weight")) for n in dense))
+            ensure_dense_linears(model_dir)
+            done = shard_tensors(model_dir)
+            self.assertEqual(sorted(done), sorted(full))
+            for name, tensor in full.items():
+                self.assertTrue(torch.equal(done[name], tensor), name)
+            stamp = os.stat(os.path.join(model_dir, LINEAR_SHARD)).st_mtime_ns
+            ensure_dense_linears(model_dir)  # complete: nothing written again
+            self.assertEqual(os.stat(os.path.join(model_dir, LINEAR_SHARD)).st_mtime_ns, stamp)
+            self.assertEqual([d for d in os.listdir(model_dir) if ".tmp" in d], [])
+
+    def test_changed_source_is_refused(self):
+        with tempfile.TemporaryDirectory() as root:
+            src = os.path.join(root, "copy.gguf")
+            with open(default_model_path(), "rb") as fin, open(src, "wb") as fout:
+                fout.write(fin.read())
+            model_dir = ensure_converted_gguf(src, os.path.join(root, "cache"), dense_linears=False)
+            with open(src, "ab") as f:
+                f.write(b"\0")
+            with self.assertRaisesRegex(FileNotFoundError, "gone or has changed"):
+                ensure_dense_linears(model_dir)
+            self.assertFalse(os.path.exists(os.path.join(model_dir, LINEAR_SHARD)))
 
 
 if __name__ == "__main__":

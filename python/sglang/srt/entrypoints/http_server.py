@@ -67,13 +67,15 @@ def launch_server(server_args: ServerArgs) -> None:
     try:
         schedulers = start_scheduler_processes(server_args, port_args)
         t_spawned = time.perf_counter()
-        preloaded = preload_tokenizer(server_args)  # overlaps with the model load in the scheduler process(es)
-        import sglang.srt.entrypoints.http_app  # noqa: F401 - FastAPI and the OpenAI layer, also overlapping
+        import sglang.srt.entrypoints.http_app  # noqa: F401 - FastAPI and the OpenAI layer, beside the model load
+
+        # overlaps with the model load in the scheduler process(es); on a GGUF's first start, waits for its conversion
+        preloaded = preload_tokenizer(server_args, lambda: schedulers.death() is None)
 
         t_tokenizer = time.perf_counter()
         info = wait_for_schedulers(schedulers, server_args)
-        logger.info("Main process: imports %.2f s before launch, scheduler spawn %.2f s, tokenizer preload %.2f s "
-                    "+ API imports (beside the scheduler's start), then waited %.2f s for the scheduler", imports_s,
+        logger.info("Main process: imports %.2f s before launch, scheduler spawn %.2f s, API imports + tokenizer preload %.2f s "
+                    "(beside the scheduler's start), then waited %.2f s for the scheduler", imports_s,
                     t_spawned - started, t_tokenizer - t_spawned, time.perf_counter() - t_tokenizer)
         from sglang.srt.entrypoints.http_app import create_app  # loaded while the scheduler started
         from sglang.srt.managers.tokenizer_manager import TokenizerManager

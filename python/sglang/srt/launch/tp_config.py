@@ -40,7 +40,7 @@ def check_tp_config(sa: ServerArgs) -> None:
     from sglang.srt.mem_plan.model_shapes import model_shape_from_path
     from sglang.srt.model_loader import resolve_model_path
 
-    shape = model_shape_from_path(resolve_model_path(sa))  # also converts a GGUF once, before the ranks read it
+    shape = model_shape_from_path(resolve_model_path(sa, dense_linears=False))  # also converts a GGUF once, before the ranks read it
     check_tp_sharding(shape, sa.tp_size, sa.ep_size)  # the rule `sglang plan` applies too (configs/resolved.py)
     tp = sa.tp_size
     per_node = tp // sa.nnodes

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from sglang.srt.server_args import ServerArgs
 
@@ -27,11 +28,19 @@ def served_model_name(server_args: ServerArgs, resolved_model_path: str) -> str:
     return name
 
 
-def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
-    """(path, tokenizer) if the tokenizer's directory already exists (no GGUF conversion pending), else None.
+# how long the main process waits for a first start's GGUF conversion to write the tokenizer before it leaves the
+# tokenizer to TokenizerManager (which loads it after the scheduler is ready)
+CONVERSION_WAIT_S = 120.0
+CONVERSION_POLL_S = 0.05
+
+
+def preload_tokenizer(server_args: ServerArgs, scheduler_alive: Callable[[], bool] = lambda: True,
+                      wait_s: float = CONVERSION_WAIT_S) -> Optional[tuple]:
+    """(path, tokenizer), else None (the scheduler died, or a conversion outlasted wait_s).
 
     Called while the scheduler process loads the model, so the ~seconds of importing transformers and reading the
-    tokenizer overlap with it instead of following it.
+    tokenizer overlap with it instead of following it. On a GGUF's first start the scheduler converts the file: this
+    waits (while scheduler_alive()) for the converted directory, which is renamed into place whole.
     """
     if server_args.skip_tokenizer_init:
         return None
@@ -40,12 +49,16 @@ def preload_tokenizer(server_args: ServerArgs) -> Optional[tuple]:
 
     try:
         path = server_args.tokenizer_path or server_args.model_path or default_model_path()
-        if os.path.isfile(path) and path.endswith(".gguf"):
+        converted = os.path.isfile(path) and path.endswith(".gguf")
+        if converted:
             path = gguf_cache_dir(path, cache_root(server_args))
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer  # imported while a conversion runs
+
+        deadline = time.monotonic() + wait_s
+        while converted and not os.path.isdir(path) and scheduler_alive() and time.monotonic() < deadline:
+            time.sleep(CONVERSION_POLL_S)
         if not os.path.isdir(path):
             return None
-        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-
         return path, get_tokenizer(path, startup_cache_dir(server_args))
     except Exception as e:  # the scheduler reports real problems; this is only a head start
         logger.debug("Tokenizer preload skipped: %s", e)

@@ -82,7 +82,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         torch.manual_seed(seed)
         random.seed(seed)
 
-        self.model_path = resolve_model_path(server_args)
+        self.model_path = resolve_model_path(server_args, dense_linears=False)  # completed below where needed
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
@@ -98,7 +98,11 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         # --quantization gguf: the vocabulary table held packed, from the file's header, read before the RSS
         # baseline below (the parse leaves ~20 MB in this process that loading the weights does not cost)
         self.packed_vocab = ""
-        if self.quantization == "gguf":
+        if self.quantization != "gguf":  # a dense or w8a8_int8 start of a GGUF reads its linear layers dequantized
+            from sglang.srt.model_loader.model_path import ensure_dense_linears
+
+            ensure_dense_linears(self.model_path)
+        else:
             from sglang.srt.mem_plan.quantization_sizes import gguf_packed_vocab
 
             self.packed_vocab = gguf_packed_vocab(self.gguf_path)[0]

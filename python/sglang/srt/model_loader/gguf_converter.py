@@ -21,7 +21,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from sglang.srt.model_loader.gguf_moe import SHARED_GATE_HF_SUFFIX, MoENames, is_moe_file, moe_config_fields
+from sglang.srt.model_loader.gguf_moe import (
+    SHARED_GATE_HF_SUFFIX,
+    MoENames,
+    is_expert_weight_name,
+    is_moe_file,
+    moe_config_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,18 +71,18 @@ _QWEN2_SPLIT = (
 
 
 class GGUFMetadata:
-    """Typed access to a GGUFReader's key/value fields, and the file's tensor names in HF terms (hf_names)."""
+    """Access to a GGUF file's key/value fields (gguf_file.GGUFFile), and its tensor names in HF terms (hf_names)."""
 
-    def __init__(self, reader):
-        self.reader = reader
+    def __init__(self, gguf_file):
+        self.file = gguf_file
         self.arch = self.get("general.architecture")
-        self.is_moe = is_moe_file(self.arch, [t.name for t in reader.tensors])
+        self.is_moe = is_moe_file(self.arch, [t.name for t in gguf_file.tensors])
         self.moe_names = MoENames(self.arch, self._num_experts()) if self.is_moe else None
 
     def _num_experts(self) -> int:
-        for t in self.reader.tensors:
+        for t in self.file.tensors:
             if t.name.endswith(".ffn_gate_exps.weight"):
-                return int(t.shape.tolist()[-1])  # ggml order: [K, N, E]
+                return int(t.shape[-1])  # ggml order: [K, N, E]
         return 0
 
     def hf_names(self, gguf_name: str) -> List[str]:
@@ -90,10 +96,7 @@ class GGUFMetadata:
         return [_hf_tensor_name(gguf_name)]
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        return field.contents()
+        return self.file.fields.get(key, default)
 
     def arch_get(self, key: str, default: Any = None) -> Any:
         return self.get(f"{self.arch}.{key}", default)
@@ -110,17 +113,19 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def iter_dequantized_tensors(reader, meta: GGUFMetadata) -> Iterator[Tuple[str, np.ndarray]]:
-    """Yield (hf_name, float32 array in HF layout) for every tensor of the file (a stacked expert tensor: one per
-    expert, each dequantized from its own slab of blocks)."""
+def iter_dequantized_tensors(meta: GGUFMetadata, select=None) -> Iterator[Tuple[str, np.ndarray]]:
+    """Yield (hf_name, float32 array in HF layout) for every tensor of the file whose HF name select(name) takes (all
+    without select; a stacked expert tensor: one per expert, each dequantized from its own slab of blocks)."""
     from gguf.quants import dequantize
 
     permuted = rope_rows_permuted(meta.arch)
     n_head = meta.arch_get("attention.head_count")
     n_kv_head = meta.arch_get("attention.head_count_kv", n_head)
-    for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
+    for t in tqdm(meta.file.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
         names = meta.hf_names(t.name)
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if select is not None and not select(names[0]):
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape))
         if len(names) > 1:  # stacked experts [E, rows, cols]: t.data's leading dimension is the expert
             for name, slab in zip(names, t.data):
                 w = dequantize(slab, t.tensor_type).astype(np.float32, copy=False).reshape(shape[1:])
@@ -165,7 +170,7 @@ def build_hf_config(meta: GGUFMetadata, tensor_names: List[str]) -> Tuple[dict, 
     head_dim = int(meta.arch_get("attention.key_length", hidden // n_head))
     bos = meta.get("tokenizer.ggml.bos_token_id")
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    vocab_size = meta.arch_get("vocab_size") or len(meta.reader.fields["tokenizer.ggml.tokens"].data)
+    vocab_size = meta.arch_get("vocab_size") or len(meta.get("tokenizer.ggml.tokens"))
     rope_theta = float(meta.arch_get("rope.freq_base", 10000.0))
     config = {
         "architectures": [architecture],
@@ -258,23 +263,59 @@ def build_tokenizer_files(meta: GGUFMetadata, out_dir: str) -> None:
         json.dump(tokenizer_config, f, indent=2, ensure_ascii=False)
 
 
-def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
-    """Write config.json, generation_config.json, tokenizer files and model.safetensors into out_dir."""
-    import gguf
+# The converted directory is a sharded HF checkpoint: shard 1 holds what every start reads dense (embedding, norms,
+# routers, an untied lm_head), shard 2 the linear layers' and routed experts' weights (is_quantized_weight_name)
+# dequantized, which only a dense or w8a8_int8 start reads. Shard 2 and the index that lists both are written on the
+# first start that needs them (write_dense_linears; model_path.ensure_dense_linears): a --quantization gguf start
+# (the CPU default) reads those layers' blocks from the file and never pays for their float32 copies. GGUF_SOURCE_FILE
+# names the file they come from.
+DENSE_SHARD, LINEAR_SHARD = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+GGUF_SOURCE_FILE = "gguf_source.json"
+
+
+def _save_tensors(meta: GGUFMetadata, out_dir: str, shard: str, select) -> List[str]:
+    """Dequantize the tensors whose HF names `select` takes into out_dir/shard (temporary file, then rename)."""
     from safetensors.torch import save_file
 
-    reader = gguf.GGUFReader(gguf_path)
-    meta = GGUFMetadata(reader)
-    tensor_names = [t.name for t in reader.tensors]
-    config, generation = build_hf_config(meta, tensor_names)
+    tensors: Dict[str, torch.Tensor] = {name: torch.from_numpy(w) for name, w in iter_dequantized_tensors(meta, select)}
+    tmp = os.path.join(out_dir, f".{shard}.tmp-{os.getpid()}")
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(out_dir, shard))
+    return sorted(tensors)
+
+
+def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str, dense_linears: bool = True) -> None:
+    """Write config.json, generation_config.json, the tokenizer files, GGUF_SOURCE_FILE and the dense shard into
+    out_dir; with dense_linears the linear shard and the index too."""
+    from sglang.srt.model_loader.gguf_file import open_gguf
+
+    meta = GGUFMetadata(open_gguf(gguf_path))
+    config, generation = build_hf_config(meta, [t.name for t in meta.file.tensors])
     os.makedirs(out_dir, exist_ok=True)
     build_tokenizer_files(meta, out_dir)
-    tensors: Dict[str, torch.Tensor] = {name: torch.from_numpy(w) for name, w in iter_dequantized_tensors(reader, meta)}
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump(generation, f, indent=2)
+    _save_tensors(meta, out_dir, DENSE_SHARD, lambda name: not is_quantized_weight_name(name))
+    st = os.stat(gguf_path)
+    source = {"path": os.path.realpath(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    for name, content in (("config.json", config), ("generation_config.json", generation), (GGUF_SOURCE_FILE, source)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(content, f, indent=2)
+    if dense_linears:
+        write_dense_linears(meta, out_dir)
+
+
+def write_dense_linears(meta: GGUFMetadata, out_dir: str) -> None:
+    """The linear shard, then the index listing both shards (whole or absent: each is renamed into place)."""
+    from safetensors import safe_open
+
+    linear = _save_tensors(meta, out_dir, LINEAR_SHARD, is_quantized_weight_name)
+    with safe_open(os.path.join(out_dir, DENSE_SHARD), framework="pt") as f:
+        dense = list(f.keys())
+    weight_map = {**{n: DENSE_SHARD for n in dense}, **{n: LINEAR_SHARD for n in linear}}
+    tmp = os.path.join(out_dir, f".{SHARD_INDEX}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    os.replace(tmp, os.path.join(out_dir, SHARD_INDEX))
 
 
 # Linear-layer tensors served in their own blocks with --quantization gguf (layers/quantization/, gguf_weights.py)
@@ -284,3 +325,8 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
 QUANTIZED_LINEAR_SUFFIXES = tuple(
     f"{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 )
+
+
+def is_quantized_weight_name(hf_name: str) -> bool:
+    """Whether --quantization gguf / w8a8_int8 serves this checkpoint tensor quantized (else it loads dense)."""
+    return hf_name.endswith(QUANTIZED_LINEAR_SUFFIXES) or is_expert_weight_name(hf_name)

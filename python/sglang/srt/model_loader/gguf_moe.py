@@ -79,13 +79,13 @@ class MoENames:
         return None
 
 
-def _layer_shapes(reader, rest: str) -> Dict[int, List[int]]:
+def _layer_shapes(gguf_file, rest: str) -> Dict[int, List[int]]:
     """layer -> numpy shape of every blk.{layer}.{rest}.weight tensor."""
     out = {}
-    for t in reader.tensors:
+    for t in gguf_file.tensors:
         parts = t.name.split(".")
         if len(parts) == 4 and parts[0] == "blk" and parts[2] == rest and parts[3] == "weight":
-            out[int(parts[1])] = [int(d) for d in reversed(t.shape.tolist())]
+            out[int(parts[1])] = [int(d) for d in reversed(t.shape)]
     return out
 
 
@@ -93,7 +93,7 @@ def moe_config_fields(meta, num_layers: int) -> dict:
     """The config.json fields of a MoE file (meta: gguf_converter.GGUFMetadata) that replace or add to the dense
     config: architecture, model_type, expert counts and widths, dense layers."""
     architecture, model_type, default_norm = MOE_ARCHS[meta.arch]
-    gate_exps = _layer_shapes(meta.reader, "ffn_gate_exps")
+    gate_exps = _layer_shapes(meta.file, "ffn_gate_exps")
     shapes = {tuple(s) for s in gate_exps.values()}
     if len(shapes) != 1:
         raise ValueError(f"GGUF MoE file: the layers' ffn_gate_exps tensors differ in shape ({sorted(shapes)})")
@@ -106,7 +106,7 @@ def moe_config_fields(meta, num_layers: int) -> dict:
     if not top_k:
         raise ValueError(f"GGUF MoE file without {meta.arch}.expert_used_count (the experts each token takes)")
     dense_layers = sorted(set(range(num_layers)) - set(gate_exps))
-    dense_ffn = {s[0] for s in _layer_shapes(meta.reader, "ffn_gate").values()}
+    dense_ffn = {s[0] for s in _layer_shapes(meta.file, "ffn_gate").values()}
     fields = {"architectures": [architecture], "model_type": model_type, "num_experts_per_tok": int(top_k)}
     if meta.arch == "llama":
         if dense_layers:
@@ -120,7 +120,7 @@ def moe_config_fields(meta, num_layers: int) -> dict:
     # the dense layers' width (config's intermediate_size): their tensors, else the metadata
     fields["intermediate_size"] = (dense_ffn.pop() if len(dense_ffn) == 1
                                    else int(meta.arch_get("feed_forward_length", expert_n)))
-    shexp = {s[0] for s in _layer_shapes(meta.reader, "ffn_gate_shexp").values()}
+    shexp = {s[0] for s in _layer_shapes(meta.file, "ffn_gate_shexp").values()}
     if meta.arch == "qwen2moe":
         fields["shared_expert_intermediate_size"] = shexp.pop() if shexp else 0
     elif shexp:

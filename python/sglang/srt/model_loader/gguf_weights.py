@@ -19,13 +19,12 @@ import numpy as np
 import torch
 
 from sglang.srt.model_loader.gguf_converter import (
-    QUANTIZED_LINEAR_SUFFIXES,
     GGUFMetadata,
+    is_quantized_weight_name,
     rope_rows_permuted,
     unpermute_rope_rows,
 )
 from sglang.srt.mem_plan.quantization_sizes import PACKED_VOCAB_EMBEDDING, PACKED_VOCAB_LM_HEAD
-from sglang.srt.model_loader.gguf_moe import is_expert_weight_name
 
 
 # the HF name of each vocabulary table quantization_sizes.gguf_packed_vocab may name (gguf_converter's names)
@@ -35,11 +34,6 @@ _PACKED_VOCAB_NAMES = {PACKED_VOCAB_LM_HEAD: "lm_head.weight", PACKED_VOCAB_EMBE
 def packed_vocab_weight_names(packed_vocab: str) -> FrozenSet[str]:
     """The checkpoint names served as blocks for a packed vocabulary table ("" -> none)."""
     return frozenset([_PACKED_VOCAB_NAMES[packed_vocab]]) if packed_vocab else frozenset()
-
-
-def is_quantized_weight_name(hf_name: str) -> bool:
-    """Whether --quantization gguf / w8a8_int8 serves this checkpoint tensor quantized (else it loads dense)."""
-    return hf_name.endswith(QUANTIZED_LINEAR_SUFFIXES) or is_expert_weight_name(hf_name)
 
 
 def _staging(data: np.ndarray, tensor_type, rows: int, cols: int) -> Tuple[torch.Tensor, str]:
@@ -61,19 +55,17 @@ def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str,
     """(hf_name, tensor) for every checkpoint tensor (module docstring). kinds counts the quantized GGUF tensors per
     type name (a stacked expert tensor once), for the load log."""
     packed_names = frozenset(packed_names)
-    import gguf
-
+    from sglang.srt.model_loader.gguf_file import open_gguf
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 
-    reader = gguf.GGUFReader(gguf_path)
-    meta = GGUFMetadata(reader)
+    meta = GGUFMetadata(open_gguf(gguf_path))
     permuted = rope_rows_permuted(meta.arch)
     heads = {"q_proj": meta.arch_get("attention.head_count")}
     heads["k_proj"] = meta.arch_get("attention.head_count_kv", heads["q_proj"])
     served = set()
-    for t in reader.tensors:
+    for t in meta.file.tensors:
         names = meta.hf_names(t.name)
-        shape = [int(d) for d in reversed(t.shape.tolist())]
+        shape = [int(d) for d in reversed(t.shape)]
         quantized = is_quantized_weight_name(names[0]) or names[0] in packed_names
         if not quantized or len(shape) != (3 if len(names) > 1 else 2):
             continue
@@ -89,7 +81,7 @@ def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str,
             yield names[0], staging
         kinds[kind] = kinds.get(kind, 0) + 1
         served.update(names)
-    del reader
+    del meta
     for name, tensor in safetensors_weights_iterator(model_dir):
         if name not in served:
             yield name, tensor
