@@ -63,6 +63,7 @@ class DeviceFacts:
     total_bytes: Optional[int] = None  # memory.total (picks upstream's GPU tier defaults)
     fused_cpu_decode: bool = False  # the fused CPU decode kernel serves this model (torch_native needs no gather)
     cpu_kernels: bool = False  # the sgl-kernel CPU kernels load here (MoE experts run the CPU kernel: moe_sizes.py)
+    cpu_threads: int = 1  # the CPU kernels' threads in one scheduler process (utils/cpu_threads.plan_cpu_threads)
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
     return BackendInputs(attention_shape(sa, model), num_reqs, cuda_graph_max_bs,
                          max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
                          page_size=sa.page_size,
-                         fused_cpu_decode=device.fused_cpu_decode)
+                         fused_cpu_decode=device.fused_cpu_decode, cpu_threads=device.cpu_threads)
 
 
 def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:

@@ -54,7 +54,8 @@ class ModelRunnerKVCacheMixin:
         from sglang.srt.configs.resolved import cpu_kernels_available, fused_cpu_decode
 
         return B.DeviceFacts(self.device, self.pre_load_free_bytes, self.device_total_bytes,
-                             fused_cpu_decode(self.model_facts(), self.device), cpu_kernels_available(self.device))
+                             fused_cpu_decode(self.model_facts(), self.device), cpu_kernels_available(self.device),
+                             self.cpu_threads.num_threads if self.cpu_threads is not None else 1)
 
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
