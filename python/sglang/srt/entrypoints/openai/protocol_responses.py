@@ -104,6 +104,7 @@ class ReasoningItem(OpenAIModel):
     id: Optional[str] = None
     summary: List[ReasoningText] = []
     content: Optional[List[ReasoningText]] = None
+    encrypted_content: Optional[str] = None  # OpenAI's own thoughts, opaque: accepted, not read
     status: ITEM_STATUS = None
 
 
