@@ -12,12 +12,13 @@ import json
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=75, suite="cpu")
 
 WEATHER = {
     "type": "object",
@@ -32,6 +33,13 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
 INSTRUCTIONS = "You are a helpful assistant. Answer briefly."
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 24
@@ -116,6 +124,11 @@ def test_streamed_equals_plain(client):
     item_id = final.output[0].id
     assert all(e.item_id == item_id for e in events if hasattr(e, "item_id"))
     assert final.usage.output_tokens == plain.usage.output_tokens and final.status == plain.status
+    # the client's stream helper rebuilds the response from the events alone (indices, item ids, part order)
+    with client.responses.stream(model="default", instructions=INSTRUCTIONS, input=QUESTION,
+                                 max_output_tokens=MAX_TOKENS, temperature=0) as helper:
+        rebuilt = helper.get_final_response()
+    assert rebuilt.output_text == plain.output_text and rebuilt.output[0].content[0].text == plain.output_text
 
 
 def test_max_output_tokens_incomplete(client):
@@ -137,6 +150,10 @@ def test_json_schema(client):
                               stream=True))
     assert streamed[-1].response.output_text == resp.output_text
     jsonschema.validate(json.loads(streamed[-1].response.output_text), PERSON)
+    # the client's parse helper: its pydantic model's schema in, a parsed instance out
+    parsed = client.responses.parse(model="default", input="Invent a person. Reply in JSON.", text_format=Person,
+                                    max_output_tokens=48, temperature=0)
+    assert isinstance(parsed.output_parsed, Person) and isinstance(parsed.output_parsed.age, int)
 
 
 def check_call(item):
