@@ -5,7 +5,7 @@ References independent of the Responses code: the same conversation through /v1/
 temperature 0 and the prompt's token count must be equal), jsonschema for the structured output and the call
 arguments, and OpenAI's own event and response models (the client parses every event into its typed class).
 The bundled 135M model was never trained to call tools, so tool calls are forced with tool_choice "required" /
-a named function (the grammar the server builds), as in test_tool_calling_server.py.
+a named function (the grammar the server builds), and a `regex` makes it think, as in test_tool_calling_server.py.
 """
 
 import json
@@ -49,8 +49,9 @@ MAX_TOKENS = 24
 def resp_server():
     # float32: the text comparisons at temperature 0 (streamed vs not, /v1/responses vs the chat API) meet prefix
     # cache hits and other batch shapes, where bf16 kernels may round a near-tie the other way
+    # --reasoning-parser qwen3 reads an output without <think> as all answer: only the reasoning test writes one
     srv = popen_launch_server(other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--tool-call-parser", "qwen25",
-                                          "--dtype", "float32"])
+                                          "--reasoning-parser", "qwen3", "--dtype", "float32"])
     yield srv
     srv.kill()
 
@@ -200,6 +201,30 @@ def test_named_tool_choice(client):
                   tool_choice={"type": "function", "name": "get_weather"})
     assert [o.type for o in resp.output] == ["function_call"]
     check_call(resp.output[0])
+
+
+THINK_REGEX = r"<think>\n[A-Za-z ]{4,40}\n</think>\n\n[A-Za-z ]{4,40}"
+
+
+def test_reasoning_item(client):
+    """With --reasoning-parser the thoughts are a reasoning item before the message, streamed as reasoning_text."""
+    kw = dict(input=QUESTION, extra_body={"regex": THINK_REGEX}, max_output_tokens=64)
+    resp = create(client, **kw)
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    thoughts = resp.output[0].content[0].text
+    # the chat API's split of the same output is the reference
+    ref = client.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTION}],
+                                         max_tokens=64, temperature=0, extra_body={"regex": THINK_REGEX})
+    assert thoughts == ref.choices[0].message.reasoning_content and thoughts.strip()
+    assert resp.output_text == ref.choices[0].message.content
+    events = collect(create(client, stream=True, **kw))
+    types = [e.type for e in events if not e.type.endswith(".delta")]
+    assert types[2:-1] == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.done",
+                           "response.content_part.done", "response.output_item.done",
+                           "response.output_item.added", "response.content_part.added", "response.output_text.done",
+                           "response.content_part.done", "response.output_item.done"]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thoughts
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
 
 
 @pytest.mark.parametrize("kw,param", [

@@ -208,6 +208,8 @@ class ResponsesRequest(OpenAIModel):
     ignore_eos: bool = v.FLAG.field(False)
     chat_template_kwargs: Optional[Dict[str, Any]] = None
     rid: Optional[Rid] = Field(None, description=v.RID.description)
+    regex: Optional[str] = v.GRAMMAR.field(None)  # SGLang's output constraints besides text.format
+    ebnf: Optional[str] = v.GRAMMAR.field(None)
 
     @model_validator(mode="after")
     def _across_fields(self) -> "ResponsesRequest":
@@ -334,7 +336,7 @@ def to_chat_request(req: ResponsesRequest) -> ResponsesChatRequest:
         raise RequestError(400, e.render(e.param) if e.reason else str(e), param=e.param) from None
     body: Dict[str, Any] = {"messages": messages, "stream": req.stream}
     for name in ("temperature", "top_p", "seed", "stop", "stop_token_ids", "parallel_tool_calls",
-                 "chat_template_kwargs", "rid", "user"):
+                 "chat_template_kwargs", "rid", "user", "regex", "ebnf"):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
     for name in ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "ignore_eos"):
