@@ -243,3 +243,11 @@ def test_bad_requests_name_the_field(client, kw, param):
         create(client, **{"input": "hi", **kw})
     assert e.value.body["param"] == param
     assert create(client, input="hi", max_output_tokens=2).status in ("completed", "incomplete")
+
+
+def test_no_stored_responses(client):
+    resp = create(client, input="hi", max_output_tokens=2)
+    for call in (client.responses.retrieve, client.responses.delete):
+        with pytest.raises(openai.NotFoundError) as e:
+            call(resp.id)
+        assert "stores no responses" in e.value.message and e.value.body["param"] == "response_id"

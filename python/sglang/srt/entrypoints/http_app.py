@@ -157,6 +157,12 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     async def v1_responses(raw_request: Request):
         return await serving_responses.handle_request(raw_request)
 
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def v1_stored_response(response_id: str):
+        return error_response(404, f"No response {response_id!r}: this server stores no responses (stateless, as "
+                              "store: false). Keep the output you received and send it back in `input`.",
+                              param="response_id", code="not_found")
+
     @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     async def tokenize(raw_request: Request):
