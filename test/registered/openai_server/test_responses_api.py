@@ -18,7 +18,7 @@ import pytest
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=75, suite="cpu")
+register_cpu_ci(est_time=80, suite="cpu")
 
 WEATHER = {
     "type": "object",
