@@ -9,11 +9,13 @@ a named function (the grammar the server builds), and a `regex` makes it think, 
 """
 
 import json
+import time
 
 import jsonschema
 import openai
 import pydantic
 import pytest
+import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
@@ -251,3 +253,24 @@ def test_no_stored_responses(client):
         with pytest.raises(openai.NotFoundError) as e:
             call(resp.id)
         assert "stores no responses" in e.value.message and e.value.body["param"] == "response_id"
+
+
+def test_stream_disconnect_aborts(resp_server):
+    """A client that leaves mid-stream: the request is aborted and its KV memory freed."""
+    body = {"model": "default", "input": "Count to a thousand.", "stream": True, "max_output_tokens": 4000}
+    with requests.post(f"{resp_server.base_url}/v1/responses", json={**body, "ignore_eos": True}, stream=True,
+                       timeout=60) as r:
+        deltas = 0
+        for line in r.iter_lines():  # leave after a few tokens
+            deltas += line.startswith(b"event: response.output_text.delta")
+            if deltas == 3:
+                break
+    assert deltas == 3
+    deadline = time.time() + 5  # far less than the 4000 tokens would take
+    while True:
+        info = requests.get(f"{resp_server.base_url}/server_info", timeout=10).json()
+        stats = info["internal_states"][0]
+        if (stats["num_used_tokens"] == 0 and stats["num_running_reqs"] == 0) or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert stats["num_running_reqs"] == 0 and stats["num_used_tokens"] == 0 and info["memory_integrity"] == "ok"
