@@ -30,7 +30,8 @@ def test_string_input_and_instructions():
 
 def test_a_whole_conversation():
     items = [
-        {"role": "developer", "content": [{"type": "input_text", "text": "Use "}, {"type": "input_text", "text": "tools."}]},
+        {"role": "developer", "content": [{"type": "input_text", "text": "Use "},
+                                          {"type": "input_text", "text": "tools."}]},
         {"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Look:"},
             {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}]},

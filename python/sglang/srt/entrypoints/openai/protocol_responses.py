@@ -306,7 +306,8 @@ def chat_messages(instructions: Optional[str], items: Union[str, List[Any]]) -> 
                 msg["reasoning_content"], reasoning = "".join(reasoning), []
             messages.append(msg)
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "type": "function", "function": function}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and previous in ("message", "function_call"):
                 last.setdefault("tool_calls", []).append(call)
