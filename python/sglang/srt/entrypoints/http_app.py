@@ -24,9 +24,11 @@ from sglang.srt.entrypoints.openai.protocol import (
     GenerateRequest,
     TokenizeRequest,
 )
+from sglang.srt.entrypoints.openai.protocol_responses import ResponsesRequest
 from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -60,6 +62,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     serving_tokenize = OpenAIServingTokenize(tm)
     serving_detokenize = OpenAIServingDetokenize(tm)
     serving_generate = ServingGenerate(tm)
+    serving_responses = OpenAIServingResponses(tm)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception_handler(request: Request, exc: StarletteHTTPException):
@@ -123,7 +126,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
     install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest])
+                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest])
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
@@ -149,6 +152,16 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def v1_chat_completions(raw_request: Request):
         return await serving_chat.handle_request(raw_request)
+
+    @app.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
+    async def v1_responses(raw_request: Request):
+        return await serving_responses.handle_request(raw_request)
+
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def v1_stored_response(response_id: str):
+        return error_response(404, f"No response {response_id!r}: this server stores no responses (stateless, as "
+                              "store: false). Keep the output you received and send it back in `input`.",
+                              param="response_id", code="not_found")
 
     @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
