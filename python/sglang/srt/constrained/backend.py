@@ -133,7 +133,7 @@ def build_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos
     """The scheduler's backend, or None with --grammar-backend none or without a tokenizer."""
     from sglang.srt.mem_plan.sizes import grammar_cache_budget_bytes
 
-    if server_args.grammar_backend == "none" or tokenizer is None:
+    if server_args.grammar_backend == "none" or getattr(server_args, "is_embedding", False) or tokenizer is None:
         return None
     return GrammarBackend(tokenizer, vocab_size, list(eos_token_ids or []), max_batch_rows,
                           grammar_cache_budget_bytes(server_args.grammar_cache_mb), device=device)
