@@ -121,7 +121,7 @@ class TokenizerManager:
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import TokenizerMetricsCollector
 
-            self.metrics = TokenizerMetricsCollector(self.served_model_name)
+            self.metrics = TokenizerMetricsCollector(self.served_model_name, ready_info)
 
     # ================================================================== lifecycle
     def start(self) -> None:
