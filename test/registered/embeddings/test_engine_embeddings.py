@@ -111,3 +111,19 @@ def test_generative_engine_refuses_encode():
     with pytest.raises(ParamError, match="--is-embedding"):
         Engine.encode(Stub(), "hello")
     assert "--is-embedding" in NOT_EMBEDDING_MESSAGE
+
+
+def test_tp_batch_carries_pooling():
+    """With --tp-size N the followers run the batch rank 0 packs: they must pool too (else they would all-gather
+    logits while rank 0 does not)."""
+    from sglang.srt.distributed.batch_sync import pack_forward_batch, unpack_forward_batch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    t = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    r2t = torch.zeros(4, 16, dtype=torch.int64)
+    r2t[1, :3] = t(5, 6, 7)
+    fb = ForwardBatch(ForwardMode.EXTEND, 1, input_ids=t(1, 2, 3), positions=t(0, 1, 2), req_pool_indices=t(1),
+                      seq_lens=t(3), out_cache_loc=t(5, 6, 7), seq_lens_cpu=[3], req_pool_indices_cpu=[1],
+                      extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[3], extend_prefix_lens=t(0),
+                      extend_seq_lens=t(3), pooling="mean")
+    assert unpack_forward_batch(pack_forward_batch(fb, r2t), torch.zeros(4, 16, dtype=torch.int64)).pooling == "mean"
