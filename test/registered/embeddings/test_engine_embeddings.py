@@ -102,7 +102,7 @@ def test_default_model_matches_hf():
 
 
 def test_generative_engine_refuses_encode():
-    from sglang.srt.managers.embedding_output import NOT_EMBEDDING_MESSAGE
+    from sglang.srt.managers.request_kind import NOT_EMBEDDING_MESSAGE
 
     class Stub:  # encode's first check needs only the server args (a generative engine: any other test's)
         server_args = type("A", (), {"is_embedding": False})()

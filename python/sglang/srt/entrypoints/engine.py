@@ -16,7 +16,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from sglang.srt.entrypoints.generate_builder import GenerateBatch, build_generate_requests, parse_generate_request
-from sglang.srt.managers.embedding_output import check_request_kind
+from sglang.srt.managers.request_kind import check_request_kind
 from sglang.srt.managers.generate_output import GenerateAccumulator
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.request_error import RequestError

@@ -13,20 +13,9 @@ from typing import List, Tuple
 
 import torch
 
-from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.schedule_batch import Req
 
 EMBEDDING_NORM_EPS = 1e-12  # the L2 norm's floor (a zero vector stays zero)
-NOT_EMBEDDING_MESSAGE = ("This server serves a generative model; embeddings are served by a server started with "
-                         "--is-embedding (`sglang serve --model-path ... --is-embedding`).")
-GENERATION_REFUSED_MESSAGE = ("This server was started with --is-embedding and serves embeddings only "
-                              "(POST /v1/embeddings, Engine.encode); start it without --is-embedding to generate.")
-
-
-def check_request_kind(is_embedding_request: bool, is_embedding_server: bool) -> None:
-    """An embedding server serves embedding requests only, and a generative server none (400 saying which)."""
-    if is_embedding_request != is_embedding_server:
-        raise RequestError(400, NOT_EMBEDDING_MESSAGE if is_embedding_request else GENERATION_REFUSED_MESSAGE)
 
 
 def finish_embedding(req: Req, pooled: torch.Tensor, pooling: str) -> None:

@@ -27,7 +27,7 @@ from sglang.srt.managers.data_parallel_controller import (
     aggregate_stats,
     merge_server_info,
 )
-from sglang.srt.managers.embedding_output import check_request_kind
+from sglang.srt.managers.request_kind import check_request_kind
 from sglang.srt.managers.io_struct import (
     BatchReqOutput,
     FlushCacheReq,

@@ -22,7 +22,7 @@ from sglang.srt.entrypoints.embedding_inputs import (
 )
 from sglang.srt.entrypoints.openai.protocol import OpenAIModel
 from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, json_response
-from sglang.srt.managers.embedding_output import check_request_kind
+from sglang.srt.managers.request_kind import check_request_kind
 
 
 class EmbeddingRequest(OpenAIModel):
