@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=50, suite="cpu")
 
 MIN_COSINE = 0.9999
 
