@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def pool_hidden(hidden_states: torch.Tensor, forward_batch: "ForwardBatch", indices: torch.Tensor) -> torch.Tensor:
-    """hidden_states [N, hidden] -> float32 [B, hidden]; `indices`: each request's last new row (compute_logits_indices)."""
+    """hidden_states [N, hidden] -> float32 [B, hidden]; `indices`: each request's last new row."""
     if forward_batch.pooling == "last":
         return hidden_states[indices].float()
     if forward_batch.pooling != "mean":
