@@ -29,6 +29,7 @@ from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+from sglang.srt.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -63,6 +64,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     serving_detokenize = OpenAIServingDetokenize(tm)
     serving_generate = ServingGenerate(tm)
     serving_responses = OpenAIServingResponses(tm)
+    serving_embedding = OpenAIServingEmbedding(tm)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception_handler(request: Request, exc: StarletteHTTPException):
@@ -106,7 +108,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             "model_path": tm.model_path,
             "tokenizer_path": tm.tokenizer_path,
             "served_model_name": tm.served_model_name,
-            "is_generation": True,
+            "is_generation": not server_args.is_embedding,
             "context_len": tm.context_len,
             "vocab_size": tm.vocab_size,
         })
@@ -126,7 +128,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
     install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest])
+                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest, EmbeddingRequest])
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
@@ -162,6 +164,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
         return error_response(404, f"No response {response_id!r}: this server stores no responses (stateless, as "
                               "store: false). Keep the output you received and send it back in `input`.",
                               param="response_id", code="not_found")
+
+    @app.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
+    async def v1_embeddings(raw_request: Request):
+        return await serving_embedding.handle_request(raw_request)
 
     @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))

@@ -40,6 +40,10 @@ class LogitsProcessor(nn.Module):
     ) -> torch.Tensor:
         # hidden_states: [N, hidden] -> logits: [B, V] float32
         indices = compute_logits_indices(forward_batch)
+        if getattr(forward_batch, "pooling", None) is not None:  # an embedding server: pooled rows, no logits
+            from sglang.srt.layers.pooler import pool_hidden
+
+            return pool_hidden(hidden_states, forward_batch, indices)
         if indices is not None:
             hidden_states = hidden_states[indices]
         logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]

@@ -34,6 +34,9 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     # multimodal: preprocessed image inputs (filled by the multimodal processor), opaque to text models
     mm_inputs: Optional[Any] = None
+    # an embedding request (POST /v1/embeddings, Engine.encode): served only by an --is-embedding server, which
+    # serves nothing else
+    is_embedding: bool = False
 
 
 @dataclass
@@ -53,6 +56,8 @@ class ReqOutput:
     # per new token: logprob of the sampled token; and the top-k (token_id, logprob) pairs if asked
     new_token_logprobs: Optional[List[float]] = None
     new_top_logprobs: Optional[List[List[tuple]]] = None
+    # an embedding server (--is-embedding): the request's pooled, L2-normalized vector (with finished=True)
+    embedding: Optional[List[float]] = None
 
     def __reduce__(self):
         # one per request per step crosses to the HTTP process: pickled as its field values, not a __dict__, it is

@@ -99,7 +99,7 @@ class ModelRunnerKVCacheMixin:
             seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[num_tokens],
             extend_prefix_lens=torch.tensor([0], device=self.device),
             extend_seq_lens=torch.tensor([num_tokens], device=self.device),
-            req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend,
+            req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend, pooling=getattr(self, "pooling", None),
         )
         with measure_peak(self.device) as meter:
             backend.init_forward_metadata(fb)
