@@ -24,12 +24,13 @@ def kv_format_of(model_config) -> str:
 
 
 class PagedForwardDriver:
-    def __init__(self, model, model_config, max_reqs: int = 8, max_tokens: int = 4096, backend: str = "torch_native", device: str = "cpu", page_size: int = 1):
+    def __init__(self, model, model_config, max_reqs: int = 8, max_tokens: int = 4096, backend: str = "torch_native", device: str = "cpu", page_size: int = 1,
+                 kv_format: Optional[str] = None):
         self.model = model
         self.device = device
         self.req_to_token_pool = ReqToTokenPool(max_reqs, model_config.context_len, device=device)
         self.kv_pool = create_kv_pool(
-            kv_format_of(model_config), max_tokens, page_size, model_config.kv_cache_dtype,
+            kv_format or kv_format_of(model_config), max_tokens, page_size, model_config.kv_cache_dtype,
             model_config.num_key_value_heads, model_config.head_dim, model_config.num_hidden_layers, device=device,
         )
         self.attn_backend = create_attention_backend(

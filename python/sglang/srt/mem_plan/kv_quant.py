@@ -140,3 +140,16 @@ def describe(fmt: str, head_dim: int, v_head_dim: int) -> str:
 def decode_gather_tokens(fmt: str, default: int) -> int:
     """torch_native's decode row-group bound for this format (the plan's decode_gather transient and the backend)."""
     return QUANTIZED_DECODE_GATHER_TOKENS if is_quantized(fmt) else default
+
+
+def _help() -> str:
+    gains = ", ".join(f"{f} {capacity_gain_vs_bf16(f, 64, 64):.2f}x" for f in ("fp8_e4m3", "int8", "int4", "int2_hadamard"))
+    flags = "; ".join(f"{f}: {why}" for f, why in KV_QUALITY_FLAGS.items())
+    return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
+            "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
+            "int8 per token, int4 per token asymmetric (keys rotated), int2_hadamard; bf16 tokens per byte x "
+            f"(head dim 64): {gains}. int formats need --attention-backend torch_native."
+            + (f" Quality gate FAILED: {flags}." if flags else ""))
+
+
+KV_CACHE_DTYPE_HELP = _help()
