@@ -39,6 +39,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.paged_forward import PagedForwardDriver
 
+FUSED = "bfloat16+fused"  # bf16 KV read by the fused CPU decode kernel (the server's bf16 path), a control row
 FORMATS = [FUSED, "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard"]
 GATES = {"fp8_e4m3": (0.99, 0.01), "fp8_e5m2": (0.99, 0.01), "int8": (0.99, 0.01), "int4": (0.95, 0.05)}
 PROMPTS = [
@@ -60,9 +61,6 @@ def topics_text() -> str:
     import pydoc_data.topics as t
 
     return "\n\n".join(t.topics[k] for k in sorted(t.topics))
-
-
-FUSED = "bfloat16+fused"  # bf16 KV read by the fused CPU decode kernel (the server's bf16 path), a control row
 
 
 def make_driver(model, config, fmt, max_reqs, max_tokens):
