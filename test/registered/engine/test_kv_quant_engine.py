@@ -18,7 +18,7 @@ from sglang.srt.mem_plan import kv_quant
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=170, suite="cpu")
+register_cpu_ci(est_time=200, suite="cpu")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
 NEW_TOKENS = 12

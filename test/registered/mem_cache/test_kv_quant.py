@@ -241,5 +241,17 @@ class TestPlanCapacity(unittest.TestCase):
             self.assertGreaterEqual(tokens / base_tokens, gain, fmt)
 
 
+    def test_dry_run_refuses_an_int_format_on_a_gpu_backend(self):
+        import contextlib
+        import io
+
+        from sglang.cli.plan import run
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+            run(["--gpu", "h100-80gb", "--kv-cache-dtype", "int4", "--attention-backend", "triton"])
+        self.assertIn("read only by --attention-backend torch_native", err.getvalue())
+
+
 if __name__ == "__main__":
     unittest.main()
