@@ -216,6 +216,9 @@ def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
         choice = plan_backend(sa.attention_backend, gpu.platform if gpu is not None else None)
         sa = dataclasses.replace(sa, attention_backend=choice.name)
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
+        from sglang.srt.mem_plan.kv_quant import check_kv_format_backend
+
+        check_kv_format_backend(model.kv_cache_dtype, choice.name)  # as the runner refuses it
     except ValueError as e:
         build_parser().error(str(e))
     device = device_facts(sa, ns, model)

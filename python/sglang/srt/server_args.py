@@ -22,6 +22,7 @@ from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS as 
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
 from sglang.srt.mem_plan.dtypes import KV_CACHE_DTYPE_CHOICES as _KV_CACHE_DTYPE_CHOICES
 from sglang.srt.mem_plan.dtypes import WEIGHT_DTYPE_CHOICES as _WEIGHT_DTYPE_CHOICES
+from sglang.srt.mem_plan.kv_quant import KV_CACHE_DTYPE_HELP
 from sglang.srt.mem_plan.inputs import check_mem_fraction_static
 from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS as _PLAN_ONLY_QUANTIZATIONS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS as _REASONING_PARSERS
@@ -78,7 +79,7 @@ class ServerArgs:
         "float32 is the reference path.",
         choices=DTYPE_CHOICES,
     )
-    kv_cache_dtype: str = _f("auto", "KV cache dtype; 'auto' follows --dtype.", choices=KV_CACHE_DTYPE_CHOICES)
+    kv_cache_dtype: str = _f("auto", KV_CACHE_DTYPE_HELP, choices=KV_CACHE_DTYPE_CHOICES)
     quantization: Optional[str] = _f(
         None,
         "Weight format of the linear layers (layers/quantization/). 'gguf': a .gguf model's Q4_0/Q4_1/Q8_0 "

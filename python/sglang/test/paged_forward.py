@@ -10,24 +10,34 @@ from typing import List, Optional, Sequence
 import torch
 
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 
+def kv_format_of(model_config) -> str:
+    """The KV format name of a ModelConfig (or of a stand-in config with only a torch kv_cache_dtype)."""
+    from sglang.srt.mem_plan.dtypes import canonical_dtype
+
+    name = getattr(model_config, "kv_cache_dtype_name", None)
+    return name if isinstance(name, str) else canonical_dtype(str(model_config.kv_cache_dtype))
+
+
 class PagedForwardDriver:
-    def __init__(self, model, model_config, max_reqs: int = 8, max_tokens: int = 4096, backend: str = "torch_native", device: str = "cpu"):
+    def __init__(self, model, model_config, max_reqs: int = 8, max_tokens: int = 4096, backend: str = "torch_native", device: str = "cpu", page_size: int = 1,
+                 kv_format: Optional[str] = None):
         self.model = model
         self.device = device
         self.req_to_token_pool = ReqToTokenPool(max_reqs, model_config.context_len, device=device)
-        self.kv_pool = MHATokenToKVPool(
-            max_tokens, 1, model_config.kv_cache_dtype, model_config.num_key_value_heads, model_config.head_dim,
-            model_config.num_hidden_layers, device=device,
+        self.kv_pool = create_kv_pool(
+            kv_format or kv_format_of(model_config), max_tokens, page_size, model_config.kv_cache_dtype,
+            model_config.num_key_value_heads, model_config.head_dim, model_config.num_hidden_layers, device=device,
         )
         self.attn_backend = create_attention_backend(
             backend, model_config=model_config, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.kv_pool, device=device,
         )
-        self.next_slot = 1  # slot 0 is the dummy page
+        self.next_slot = page_size  # slots [0, page_size) are the dummy page
         self.seq_lens: dict = {}  # req row -> tokens stored
 
     def new_request(self) -> int:

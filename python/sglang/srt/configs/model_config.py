@@ -93,7 +93,10 @@ class ModelConfig:
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:
-        return torch_dtype(self.facts.kv_cache_dtype)
+        """The dtype attention reads K/V in (an int KV format's codes are dequantized into the model dtype)."""
+        from sglang.srt.mem_plan.dtypes import kv_compute_dtype
+
+        return torch_dtype(kv_compute_dtype(self.facts.kv_cache_dtype, self.facts.dtype))
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -101,6 +101,10 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
     from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
     from sglang.srt.mem_plan.dtypes import torch_dtype
 
+    from sglang.srt.mem_plan.kv_quant import is_quantized
+
+    if is_quantized(model.kv_cache_dtype):  # codes and scales: the torch path's per-request dequantizing gather
+        return False
     head_dim, kv = model.shape.text.head_dim, torch_dtype(model.kv_cache_dtype)
     return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
 

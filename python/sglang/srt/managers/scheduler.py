@@ -257,6 +257,7 @@ class Scheduler:
             "cuda_graphs": self.model_runner.cuda_graph_info(),
             "overlap_schedule": self.overlap is not None,
             "memory_plan": plan.to_dict() if plan is not None else None,
+            "kv_cache": self.model_runner.kv_cache_info() if plan is not None else None,
             "tp_size": self.server_args.tp_size,
             # what each TP rank measured and allocated under the (shared, per-rank) plan above
             "memory_plan_per_rank": getattr(self.model_runner, "rank_memory", None),

@@ -198,3 +198,15 @@ class MHATokenToKVPool(KVCache):
             v = v.view(self.store_dtype)
         self.k_buffer[layer_id].index_copy_(0, loc, k)
         self.v_buffer[layer_id].index_copy_(0, loc, v)
+
+    # the read interface the quantized pool shares (quantized_kv_pool.py): plain rows, no rotation
+    def rotation(self, part: str) -> Optional[torch.Tensor]:
+        return None
+
+    def gather_kv(self, layer_id: int, index: torch.Tensor, dtype: torch.dtype, rotated: bool = False):
+        """K [n, head_num, head_dim] and V [n, head_num, v_head_dim] of the slots `index`, in dtype."""
+        k = self.get_key_buffer(layer_id).index_select(0, index)  # ~3x faster than advanced indexing on CPU
+        v = self.get_value_buffer(layer_id).index_select(0, index)
+        if k.dtype != dtype:
+            k, v = k.to(dtype), v.to(dtype)
+        return k, v

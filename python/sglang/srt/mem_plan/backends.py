@@ -79,6 +79,7 @@ class AttentionShape:
     num_kv_heads: int = 1  # per rank (torch_native's gather bound)
     model_dtype_bytes: int = 2
     kv_dtype_bytes: int = 2
+    decode_gather_tokens: int = DECODE_GATHER_TOKENS  # torch_native's decode row group (kv_quant: less if quantized)
 
     @property
     def v_dim(self) -> int:
@@ -190,7 +191,8 @@ def decode_gather_bytes(shape: AttentionShape) -> int:
     """torch_native without the fused kernel: DECODE_GATHER_TOKENS tokens of one layer's gathered K and V (+ one
     contiguous copy inside SDPA), their float32 scores, and the row group's slot table and mask."""
     per_token_layer = shape.num_kv_heads * (shape.head_dim + shape.v_dim) * shape.kv_dtype_bytes
-    return DECODE_GATHER_TOKENS * (2 * per_token_layer + DECODE_SCORE_BYTES * shape.num_q_heads + DECODE_INDEX_BYTES)
+    return shape.decode_gather_tokens * (2 * per_token_layer + DECODE_SCORE_BYTES * shape.num_q_heads
+                                         + DECODE_INDEX_BYTES)
 
 
 def torch_native_buffers(x: BackendInputs) -> list[BufferDecl]:

@@ -22,6 +22,8 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
+from sglang.srt.mem_plan.kv_quant import describe as describe_kv
+from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
     CAPTURABLE,
@@ -154,9 +156,11 @@ def resolve_cap(sa, device: DeviceFacts) -> tuple[Optional[int], str]:
 
 
 def attention_shape(sa, model: ModelFacts) -> AttentionShape:
-    return model.shape.attention_shape(model.context_len, sa.tp_size, num_kv_splits=sa.triton_attention_num_kv_splits,
-                                       model_dtype_bytes=dtype_bytes(model.dtype),
-                                       kv_dtype_bytes=dtype_bytes(model.kv_cache_dtype))
+    shape = model.shape.attention_shape(model.context_len, sa.tp_size, num_kv_splits=sa.triton_attention_num_kv_splits,
+                                        model_dtype_bytes=dtype_bytes(model.dtype),
+                                        kv_dtype_bytes=gather_elem_bytes(model.kv_cache_dtype, model.dtype))
+    return dataclasses.replace(shape, decode_gather_tokens=decode_gather_tokens(model.kv_cache_dtype,
+                                                                                shape.decode_gather_tokens))
 
 
 def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cuda_graph_max_bs: int) -> BackendInputs:
@@ -272,6 +276,9 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         device_total_bytes=device.total_bytes,
         weight_bytes=measured.weight_bytes,
         kv_cell_bytes=cell.cell_bytes,
+        kv_fixed_bytes=cell.fixed_bytes,
+        kv_detail=(describe_kv(model.kv_cache_dtype, cell.head_dim, cell.v_head_dim or cell.head_dim)
+                   if cell.kv_format and not cell.is_mla else ""),
         context_len=model.context_len,
         page_size=sa.page_size,
         mem_fraction_static=sa.mem_fraction_static,

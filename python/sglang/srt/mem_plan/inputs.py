@@ -39,6 +39,8 @@ class PlanInputs:
     pre_load_free_bytes  free device memory before weights load, MIN over ranks (measure.py)
     weight_bytes         measured weights (+ LoRA/draft weights) on this rank
     kv_cell_bytes        KV bytes per token on this rank (specs.KVCellSpec.cell_bytes)
+    kv_fixed_bytes       KV bytes that do not grow with the pool: fp8's per-(layer, KV head) scales
+                         (specs.KVCellSpec.fixed_bytes); charged in the kv_cache term
     mem_fraction_static  None = auto (solved); a value = honoured exactly or MemoryPlanError
     workspace            the attention backend's declaration, linear in request slots and graph batch size
     logits_bytes         fixed sampler/logits bytes; logits_per_req_bytes adds bytes per request slot
@@ -81,6 +83,8 @@ class PlanInputs:
     # one term per encoded modality (encoder.EncoderTerm: encoder_image / encoder_video / encoder_audio); with them
     # encoder_bytes is 0, and a plan without them shows the one shared `encoder` term (--encoder-mem-reserve or 0)
     encoder_terms: tuple = ()
+    kv_fixed_bytes: int = 0
+    kv_detail: str = ""  # a quantized KV format's bytes and gain over bf16 (kv_quant.describe), for the table
 
     @property
     def encoder_total_bytes(self) -> int:
@@ -89,7 +93,7 @@ class PlanInputs:
     def __post_init__(self):
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
                      "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes",
-                     "grammar_per_req_bytes", "grammar_cache_bytes", "moe_workspace_bytes"):
+                     "grammar_per_req_bytes", "grammar_cache_bytes", "moe_workspace_bytes", "kv_fixed_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):

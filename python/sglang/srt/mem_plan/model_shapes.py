@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sglang.srt.mem_plan.backends import AttentionShape
-from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes
+from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes, resolve_kv_cache_dtype
 from sglang.srt.mem_plan.encoder_shapes import PREPROCESSOR_KEY, encoder_parts, load_preprocessor_config
 from sglang.srt.mem_plan.moe_activations import moe_first_call_bytes, moe_routing_bytes
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+from sglang.srt.mem_plan.kv_quant import is_quantized
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
 
 # Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
@@ -297,10 +298,12 @@ class ModelShape:
     def kv_cell(self, kv_cache_dtype: str = "auto", tp: int = 1, model_dtype: Optional[str] = None) -> KVCellSpec:
         s = self.text
         kvb = kv_dtype_bytes(kv_cache_dtype, model_dtype or s.dtype)
+        fmt = resolve_kv_cache_dtype(kv_cache_dtype, model_dtype or s.dtype)
+        fmt = fmt if is_quantized(fmt) else ""
         if s.is_mla:
             return KVCellSpec(s.num_layers, kvb, kv_lora_rank=s.kv_lora_rank, qk_rope_head_dim=s.qk_rope_head_dim,
-                              tp_size=tp)
-        return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp)
+                              tp_size=tp, kv_format=fmt)
+        return KVCellSpec(s.num_layers, kvb, s.num_kv_heads, s.head_dim, tp_size=tp, kv_format=fmt)
 
     def attention_shape(self, context_len: int, tp: int = 1, *, num_kv_splits: Optional[int] = None,
                         model_dtype_bytes: int = 2, kv_dtype_bytes: int = 2) -> AttentionShape:

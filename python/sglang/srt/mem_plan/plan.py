@@ -45,6 +45,7 @@ class MemoryPlan:
     limited_by: str
     notes: tuple[str, ...] = field(default=())
     cap_source: str = "--max-total-memory-gb"
+    kv_fixed_bytes: int = 0  # fp8's per-(layer, KV head) scales, in the kv_cache term
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):
@@ -59,8 +60,9 @@ class MemoryPlan:
         if not 0 <= self.max_running_requests <= max(self.max_total_num_tokens // 2, 0):
             raise ValueError(f"max_running_requests {self.max_running_requests} outside [0, T // 2]")
         pool_rows = kv_pool_rows(self.max_total_num_tokens, self.page_size)
-        if self.term("kv_cache").num_bytes != pool_rows * self.kv_cell_bytes:
-            raise ValueError("kv_cache term disagrees with (max_total_num_tokens + one dummy page) * kv_cell_bytes")
+        if self.term("kv_cache").num_bytes != pool_rows * self.kv_cell_bytes + self.kv_fixed_bytes:
+            raise ValueError("kv_cache term disagrees with (max_total_num_tokens + one dummy page) * kv_cell_bytes"
+                             " + kv_fixed_bytes")
         if not 0.0 <= self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static {self.mem_fraction_static} outside [0, 1]")
 

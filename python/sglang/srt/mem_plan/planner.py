@@ -78,8 +78,10 @@ class _Resolved:
         ws = x.workspace
         return (
             MemoryTerm("weights", x.weight_bytes, src("weights")),
-            MemoryTerm("kv_cache", kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes, src("kv_cache"),
-                       f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"),
+            MemoryTerm("kv_cache", kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes + x.kv_fixed_bytes,
+                       src("kv_cache"), f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
+                       + (f" + {x.kv_fixed_bytes:,} B of scales" if x.kv_fixed_bytes else "")
+                       + (f"; {x.kv_detail}" if x.kv_detail else "")),
             MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
                        f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
@@ -136,9 +138,9 @@ def _encoder_terms(x: PlanInputs) -> tuple[MemoryTerm, ...]:
 
 
 def dummy_page_bytes(x: PlanInputs) -> int:
-    """The KV pool's dummy page that padded reads point at (sizes.kv_pool_rows): allocated beside the T tokens,
-    so the kv_cache term charges it too."""
-    return kv_pool_rows(0, x.page_size) * x.kv_cell_bytes
+    """The KV pool's dummy page that padded reads point at (sizes.kv_pool_rows) and its fixed scales (fp8):
+    allocated beside the T tokens, so the kv_cache term charges them too."""
+    return kv_pool_rows(0, x.page_size) * x.kv_cell_bytes + x.kv_fixed_bytes
 
 
 def plan_memory(inputs: PlanInputs) -> MemoryPlan:
@@ -162,7 +164,8 @@ def _plan_auto(r: _Resolved) -> MemoryPlan:
         num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens)
     if num_tokens < r.min_kv_tokens:
         _raise_nothing_fits(r)
-    y = B.effective_mem_fraction(x.weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes, r.budget)
+    y = B.effective_mem_fraction(x.weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes
+                                 + x.kv_fixed_bytes, r.budget)
     return _build(r, num_tokens, y, "auto", _limited_by(r, num_tokens))
 
 
@@ -248,6 +251,7 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         page_size=x.page_size,
         context_len=x.context_len,
         kv_cell_bytes=x.kv_cell_bytes,
+        kv_fixed_bytes=x.kv_fixed_bytes,
         terms=r.terms(num_tokens),
         slot_regime=r.rule.regime(num_tokens),
         limited_by=limited_by,

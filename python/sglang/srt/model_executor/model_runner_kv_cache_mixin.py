@@ -27,6 +27,7 @@ import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -63,11 +64,15 @@ class ModelRunnerKVCacheMixin:
     def _kv_pool(self, num_tokens: int) -> MHATokenToKVPool:
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
-        return MHATokenToKVPool(num_tokens, self.server_args.page_size, mc.kv_cache_dtype, cell.num_kv_heads_per_rank,
-                                mc.head_dim, mc.num_hidden_layers, self.device)
+        return create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
+                              cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device)
 
     def _attention_backend(self, r2t, kv, num_reqs: int, cuda_graph_max_bs: int):
         from sglang.srt.layers.attention.attention_registry import create_attention_backend
+        from sglang.srt.mem_plan.kv_quant import check_kv_format_backend
+
+        check_kv_format_backend(self.model_config.kv_cache_dtype_name, self.server_args.attention_backend or
+                                "torch_native")
 
         return create_attention_backend(self.server_args.attention_backend, model_config=self.model_config,
                                         req_to_token_pool=r2t, token_to_kv_pool=kv, device=self.device,
@@ -201,6 +206,7 @@ class ModelRunnerKVCacheMixin:
         self.req_to_token_pool = ReqToTokenPool(plan.max_running_requests, req_to_token_row_len(self.context_len),
                                                 self.device)
         self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens)
+        self.calibrate_kv_scales()
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(plan.max_total_num_tokens, sa.page_size)
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
                                                     plan.max_running_requests, plan.cuda_graph_max_bs)
@@ -212,6 +218,29 @@ class ModelRunnerKVCacheMixin:
             plan.max_total_num_tokens, plan.max_running_requests, self.token_to_kv_pool.mem_usage_bytes() / 2**30,
             plan.mem_fraction_static, plan.mem_fraction_static_source,
         )
+
+    def calibrate_kv_scales(self) -> None:
+        """fp8 KV: per-(layer, KV head) scales from a startup forward (kv_calibration.py); others: nothing."""
+        from sglang.srt.model_executor.kv_calibration import calibrate_kv_scales
+
+        calibrate_kv_scales(self)
+
+    def kv_cache_info(self) -> dict:
+        """For /server_info: the KV format, its bytes per token on this rank (every scale byte counted), and the
+        capacity gain over a bf16 cache of the same budget (mem_plan/kv_quant.py)."""
+        from sglang.srt.mem_plan.kv_quant import quality_flag
+
+        mc, plan = self.model_config, self.memory_plan
+        cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
+        info = {"kv_cache_dtype": mc.kv_cache_dtype_name, "bytes_per_token": cell.cell_bytes,
+                "fixed_bytes": cell.fixed_bytes, "bf16_bytes_per_token": cell.bf16_cell_bytes,
+                "capacity_gain_vs_bf16": round(cell.bf16_cell_bytes / cell.cell_bytes, 4),
+                "max_total_num_tokens": plan.max_total_num_tokens,
+                "quality_flag": quality_flag(mc.kv_cache_dtype_name) or None}
+        scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
+        if scale_info is not None:
+            info.update(scale_info())
+        return info
 
     def init_moe_workspace(self) -> None:
         """MoE models: allocate the fused-experts workspace the plan charges (mem_plan/build.moe_workspace) and give it

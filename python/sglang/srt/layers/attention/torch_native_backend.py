@@ -14,6 +14,10 @@ Query layouts:
            The transient of one such call is bounded by the "extend_attention" declaration (mem_plan/backends.py),
            which the memory plan reserves.
 
+A quantized pool (fp8 with scales, int8, int4, int2_hadamard: mem_cache/quantized_kv_pool.py) is read through its
+gather_kv: only the gathered rows of one request (extend) or one row group (decode) are dequantized, never the pool;
+formats stored in a rotated basis are attended there (the query turned once, the output turned back once).
+
 On a CPU, decode instead calls one fused kernel per layer that writes the new K/V and reads each request's keys and
 values in place through req_to_token: no gathered copy, no padding, no mask. A bf16 pool from level avx512_bf16
 (sgl-kernel/csrc/cpu/decode_attention.h), an fp32 pool from level avx2 (decode_attention_f32_impl.h). Extend there
@@ -32,6 +36,7 @@ import torch.nn.functional as F
 from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
+from sglang.srt.mem_plan.kv_quant import decode_gather_tokens
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -90,6 +95,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
         self.cpu_extend_ops = self.cpu_decode_ops if hasattr(self.cpu_decode_ops, "extend_attention") else None
+        # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
+        self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -135,19 +142,29 @@ class TorchNativeAttnBackend(AttentionBackend):
         return reqs
 
     # ------------------------------------------------------------------ per layer
-    def _gather_kv(self, layer: AttentionLayer, kv_indices: torch.Tensor, dtype: torch.dtype):
-        """kv_indices: [B, Lk] -> k, v: [B, KV, Lk, D] (transposed views of one contiguous gather each)."""
-        pool = self.token_to_kv_pool
+    def _gather_kv(self, layer: AttentionLayer, kv_indices: torch.Tensor, dtype: torch.dtype, rotated: bool = False):
+        """kv_indices: [B, Lk] -> k, v: [B, KV, Lk, D] (transposed views of one contiguous gather each). A quantized
+        pool dequantizes only these rows (rotated=True: a rotated format's rows stay in its rotated basis)."""
         bs, max_len = kv_indices.shape
-        flat = kv_indices.reshape(-1)
-        # index_select is ~3x faster than advanced indexing on CPU for these shapes
-        k = pool.get_key_buffer(layer.layer_id).index_select(0, flat)  # [B * Lk, KV, D]
-        v = pool.get_value_buffer(layer.layer_id).index_select(0, flat)
-        if k.dtype != dtype:
-            k, v = k.to(dtype), v.to(dtype)
+        k, v = self.token_to_kv_pool.gather_kv(layer.layer_id, kv_indices.reshape(-1), dtype, rotated)  # [B*Lk, KV, D]
         k = k.view(bs, max_len, k.shape[1], k.shape[2]).transpose(1, 2)
         v = v.view(bs, max_len, v.shape[1], v.shape[2]).transpose(1, 2)
         return k, v
+
+    def _rotated_attention(self, q: torch.Tensor, layer: AttentionLayer, kv_indices: torch.Tensor, attend):
+        """attend(q, k, v) over the gathered rows. A pool that stores K (V) in a rotated basis x @ R gives them
+        rotated; the query is turned by R_k (q.k unchanged: R orthonormal) and the output back by R_v^T, so no
+        stored row is ever turned back. q [..., D]; returns [..., Dv]."""
+        pool = self.token_to_kv_pool
+        r_k, r_v = pool.rotation("k"), pool.rotation("v")
+        rotated = r_k is not None or r_v is not None
+        k_all, v_all = self._gather_kv(layer, kv_indices, q.dtype, rotated)
+        if r_k is not None:
+            q = (q.float() @ r_k).to(q.dtype)
+        out = attend(q, k_all, v_all)
+        if r_v is not None:
+            out = (out.float() @ r_v.T).to(out.dtype)
+        return out
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
@@ -173,10 +190,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                     is_causal=True, scale=layer.scaling, enable_gqa=True,
                 )
             else:
-                k_all, v_all = self._gather_kv(layer, req.kv_indices, q.dtype)  # [1, KV, seq_len, D]
-                out = F.scaled_dot_product_attention(
-                    q_b, k_all, v_all, attn_mask=req.attn_mask, scale=layer.scaling, enable_gqa=True
-                )
+                out = self._rotated_attention(q_b, layer, req.kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
+                    qq, kk, vv, attn_mask=req.attn_mask, scale=layer.scaling, enable_gqa=True))  # [1, KV, seq_len, D]
             outs.append(out[0].transpose(0, 1).reshape(req.q_len, num_heads * layer.v_head_dim))  # [1, H, q, Dv] -> [q, H * Dv]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -197,7 +212,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         bs = q.shape[0]
         # Rows are processed in groups of at most DECODE_GATHER_TOKENS padded tokens, so the per-layer slot table,
         # mask and gathered K/V never exceed the workspace declared for this backend, whatever the batch and context.
-        rows = max(1, DECODE_GATHER_TOKENS // md.max_len)
+        rows = max(1, self.decode_gather_tokens // md.max_len)
         outs = [self._decode_rows(q[s : s + rows], layer, forward_batch.req_pool_indices[s : s + rows],
                                   forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged)
                 for s in range(0, bs, rows)]
@@ -210,11 +225,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [b, max_len]
             kv_indices.masked_fill_(~valid, 0)  # req_to_token past seq_len is uninitialised
             attn_mask = valid.view(-1, 1, 1, max_len)
-        k_all, v_all = self._gather_kv(layer, kv_indices, q.dtype)  # [b, KV, Lk, D]
         bs, num_heads, head_dim = q.shape
-        num_kv_heads = k_all.shape[1]
+        num_kv_heads = self.token_to_kv_pool.head_num
         q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]
-        out = F.scaled_dot_product_attention(q_grouped, k_all, v_all, attn_mask=attn_mask, scale=layer.scaling)
+        out = self._rotated_attention(q_grouped, layer, kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
+            qq, kk, vv, attn_mask=attn_mask, scale=layer.scaling))  # k, v gathered [b, KV, Lk, D]
         return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
 
 

@@ -1,0 +1,159 @@
+"""KV cache formats and their bytes, written once: the plan charges them, the pool allocates them field by field.
+
+Torch-free. A format is the list of per-token fields one KV head stores in each layer (codes and scales) plus the
+fixed per-(layer, KV head) tensors (fp8 scales). The pool (mem_cache/memory_pool.py) allocates one buffer
+[layers, rows, kv_heads, elems] per token field and one [layers, kv_heads] per fixed field; the plan's kv_cache term
+is rows x cell_bytes + fixed_bytes with the same numbers (specs.KVCellSpec), so what is allocated is what was planned.
+
+Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 in brackets (bf16: 256 B):
+
+  bfloat16/float16  k, v in the model's 16-bit dtype                                          [256 B, 1.00x]
+  float32           k, v in fp32                                                              [512 B]
+  fp8_e4m3/e5m2     k, v one byte each (x / scale cast to fp8); fp32 scales per (layer, KV head) for K and V,
+                    calibrated at startup from a forward of built-in English text (amax x headroom / fp8 max), a
+                    fixed cost of layers x kv_heads x 8 B                                        [128 B, 2.00x]
+  int8              symmetric per token: k, v int8 codes, one fp16 scale (amax / 127) each        [132 B, 1.94x]
+  int4              asymmetric per token over the head vector (KIVI's value rule): 4-bit codes two to a byte, an
+                    fp16 (scale, min) pair for K and for V; the keys first turned by a fixed orthonormal
+                    (randomised Hadamard) rotation, which spreads the outlier channels that KIVI handles by
+                    quantizing keys per channel (mem_cache/kv_quant_codec.py)                  [72 B, 3.56x]
+  int2_hadamard     the >= 8x mode: K and V turned by the rotation (their coordinates ~ Gaussian), keys 2-bit
+                    (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
+                    one log-scale byte per vector (2^(code/16) steps, +-2.2%)                   [31 B, 8.26x]
+
+None of the quantized formats keeps any token in a higher precision: every byte the pool holds per token is above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from sglang.srt.mem_plan.dtypes import dtype_bytes
+
+FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+INT_FORMATS = ("int8", "int4", "int2_hadamard")
+QUANTIZED_KV_FORMATS = FP8_FORMATS + INT_FORMATS
+# a quantized format's quality gate (benchmark/bench_kv_quality.py, docs/kv_quantization.md): None = passes; a text =
+# the measured failure, shown in --help and /server_info
+KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py on the default model (SmolLM2-135M), docs/kv_quantization.md
+    "fp8_e4m3": "fails (top-1 97.3% < 99%, perplexity +2.9% > 1%)",
+    "fp8_e5m2": "fails (top-1 94.3% < 99%, perplexity +9.9% > 1%)",
+    "int8": "fails top-1 (98.3% < 99%; two bf16 kernels agree 98.6%), perplexity +0.1% passes",
+    "int4": "fails (top-1 91.0% < 95%, perplexity +7.3% > 5%)",
+    "int2_hadamard": "capacity mode: top-1 59.1%, perplexity +342%, needle recall 0/6",
+}
+INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
+# torch_native decode reads a quantized pool in row groups of at most this many tokens (a plain pool: backends.
+# DECODE_GATHER_TOKENS, 64k): the dequantized rows cost fp32 + the model dtype, so the declared transient stays small
+QUANTIZED_DECODE_GATHER_TOKENS = 8192
+FP8_SCALE_HEADROOM = 2.0  # fp8 scale = calibration amax x headroom / fp8 max: values up to 2x the amax stay in range
+
+
+@dataclass(frozen=True)
+class KVField:
+    """One buffer of the pool: `elems` elements of `dtype` per (token, KV head) (or per (layer, KV head) if fixed)."""
+
+    name: str
+    elems: int
+    dtype: str
+
+    @property
+    def bytes(self) -> int:
+        return self.elems * dtype_bytes(self.dtype)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def is_quantized(fmt: str) -> bool:
+    return fmt in QUANTIZED_KV_FORMATS
+
+
+def token_fields(fmt: str, head_dim: int, v_head_dim: int) -> Tuple[KVField, ...]:
+    """The per-token fields of one KV head in one layer."""
+    d, dv = head_dim, v_head_dim
+    if fmt in FP8_FORMATS:
+        return (KVField("k", d, "uint8"), KVField("v", dv, "uint8"))
+    if fmt == "int8":
+        return (KVField("k", d, "int8"), KVField("k_scale", 1, "float16"),
+                KVField("v", dv, "int8"), KVField("v_scale", 1, "float16"))
+    if fmt == "int4":
+        if d % 2 or dv % 2:
+            raise ValueError(f"--kv-cache-dtype int4 needs even head dims, got {d}/{dv}")
+        return (KVField("k", d // 2, "uint8"), KVField("k_scale", 2, "float16"),
+                KVField("v", dv // 2, "uint8"), KVField("v_scale", 2, "float16"))
+    if fmt == "int2_hadamard":
+        if d % 4:
+            raise ValueError(f"--kv-cache-dtype int2_hadamard needs a head dim that is a multiple of 4, got {d}")
+        return (KVField("k", d // 4, "uint8"), KVField("k_scale", 1, "uint8"),
+                KVField("v", _cdiv(dv, TRITS_PER_BYTE), "uint8"), KVField("v_scale", 1, "uint8"))
+    return (KVField("k", d, fmt), KVField("v", dv, fmt))  # a plain dtype (bfloat16, float16, float32)
+
+
+def fixed_fields(fmt: str) -> Tuple[KVField, ...]:
+    """Per-(layer, KV head) fields independent of the pool size."""
+    if fmt in FP8_FORMATS:
+        return (KVField("k_scale", 1, "float32"), KVField("v_scale", 1, "float32"))
+    return ()
+
+
+def token_bytes_per_head(fmt: str, head_dim: int, v_head_dim: int) -> int:
+    """Bytes one (token, KV head, layer) costs, every scale byte included."""
+    return sum(f.bytes for f in token_fields(fmt, head_dim, v_head_dim))
+
+
+def fixed_bytes(fmt: str, num_layers: int, num_kv_heads: int) -> int:
+    return num_layers * num_kv_heads * sum(f.bytes for f in fixed_fields(fmt))
+
+
+def capacity_gain_vs_bf16(fmt: str, head_dim: int, v_head_dim: int) -> float:
+    """How many more tokens the same bytes hold than a bf16 cache (the per-token ratio; fixed bytes excluded)."""
+    return token_bytes_per_head("bfloat16", head_dim, v_head_dim) / token_bytes_per_head(fmt, head_dim, v_head_dim)
+
+
+def quality_flag(fmt: str) -> str:
+    return KV_QUALITY_FLAGS.get(fmt, "")
+
+
+def gather_elem_bytes(fmt: str, model_dtype: str) -> int:
+    """Bytes per gathered K/V element of the torch path's per-request read: the stored dtype's, or for a quantized
+    format its fp32 dequantization plus the copy in the model dtype (attention's declared transients, backends.py)."""
+    if is_quantized(fmt):
+        return 4 + dtype_bytes(model_dtype)
+    return dtype_bytes(fmt)
+
+
+def check_kv_format_backend(fmt: str, backend: str) -> None:
+    """ValueError when the attention backend cannot read this KV format: the int formats are read by torch_native's
+    dequantizing gather only (the Triton/FlashInfer/AITER kernels read a plain or fp8 pool)."""
+    if fmt in INT_FORMATS and backend != "torch_native":
+        raise ValueError(f"--kv-cache-dtype {fmt} is read only by --attention-backend torch_native (got {backend}); "
+                         f"use torch_native, or --kv-cache-dtype fp8_e4m3 / auto with {backend}.")
+
+
+def describe(fmt: str, head_dim: int, v_head_dim: int) -> str:
+    """One line for the plan table and logs: bytes per (token, KV head, layer) and the gain over bf16."""
+    per_head = token_bytes_per_head(fmt, head_dim, v_head_dim)
+    text = f"{fmt}: {per_head} B per token, KV head and layer, {capacity_gain_vs_bf16(fmt, head_dim, v_head_dim):.2f}x bf16's tokens"
+    flag = quality_flag(fmt)
+    return text + (f" [quality gate: {flag}]" if flag else "")
+
+
+def decode_gather_tokens(fmt: str, default: int) -> int:
+    """torch_native's decode row-group bound for this format (the plan's decode_gather transient and the backend)."""
+    return QUANTIZED_DECODE_GATHER_TOKENS if is_quantized(fmt) else default
+
+
+def _help() -> str:
+    gains = ", ".join(f"{f} {capacity_gain_vs_bf16(f, 64, 64):.2f}x" for f in ("fp8_e4m3", "int8", "int4", "int2_hadamard"))
+    flags = "; ".join(f"{f}: {why}" for f, why in KV_QUALITY_FLAGS.items())
+    return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
+            "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
+            "int8 per token, int4 per token asymmetric (keys rotated), int2_hadamard; bf16 tokens per byte x "
+            f"(head dim 64): {gains}. int formats need --attention-backend torch_native."
+            + (f" Quality gate on the default model: {flags}." if flags else ""))
+
+
+KV_CACHE_DTYPE_HELP = _help()

@@ -1,0 +1,48 @@
+"""Quantized KV cache over HTTP (issue 23): one server per format family (fp8, int, the >= 8x mode), the real `openai`
+client. /server_info reports the format's bytes per token (every scale byte, by hand here) and its gain over bf16;
+completions and streamed chat work and answer the factual prompt; the pool is intact afterwards; an unknown
+--kv-cache-dtype is refused at startup naming the choices."""
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
+
+register_cpu_ci(est_time=75, suite="cpu")
+
+PER_HEAD_BYTES = {"fp8_e4m3": 128, "int4": 72, "int2_hadamard": 31}  # d = 64, K and V, codes + scales
+
+
+@pytest.mark.parametrize("fmt", list(PER_HEAD_BYTES))
+def test_server_with_quantized_kv(fmt):
+    srv = popen_launch_server(other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--kv-cache-dtype", fmt])
+    try:
+        info = requests.get(f"{srv.base_url}/server_info", timeout=30).json()
+        kv = info["kv_cache"]
+        assert kv["kv_cache_dtype"] == fmt
+        assert kv["bytes_per_token"] == 30 * 3 * PER_HEAD_BYTES[fmt] == info["memory_plan"]["kv_cell_bytes"]
+        assert abs(kv["capacity_gain_vs_bf16"] - 256 / PER_HEAD_BYTES[fmt]) < 1e-3
+        client = openai_client(srv.base_url)
+        model = client.models.list().data[0].id
+        out = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=8)
+        assert "Paris" in out.choices[0].text, out.choices[0].text
+        chunks = list(client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "List three colors."}], temperature=0, max_tokens=16,
+            stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text.strip(), chunks
+        stats = requests.get(f"{srv.base_url}/server_info", timeout=30).json()["stats"]
+        assert stats["num_used_tokens"] == 0
+    finally:
+        srv.kill()
+
+
+def test_unknown_kv_cache_dtype_is_refused():
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--kv-cache-dtype", "int3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "--kv-cache-dtype" in out.stderr and "int2_hadamard" in out.stderr, out.stderr[-2000:]
