@@ -27,6 +27,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore, ScoreRequest
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -60,6 +61,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     serving_tokenize = OpenAIServingTokenize(tm)
     serving_detokenize = OpenAIServingDetokenize(tm)
     serving_generate = ServingGenerate(tm)
+    serving_score = OpenAIServingScore(tm)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception_handler(request: Request, exc: StarletteHTTPException):
@@ -149,6 +151,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def v1_chat_completions(raw_request: Request):
         return await serving_chat.handle_request(raw_request)
+
+    @app.post("/v1/score", openapi_extra=json_body(ScoreRequest))
+    async def v1_score(raw_request: Request):
+        return await serving_score.handle_request(raw_request)
 
     @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))

@@ -326,6 +326,8 @@ class ChatCompletionRequest(SamplingFields):
     def unsupported(self):
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs requires logprobs to be true."
+        if self.prompt_logprobs is not None and self.stream:
+            return "prompt_logprobs", "prompt_logprobs is returned on a non-streamed chat completion; set stream to false."
         return super().unsupported()
 
 
