@@ -19,12 +19,15 @@ LOGPROB_PROMPTS = [
 ]
 
 
-def hf_prompt_logprobs(model_dir: str, prompts_ids: List[List[int]]) -> List[torch.Tensor]:
-    """Per prompt: float32 [len, V] log_softmax of HF's logits; row p - 1 scores prompt token p."""
+def load_hf_fp32(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_prompt_logprobs(model_dir_or_model, prompts_ids: List[List[int]]) -> List[torch.Tensor]:
+    """Per prompt: float32 [len, V] log_softmax of HF's logits; row p - 1 scores prompt token p."""
+    model = load_hf_fp32(model_dir_or_model) if isinstance(model_dir_or_model, str) else model_dir_or_model
     out = []
     with torch.no_grad():
         for ids in prompts_ids:
