@@ -103,3 +103,22 @@ def test_bad_logprob_fields_name_the_field(engine, kwargs, param):
         engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1}, **args)
     assert e.value.param == param and param in str(e.value)
     assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})["output_ids"]
+
+
+def test_retracted_requests_keep_their_prompt_logprobs(prompt_ids, ref):
+    """A pool too small for the batch's decode: requests are retracted and prefill again; their prompt logprobs
+    (collected once) still equal HF's and every output token has its logprob."""
+    picked = range(8)  # 144 prompt tokens + 8 x 24 new ones: more than the 256-token pool holds
+    e = Engine(dtype="float32", max_total_tokens=256, chunked_prefill_size=CHUNK, log_level="warning")
+    try:
+        outs = e.generate(input_ids=[prompt_ids[i] for i in picked],
+                          sampling_params={"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+                          return_logprob=True, logprob_start_len=0)
+        assert e.scheduler.num_retractions > 0, "the pool is meant to force retraction"
+        for i, o in zip(picked, outs):
+            want = reference_token_logprobs(ref[i], prompt_ids[i], 0)
+            _close([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]], want)
+            assert len(o["meta_info"]["output_token_logprobs"]) == 24
+        e.scheduler.check_integrity()
+    finally:
+        shutdown(e)
