@@ -30,6 +30,7 @@ from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.prefill_scheduler import PrefillPlan
 from sglang.srt.managers.prompt_logprob_state import build_spec, record_results
+from sglang.srt.mem_plan.sizes import prompt_logprob_block_rows
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampler import SampleOutput, sample
 
@@ -179,7 +180,7 @@ class BatchRunner:
         )
         if lp_spec is not None:  # prompt logprobs, projected a request-slot count of rows at a time
             fb.prompt_logprob_rows, fb.prompt_logprob_spec = _int64(lp_rows), lp_spec
-            fb.prompt_logprob_block_rows = self.memory.req_to_token_pool.size
+            fb.prompt_logprob_block_rows = prompt_logprob_block_rows(self.memory.req_to_token_pool.size)
             fb.prompt_logprob_owners = lp_owners
         return fb
 
