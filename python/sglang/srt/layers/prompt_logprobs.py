@@ -6,10 +6,10 @@ target (the next prompt token), its top-k count and its token_ids_logprob list; 
 `compute_prompt_logprobs` before it projects the sampler's rows.
 
 Memory: the rows are projected `block_rows` at a time (the request slots R; the runner sets it). One block holds the
-lm-head output (<= 4 B per vocabulary entry), its fp32 copy and its fp32 log-softmax (4 + 4 B) -- at most
-PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 12 B per entry per row -- beside the step's sampler rows (4 B per entry per
-finished request, <= R rows); 12 R + 4 R <= the `logits` term's 16 B x V x R (mem_plan/sizes.py). (The logits processor scores these rows before it
-projects the sampler's rows, and the sampler's own work starts after the block is freed.) So a chunk of any length needs no unplanned memory.
+lm-head output (<= 4 B per vocabulary entry), its fp32 copy, its fp32 log-softmax and a 1 B compare mask (the
+target's rank) -- at most PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 13 B per entry per row (mem_plan/sizes.py) <= the
+`logits` term's 16 B x V x R. The logits processor scores these rows before it projects the sampler's rows, and the
+sampler's own work starts after the block is freed, so a chunk of any length needs no unplanned memory.
 
 With tp ranks every rank runs the same blocks (each block's all-gather is a collective); only rank 0 has the spec.
 """

@@ -21,8 +21,9 @@ sampler        per running request, at the sampler's peak, the draw (sampling/sa
                copy.)
 prompt logprobs (layers/prompt_logprobs.py) fit inside the sampler's per-slot rows: a prefill chunk's prompt rows are
                projected PROMPT_LOGPROB_BLOCK_ROWS(R) = R rows at a time (R request slots), each row holding the
-               lm-head output (<= 4 B per entry), its fp32 copy and its fp32 log-softmax -- at most
-               PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 12 B <= SAMPLER_BYTES_PER_VOCAB_ENTRY (16 B). The block is scored
+               lm-head output (<= 4 B per entry), its fp32 copy, its fp32 log-softmax and the 1 B compare mask
+               that ranks the target -- at most PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 13 B (13.0 measured in fp32)
+               <= SAMPLER_BYTES_PER_VOCAB_ENTRY (16 B). The block is scored
                inside the forward, before the sampler's rows exist, so a chunk of any length needs at most the
                `logits` term's V x 16 B x R (measured: test/registered/logprobs/test_prompt_logprob_memory.py).
 grammar        structured output (srt/constrained/): the token bitmask's device rows, int32 [request slots,
@@ -44,7 +45,7 @@ SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY = 4  # prefill: the forward's logits,
 SAMPLER_BYTES_PER_VOCAB_ENTRY = (SAMPLER_LOGITS_BYTES_PER_VOCAB_ENTRY + SAMPLER_LOGPROBS_BYTES_PER_VOCAB_ENTRY
                                  + SAMPLER_DRAW_NOISE_BYTES_PER_VOCAB_ENTRY
                                  + SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY)
-PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 4  # lm-head output, its fp32 copy, its log-softmax
+PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 4 + 1  # lm-head output, fp32 copy, log-softmax, rank mask
 assert PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY <= SAMPLER_BYTES_PER_VOCAB_ENTRY
 SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY = 1  # the top-k/top-p keep mask (and min-p's compare), never live at the draw
 SAMPLER_TOPK_CANDIDATES = 1024
