@@ -46,7 +46,8 @@ def test_schemathesis_finds_no_5xx(fuzz_module, small_server):
     assert result.num_5xx == 0 and not result.transport_errors, result.report()
     assert result.status_counts[200] > 0 and result.status_counts[400] > 0  # both valid and invalid bodies reached
     # every documented body was exercised in both modes
-    for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/tokenize", "/v1/detokenize"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/tokenize", "/v1/detokenize",
+                 "/v1/score"):
         for mode in ("positive", "negative"):
             assert result.per_operation[f"POST {path} [{mode}]"] > 0
     headers = {"Authorization": "Bearer fuzz-key"}

@@ -125,7 +125,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
     install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest])
+                                  TokenizeRequest, DetokenizeRequest, ScoreRequest])
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
