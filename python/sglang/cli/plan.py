@@ -95,8 +95,11 @@ def device_facts(sa: ServerArgs, ns, model: B.ModelFacts) -> B.DeviceFacts:
         return B.DeviceFacts("cuda", gpu.pre_load_free_bytes, gpu.memory_total_bytes)
     from sglang.srt.mem_plan.measure import cpu_available_bytes
 
+    from sglang.srt.configs.resolved import scheduler_cpu_threads
+
     free = int(ns.total_memory_gb * GiB) if ns.total_memory_gb is not None else cpu_available_bytes()
-    return B.DeviceFacts("cpu", free, free, fused_cpu_decode(model, "cpu"), cpu_kernels_available("cpu"))
+    return B.DeviceFacts("cpu", free, free, fused_cpu_decode(model, "cpu"), cpu_kernels_available("cpu"),
+                         scheduler_cpu_threads(sa))
 
 
 def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:

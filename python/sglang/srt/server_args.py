@@ -66,6 +66,12 @@ class ServerArgs:
     tokenizer_path: Optional[str] = _f(None, "Tokenizer directory; defaults to --model-path.")
     served_model_name: Optional[str] = _f(None, "Model name reported by the API; defaults to the model path's name.")
     trust_remote_code: bool = _f(False, "Accepted for compatibility; remote code is never executed.")
+    is_embedding: bool = _f(
+        False,
+        "Serve the checkpoint as an embedding model: POST /v1/embeddings (and Engine.encode) return its pooled, "
+        "L2-normalized final hidden state (last token; mean where a sentence-transformers Pooling config asks for "
+        "it); generation routes answer 400. Prefill only, no prefix cache (docs/embeddings.md).",
+    )
     dtype: str = _f(
         "auto",
         "Weight and activation dtype. 'auto' is bfloat16 on CPU and the checkpoint dtype on GPU; "

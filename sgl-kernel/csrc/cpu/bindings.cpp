@@ -12,6 +12,7 @@
 #include "activation.h"
 #include "amx_gemm.h"
 #include "decode_attention_op.h"
+#include "extend_attention_op.h"
 #include "fused_moe.h"
 #include "gemm_bf16.h"
 #include "gemv.h"
@@ -299,4 +300,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "fp32 [B, V] -> int64 [B]: each row's first maximum (NaN counts as the maximum)");
   m.def("decode_attention", &sgl_cpu::decode_attention,
         "Write new K/V to the pool and attend over each request's tokens (bf16 from avx512_bf16, fp32 from avx2)");
+  m.def("extend_attention", &sgl_cpu::extend_attention,
+        "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from avx2)");
 }

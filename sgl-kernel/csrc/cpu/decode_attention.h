@@ -21,7 +21,7 @@ namespace sgl_cpu {
 
 constexpr int kHeadsPerPass = 4;  // query heads served per pass over a request's keys
 
-constexpr int64_t kPrefetchKeys = 8;  // keys ahead: the slots of a request need not be adjacent in the pool
+constexpr int64_t kPrefetchKeys = 24;  // keys ahead: the slots of a request need not be adjacent in the pool
 
 template <int D>
 SGL_AVX512_BF16 inline void prefetch_row(const uint16_t* p) {
@@ -86,7 +86,8 @@ SGL_AVX512_BF16 inline void decode_attention_heads(const uint16_t* q, const uint
 #pragma GCC unroll 8
     for (int i = 0; i < kQ; ++i) qv[g][i] = (__m512bh)_mm512_loadu_si512(q + g * D + 32 * i);
   const __m128 vscale = _mm_set1_ps(scale);
-  // 1. scores[j][g] = scale * q_g . k_j
+  // 1. scores[j][g] = scale * q_g . k_j (the first kPrefetchKeys rows requested at once, then each row that far ahead)
+  for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_row<D>(k_cache + tokens[j] * row);
   for (int64_t j = 0; j < seq_len; ++j) {
     const uint16_t* k = k_cache + tokens[j] * row;
     if (j + kPrefetchKeys < seq_len) prefetch_row<D>(k_cache + tokens[j + kPrefetchKeys] * row);
@@ -113,6 +114,8 @@ SGL_AVX512_BF16 inline void decode_attention_heads(const uint16_t* q, const uint
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j)
+      prefetch_row<kChunk * 16>(v_cache + tokens[j] * row + 16 * c);
     for (int64_t j = 0; j < seq_len; ++j) {
       const uint16_t* v = v_cache + tokens[j] * row + 16 * c;
       if (j + kPrefetchKeys < seq_len) prefetch_row<kChunk * 16>(v_cache + tokens[j + kPrefetchKeys] * row + 16 * c);

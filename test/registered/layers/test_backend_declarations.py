@@ -107,8 +107,14 @@ class TestDeclaredEqualsAllocated(unittest.TestCase):
         self.assertEqual({b.name for b in decl}, {"extend_attention", "decode_gather"})
         self.assertTrue(all(b.transient for b in decl))
         self.assertEqual(workspace_spec("torch_native", x).fixed_bytes, buffers_bytes(decl))
-        fused = BackendInputs(x.shape, 256, max_extend_tokens=2048, fused_cpu_decode=True)
-        self.assertEqual([b.name for b in declare("torch_native", fused)], ["extend_attention"])
+        fused = BackendInputs(x.shape, 256, max_extend_tokens=2048, fused_cpu_decode=True, cpu_threads=3)
+        decl = declare("torch_native", fused)
+        self.assertEqual([b.name for b in decl], ["extend_attention"])
+        # the fused kernels' extend (extend_attention_op.h): a bf16 query copy and output of 2048 x 9 heads x 128, and
+        # 3 threads' scratch of 4 fp32 scores per key of a 4096-token sequence
+        s = x.shape
+        self.assertEqual(buffers_bytes(decl), 2 * 2048 * s.num_q_heads * 128 * s.model_dtype_bytes + 3 * 16 * 4096)
+        self.assertLess(buffers_bytes(decl), buffers_bytes(declare("torch_native", x)) / 10)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ run refuses what a start refuses, with the same message:
     quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
                        planned_weight_format (the bytes `sglang plan` charges, plan-only formats included)
     fp32 kernels       use_fp32_kernels: fp32 layers take the kernels where --dtype auto chose float32
-    fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace
+    fused CPU decode   fused_cpu_decode: whether torch_native's decode needs its gather workspace (and extends
+                       through the fused kernel); scheduler_cpu_threads: the kernels' threads (the extend's scratch)
     Triton kv splits   --triton-attention-num-kv-splits as given (its default is ServerArgs'): build.attention_shape
 Torch-free at import; resolve_device and the live-device checks import torch when called.
 """
@@ -102,6 +103,15 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
 
     head_dim, kv = model.shape.text.head_dim, torch_dtype(model.kv_cache_dtype)
     return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
+
+
+def scheduler_cpu_threads(sa) -> int:
+    """The CPU kernels' threads of one scheduler process, as its runner plans them (utils/cpu_threads.py): a data
+    parallel replica's share of the cores, shared by the node's tensor-parallel ranks."""
+    from sglang.srt.utils.cpu_threads import plan_cpu_threads, replica_num_threads
+
+    ranks_per_node = max(1, sa.tp_size // sa.nnodes)
+    return plan_cpu_threads(replica_num_threads(sa.num_threads, sa.dp_size), ranks_per_node, 0).num_threads
 
 
 def cpu_kernels_available(device: str) -> bool:

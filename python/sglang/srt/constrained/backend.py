@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -22,6 +23,7 @@ from sglang.srt.constrained.bitmask_fill import BitmaskFiller
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
 from sglang.srt.constrained.request_grammar import RequestGrammar
+from sglang.srt.constrained.compile_times import CompileTimes
 from sglang.srt.constrained.token_bitmask import TokenBitmask
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,8 @@ class GrammarBackend:
         self.filler = BitmaskFiller(self.bitmask.host)  # a decode batch's rows, filled while its forward runs
         self._info_lock = threading.Lock()
         self._compiler = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
-        self.cache = GrammarCache(self._compile, cache_budget_bytes, num_compile_threads)
+        self.cache = GrammarCache(self._timed_compile, cache_budget_bytes, num_compile_threads)
+        self.compile_times = CompileTimes()  # for /metrics (sglang:grammar_compilation_time_seconds)
         self.waiting: List[Tuple[Any, Future]] = []
         self.num_live_matchers = 0
 
@@ -54,6 +57,13 @@ class GrammarBackend:
                 # our GrammarCache is the cache (one budget, one eviction rule); xgrammar's own stays off
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
+
+    def _timed_compile(self, kind: str, text: str):
+        start = time.perf_counter()
+        try:
+            return self._compile(kind, text)
+        finally:
+            self.compile_times.observe(time.perf_counter() - start)
 
     def _compile(self, kind: str, text: str):
         compiler = self._get_compiler()
@@ -115,7 +125,8 @@ class GrammarBackend:
     def stats(self) -> dict:
         return {"num_grammar_waiting_reqs": len(self.waiting), "num_live_grammar_matchers": self.num_live_matchers,
                 "grammar_cache_entries": len(self.cache), "grammar_cache_bytes": self.cache.cached_bytes,
-                "grammar_compiles": self.cache.num_compiles, "grammar_cache_hits": self.cache.num_hits}
+                "grammar_compiles": self.cache.num_compiles, "grammar_cache_hits": self.cache.num_hits,
+                **self.compile_times.stats()}
 
     def planned_bytes(self) -> int:
         """What this backend holds of the memory the plan covers (mem_plan/build.grammar_terms): the device bitmask,
@@ -133,7 +144,7 @@ def build_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos
     """The scheduler's backend, or None with --grammar-backend none or without a tokenizer."""
     from sglang.srt.mem_plan.sizes import grammar_cache_budget_bytes
 
-    if server_args.grammar_backend == "none" or tokenizer is None:
+    if server_args.grammar_backend == "none" or getattr(server_args, "is_embedding", False) or tokenizer is None:
         return None
     return GrammarBackend(tokenizer, vocab_size, list(eos_token_ids or []), max_batch_rows,
                           grammar_cache_budget_bytes(server_args.grammar_cache_mb), device=device)

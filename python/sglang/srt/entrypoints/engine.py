@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from sglang.srt.entrypoints.generate_builder import GenerateBatch, build_generate_requests, parse_generate_request
+from sglang.srt.managers.request_kind import check_request_kind
 from sglang.srt.managers.generate_output import GenerateAccumulator
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.request_error import RequestError
@@ -66,6 +67,13 @@ class Engine:
         except RequestError as e:
             raise ParamError(e.param, "", message=e.message) from None
 
+    def _check_kind(self, embedding: bool) -> None:
+        """generate() on an --is-embedding engine, encode() on a generative one: a ParamError saying what to do."""
+        try:
+            check_request_kind(embedding, self.server_args.is_embedding)
+        except RequestError as e:
+            raise ParamError(None, "", message=e.message) from None
+
     def _submit(self, reqs: List[TokenizedGenerateReqInput]) -> None:
         added = []
         try:
@@ -99,6 +107,7 @@ class Engine:
                 "video_data": video_data, "audio_data": audio_data, "return_logprob": return_logprob,
                 "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid,
                 "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob}
+        self._check_kind(embedding=False)
         batch = self._build({k: val for k, val in body.items() if val is not None})
         if stream and batch.is_batch:
             raise ParamError("stream", "", message="Streaming is supported for a single prompt with n=1.")
@@ -110,6 +119,34 @@ class Engine:
         self._run_to_completion(accs)
         results = [a.response() for a in accs]
         return results if batch.is_batch else results[0]
+
+    def encode(self, prompt: Union[str, List[str], List[int], List[List[int]]]):
+        """Embeddings of an --is-embedding engine, like upstream's Engine.encode: `prompt` in any of POST
+        /v1/embeddings' input shapes (text, texts, token ids, lists of token ids); per input {"embedding": [floats,
+        L2-normalized], "meta_info": {"prompt_tokens": n, "finish_reason": ...}}, a list for a batch."""
+        from sglang.srt.entrypoints.embedding_inputs import build_embedding_requests, embedding_items, embedding_of
+
+        self._check_kind(embedding=True)
+        try:
+            items = embedding_items(prompt, param="prompt")
+            reqs = build_embedding_requests(items, self.request_tokenizer, param="prompt")
+        except RequestError as e:
+            raise ParamError(e.param, "", message=e.message) from None
+        self._submit(reqs)
+        outs: Dict[str, Any] = {}
+        pending = {r.rid for r in reqs}
+        while pending:
+            for out in self.scheduler.step():
+                if out.rid in pending and out.finished:
+                    outs[out.rid] = out
+                    pending.discard(out.rid)
+            if pending and not self.scheduler.has_work():
+                raise RuntimeError(f"scheduler went idle with unfinished requests: {sorted(pending)}")
+        results = [{"embedding": embedding_of(outs[r.rid]),
+                    "meta_info": {"id": r.rid, "prompt_tokens": outs[r.rid].prompt_tokens,
+                                  "finish_reason": outs[r.rid].finish_reason}} for r in reqs]
+        is_batch = isinstance(prompt, list) and not isinstance(prompt[0], int)  # a token-id list is one input
+        return results if is_batch else results[0]
 
     def _run_to_completion(self, accs: List[GenerateAccumulator]) -> None:
         by_rid = {a.rid: a for a in accs}

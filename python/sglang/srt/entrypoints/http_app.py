@@ -24,10 +24,13 @@ from sglang.srt.entrypoints.openai.protocol import (
     GenerateRequest,
     TokenizeRequest,
 )
+from sglang.srt.entrypoints.openai.protocol_responses import ResponsesRequest
 from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore, ScoreRequest
+from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+from sglang.srt.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -62,6 +65,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     serving_detokenize = OpenAIServingDetokenize(tm)
     serving_generate = ServingGenerate(tm)
     serving_score = OpenAIServingScore(tm)
+    serving_responses = OpenAIServingResponses(tm)
+    serving_embedding = OpenAIServingEmbedding(tm)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception_handler(request: Request, exc: StarletteHTTPException):
@@ -105,7 +110,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             "model_path": tm.model_path,
             "tokenizer_path": tm.tokenizer_path,
             "served_model_name": tm.served_model_name,
-            "is_generation": True,
+            "is_generation": not server_args.is_embedding,
             "context_len": tm.context_len,
             "vocab_size": tm.vocab_size,
         })
@@ -125,7 +130,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
     install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest, ScoreRequest])
+                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest, EmbeddingRequest,
+                                  ScoreRequest])
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
@@ -155,6 +161,20 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/v1/score", openapi_extra=json_body(ScoreRequest))
     async def v1_score(raw_request: Request):
         return await serving_score.handle_request(raw_request)
+
+    @app.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
+    async def v1_responses(raw_request: Request):
+        return await serving_responses.handle_request(raw_request)
+
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def v1_stored_response(response_id: str):
+        return error_response(404, f"No response {response_id!r}: this server stores no responses (stateless, as "
+                              "store: false). Keep the output you received and send it back in `input`.",
+                              param="response_id", code="not_found")
+
+    @app.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
+    async def v1_embeddings(raw_request: Request):
+        return await serving_embedding.handle_request(raw_request)
 
     @app.api_route("/v1/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))
     @app.api_route("/tokenize", methods=["POST"], openapi_extra=json_body(TokenizeRequest))

@@ -22,7 +22,7 @@ from sglang.srt.launch.tp_ranks import spawn_followers
 from sglang.srt.managers.data_parallel_controller import merge_ready_info, replica_port_args
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.cpu_threads import default_threads_per_process, scheduler_child_env
+from sglang.srt.utils.cpu_threads import replica_num_threads, scheduler_child_env
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ def wait_for_schedulers(group: ProcessGroup, sa: ServerArgs, timeout_s: float = 
 # ====================================================================== data-parallel replicas
 def replica_server_args(server_args: ServerArgs, dp_size: int) -> ServerArgs:
     """A replica's ServerArgs: on CPU, with --num-threads unset, its share of the cores."""
-    if dp_size == 1 or server_args.num_threads is not None or server_args.device not in ("auto", "cpu"):
+    if server_args.device not in ("auto", "cpu"):
         return server_args
-    return dataclasses.replace(server_args, num_threads=default_threads_per_process(dp_size))
+    return dataclasses.replace(server_args, num_threads=replica_num_threads(server_args.num_threads, dp_size))
 
 
 def replica_visible_devices(server_args: ServerArgs, dp_size: int) -> Optional[List[str]]:

@@ -41,6 +41,10 @@ class LogitsProcessor(nn.Module):
     ) -> torch.Tensor:
         # hidden_states: [N, hidden] -> logits: [B, V] float32
         indices = compute_logits_indices(forward_batch)
+        if getattr(forward_batch, "pooling", None) is not None:  # an embedding server: pooled rows, no logits
+            from sglang.srt.layers.pooler import pool_hidden
+
+            return pool_hidden(hidden_states, forward_batch, indices)
         if forward_batch.prompt_logprob_rows is not None:  # before the rows are narrowed to the sampler's
             forward_batch.prompt_logprob_result = compute_prompt_logprobs(
                 hidden_states, forward_batch.prompt_logprob_rows, lm_head, self.vocab_size,

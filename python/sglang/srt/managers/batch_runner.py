@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.constrained.scheduler_hooks import GrammarGate
 from sglang.srt.managers.decode_memory import DecodeMemory
+from sglang.srt.managers.embedding_output import commit_pooled
 from sglang.srt.managers.fault_confinement import (
     FATAL_ERRORS,
     FaultPolicy,
@@ -71,6 +72,8 @@ class BatchRunner:
             with step_phase(phase):
                 inject(phase, reqs, self.forward_ct)
                 logits = self.model_runner.forward(fb)
+            if fb.pooling is not None:  # an embedding server: pooled rows, nothing is sampled
+                return logits
             if not done:
                 return None
             with step_phase("sample"):
@@ -93,6 +96,9 @@ class BatchRunner:
         for r, n in units:
             if _alive(r):  # not finished by the overlapped text of the previous step
                 r.kv_len += n
+        if fb.pooling is not None:
+            commit_pooled(units, out, fb.pooling, self.sink)
+            return
         for j, i in enumerate(done):
             self._commit_token(units[i][0], out, j)
         for r in prefill_only:
@@ -177,6 +183,7 @@ class BatchRunner:
             extend_seq_lens_cpu=lens, extend_prefix_lens=_int64(prefix_lens), extend_seq_lens=_int64(lens),
             logits_indices=torch.tensor(lens).cumsum(0) - 1,
             mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
+            pooling=getattr(self.model_runner, "pooling", None),
         )
         if lp_spec is not None:  # prompt logprobs, projected a request-slot count of rows at a time
             fb.prompt_logprob_rows, fb.prompt_logprob_spec = _int64(lp_rows), lp_spec

@@ -154,6 +154,9 @@ def aggregate_stats(per_replica: Dict[int, dict]) -> dict:
         for key, value in s.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "token_usage":
                 out[key] = out.get(key, 0) + value
+            elif isinstance(value, list):  # cumulative histogram buckets (e.g. grammar compile times) add up
+                prev = out.get(key) or [0] * len(value)
+                out[key] = [a + b for a, b in zip(prev, value)]
     pool = [s.get("max_total_num_tokens") or 0 for s in stats]
     if sum(pool):
         out["token_usage"] = sum(s.get("token_usage", 0.0) * p for s, p in zip(stats, pool)) / sum(pool)

@@ -38,6 +38,9 @@ class TokenizedGenerateReqInput:
     token_ids_logprob: Optional[List[int]] = None
     # multimodal: preprocessed image inputs (filled by the multimodal processor), opaque to text models
     mm_inputs: Optional[Any] = None
+    # an embedding request (POST /v1/embeddings, Engine.encode): served only by an --is-embedding server, which
+    # serves nothing else
+    is_embedding: bool = False
 
 
 @dataclass
@@ -57,6 +60,8 @@ class ReqOutput:
     # per new token: logprob of the sampled token; and the top-k (token_id, logprob) pairs if asked
     new_token_logprobs: Optional[List[float]] = None
     new_top_logprobs: Optional[List[List[tuple]]] = None
+    # an embedding server (--is-embedding): the request's pooled, L2-normalized vector (with finished=True)
+    embedding: Optional[List[float]] = None
     # once, with the first output after the prefill: per prompt position from logprob_start_len (logprob|None,
     # token_id), the top-k pairs, the token_ids_logprob pairs; and per new token its token_ids_logprob pairs
     input_token_logprobs: Optional[List[tuple]] = None

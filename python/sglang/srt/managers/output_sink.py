@@ -113,6 +113,7 @@ class OutputSink:
             rid=req.rid, new_token_ids=new_ids, new_text=req.text_delta(), finished=req.finished(),
             finish_reason=req.finished_reason, prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens, new_token_logprobs=lp,
-            new_top_logprobs=top, new_token_ids_logprobs=req.output_token_ids_logprobs[start:] or None,
+            new_top_logprobs=top, embedding=req.embedding,
+            new_token_ids_logprobs=req.output_token_ids_logprobs[start:] or None,
             **({} if prompt_lp is None else dict(zip(PROMPT_LOGPROB_FIELDS, prompt_lp))),
         )

@@ -23,6 +23,11 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 
 class Req:
+    # an embedding server (--is-embedding, managers/embedding_output.py): the running sum of a mean-pooled prompt's
+    # chunks, then the normalized vector
+    pooled_sum = None
+    embedding = None
+
     def __init__(self, rid: str, input_ids: List[int], sampling_params: SamplingParams, tokenizer=None,
                  stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,
                  eos_token_ids: Optional[set] = None, mm_inputs: Any = None):

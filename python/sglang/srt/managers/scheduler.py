@@ -85,7 +85,10 @@ class Scheduler:
         # a request never needs more KV than this, so it can always run once everything else is retracted
         self.max_req_len = min(self.context_len, self.max_total_num_tokens)
 
-        tree_cache = None if server_args.disable_radix_cache else RadixCache(self.page_size, allocator.free)
+        # an embedding server keeps no prefix cache: mean pooling needs every prompt token's hidden state, and a
+        # request's KV is not needed once its vector is out
+        no_cache = server_args.disable_radix_cache or server_args.is_embedding
+        tree_cache = None if no_cache else RadixCache(self.page_size, allocator.free)
         self.memory = ReqMemory(mr.req_to_token_pool, allocator, tree_cache, self.page_size)
         self.queues = RequestQueues()
         self.fault_policy = FaultPolicy(FaultInjector.from_env())  # no injector unless SGLANG_FAULT_INJECT is set
@@ -237,6 +240,7 @@ class Scheduler:
             "tokenizer_path": self.tokenizer_path,
             "context_len": self.context_len,
             "vocab_size": self.model_config.vocab_size,
+            "hidden_size": self.model_config.hidden_size,
             "max_total_num_tokens": self.max_total_num_tokens,
             "max_running_requests": self.max_running_requests,
             "max_req_len": self.max_req_len,

@@ -27,6 +27,7 @@ from sglang.srt.managers.data_parallel_controller import (
     aggregate_stats,
     merge_server_info,
 )
+from sglang.srt.managers.request_kind import check_request_kind
 from sglang.srt.managers.io_struct import (
     BatchReqOutput,
     FlushCacheReq,
@@ -120,7 +121,7 @@ class TokenizerManager:
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import TokenizerMetricsCollector
 
-            self.metrics = TokenizerMetricsCollector(self.served_model_name)
+            self.metrics = TokenizerMetricsCollector(self.served_model_name, ready_info)
 
     # ================================================================== lifecycle
     def start(self) -> None:
@@ -211,6 +212,7 @@ class TokenizerManager:
             raise RequestError(503, f"The server is not healthy: {self.fatal_error}")
         if self.is_shutting_down:
             raise RequestError(503, "The server is shutting down.")
+        check_request_kind(req.is_embedding, self.server_args.is_embedding)  # embeddings xor generation
         stream = req.stream if stream is None else stream
         if req.rid in self.rid_to_state:
             raise RequestError(400, f"Duplicate request id {req.rid!r}.", param="rid")
@@ -325,9 +327,9 @@ class TokenizerManager:
         start = time.perf_counter()
         req = TokenizedGenerateReqInput(
             rid=f"HEALTH_CHECK_{new_rid()}",
-            input_text=None,
-            input_ids=[0],
+            input_text=None, input_ids=[0],
             sampling_params=SamplingParams.from_dict({"max_new_tokens": 1, "temperature": 0.0}),
+            is_embedding=self.server_args.is_embedding,
         )
 
         async def run():

@@ -18,7 +18,9 @@ Transient buffers are upper bounds on per-forward scratch: charged, never alloca
   Triton: split-KV decode logits fp32 [B, H_q, splits, d_v] + lse [B, H_q, splits], for eager decode at B = R
       and for graphs at B = G, + int64 graph kv indices [G * context_len], + int32 extend qo_start [R + 1].
   torch_native: nothing persistent; transients: one extend call with a cached prefix (mask, gathered K/V, query
-      and output copies) and, without the fused CPU decode kernel, one decode row group's gathered K/V.
+      and output copies) and, without the fused CPU decode kernel, one decode row group's gathered K/V. With the
+      fused CPU kernels (the same module serves decode and extend) extend is one kernel call per layer: its query
+      copy and output, and each kernel thread's fp32 scores over the longest sequence.
 AITER and FlashInfer also keep small int32 indptr buffers of R + 1 entries; AITER's kv indices (token slots, block 1)
       are int32 [R * context_len].
 """
@@ -46,6 +48,7 @@ FLASHINFER_INT_WORKSPACE_BYTES = 8 * MiB  # the size flashinfer's wrappers give 
 DECODE_GATHER_TOKENS = 64 * 1024
 EXTEND_MASK_BYTES_PER_ENTRY = 1 + 4  # the bool mask and SDPA's float copy of it
 DECODE_SCORE_BYTES = 4  # float32 scores per gathered token and query head
+EXTEND_KERNEL_SCORE_BYTES = 4 * 4  # the fused CPU kernel's scratch: 4 heads' float32 scores per key, per thread
 DECODE_INDEX_BYTES = 8 + 1 + 1  # per gathered token: its int64 slot, the bool valid mask and its negation
 
 
@@ -90,7 +93,8 @@ class BackendInputs:
     num_reqs: int  # request slots (req_to_token rows minus the dummy row)
     cuda_graph_max_bs: int = 0  # largest captured decode batch; 0 = no graphs
     max_extend_tokens: int = 0  # the prefill chunk (torch_native's extend bound); 0 = not charged
-    fused_cpu_decode: bool = True  # torch_native decodes through the fused CPU kernel (no gather)
+    fused_cpu_decode: bool = True  # torch_native decodes (and extends) through the fused CPU kernels (no gather)
+    cpu_threads: int = 1  # the CPU kernels' threads (each holds the fused extend's scores)
     page_size: int = 1  # tokens per KV page (--page-size): sizes the page-index buffers
 
     def __post_init__(self):
@@ -174,6 +178,14 @@ def extend_attention_workspace_bytes(num_q_heads: int, num_kv_heads: int, head_d
     return mask + kv + q_out
 
 
+def fused_extend_workspace_bytes(num_q_heads: int, head_dim: int, elem_bytes: int, max_extend_tokens: int,
+                                 context_len: int, cpu_threads: int) -> int:
+    """torch_native's extend through the fused CPU kernel (extend_attention_op.h): the contiguous query copy and the
+    output, [chunk, H * D] each, and every kernel thread's scores over the longest sequence."""
+    return (2 * max_extend_tokens * num_q_heads * head_dim * elem_bytes
+            + cpu_threads * EXTEND_KERNEL_SCORE_BYTES * context_len)
+
+
 def decode_gather_bytes(shape: AttentionShape) -> int:
     """torch_native without the fused kernel: DECODE_GATHER_TOKENS tokens of one layer's gathered K and V (+ one
     contiguous copy inside SDPA), their float32 scores, and the row group's slot table and mask."""
@@ -184,7 +196,11 @@ def decode_gather_bytes(shape: AttentionShape) -> int:
 def torch_native_buffers(x: BackendInputs) -> list[BufferDecl]:
     s = x.shape
     bufs = []
-    if x.max_extend_tokens:
+    if x.max_extend_tokens and x.fused_cpu_decode:
+        extend = fused_extend_workspace_bytes(s.num_q_heads, s.head_dim, s.model_dtype_bytes, x.max_extend_tokens,
+                                              s.context_len, x.cpu_threads)
+        bufs.append(BufferDecl("extend_attention", (extend,), "uint8", transient=True))
+    elif x.max_extend_tokens:
         extend = extend_attention_workspace_bytes(s.num_q_heads, s.num_kv_heads, s.head_dim, s.model_dtype_bytes,
                                                   x.max_extend_tokens, s.context_len)
         bufs.append(BufferDecl("extend_attention", (extend,), "uint8", transient=True))

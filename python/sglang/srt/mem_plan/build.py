@@ -35,6 +35,7 @@ from sglang.srt.mem_plan.sizes import (
     REQ_TO_TOKEN_ELEM_BYTES,
     grammar_bitmask_bytes_per_slot,
     grammar_cache_budget_bytes,
+    pooled_bytes_per_slot,
     sampler_bytes_per_slot,
     sampler_fixed_bytes,
 )
@@ -63,6 +64,7 @@ class DeviceFacts:
     total_bytes: Optional[int] = None  # memory.total (picks upstream's GPU tier defaults)
     fused_cpu_decode: bool = False  # the fused CPU decode kernel serves this model (torch_native needs no gather)
     cpu_kernels: bool = False  # the sgl-kernel CPU kernels load here (MoE experts run the CPU kernel: moe_sizes.py)
+    cpu_threads: int = 1  # the CPU kernels' threads in one scheduler process (utils/cpu_threads.plan_cpu_threads)
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
     return BackendInputs(attention_shape(sa, model), num_reqs, cuda_graph_max_bs,
                          max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
                          page_size=sa.page_size,
-                         fused_cpu_decode=device.fused_cpu_decode)
+                         fused_cpu_decode=device.fused_cpu_decode, cpu_threads=device.cpu_threads)
 
 
 def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:
@@ -230,8 +232,8 @@ def grammar_terms(sa, model: ModelFacts, device: DeviceFacts) -> tuple[int, int]
     """(bitmask bytes per request slot, compiled-grammar cache bytes) of the plan's memory; both 0 with
     --grammar-backend none. The bitmask's device rows are always charged; the compiled grammars live in host memory,
     which is the plan's memory only on a CPU (constrained/token_bitmask.py, GrammarBackend.planned_bytes)."""
-    if getattr(sa, "grammar_backend", "none") == "none":
-        return 0, 0
+    if getattr(sa, "grammar_backend", "none") == "none" or getattr(sa, "is_embedding", False):
+        return 0, 0  # an embedding server (--is-embedding) builds no grammar backend
     cache = grammar_cache_budget_bytes(sa.grammar_cache_mb) if device.kind == "cpu" else 0
     return grammar_bitmask_bytes_per_slot(model.shape.text.vocab_size), cache
 
@@ -264,6 +266,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
     grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
     moe = moe_workspace(sa, model, device)
+    embedding = bool(getattr(sa, "is_embedding", False))
     return PlanInputs(
         pre_load_free_bytes=device.pre_load_free_bytes,
         device_total_bytes=device.total_bytes,
@@ -279,8 +282,10 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         chunked_prefill_size=resolve_chunked_prefill_size(sa, device, model.context_len),
         activation_bytes=measured.activation_bytes,
         workspace=workspace_spec(planned_attention_backend(sa), backend_inputs(sa, model, device, 0, 0)),
-        logits_bytes=sampler_fixed_bytes(model.shape.text.vocab_size),
-        logits_per_req_bytes=sampler_bytes_per_slot(model.shape.text.vocab_size),
+        # an embedding server samples nothing: its logits term is the pooled fp32 row per slot (sizes.py)
+        logits_bytes=0 if embedding else sampler_fixed_bytes(model.shape.text.vocab_size),
+        logits_per_req_bytes=(pooled_bytes_per_slot(model.shape.text.hidden_size) if embedding
+                              else sampler_bytes_per_slot(model.shape.text.vocab_size)),
         req_to_token_elem_bytes=REQ_TO_TOKEN_ELEM_BYTES,
         cuda_graph_bytes=measured.cuda_graph_bytes,
         cuda_graph_max_bs=graph_bs,

@@ -82,6 +82,16 @@ def prompt_logprob_block_rows(num_request_slots: int) -> int:
     return max(1, num_request_slots)
 
 
+# an embedding server (--is-embedding) runs no sampler: its forward returns one fp32 pooled row per request
+# (layers/pooler.py), which replaces the sampler's rows in the plan's logits term
+POOLED_ROW_BYTES_PER_HIDDEN_UNIT = 4
+
+
+def pooled_bytes_per_slot(hidden_size: int) -> int:
+    """An embedding server's logits term per request slot: the fp32 pooled row."""
+    return hidden_size * POOLED_ROW_BYTES_PER_HIDDEN_UNIT
+
+
 def sampler_fixed_bytes(vocab_size: int) -> int:
     """The sampler's scratch that does not grow with the batch: the full-sort fallback rows (module docstring)."""
     return vocab_size * (SAMPLER_SORT_FALLBACK_ROWS * SAMPLER_SORT_BYTES_PER_VOCAB_ENTRY

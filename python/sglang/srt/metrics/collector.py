@@ -7,7 +7,11 @@ its own CollectorRegistry, so several servers (or tests) in one process never cl
 
 from __future__ import annotations
 
+from typing import Optional
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from sglang.srt.metrics.scheduler_series import SchedulerSeries
 
 # Bucket edges in seconds; CPU serving is slower than upstream's GPU-oriented buckets, so they reach further.
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -16,7 +20,8 @@ E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
 class TokenizerMetricsCollector:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, ready_info: Optional[dict] = None):
+        """`ready_info`: the scheduler's startup info; its memory plan becomes sglang:memory_plan_bytes."""
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
@@ -42,7 +47,10 @@ class TokenizerMetricsCollector:
             Histogram("sglang:e2e_request_latency_seconds", "Request latency.", labels, buckets=E2E_BUCKETS_S, registry=r)
         )
 
+        self.scheduler_series = SchedulerSeries(r, model_name, ready_info)  # scheduler_series.py
+
     def set_scheduler_stats(self, stats: dict) -> None:
+        self.scheduler_series.update(stats)
         self.num_running_reqs.set(stats.get("num_running_reqs", 0))
         self.num_queue_reqs.set(stats.get("num_waiting_reqs", stats.get("num_queue_reqs", 0)))
         self.token_usage.set(stats.get("token_usage", 0.0))

@@ -74,6 +74,9 @@ class ForwardBatch:
     # M-RoPE models (EXTEND with a multimodal request): [3, N] int64 (t, h, w) positions; None: `positions` on
     # all three axes (decode positions already include each request's delta)
     mrope_positions: Optional[torch.Tensor] = None
+    # an embedding server (--is-embedding): "last" / "mean"; the forward returns pooled hidden rows [B, hidden]
+    # float32 instead of logits (layers/pooler.py)
+    pooling: Optional[str] = None
 
 
 def move_to_device(batch: ForwardBatch, device) -> ForwardBatch:

@@ -50,6 +50,7 @@ def _unique_tensor_bytes(model) -> int:
 
 class ModelRunner(ModelRunnerKVCacheMixin):
     cuda_graph_runner = None  # set by init_cuda_graphs() where decode replays graphs
+    pooling = None  # --is-embedding: "last" / "mean" (configs/pooling.py); every forward then returns pooled rows
 
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0):
         from sglang.srt.configs.model_config import ModelConfig
@@ -86,6 +87,11 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
         self.dtype = self.model_config.dtype
+        if server_args.is_embedding:
+            from sglang.srt.configs.pooling import resolve_pooling
+
+            self.pooling = resolve_pooling(self.model_path)
+            logger.info("Embedding server: %s pooling, L2-normalized", self.pooling)
         # fp32 layers take the CPU kernels' fp32 forms where --dtype auto chose float32 (a CPU level without bf16)
         self.fp32_kernels = use_fp32_kernels(server_args.dtype, self.device, self.model_config.dtype_name)
         self.startup_s["config"] = time.perf_counter() - started

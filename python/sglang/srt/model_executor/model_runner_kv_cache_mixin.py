@@ -54,7 +54,8 @@ class ModelRunnerKVCacheMixin:
         from sglang.srt.configs.resolved import cpu_kernels_available, fused_cpu_decode
 
         return B.DeviceFacts(self.device, self.pre_load_free_bytes, self.device_total_bytes,
-                             fused_cpu_decode(self.model_facts(), self.device), cpu_kernels_available(self.device))
+                             fused_cpu_decode(self.model_facts(), self.device), cpu_kernels_available(self.device),
+                             self.cpu_threads.num_threads if self.cpu_threads is not None else 1)
 
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
@@ -98,7 +99,7 @@ class ModelRunnerKVCacheMixin:
             seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[num_tokens],
             extend_prefix_lens=torch.tensor([0], device=self.device),
             extend_seq_lens=torch.tensor([num_tokens], device=self.device),
-            req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend,
+            req_to_token_pool=r2t, token_to_kv_pool=kv, attn_backend=backend, pooling=getattr(self, "pooling", None),
         )
         with measure_peak(self.device) as meter:
             backend.init_forward_metadata(fb)

@@ -97,6 +97,13 @@ def default_threads_per_process(sharers: int = 1) -> int:
     return max(1, usable // max(1, sharers))
 
 
+def replica_num_threads(num_threads: Optional[int], dp_size: int) -> Optional[int]:
+    """--num-threads of one data-parallel replica on CPU: as given, else (dp_size > 1) its share of the cores."""
+    if dp_size == 1 or num_threads is not None:
+        return num_threads
+    return default_threads_per_process(dp_size)
+
+
 @dataclass(frozen=True)
 class CpuThreadPlan:
     num_threads: int

@@ -16,7 +16,9 @@ Query layouts:
 
 On a CPU, decode instead calls one fused kernel per layer that writes the new K/V and reads each request's keys and
 values in place through req_to_token: no gathered copy, no padding, no mask. A bf16 pool from level avx512_bf16
-(sgl-kernel/csrc/cpu/decode_attention.h), an fp32 pool from level avx2 (decode_attention_f32_impl.h).
+(sgl-kernel/csrc/cpu/decode_attention.h), an fp32 pool from level avx2 (decode_attention_f32_impl.h). Extend there
+writes the new K/V to the pool and calls extend_attention (extend_attention_op.h): every new token attends through
+req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class TorchNativeMetadata:
     max_len: int = 0  # decode: the longest sequence of the batch (the padded length of every row group)
     ragged: bool = False  # decode: some sequence is shorter than max_len (its padding is masked out)
     extend_reqs: Optional[List[ExtendRequest]] = None  # extend: one entry per request
+    # extend through the CPU kernel: (req_pool_indices, prefix_lens, extend_lens), int64
+    fused_extend: Optional[tuple] = None
     fused_decode: bool = False  # decode through the CPU kernel: nothing else is needed
 
 
@@ -85,6 +89,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             self.device, getattr(self.model_config, "dtype", None), pool.dtype, getattr(pool, "store_dtype", pool.dtype),
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
+        self.cpu_extend_ops = self.cpu_decode_ops if hasattr(self.cpu_decode_ops, "extend_attention") else None
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -100,6 +105,11 @@ class TorchNativeAttnBackend(AttentionBackend):
                 prefix_lens = [s - e for s, e in zip(seq_lens_cpu, extend_lens)]
             if extend_lens is None:
                 extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
+            if self.cpu_extend_ops is not None:
+                lens = torch.tensor([prefix_lens, extend_lens], dtype=torch.int64)
+                self.forward_metadata = TorchNativeMetadata(
+                    fused_extend=(fb.req_pool_indices.to(torch.int64), lens[0], lens[1]))
+                return
             self.forward_metadata = TorchNativeMetadata(
                 extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
             )
@@ -143,9 +153,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        md = self.forward_metadata
+        if md.fused_extend is not None:
+            if not save_kv_cache:
+                raise NotImplementedError("torch_native CPU extend reads the new K/V from the pool (save_kv_cache=True).")
+            pool = self.token_to_kv_pool
+            return self.cpu_extend_ops.extend_attention(
+                q, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+                self.req_to_token_pool.req_to_token, *md.fused_extend, layer.scaling,
+            )
         num_heads = q.shape[1]
         outs = []
-        for req in self.forward_metadata.extend_reqs:
+        for req in md.extend_reqs:
             rows = slice(req.q_start, req.q_start + req.q_len)
             q_b = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
             if req.kv_indices is None:  # no cached prefix: causal attention over the new tokens only
