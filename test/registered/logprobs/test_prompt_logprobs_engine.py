@@ -11,7 +11,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir, shutdown
 from sglang.test.prompt_logprob_reference import LOGPROB_PROMPTS, hf_prompt_logprobs, reference_token_logprobs
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=180, suite="cpu")
 
 CHUNK = 16
 TOL = 1e-4
