@@ -47,7 +47,7 @@ def test_schemathesis_finds_no_5xx(fuzz_module, small_server):
     assert result.status_counts[200] > 0 and result.status_counts[400] > 0  # both valid and invalid bodies reached
     # every documented body was exercised in both modes
     for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/tokenize", "/v1/detokenize",
-                 "/v1/responses", "/v1/embeddings"):
+                 "/v1/responses", "/v1/embeddings", "/v1/score"):
         for mode in ("positive", "negative"):
             assert result.per_operation[f"POST {path} [{mode}]"] > 0
     headers = {"Authorization": "Bearer fuzz-key"}

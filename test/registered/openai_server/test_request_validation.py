@@ -181,6 +181,7 @@ def test_openapi_documents_every_request_body(base_url, headers):
         ("post", "/v1/detokenize"): "DetokenizeRequest", ("post", "/detokenize"): "DetokenizeRequest",
         ("post", "/abort_request"): "AbortRequest",
         ("post", "/v1/responses"): "ResponsesRequest", ("post", "/v1/embeddings"): "EmbeddingRequest",
+        ("post", "/v1/score"): "ScoreRequest",
     }
     for path, ops in spec["paths"].items():
         for method, op in ops.items():

@@ -29,7 +29,7 @@ FORWARD = "forward"
 PING = "ping"
 STOP = "stop"
 _TENSOR_FIELDS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "out_cache_loc", "extend_prefix_lens",
-                  "extend_seq_lens", "logits_indices", "mrope_positions")
+                  "extend_seq_lens", "logits_indices", "mrope_positions", "prompt_logprob_rows")
 _LIST_FIELDS = ("seq_lens_cpu", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
 
 
@@ -41,7 +41,8 @@ def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor) -> dict:
     """Host copy of the batch (before move_to_device) and, for EXTEND, the requests' req_to_token rows."""
     if fb.mm_inputs is not None:
         raise RuntimeError("multimodal batches cannot run with --tp-size > 1")
-    msg = {"forward_mode": int(fb.forward_mode), "batch_size": fb.batch_size, "pooling": fb.pooling}
+    msg = {"forward_mode": int(fb.forward_mode), "batch_size": fb.batch_size, "pooling": fb.pooling,
+           "prompt_logprob_block_rows": fb.prompt_logprob_block_rows}
     for name in _TENSOR_FIELDS:
         msg[name] = _cpu(getattr(fb, name))
     for name in _LIST_FIELDS:
@@ -56,6 +57,7 @@ def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor) -> ForwardBatch:
     """The batch rank 0 packed, with this rank's req_to_token rows brought to the same content."""
     mode = ForwardMode(msg["forward_mode"])
     fb = ForwardBatch(forward_mode=mode, batch_size=msg["batch_size"], pooling=msg.get("pooling"),
+                      prompt_logprob_block_rows=msg.get("prompt_logprob_block_rows", 0),
                       **{name: msg[name] for name in _TENSOR_FIELDS + _LIST_FIELDS})
     rows = fb.req_pool_indices.tolist()
     device = req_to_token.device

@@ -98,12 +98,15 @@ class Engine:
         rid: Optional[Union[str, List[str]]] = None,
         video_data: Optional[Any] = None,
         audio_data: Optional[Any] = None,
+        logprob_start_len: Optional[int] = None,
+        token_ids_logprob: Optional[List[int]] = None,
     ):
         """POST /generate in-process: the same body fields (`prompt` is its `text`), the same checks and messages,
         the same response objects (see generate_output.py). A stream yields cumulative objects, like the server's."""
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data,
                 "video_data": video_data, "audio_data": audio_data, "return_logprob": return_logprob,
-                "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid}
+                "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid,
+                "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob}
         self._check_kind(embedding=False)
         batch = self._build({k: val for k, val in body.items() if val is not None})
         if stream and batch.is_batch:

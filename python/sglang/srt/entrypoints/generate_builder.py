@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 from sglang.srt.entrypoints.openai.protocol import GenerateRequest, validate_request_body
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.request_error import RequestError
+from sglang.srt.managers.request_logprob_fields import apply_logprob_fields
 from sglang.srt.managers.request_tokenizer import RequestTokenizer
 from sglang.srt.sampling.sampling_params import choice_sampling_params
 from sglang.srt.sampling.validation import ParamError, check_token_ids_in_vocab
@@ -96,6 +97,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
                 prompt_param="text" if req.text is not None else "input_ids",
                 max_tokens_param="max_new_tokens",
             )
+            apply_logprob_fields(t, req.logprob_start_len, req.token_ids_logprob, rt.vocab_size)
             ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # media: processed per choice
             reqs.append(t)
     seen = set()

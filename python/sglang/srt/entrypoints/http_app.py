@@ -28,6 +28,7 @@ from sglang.srt.entrypoints.openai.protocol_responses import ResponsesRequest
 from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore, ScoreRequest
 from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
 from sglang.srt.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
@@ -63,6 +64,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     serving_tokenize = OpenAIServingTokenize(tm)
     serving_detokenize = OpenAIServingDetokenize(tm)
     serving_generate = ServingGenerate(tm)
+    serving_score = OpenAIServingScore(tm)
     serving_responses = OpenAIServingResponses(tm)
     serving_embedding = OpenAIServingEmbedding(tm)
 
@@ -128,7 +130,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     # the handlers read their own bodies (serving_base.parse_body); these declare the bodies in /openapi.json
     install_request_schemas(app, [AbortRequest, GenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest, EmbeddingRequest])
+                                  TokenizeRequest, DetokenizeRequest, ResponsesRequest, EmbeddingRequest,
+                                  ScoreRequest])
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(raw_request: Request):
@@ -154,6 +157,10 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def v1_chat_completions(raw_request: Request):
         return await serving_chat.handle_request(raw_request)
+
+    @app.post("/v1/score", openapi_extra=json_body(ScoreRequest))
+    async def v1_score(raw_request: Request):
+        return await serving_score.handle_request(raw_request)
 
     @app.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
     async def v1_responses(raw_request: Request):

@@ -12,6 +12,7 @@ from torch import nn
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.distributed.communication_op import tp_all_gather
+from sglang.srt.layers.prompt_logprobs import compute_prompt_logprobs
 
 if TYPE_CHECKING:
     from sglang.srt.layers.vocab_embedding import ParallelLMHead
@@ -44,6 +45,10 @@ class LogitsProcessor(nn.Module):
             from sglang.srt.layers.pooler import pool_hidden
 
             return pool_hidden(hidden_states, forward_batch, indices)
+        if forward_batch.prompt_logprob_rows is not None:  # before the rows are narrowed to the sampler's
+            forward_batch.prompt_logprob_result = compute_prompt_logprobs(
+                hidden_states, forward_batch.prompt_logprob_rows, lm_head, self.vocab_size,
+                forward_batch.prompt_logprob_spec, forward_batch.prompt_logprob_block_rows)
         if indices is not None:
             hidden_states = hidden_states[indices]
         logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]

@@ -30,6 +30,8 @@ from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.prefill_scheduler import PrefillPlan
+from sglang.srt.managers.prompt_logprob_state import build_spec, record_results
+from sglang.srt.mem_plan.sizes import prompt_logprob_block_rows
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampler import SampleOutput, sample
 
@@ -59,6 +61,9 @@ class BatchRunner:
             return
         reqs = [r for r, _ in units]
         done = [i for i, (r, n) in enumerate(units) if r.kv_len + n == r.fill_len]  # these sample a token
+        # a prompt-logprob request with max_new_tokens 0 ends with its prefill, sampling nothing
+        prefill_only = [reqs[i] for i in done if reqs[i].remaining_new_tokens() <= 0]
+        done = [i for i in done if reqs[i].remaining_new_tokens() > 0]
         done_reqs = [reqs[i] for i in done]
         phase = "decode" if decode else "prefill"
         bitmask, inject, overlap = self.grammar.bitmask, self.fault_policy.inject, self.sink.overlap
@@ -85,6 +90,9 @@ class BatchRunner:
         except StepFault as f:  # the overlapped text of the previous step may have finished some requests
             self._recover([(r, n) for r, n in units if _alive(r)], decode, f)
             return
+        if not decode and fb.prompt_logprob_rows is not None:
+            assert fb.prompt_logprob_result is not None, "the model's forward did not score the prompt-logprob rows"
+            record_results(fb.prompt_logprob_owners, fb.prompt_logprob_result)
         for r, n in units:
             if _alive(r):  # not finished by the overlapped text of the previous step
                 r.kv_len += n
@@ -93,6 +101,10 @@ class BatchRunner:
             return
         for j, i in enumerate(done):
             self._commit_token(units[i][0], out, j)
+        for r in prefill_only:
+            if _alive(r):
+                r.finished_reason = {"type": "length", "length": 0}
+                self.sink.finish(r)
 
     def _commit_token(self, req: Req, out: SampleOutput, row: int) -> None:
         """Append the sampled token; a fault while detokenizing fails this request only."""
@@ -162,7 +174,8 @@ class BatchRunner:
         if any(r.uses_mrope for r in reqs):
             mrope = torch.cat([r.mm_inputs.positions_3d(r.kv_len, r.kv_len + n) if r.uses_mrope
                                else _int64(list(range(r.kv_len, r.kv_len + n))).expand(3, -1) for r, n in units], 1)
-        return ForwardBatch(
+        lp_rows, lp_spec, lp_owners = build_spec(units)
+        fb = ForwardBatch(
             ForwardMode.EXTEND, len(reqs), input_ids=_int64(input_ids), positions=_int64(positions),
             mrope_positions=mrope,
             req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens), out_cache_loc=torch.cat(out_loc),
@@ -172,6 +185,11 @@ class BatchRunner:
             mm_inputs=[r.mm_inputs for r in reqs] if any(r.mm_inputs is not None for r in reqs) else None,
             pooling=getattr(self.model_runner, "pooling", None),
         )
+        if lp_spec is not None:  # prompt logprobs, projected a request-slot count of rows at a time
+            fb.prompt_logprob_rows, fb.prompt_logprob_spec = _int64(lp_rows), lp_spec
+            fb.prompt_logprob_block_rows = prompt_logprob_block_rows(self.memory.req_to_token_pool.size)
+            fb.prompt_logprob_owners = lp_owners
+        return fb
 
     def run_extend(self, plan: PrefillPlan) -> None:
         self._run_confined(list(zip(plan.reqs, plan.extend_lens)), decode=False)

@@ -32,6 +32,10 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # upstream's prompt logprobs: positions [logprob_start_len, len(input_ids)) (-1: none), and the logprobs of
+    # these token ids at every returned position (prompt and output)
+    logprob_start_len: int = -1
+    token_ids_logprob: Optional[List[int]] = None
     # multimodal: preprocessed image inputs (filled by the multimodal processor), opaque to text models
     mm_inputs: Optional[Any] = None
     # an embedding request (POST /v1/embeddings, Engine.encode): served only by an --is-embedding server, which
@@ -58,6 +62,12 @@ class ReqOutput:
     new_top_logprobs: Optional[List[List[tuple]]] = None
     # an embedding server (--is-embedding): the request's pooled, L2-normalized vector (with finished=True)
     embedding: Optional[List[float]] = None
+    # once, with the first output after the prefill: per prompt position from logprob_start_len (logprob|None,
+    # token_id), the top-k pairs, the token_ids_logprob pairs; and per new token its token_ids_logprob pairs
+    input_token_logprobs: Optional[List[tuple]] = None
+    input_top_logprobs: Optional[List[Optional[List[tuple]]]] = None
+    input_token_ids_logprobs: Optional[List[Optional[List[tuple]]]] = None
+    new_token_ids_logprobs: Optional[List[List[tuple]]] = None
 
     def __reduce__(self):
         # one per request per step crosses to the HTTP process: pickled as its field values, not a __dict__, it is

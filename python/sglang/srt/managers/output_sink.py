@@ -13,6 +13,7 @@ from typing import List, Tuple
 
 from sglang.srt.managers.fault_confinement import FAULT_STATUS_CODE, FaultPolicy, StepFault, fault_message, log_fault
 from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.prompt_logprob_state import PROMPT_LOGPROB_FIELDS, take_output
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
@@ -39,6 +40,8 @@ class OutputSink:
             req.output_token_logprobs.append(out.token_logprobs[row])
             if out.top_logprobs is not None and out.top_logprobs[row] is not None:
                 req.output_top_logprobs.append(out.top_logprobs[row])
+            if out.token_ids_logprobs is not None and out.token_ids_logprobs[row] is not None:
+                req.output_token_ids_logprobs.append(out.token_ids_logprobs[row])
         self.total_generated_tokens += 1
         req.append_token_id(out.next_token_ids[row])
         if self.overlap is None:
@@ -105,9 +108,12 @@ class OutputSink:
         if req.return_logprob:
             lp = req.output_token_logprobs[start:]
             top = req.output_top_logprobs[start:] if req.top_logprobs_num else None
+        prompt_lp = take_output(req)
         return ReqOutput(
             rid=req.rid, new_token_ids=new_ids, new_text=req.text_delta(), finished=req.finished(),
             finish_reason=req.finished_reason, prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens, new_token_logprobs=lp,
             new_top_logprobs=top, embedding=req.embedding,
+            new_token_ids_logprobs=req.output_token_ids_logprobs[start:] or None,
+            **({} if prompt_lp is None else dict(zip(PROMPT_LOGPROB_FIELDS, prompt_lp))),
         )

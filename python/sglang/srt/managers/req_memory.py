@@ -40,8 +40,12 @@ class ReqMemory:
     def match_prefix(self, req: Req) -> Tuple[List[int], object]:
         if self.tree_cache is None:
             return [], None
-        # keep at least one token to compute: the logits of the last prompt token are needed
-        return self.tree_cache.match_prefix(req.fill_ids[: req.fill_len - 1])
+        # keep at least one token to compute: the logits of the last prompt token are needed; a request still
+        # collecting prompt logprobs computes the rows it needs (managers/prompt_logprob_state.py)
+        end = req.fill_len - 1
+        if req.prompt_logprobs is not None and req.prompt_logprobs.prefix_limit() is not None:
+            end = min(end, req.prompt_logprobs.prefix_limit())
+        return self.tree_cache.match_prefix(req.fill_ids[:end])
 
     def admit(self, req: Req, prefix_slots: List[int], node) -> None:
         """Give the request a row, borrowing (and locking) the cached prefix."""

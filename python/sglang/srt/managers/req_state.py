@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.prompt_logprob_state import PROMPT_LOGPROB_FIELDS
 
 
 @dataclass
@@ -35,4 +36,8 @@ def merge_outputs(outs: List[ReqOutput]) -> ReqOutput:
         merged.new_token_logprobs = [x for o in outs for x in (o.new_token_logprobs or [])]
     if any(o.new_top_logprobs is not None for o in outs):
         merged.new_top_logprobs = [x for o in outs for x in (o.new_top_logprobs or [])]
+    if any(o.new_token_ids_logprobs is not None for o in outs):
+        merged.new_token_ids_logprobs = [x for o in outs for x in (o.new_token_ids_logprobs or [])]
+    for name in PROMPT_LOGPROB_FIELDS:  # sent once, with one of the deltas
+        setattr(merged, name, next((getattr(o, name) for o in outs if getattr(o, name) is not None), None))
     return merged

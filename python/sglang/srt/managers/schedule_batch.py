@@ -65,6 +65,10 @@ class Req:
         self.sent_token_len = 0
         self.output_token_logprobs: List[float] = []
         self.output_top_logprobs: List[List[tuple]] = []
+        # upstream's logprob_start_len / token_ids_logprob (managers/prompt_logprob_state.py); None when not asked
+        self.prompt_logprobs = None
+        self.token_ids_logprob: Optional[List[int]] = None
+        self.output_token_ids_logprobs: List[List[tuple]] = []
         self.generator: Optional[torch.Generator] = None
         # structured output: the matcher (constrained/request_grammar.py), set once the grammar has compiled
         self.grammar = None

@@ -29,6 +29,7 @@ from typing import List, Tuple
 import torch
 
 from sglang.srt.constrained.scheduler_hooks import GrammarGate, build_backend
+from sglang.srt.managers import prompt_logprob_state
 from sglang.srt.managers.batch_runner import BatchRunner
 from sglang.srt.managers.decode_memory import DecodeMemory
 from sglang.srt.managers.fault_confinement import FATAL_ERRORS, FaultPolicy
@@ -121,8 +122,9 @@ class Scheduler:
         req = Req(recv.rid, ids, sp, tokenizer=self.tokenizer, stream=recv.stream, return_logprob=recv.return_logprob,
                   top_logprobs_num=recv.top_logprobs_num, eos_token_ids=self.model_config.eos_token_ids,
                   mm_inputs=recv.mm_inputs)
+        prompt_logprob_state.attach(req, recv.logprob_start_len, recv.token_ids_logprob)
         self.queues.reqs[req.rid] = req
-        if sp.max_new_tokens == 0:
+        if sp.max_new_tokens == 0 and req.prompt_logprobs is None:  # with prompt logprobs: a prefill, no token
             req.finished_reason = {"type": "length", "length": 0}
             self.sink.finish(req)
         elif not self.grammar.hold(req):

@@ -19,6 +19,13 @@ sampler        per running request, at the sampler's peak, the draw (sampling/sa
                order, cumulative mass, masks) and the int64 rank row. (The full-sort sampler before that peaked at
                ~39 B per entry: sorted values and int64 order for every row, their cumulative sums, masks, a scattered
                copy.)
+prompt logprobs (layers/prompt_logprobs.py) fit inside the sampler's per-slot rows: a prefill chunk's prompt rows are
+               projected PROMPT_LOGPROB_BLOCK_ROWS(R) = R rows at a time (R request slots), each row holding the
+               lm-head output (<= 4 B per entry), its fp32 copy, its fp32 log-softmax and the 1 B compare mask
+               that ranks the target -- at most PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 13 B (13.0 measured in fp32)
+               <= SAMPLER_BYTES_PER_VOCAB_ENTRY (16 B). The block is scored
+               inside the forward, before the sampler's rows exist, so a chunk of any length needs at most the
+               `logits` term's V x 16 B x R (measured: test/registered/logprobs/test_prompt_logprob_memory.py).
 grammar        structured output (srt/constrained/): the token bitmask's device rows, int32 [request slots,
                ceil(vocab / 32)] (one bit per vocabulary entry, allocated once: constrained/token_bitmask.py), plus, on
                a CPU only, the compiled-grammar cache budget (--grammar-cache-mb; on a GPU it and the bitmask's host
@@ -38,6 +45,8 @@ SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY = 4  # prefill: the forward's logits,
 SAMPLER_BYTES_PER_VOCAB_ENTRY = (SAMPLER_LOGITS_BYTES_PER_VOCAB_ENTRY + SAMPLER_LOGPROBS_BYTES_PER_VOCAB_ENTRY
                                  + SAMPLER_DRAW_NOISE_BYTES_PER_VOCAB_ENTRY
                                  + SAMPLER_PREFILL_ROWS_BYTES_PER_VOCAB_ENTRY)
+PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 4 + 4 + 4 + 1  # lm-head output, fp32 copy, log-softmax, rank mask
+assert PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY <= SAMPLER_BYTES_PER_VOCAB_ENTRY
 SAMPLER_FILTER_BYTES_PER_VOCAB_ENTRY = 1  # the top-k/top-p keep mask (and min-p's compare), never live at the draw
 SAMPLER_TOPK_CANDIDATES = 1024
 SAMPLER_BYTES_PER_CANDIDATE = 4 + 8 + 4 + 1 + 1 + 1
@@ -66,6 +75,11 @@ def kv_pool_rows(num_tokens: int, page_size: int) -> int:
 def sampler_bytes_per_slot(vocab_size: int) -> int:
     """Sampler/logits bytes one running request holds at once (module docstring)."""
     return vocab_size * SAMPLER_BYTES_PER_VOCAB_ENTRY + min(vocab_size, SAMPLER_TOPK_CANDIDATES) * SAMPLER_BYTES_PER_CANDIDATE
+
+
+def prompt_logprob_block_rows(num_request_slots: int) -> int:
+    """Prompt-logprob rows projected at once: the request slots, so the block fits the logits term (docstring)."""
+    return max(1, num_request_slots)
 
 
 # an embedding server (--is-embedding) runs no sampler: its forward returns one fp32 pooled row per request

@@ -57,6 +57,13 @@ class ForwardBatch:
     extend_seq_lens: Optional[torch.Tensor] = None  # [B] int64 (EXTEND only)
     # which hidden rows the logits are computed for: the last token of each request ([B] int64 into [0, N))
     logits_indices: Optional[torch.Tensor] = None
+    # prompt logprobs (EXTEND; layers/prompt_logprobs.py): hidden rows [M] int64 to score, projected
+    # prompt_logprob_block_rows at a time; the spec (rank 0 only) in, one RowLogprobs per row out
+    prompt_logprob_rows: Optional[torch.Tensor] = None
+    prompt_logprob_block_rows: int = 0
+    prompt_logprob_spec: Any = None
+    prompt_logprob_result: Optional[List[Any]] = None
+    prompt_logprob_owners: Any = None  # the scheduler's own: which request each run of rows belongs to
 
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     token_to_kv_pool: Optional["KVCache"] = None

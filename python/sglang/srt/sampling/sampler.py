@@ -55,6 +55,8 @@ class SampleOutput:
     next_token_ids: List[int]
     token_logprobs: Optional[List[float]] = None  # per row, None entries if not asked
     top_logprobs: Optional[List[Optional[List[tuple]]]] = None
+    # per row: [(token_id, logprob)] for the request's token_ids_logprob, or None
+    token_ids_logprobs: Optional[List[Optional[List[tuple]]]] = None
 
 
 # Dividing by more than this cannot change a float32 logit distribution further (logits are ~1e2; the float32 range
@@ -213,6 +215,11 @@ def _to_host(next_ids: torch.Tensor, logprobs: Optional[torch.Tensor], reqs: Lis
     cols = [next_ids.view(-1, 1), logprobs.gather(1, next_ids.view(-1, 1))]
     if k_max > 0:
         cols += list(logprobs.topk(k_max, dim=-1))
+    id_lists = [getattr(r, "token_ids_logprob", None) if r.return_logprob else None for r in reqs]
+    n_ids = max((len(ids) for ids in id_lists if ids), default=0)
+    if n_ids > 0:  # upstream's token_ids_logprob: these ids' logprobs at every output token
+        padded = [list(ids or []) + [0] * (n_ids - len(ids or [])) for ids in id_lists]
+        cols.append(logprobs.gather(1, torch.tensor(padded, dtype=torch.int64, device=logprobs.device)))
     packed = torch.cat([c.to(torch.float64) for c in cols], dim=1).tolist()
     token_logprobs = [row[1] if r.return_logprob else None for row, r in zip(packed, reqs)]
     top_logprobs = None
@@ -222,7 +229,11 @@ def _to_host(next_ids: torch.Tensor, logprobs: Optional[torch.Tensor], reqs: Lis
             if r.return_logprob and n else None
             for row, r, n in zip(packed, reqs, (r.top_logprobs_num for r in reqs))
         ]
-    return SampleOutput([int(row[0]) for row in packed], token_logprobs, top_logprobs)
+    by_id = None
+    if n_ids > 0:
+        base = 2 + 2 * k_max
+        by_id = [list(zip(ids, row[base:base + len(ids)])) if ids else None for row, ids in zip(packed, id_lists)]
+    return SampleOutput([int(row[0]) for row in packed], token_logprobs, top_logprobs, by_id)
 
 
 def _sample_random(logits: torch.Tensor, reqs: List[Req], greedy: List[bool]) -> torch.Tensor:

@@ -18,7 +18,9 @@ Limits and why (types are strict everywhere: a bool is not a number, a string is
   n                   [1, 128]        token counts (max/min_new_tokens, top_k) fit int32: [0, 2^31-1]
   stop                at most 4 strings of 1..512 characters (OpenAI allows 4)
   stop_token_ids      at most 256 ids, each in [0, vocab size)
-  logprobs            chat top_logprobs / top_logprobs_num [0, 20]; completions logprobs [0, 5] (OpenAI's limits)
+  logprobs            chat top_logprobs / top_logprobs_num [0, 20]; completions logprobs [0, 5] (OpenAI's limits);
+                      prompt_logprobs [0, 20] (vLLM's); logprob_start_len [-1, prompt length); token_ids_logprob at
+                      most 256 ids in [0, vocab size) (upstream's /generate fields; both need return_logprob)
   rid                 1..256 characters, no control characters
   json_schema/regex/  at most one per request, 1..262,144 characters (compile time grows with the grammar); whether
   ebnf                it is a valid grammar is xgrammar's to say (srt/constrained/grammar_check.py)
@@ -46,6 +48,8 @@ MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+MAX_PROMPT_LOGPROBS = 20  # vLLM's default max_logprobs
+MAX_TOKEN_IDS_LOGPROB = 256
 MAX_RID_CHARS = 256
 MAX_JSON_DEPTH = 64
 MAX_GRAMMAR_CHARS = 262_144
@@ -127,6 +131,9 @@ SEED = Rule(int, ge=0, le=MAX_SEED, note="; choice i of n uses seed + i, so seed
 N = Rule(int, ge=1, le=MAX_N)
 TOP_LOGPROBS = Rule(int, ge=0, le=MAX_TOP_LOGPROBS)
 COMPLETION_LOGPROBS = Rule(int, ge=0, le=MAX_COMPLETION_LOGPROBS)
+PROMPT_LOGPROBS = Rule(int, ge=0, le=MAX_PROMPT_LOGPROBS, note=" (vLLM's extension: the top-N of every prompt token)")
+LOGPROB_START_LEN = Rule(int, ge=-1, le=MAX_TOKEN_COUNT, note=" (-1: no prompt logprobs) below the prompt's length")
+TOKEN_IDS_LOGPROB = Rule(list, words=f"a list of at most {MAX_TOKEN_IDS_LOGPROB} token ids, each in [0, vocab size)")
 FLAG = Rule(bool)
 RID = Rule(str, max_chars=MAX_RID_CHARS, note=" without control characters")
 STOP = Rule(

@@ -195,6 +195,7 @@ class CompletionRequest(SamplingFields):
     logprobs: Optional[int] = v.COMPLETION_LOGPROBS.field(None)
     max_tokens: Optional[int] = v.NEW_TOKENS.field(16)
     suffix: Optional[str] = None
+    prompt_logprobs: Optional[int] = v.PROMPT_LOGPROBS.field(None)  # vLLM's extension
 
     def unsupported(self):
         if self.suffix:
@@ -297,6 +298,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: List[ChatMessage] = Field(min_length=1)
     logprobs: bool = v.FLAG.field(False)
     top_logprobs: Optional[int] = v.TOP_LOGPROBS.field(None)
+    prompt_logprobs: Optional[int] = v.PROMPT_LOGPROBS.field(None)  # vLLM's extension
     max_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
     max_completion_tokens: Optional[int] = v.CHAT_MAX_TOKENS.field(None)
     tools: Optional[List[Tool]] = None
@@ -324,6 +326,8 @@ class ChatCompletionRequest(SamplingFields):
     def unsupported(self):
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs requires logprobs to be true."
+        if self.prompt_logprobs is not None and self.stream:
+            return "prompt_logprobs", "prompt_logprobs is returned on a non-streamed chat completion; set stream to false."
         return super().unsupported()
 
 
@@ -352,6 +356,8 @@ class GenerateRequest(OpenAIModel):
     stream: bool = v.FLAG.field(False)
     return_logprob: bool = v.FLAG.field(False)
     top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
+    logprob_start_len: int = v.LOGPROB_START_LEN.field(-1)
+    token_ids_logprob: Optional[List[TokenId]] = v.TOKEN_IDS_LOGPROB.field(None, max_length=v.MAX_TOKEN_IDS_LOGPROB)
     image_data: Optional[Any] = None
     video_data: Optional[Any] = None
     audio_data: Optional[Any] = None

@@ -15,6 +15,7 @@ from typing import AsyncIterator, List, Optional
 from fastapi import Request
 from fastapi.responses import Response
 
+from sglang.srt.entrypoints.openai.prompt_logprobs_format import vllm_prompt_logprobs
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
@@ -30,6 +31,7 @@ from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
 from sglang.srt.function_call.tool_call_stream import ToolCallStream
 from sglang.srt.function_call.tool_plan import ToolPlan, plan_tools, template_tool_calls
 from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.request_logprob_fields import apply_logprob_fields
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.parser.chat_output import ChatOutputParser, finish_reason_with_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
@@ -63,7 +65,7 @@ class OpenAIServingChat(OpenAIServingBase):
             audios.extend(m.audios())
         return messages, images, videos, audios
 
-    def logprobs_content(self, out: ReqOutput) -> Optional[List[dict]]:
+    def logprobs_content(self, out: ReqOutput, top_n: Optional[int] = None) -> Optional[List[dict]]:
         if out.new_token_logprobs is None:
             return None
         tm = self.tokenizer_manager
@@ -72,7 +74,7 @@ class OpenAIServingChat(OpenAIServingBase):
             tok = tm.token_str(tid)
             top = []
             if out.new_top_logprobs is not None and j < len(out.new_top_logprobs):
-                for t2, lp2 in out.new_top_logprobs[j]:
+                for t2, lp2 in out.new_top_logprobs[j][:top_n]:
                     s2 = tm.token_str(t2)
                     top.append({"token": s2, "logprob": lp2, "bytes": list(s2.encode())})
             content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": top})
@@ -124,8 +126,8 @@ class OpenAIServingChat(OpenAIServingBase):
                 sampling_params=choice_sampling_params(base, i),
                 rid=rids[i],
                 stream=req.stream,
-                return_logprob=req.logprobs,
-                top_logprobs_num=req.top_logprobs or 0,
+                return_logprob=req.logprobs or req.prompt_logprobs is not None,
+                top_logprobs_num=max(req.top_logprobs or 0, req.prompt_logprobs or 0),
                 image_data=images or None,
                 video_data=videos or None,
                 audio_data=audios or None,
@@ -133,6 +135,9 @@ class OpenAIServingChat(OpenAIServingBase):
                 prompt_param="messages",
                 max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
             )
+            if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token (the template's too)
+                apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
+                                     flag_param="logprobs")
             ids = t.input_ids
             tokenized.append(t)
         gen = tm.generate_many(tokenized, raw_request)
@@ -152,7 +157,7 @@ class OpenAIServingChat(OpenAIServingBase):
             choices.append({
                 "index": i,
                 "message": parser.message(out.new_text),
-                "logprobs": {"content": self.logprobs_content(out)} if req.logprobs else None,
+                "logprobs": {"content": self.logprobs_content(out, req.top_logprobs or 0)} if req.logprobs else None,
                 "finish_reason": finish_reason_with_calls(finish_reason_str(out.finish_reason), parser),
                 "matched_stop": matched_stop(out.finish_reason),
             })
@@ -163,6 +168,8 @@ class OpenAIServingChat(OpenAIServingBase):
             "model": self.tokenizer_manager.served_model_name,
             "choices": choices,
             "usage": usage_dict(prompt_tokens, sum(o.completion_tokens for o in outs), outs[0].cached_tokens),
+            **({"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer_manager, outs[0], req.prompt_logprobs)}
+               if req.prompt_logprobs is not None else {}),
         })
 
     async def stream(

@@ -23,7 +23,9 @@ from sglang.srt.entrypoints.openai.serving_base import (
     usage_dict,
 )
 from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
+from sglang.srt.entrypoints.openai.prompt_logprobs_format import join_blocks, legacy_prompt_block, vllm_prompt_logprobs
 from sglang.srt.managers.io_struct import ReqOutput
+from sglang.srt.managers.request_logprob_fields import apply_logprob_fields
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.sampling.sampling_params import choice_sampling_params
 
@@ -31,9 +33,10 @@ from sglang.srt.sampling.sampling_params import choice_sampling_params
 class CompletionLogprobs:
     """Accumulates OpenAI's legacy logprobs block: tokens, token_logprobs, top_logprobs, text_offset."""
 
-    def __init__(self, tokenizer_manager, start_offset: int):
+    def __init__(self, tokenizer_manager, start_offset: int, top_n: int = 5):
         self.tm = tokenizer_manager
         self.offset = start_offset
+        self.top_n = top_n  # the request's logprobs (the server may have asked for more, for prompt_logprobs)
 
     def delta(self, out: ReqOutput) -> Optional[dict]:
         if out.new_token_logprobs is None:
@@ -44,8 +47,8 @@ class CompletionLogprobs:
             offsets.append(self.offset)
             self.offset += len(tok)
         top = None
-        if out.new_top_logprobs is not None:
-            top = [{self.tm.token_str(tid): lp for tid, lp in pairs} for pairs in out.new_top_logprobs]
+        if out.new_top_logprobs is not None and self.top_n:
+            top = [{self.tm.token_str(tid): lp for tid, lp in pairs[:self.top_n]} for pairs in out.new_top_logprobs]
         return {"tokens": tokens, "token_logprobs": list(out.new_token_logprobs), "top_logprobs": top, "text_offset": offsets}
 
 
@@ -84,9 +87,12 @@ class OpenAIServingCompletion(OpenAIServingBase):
                     sampling_params=choice_sampling_params(base, i),
                     rid=rids[p_idx * req.n + i],
                     stream=req.stream,
-                    return_logprob=req.logprobs is not None,
-                    top_logprobs_num=req.logprobs or 0,
+                    return_logprob=req.logprobs is not None or req.prompt_logprobs is not None,
+                    top_logprobs_num=max(req.logprobs or 0, req.prompt_logprobs or 0),
                 )
+                if (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None:  # from the first token
+                    apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
+                                         flag_param="logprobs")
                 ids = t.input_ids
                 tokenized.append(t)
                 if req.echo:
@@ -107,13 +113,13 @@ class OpenAIServingCompletion(OpenAIServingBase):
         completion_tokens = cached = 0
         for i, out in enumerate(outs):
             prefix = echo_texts[i] if echo_texts else ""
-            logprobs = CompletionLogprobs(self.tokenizer_manager, len(prefix)).delta(out) if req.logprobs is not None else None
             choices.append({
                 "index": i,
                 "text": prefix + out.new_text,
-                "logprobs": logprobs,
+                "logprobs": self.logprobs_block(req, out, len(prefix), True),
                 "finish_reason": finish_reason_str(out.finish_reason),
                 "matched_stop": matched_stop(out.finish_reason),
+                **self.prompt_logprobs_field(req, out),
             })
             completion_tokens += out.completion_tokens
         for p in range(0, num_choices, req.n):
@@ -126,6 +132,22 @@ class OpenAIServingCompletion(OpenAIServingBase):
             "choices": choices,
             "usage": usage_dict(prompt_tokens, completion_tokens, cached),
         })
+
+    def logprobs_block(self, req, out: ReqOutput, start_offset: int, first: bool,
+                       acc: Optional[CompletionLogprobs] = None) -> Optional[dict]:
+        """The choice's legacy logprobs: with echo, the prompt's tokens first (prompt_logprobs_format.py)."""
+        if req.logprobs is None:
+            return None
+        acc = acc or CompletionLogprobs(self.tokenizer_manager, start_offset, req.logprobs)
+        gen = acc.delta(out)
+        if req.echo and first:
+            return join_blocks(legacy_prompt_block(self.tokenizer_manager, out, req.logprobs), gen)
+        return gen
+
+    def prompt_logprobs_field(self, req, out: ReqOutput) -> dict:
+        if req.prompt_logprobs is None or out.input_token_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer_manager, out, req.prompt_logprobs)}
 
     async def stream(self, req, gen: AsyncIterator, prompt_tokens: int, echo_texts: List[str],
                      num_choices: int) -> Response:
@@ -143,18 +165,20 @@ class OpenAIServingCompletion(OpenAIServingBase):
             text = out.new_text
             if first_of_choice and echo_texts:
                 text = echo_texts[i] + text
-            if req.logprobs is None and not out.finished:
+            if req.logprobs is None and not out.finished and out.input_token_logprobs is None:
                 return chunks.completion_text(i, text)  # the chunk of almost every token
             logprobs = None
             if req.logprobs is not None:
-                lp = logprob_state.setdefault(i, CompletionLogprobs(self.tokenizer_manager, len(echo_texts[i]) if echo_texts else 0))
-                logprobs = lp.delta(out)
+                start = len(echo_texts[i]) if echo_texts else 0
+                lp = logprob_state.setdefault(i, CompletionLogprobs(self.tokenizer_manager, start, req.logprobs))
+                logprobs = self.logprobs_block(req, out, start, first_of_choice, lp)
             return chunks.choice({
                 "index": i,
                 "text": text,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason_str(out.finish_reason) if out.finished else None,
                 "matched_stop": matched_stop(out.finish_reason) if out.finished else None,
+                **self.prompt_logprobs_field(req, out),
             })
 
         def usage() -> bytes:
