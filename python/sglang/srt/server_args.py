@@ -354,7 +354,8 @@ class ServerArgs:
             flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             help_text = f.metadata.get("help", "")
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            kwargs: dict[str, Any] = {"dest": f.name, "help": f"{help_text} (default: {default})"}
+            # argparse %-formats help strings: a literal % (a quality figure, a fraction) is written %%
+            kwargs: dict[str, Any] = {"dest": f.name, "help": f"{help_text} (default: {default})".replace("%", "%%")}
             ftype = _field_type(f)
             if ftype is bool:
                 parser.add_argument(flag, action="store_true", default=default, **kwargs)

@@ -142,7 +142,9 @@ def test_refusals_name_the_flags():
 
 @pytest.mark.parametrize("flags, per_replica_gib", [
     ([], 8 / 2 * 0.5),  # the CPU default share (half of what is available) of each replica's half of the RAM
-    (["--max-total-memory-gb", "1"], 1.0),  # a cap is per replica
+    # a cap is per replica; --num-threads pinned, as each kernel thread's extend scratch is planned (one replica of
+    # two on this machine's cores would otherwise get fewer threads, and 16 B per context token less of it)
+    (["--max-total-memory-gb", "1", "--num-threads", "1"], 1.0),
 ])
 def test_plan_is_per_replica(flags, per_replica_gib):
     from sglang.cli.plan import run

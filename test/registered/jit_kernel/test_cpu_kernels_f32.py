@@ -187,8 +187,16 @@ class TestCpuKernelsF32Levels(unittest.TestCase):
 
 
 class _Pool:
+    """The backend's view of a bf16/fp32 pool: one layer's K and V, read through the real pool's gather."""
+
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    gather_kv, rotation = MHATokenToKVPool.gather_kv, MHATokenToKVPool.rotation
+    del MHATokenToKVPool
+
     def __init__(self, k, v):
         self.k, self.v = k, v
+        self.head_num = k.shape[1]
 
     def get_key_buffer(self, layer_id):
         return self.k
