@@ -39,3 +39,15 @@ def hf_prompt_logprobs(model_dir_or_model, prompts_ids: List[List[int]]) -> List
 def reference_token_logprobs(ref: torch.Tensor, ids: List[int], start: int) -> List:
     """[None or logprob of token p] for p in [start, len(ids)) (None at position 0)."""
     return [None if p == 0 else ref[p - 1, ids[p]].item() for p in range(start, len(ids))]
+
+
+LOGPROB_TOL = 1e-4  # fp32 runtime vs HF fp32: the same math, different kernels
+
+
+def assert_logprobs_close(got: List, want: List, tol: float = LOGPROB_TOL) -> None:
+    """Same length, None (no logprob: a sequence's first token) exactly where the reference has None, else within tol."""
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None), (got, want)
+        if w is not None:
+            assert abs(g - w) <= tol, (g, w)

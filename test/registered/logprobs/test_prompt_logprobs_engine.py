@@ -9,7 +9,8 @@ from sglang import Engine
 from sglang.srt.sampling.validation import ParamError
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir, shutdown
-from sglang.test.prompt_logprob_reference import LOGPROB_PROMPTS, hf_prompt_logprobs, reference_token_logprobs
+from sglang.test.prompt_logprob_reference import (LOGPROB_PROMPTS, assert_logprobs_close, hf_prompt_logprobs,
+                                                   reference_token_logprobs)
 
 register_cpu_ci(est_time=180, suite="cpu")
 
@@ -36,14 +37,6 @@ def ref(prompt_ids):
     return hf_prompt_logprobs(default_model_dir(), prompt_ids)
 
 
-def _close(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert (g is None) == (w is None), (got, want)
-        if w is not None:
-            assert abs(g - w) <= TOL, (g, w)
-
-
 def test_prompt_logprobs_equal_hf_across_chunks(engine, prompt_ids, ref):
     engine.flush_cache()
     outs = engine.generate(input_ids=prompt_ids, sampling_params={"temperature": 0, "max_new_tokens": 0},
@@ -52,16 +45,16 @@ def test_prompt_logprobs_equal_hf_across_chunks(engine, prompt_ids, ref):
         m = o["meta_info"]
         assert m["finish_reason"] == {"type": "length", "length": 0} and o["output_ids"] == []
         assert [t for _, t, _ in m["input_token_logprobs"]] == ids
-        _close([lp for lp, _, _ in m["input_token_logprobs"]], reference_token_logprobs(r, ids, 0))
+        assert_logprobs_close([lp for lp, _, _ in m["input_token_logprobs"]], reference_token_logprobs(r, ids, 0))
         assert m["input_top_logprobs"][0] is None and m["input_token_ids_logprobs"][0] is None
         for p in range(1, len(ids)):
             top = m["input_top_logprobs"][p]
             want_v, want_i = r[p - 1].topk(3)
             assert [t for _, t, _ in top] == want_i.tolist()
-            _close([lp for lp, _, _ in top], want_v.tolist())
+            assert_logprobs_close([lp for lp, _, _ in top], want_v.tolist())
             by_id = m["input_token_ids_logprobs"][p]
             assert [t for _, t, _ in by_id] == [0, 42]
-            _close([lp for lp, _, _ in by_id], [r[p - 1, 0].item(), r[p - 1, 42].item()])
+            assert_logprobs_close([lp for lp, _, _ in by_id], [r[p - 1, 0].item(), r[p - 1, 42].item()])
     engine.scheduler.check_integrity()
 
 
@@ -73,7 +66,7 @@ def test_prefix_cache_hit_recomputes_or_uses_the_cache(engine, prompt_ids, ref):
                            return_logprob=True, logprob_start_len=0)
     for ids, r, o in zip(prompt_ids, ref, outs):
         assert o["meta_info"]["cached_tokens"] == 0
-        _close([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]], reference_token_logprobs(r, ids, 0))
+        assert_logprobs_close([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]], reference_token_logprobs(r, ids, 0))
         assert len(o["meta_info"]["output_token_logprobs"]) == 2
     # from a later position: the prefix before it comes from the cache, the rest is computed and equal
     for ids, r in zip(prompt_ids, ref):
@@ -83,7 +76,7 @@ def test_prefix_cache_hit_recomputes_or_uses_the_cache(engine, prompt_ids, ref):
         assert o["meta_info"]["cached_tokens"] == start - 1
         got = o["meta_info"]["input_token_logprobs"]
         assert [t for _, t, _ in got] == ids[start:]
-        _close([lp for lp, _, _ in got], reference_token_logprobs(r, ids, start))
+        assert_logprobs_close([lp for lp, _, _ in got], reference_token_logprobs(r, ids, start))
         # the first generated token's logprob is HF's last row's
         lp, tok, _ = o["meta_info"]["output_token_logprobs"][0]
         assert abs(lp - r[-1, tok].item()) <= TOL and tok == int(r[-1].argmax())
@@ -117,7 +110,7 @@ def test_retracted_requests_keep_their_prompt_logprobs(prompt_ids, ref):
         assert e.scheduler.num_retractions > 0, "the pool is meant to force retraction"
         for i, o in zip(picked, outs):
             want = reference_token_logprobs(ref[i], prompt_ids[i], 0)
-            _close([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]], want)
+            assert_logprobs_close([lp for lp, _, _ in o["meta_info"]["input_token_logprobs"]], want)
             assert len(o["meta_info"]["output_token_logprobs"]) == 24
         e.scheduler.check_integrity()
     finally:

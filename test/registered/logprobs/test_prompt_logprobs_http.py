@@ -10,8 +10,8 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir
-from sglang.test.prompt_logprob_reference import (LOGPROB_PROMPTS, hf_prompt_logprobs, load_hf_fp32,
-                                                   reference_token_logprobs)
+from sglang.test.prompt_logprob_reference import (LOGPROB_PROMPTS, assert_logprobs_close, hf_prompt_logprobs,
+                                                   load_hf_fp32, reference_token_logprobs)
 from sglang.test.test_utils import openai_client, popen_launch_server
 
 register_cpu_ci(est_time=150, suite="cpu")
@@ -55,14 +55,6 @@ def ref(hf_model, prompt_ids):
     return hf_prompt_logprobs(hf_model, prompt_ids)
 
 
-def _close(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert (g is None) == (w is None), (got, want)
-        if w is not None:
-            assert abs(g - w) <= TOL, (g, w)
-
-
 def _post(server, path, body):
     return requests.post(f"{server.base_url}{path}", json=body, timeout=120)
 
@@ -75,7 +67,7 @@ def test_completions_echo_logprobs_openai_client(client, tok, prompt_ids, ref, m
         lp = choice.logprobs
         assert len(lp.tokens) == len(ids) + max_tokens
         assert lp.tokens[: len(ids)] == [tok.decode([t]) for t in ids]
-        _close(lp.token_logprobs[: len(ids)], reference_token_logprobs(r, ids, 0))
+        assert_logprobs_close(lp.token_logprobs[: len(ids)], reference_token_logprobs(r, ids, 0))
         assert lp.top_logprobs[0] is None and lp.text_offset[0] == 0
         for p in range(1, len(ids)):  # the top-2 of every prompt position, keyed by token text
             want_v, want_i = r[p - 1].topk(2)
@@ -112,7 +104,7 @@ def test_generate_logprob_start_len(server, prompt_ids, ref):
                                                                                  "temperature": 0}}).json()
     meta = out["meta_info"]
     assert [t for _, t, _ in meta["input_token_logprobs"]] == ids[3:]
-    _close([lp for lp, _, _ in meta["input_token_logprobs"]], reference_token_logprobs(r, ids, 3))
+    assert_logprobs_close([lp for lp, _, _ in meta["input_token_logprobs"]], reference_token_logprobs(r, ids, 3))
     assert len(meta["output_token_logprobs"]) == 2 and len(meta["input_top_logprobs"]) == len(ids) - 3
 
 
