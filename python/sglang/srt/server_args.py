@@ -104,6 +104,10 @@ class ServerArgs:
     port: int = _f(30000, "HTTP port to bind.")
     api_key: Optional[str] = _f(None, "If set, every request must carry 'Authorization: Bearer <api-key>'.")
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at GET /metrics.")
+    enable_cache_report: bool = _f(
+        False, "Report prompt tokens served from the prefix cache in usage.prompt_tokens_details.cached_tokens (as "
+        "upstream, only when set)."
+    )
     max_queued_requests: Optional[int] = _f(
         None, "Reject new requests with HTTP 503 when this many are already waiting. Default: unlimited."
     )

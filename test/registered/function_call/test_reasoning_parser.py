@@ -7,6 +7,7 @@ from sglang.srt.function_call.detectors import make_detector
 from sglang.srt.function_call.tool_call_stream import ToolCallStream
 from sglang.srt.parser.chat_output import ChatOutputParser, finish_reason_with_calls
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS, ReasoningParser
+from sglang.srt.parser.reasoning_tokens import count_reasoning_tokens
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=3, suite="cpu")
@@ -93,4 +94,21 @@ def test_reasoning_then_tool_call_stream(stream_reasoning):
 def test_no_parsers_is_plain_content():
     p = ChatOutputParser()
     assert p.feed("<think>x</think>", False) == [{"content": "<think>x</think>"}]
-    assert ChatOutputParser().message("<tool_call>") == {"role": "assistant", "content": "<tool_call>"}
+    assert ChatOutputParser().message("<tool_call>") == {"role": "assistant", "content": "<tool_call>",
+                                                         "reasoning_content": None}  # always there, as upstream
+
+
+@pytest.mark.parametrize("name, text, want", [
+    ("qwen3", "<think>\nab</think>\n\nanswer", len("<think>\nab</think>")),  # through the tag's last token
+    ("qwen3", "plain answer", 0),  # qwen3 reads reasoning only after an opening <think>
+    ("qwen3", "<think>never ends", len("<think>never ends")),  # cut off inside: all reasoning
+    ("deepseek-r1", "thoughts</think>answer", len("thoughts</think>")),  # the template opened the block
+    ("deepseek-r1", "", 0),
+])
+def test_reasoning_token_count(name, text, want):
+    # one "token" per character: the reference is where the tag ends in the text
+    assert count_reasoning_tokens(name, list(range(len(text))), lambda ids: "".join(text[i] for i in ids)) == want
+    # two characters per token: the token holding the tag's last character ends the reasoning
+    pairs = [text[i:i + 2] for i in range(0, len(text), 2)]
+    assert count_reasoning_tokens(name, list(range(len(pairs))), lambda ids: "".join(pairs[i] for i in ids)) == (
+        -(-want // 2))

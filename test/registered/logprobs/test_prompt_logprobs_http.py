@@ -18,7 +18,7 @@ register_cpu_ci(est_time=150, suite="cpu")
 
 TOL = 1e-4
 SERVER_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "16", "--max-total-tokens", "16384",
-               "--max-running-requests", "16"]
+               "--max-running-requests", "16", "--enable-cache-report"]  # /v1/score's usage reports its cache hits
 
 
 @pytest.fixture(scope="module")

@@ -37,12 +37,14 @@ def test_chat_chunks_are_the_dicts_bytes(include_usage):
     w = StreamChunks(HEAD["id"], "chat.completion.chunk", HEAD["created"], HEAD["model"], include_usage)
     for i in (0, 3, 12):
         for text in TEXTS:
-            choice = {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+            choice = {"index": i, "delta": {"content": text, "reasoning_content": None}, "logprobs": None,
+                      "finish_reason": None}
             want = reference("chat.completion.chunk", [choice], include_usage)
             got = w.chat_content(i, text)
             assert got == want
             parsed = ChatCompletionChunk.model_validate_json(payload(got))
             assert parsed.choices[0].delta.content == text and parsed.choices[0].index == i
+            assert parsed.choices[0].delta.reasoning_content is None  # an attribute, as upstream's clients read it
             assert parsed.model_dump(mode="json", exclude_unset=True) == json.loads(payload(want))
         others = [
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},

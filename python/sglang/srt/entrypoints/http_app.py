@@ -25,7 +25,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from sglang.srt.entrypoints.openai.protocol_responses import ResponsesRequest
-from sglang.srt.entrypoints.openai.serving_base import json_response, parse_body
+from sglang.srt.entrypoints.openai.serving_base import is_known_model, json_response, parse_body
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore, ScoreRequest
@@ -202,7 +202,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str):
-        serving_chat.check_model(model)
+        if not is_known_model(tm, model):
+            return error_response(404, f"The model `{model}` does not exist. This server serves "
+                                  f"`{tm.served_model_name}`.", "model", "model_not_found")
         return json_response(model_card())
 
     # ---------------------------------------------------------------- metrics

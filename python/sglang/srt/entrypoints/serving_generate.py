@@ -19,6 +19,18 @@ from sglang.srt.entrypoints.openai.protocol import GenerateRequest
 from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, json_response, sse
 from sglang.srt.managers.generate_output import GenerateAccumulator
 from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.sampling import validation as v
+
+
+def check_require_reasoning(req: GenerateRequest, reasoning_parser) -> None:
+    """require_reasoning is upstream's switch to hold a grammar off until the reasoning ends: a no-op without a
+    --reasoning-parser or without a grammar (as upstream), refused where it would change the output."""
+    params = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params]
+    grammars = [name for p in params if p is not None for name in v.GRAMMAR_FIELDS if getattr(p, name) is not None]
+    if reasoning_parser and grammars:
+        raise RequestError(400, f"require_reasoning holds sampling_params.{grammars[0]} off until the reasoning "
+                           "ends, which this server does not do (its grammars apply from the first token); drop "
+                           f"require_reasoning or the {grammars[0]} constraint.", param="require_reasoning")
 
 
 class ServingGenerate(OpenAIServingBase):
@@ -26,6 +38,8 @@ class ServingGenerate(OpenAIServingBase):
 
     async def create(self, req: GenerateRequest, raw_request: Request) -> Response:
         tm = self.tokenizer_manager
+        if req.require_reasoning:
+            check_require_reasoning(req, tm.server_args.reasoning_parser)
         # the Engine's builder, on a pool thread (tokenizing and image preprocessing block)
         batch = await tm.offloop.run(build_generate_requests, req, tm.request_tokenizer)
         start = time.perf_counter()

@@ -13,19 +13,16 @@ logger = logging.getLogger(__name__)
 
 
 def served_model_name(server_args: ServerArgs, resolved_model_path: str) -> str:
-    """The API's model id: --served-model-name, else the name of --model-path, else the default model's name."""
+    """The API's model id, as upstream's: --served-model-name, else --model-path exactly as given (a hub id, a
+    directory or a .gguf path, unresolved). Without --model-path, the bundled model's file name without .gguf
+    ("SmolLM2-135M-Instruct.Q4_1": the weights and their quantization)."""
     if server_args.served_model_name:
         return server_args.served_model_name
-    path = server_args.model_path
-    if path is None:
-        from sglang.srt.model_loader.model_path import DEFAULT_MODEL_FILE
+    if server_args.model_path:
+        return server_args.model_path
+    from sglang.srt.model_loader.model_path import DEFAULT_MODEL_FILE
 
-        path = DEFAULT_MODEL_FILE
-    name = os.path.basename(os.path.normpath(path))
-    for suffix in (".gguf",):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
+    return DEFAULT_MODEL_FILE[: -len(".gguf")]
 
 
 # how long the main process waits for a first start's GGUF conversion to write the tokenizer before it leaves the

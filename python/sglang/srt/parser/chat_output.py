@@ -63,8 +63,8 @@ class ChatOutputParser:
         if self.tools is not None and self.has_tool_calls:
             msg["tool_calls"] = self.tools.tool_calls()
             msg["content"] = msg["content"] or None
-        if self.reasoning is not None:
-            msg["reasoning_content"] = "".join(parts["reasoning_content"]) or None
+        # always present, null when there is none (as upstream), so clients may read message.reasoning_content
+        msg["reasoning_content"] = "".join(parts["reasoning_content"]) or None
         return msg
 
 

@@ -43,6 +43,7 @@ class ReasoningParser:
         self.state = "start"  # start -> reasoning -> content, or start -> content
         self.pending = ""  # text not yet sent: a possible tag, or blanks whose fate depends on what follows
         self.reasoning_started = False
+        self.entered_reasoning = False  # the output had a reasoning block (reasoning_tokens.py counts its tokens)
 
     def feed(self, text: str, final: bool) -> Tuple[str, str]:
         """(reasoning delta, content delta)."""
@@ -57,6 +58,7 @@ class ReasoningParser:
             else:
                 self.state = "reasoning" if self.starts_in_reasoning else "content"
         if self.state == "reasoning":
+            self.entered_reasoning = True
             if not self.reasoning_started:
                 self.pending = self.pending.lstrip(WHITESPACE)
                 self.reasoning_started = bool(self.pending)

@@ -362,6 +362,10 @@ class GenerateRequest(OpenAIModel):
     video_data: Optional[Any] = None
     audio_data: Optional[Any] = None
     model: Optional[str] = None
+    require_reasoning: bool = Field(False, description=(
+        "Upstream's: with --reasoning-parser, the grammar (json_schema / regex / ebnf) applies only once the "
+        "reasoning has ended. Without a parser or a grammar it changes nothing, as upstream; with both it is refused "
+        "(400): this server applies a grammar from the first token."))
     # upstream fields sglang-router always sends (see upstream_only)
     return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")
     log_metrics: Literal[True] = upstream_only(True, "every request is counted in the metrics.")

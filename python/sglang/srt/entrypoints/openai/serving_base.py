@@ -1,7 +1,7 @@
 """Shared plumbing of the OpenAI-compatible handlers: body parsing, model check, SSE, finish reasons, usage.
 
 Every handler is `await handler.handle_request(raw_request)`; client mistakes come back as OpenAI error bodies
-(RequestError / pydantic ValidationError -> 400, unknown model -> 404, queue full -> 503).
+(RequestError / pydantic ValidationError -> 400, queue full -> 503). Every `model` name is served.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from sglang.srt.sampling.validation import MAX_JSON_DEPTH, ParamError
 
 SSE_DONE = b"data: [DONE]\n\n"
 MODEL_ALIASES = ("default",)
+
+
+def is_known_model(tm: TokenizerManager, model: str) -> bool:
+    """A name GET /v1/models/{model} answers for. Requests are served whatever their `model`, as upstream's are (there
+    the name only selects a LoRA adapter, and this runtime loads none)."""
+    return model in {tm.served_model_name, tm.model_path, tm.server_args.model_path, *MODEL_ALIASES}
 
 
 def sse(obj: Any) -> bytes:
@@ -125,12 +131,18 @@ def matched_stop(finish_reason: Optional[dict]) -> Any:
     return None
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: Optional[int] = None,
+               reasoning_tokens: int = 0) -> dict:
+    """OpenAI's usage block, as upstream fills it: prompt_tokens_details is null unless the cache is reported
+    (cached_tokens given: --enable-cache-report); reasoning_tokens (tokens of the reasoning part, 0 without a
+    --reasoning-parser) both where OpenAI puts it, completion_tokens_details, and where upstream does, top level."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "reasoning_tokens": reasoning_tokens,
     }
 
 
@@ -144,7 +156,6 @@ class OpenAIServingBase:
     async def handle_request(self, raw_request: Request) -> Response:
         try:
             req = await parse_body(raw_request, self.request_model)
-            self.check_model(getattr(req, "model", None))
             problem = req.unsupported() if hasattr(req, "unsupported") else None
             if problem is not None:
                 raise RequestError(400, problem[1], param=problem[0])
@@ -155,16 +166,13 @@ class OpenAIServingBase:
     async def create(self, req: Any, raw_request: Request) -> Response:
         raise NotImplementedError
 
-    def check_model(self, model: Optional[str]) -> None:
-        tm = self.tokenizer_manager
-        known = {tm.served_model_name, tm.model_path, tm.server_args.model_path, *MODEL_ALIASES}
-        if model and model not in known:
-            raise RequestError(
-                404,
-                f"The model `{model}` does not exist. This server serves `{tm.served_model_name}`.",
-                param="model",
-                code="model_not_found",
-            )
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int, reasoning_tokens: int = 0) -> dict:
+        report = self.tokenizer_manager.server_args.enable_cache_report
+        return usage_dict(prompt_tokens, completion_tokens, cached_tokens if report else None, reasoning_tokens)
+
+    def response_model(self, req: Any) -> str:
+        """The `model` a response reports: the request's, as upstream echoes it, else the served name."""
+        return getattr(req, "model", None) or self.tokenizer_manager.served_model_name
 
     def new_id(self) -> str:
         return f"{self.object_prefix}-{uuid.uuid4().hex}"

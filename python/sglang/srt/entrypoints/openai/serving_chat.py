@@ -6,6 +6,10 @@ empty delta with finish_reason; with stream_options.include_usage every chunk ha
 with no choices carries the usage. With --reasoning-parser / --tool-call-parser each choice's text goes through a
 ChatOutputParser (srt/parser/chat_output.py): deltas then carry reasoning_content and tool_calls too, and a reply
 that ends in calls finishes with "tool_calls".
+
+As upstream, every message and every delta has `reasoning_content` (null when there is none), with or without a
+parser, so clients may read it as an attribute; usage counts the reasoning tokens (srt/parser/reasoning_tokens.py)
+and reports prefix-cache hits only with --enable-cache-report; `model` echoes the request's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
     grammar_param_names,
     json_response,
     matched_stop,
-    usage_dict,
 )
 from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
 from sglang.srt.function_call.tool_call_stream import ToolCallStream
@@ -35,6 +38,7 @@ from sglang.srt.managers.request_logprob_fields import apply_logprob_fields
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.parser.chat_output import ChatOutputParser, finish_reason_with_calls
 from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.parser.reasoning_tokens import count_reasoning_tokens
 from sglang.srt.sampling.sampling_params import choice_sampling_params
 
 # roles the common chat templates know; OpenAI's newer "developer" role is the old "system"
@@ -92,12 +96,26 @@ class OpenAIServingChat(OpenAIServingBase):
                                "output; use one or the other.", param="tool_choice")
         return plan
 
-    def output_parser(self, req: ChatCompletionRequest, plan: ToolPlan) -> ChatOutputParser:
-        """A fresh parser for one choice's output."""
+    def reasoning_parser_name(self, req: ChatCompletionRequest, plan: ToolPlan) -> Optional[str]:
+        """--reasoning-parser, unless the request turned thinking off or forces a call (no room for thoughts)."""
         name = self.tokenizer_manager.server_args.reasoning_parser
         thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
-        # a grammar-forced call has no room for thoughts
-        reasoning = ReasoningParser(name) if name and req.separate_reasoning and thinking and not plan.forced else None
+        return name if name and thinking and not plan.forced else None
+
+    def reasoning_tokens(self, req: ChatCompletionRequest, plan: ToolPlan, token_ids: List[int]) -> int:
+        """How many of one choice's output tokens are reasoning (counted whether or not separate_reasoning moves
+        the text, as upstream's scheduler counts them); 0 without a parser."""
+        name = self.reasoning_parser_name(req, plan)
+        if name is None:
+            return 0
+        tok = self.tokenizer_manager.tokenizer
+        return count_reasoning_tokens(name, token_ids, lambda ids: tok.decode(
+            ids, skip_special_tokens=req.skip_special_tokens))
+
+    def output_parser(self, req: ChatCompletionRequest, plan: ToolPlan) -> ChatOutputParser:
+        """A fresh parser for one choice's output."""
+        name = self.reasoning_parser_name(req, plan)
+        reasoning = ReasoningParser(name) if name and req.separate_reasoning else None
         tools = ToolCallStream(plan.detector, plan.function_names, plan.forced) if plan.detector else None
         return ChatOutputParser(reasoning, tools, stream_reasoning=req.stream_reasoning)
 
@@ -165,9 +183,10 @@ class OpenAIServingChat(OpenAIServingBase):
             "id": self.new_id(),
             "object": "chat.completion",
             "created": self.created(),
-            "model": self.tokenizer_manager.served_model_name,
+            "model": self.response_model(req),
             "choices": choices,
-            "usage": usage_dict(prompt_tokens, sum(o.completion_tokens for o in outs), outs[0].cached_tokens),
+            "usage": self.usage(prompt_tokens, sum(o.completion_tokens for o in outs), outs[0].cached_tokens,
+                                sum(self.reasoning_tokens(req, plan, o.new_token_ids) for o in outs)),
             **({"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer_manager, outs[0], req.prompt_logprobs)}
                if req.prompt_logprobs is not None else {}),
         })
@@ -181,12 +200,16 @@ class OpenAIServingChat(OpenAIServingBase):
             await gen.aclose()
             raise
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        chunks = StreamChunks(self.new_id(), "chat.completion.chunk", self.created(),
-                              self.tokenizer_manager.served_model_name, include_usage)
+        chunks = StreamChunks(self.new_id(), "chat.completion.chunk", self.created(), self.response_model(req),
+                              include_usage)
+        count_reasoning = self.reasoning_parser_name(req, plan) is not None
+        output_ids: dict = {}  # choice -> its token ids so far, to count its reasoning tokens at the end
 
         def chunk(i: int, delta: dict, finish_reason=None, logprobs=None, matched=None) -> bytes:
             if finish_reason is None and logprobs is None and len(delta) == 1 and "content" in delta:
                 return chunks.chat_content(i, delta["content"])  # the chunk of almost every token
+            # every delta carries reasoning_content (null when it has none), as upstream's do
+            delta = {**delta, "reasoning_content": delta.get("reasoning_content")}
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["matched_stop"] = matched
@@ -221,16 +244,22 @@ class OpenAIServingChat(OpenAIServingBase):
                     parts.append(chunk(i, {}, reason, matched=matched_stop(out.finish_reason)))
                     num_finished += 1
                 completion_tokens[i] = out.completion_tokens
+                if count_reasoning:
+                    output_ids.setdefault(i, []).extend(out.new_token_ids)
                 if i == 0:
                     cached = out.cached_tokens
                 if num_finished == req.n:  # nothing follows but the usage and [DONE]
                     if include_usage:
-                        parts.append(chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached)))
+                        parts.append(usage_chunk(completion_tokens, cached))
                     parts.append(SSE_DONE)
                 if parts:
                     yield b"".join(parts)
                 item = await self.first_item(gen)
             if num_finished < req.n and include_usage:  # the outputs ended without every finish
-                yield chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached))
+                yield usage_chunk(completion_tokens, cached)
+
+        def usage_chunk(completion_tokens: dict, cached: int) -> bytes:
+            reasoning = sum(self.reasoning_tokens(req, plan, ids) for ids in output_ids.values())
+            return chunks.usage(self.usage(prompt_tokens, sum(completion_tokens.values()), cached, reasoning))
 
         return self.stream_response(gen, events())

@@ -1,7 +1,8 @@
 """POST /v1/completions: prompts (text or token ids, one or many) x n choices, streaming or not.
 
 Choice index = prompt_index * n + sample_index, as OpenAI numbers them. Usage counts every prompt once and every
-generated token of every choice.
+generated token of every choice; with --enable-cache-report, prompt_tokens_details.cached_tokens sums each prompt's
+prefix-cache hit (its first choice's).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
     grammar_param_names,
     json_response,
     matched_stop,
-    usage_dict,
 )
 from sglang.srt.entrypoints.openai.sse_chunks import StreamChunks
 from sglang.srt.entrypoints.openai.prompt_logprobs_format import join_blocks, legacy_prompt_block, vllm_prompt_logprobs
@@ -128,9 +128,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             "id": self.new_id(),
             "object": "text_completion",
             "created": self.created(),
-            "model": self.tokenizer_manager.served_model_name,
+            "model": self.response_model(req),
             "choices": choices,
-            "usage": usage_dict(prompt_tokens, completion_tokens, cached),
+            "usage": self.usage(prompt_tokens, completion_tokens, cached),
         })
 
     def logprobs_block(self, req, out: ReqOutput, start_offset: int, first: bool,
@@ -157,8 +157,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
             await gen.aclose()
             raise
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        chunks = StreamChunks(self.new_id(), "text_completion", self.created(),
-                              self.tokenizer_manager.served_model_name, include_usage)
+        chunks = StreamChunks(self.new_id(), "text_completion", self.created(), self.response_model(req),
+                              include_usage)
         logprob_state = {}
 
         def chunk(i: int, out: ReqOutput, first_of_choice: bool) -> bytes:
@@ -183,7 +183,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
 
         def usage() -> bytes:
             cached_total = sum(v for k, v in cached.items() if k % req.n == 0)
-            return chunks.usage(usage_dict(prompt_tokens, sum(completion_tokens.values()), cached_total))
+            return chunks.usage(self.usage(prompt_tokens, sum(completion_tokens.values()), cached_total))
 
         completion_tokens: dict = {}
         cached: dict = {}

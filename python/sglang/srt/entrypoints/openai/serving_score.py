@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from sglang.srt.entrypoints.openai.protocol import OpenAIModel
-from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, json_response, usage_dict
+from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, json_response
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.request_logprob_fields import apply_logprob_fields
@@ -80,7 +80,7 @@ class OpenAIServingScore(OpenAIServingBase):
         scores = [self.item_scores(o, req) for o in outs]
         return json_response({
             "scores": scores, "model": tm.served_model_name, "object": "scoring",
-            "usage": usage_dict(sum(o.prompt_tokens for o in outs), 0, sum(o.cached_tokens for o in outs)),
+            "usage": self.usage(sum(o.prompt_tokens for o in outs), 0, sum(o.cached_tokens for o in outs)),
         })
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 Every chunk of a stream repeats its id, object, created and model, and with stream_options.include_usage ends in
 "usage": null; only the choice changes. Those bytes are serialised once; the chunk sent for almost every token (a
-content delta: chat's {"content": text}, or a completion's text, without logprobs or a finish) is the template around
+content delta: chat's {"content": text, "reasoning_content": null}, or a completion's text, without logprobs or a finish) is the template around
 the token's JSON-escaped text, with no dict built and no other field serialised. Any other choice is one
 orjson.dumps of the choice alone.
 
@@ -39,9 +39,10 @@ class StreamChunks:
         return b"".join((self.head, orjson.dumps(choice), self.tail))
 
     def chat_content(self, index: int, text: str) -> bytes:
-        """== choice({"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None})."""
+        """== choice({"index": index, "delta": {"content": text, "reasoning_content": None}, "logprobs": None,
+        "finish_reason": None})."""
         return b"".join((self.head, b'{"index":', self._index(index), b',"delta":{"content":', orjson.dumps(text),
-                         b'},"logprobs":null,"finish_reason":null}', self.tail))
+                         b',"reasoning_content":null},"logprobs":null,"finish_reason":null}', self.tail))
 
     def completion_text(self, index: int, text: str) -> bytes:
         """== choice({"index": index, "text": text, "logprobs": None, "finish_reason": None, "matched_stop": None})."""
