@@ -85,6 +85,11 @@ def test_single_batch_tokens_base64(client, info, reference):
     assert isinstance(default.data[0].embedding, list) and cos(default.data[0].embedding, reference[0][1]) >= MIN_COSINE
     same = client.embeddings.create(model=model, input="x", dimensions=len(batch.data[0].embedding))
     assert len(same.data[0].embedding) == len(batch.data[0].embedding)
+    # any model name is served and echoed, as upstream; without one the served name answers
+    other = client.embeddings.create(model="BAAI/bge-m3", input=PROMPTS[0], encoding_format="float")
+    assert other.model == "BAAI/bge-m3" and cos(other.data[0].embedding, reference[0][1]) >= MIN_COSINE
+    unnamed = requests.post(f"{client.base_url}embeddings", json={"input": "x"}).json()
+    assert unnamed["model"] == model
 
 
 def test_refusals_keep_serving(client, server, info):

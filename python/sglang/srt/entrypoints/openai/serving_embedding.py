@@ -56,5 +56,6 @@ class OpenAIServingEmbedding(OpenAIServingBase):
             check_dimensions(req.dimensions, len(vectors[0]))
         data = [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
                 for i, v in enumerate(vectors)]
-        return json_response({"object": "list", "data": data, "model": tm.served_model_name,
+        # the request's model echoed, as upstream (it would only pick a LoRA adapter): the served name without one
+        return json_response({"object": "list", "data": data, "model": req.model or tm.served_model_name,
                               "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
