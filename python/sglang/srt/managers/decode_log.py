@@ -1,7 +1,8 @@
 """The decode-batch log line (upstream's --decode-log-interval): every N decode steps the scheduler logs, at info
-level, the running requests, the KV tokens in use against the pool size, the generation throughput over those N
-steps and the waiting queue's length. Counted over decode steps only: a prefill between them is part of the wall
-time the throughput is measured over, as a client sees it."""
+level, the running requests and the KV tokens in use (against the pool size) of the batch that step decodes, the
+generation throughput over the window of N steps and the waiting queue's length. Only decode steps are counted; a
+prefill between them is part of the wall time the throughput is measured over, as a client sees it. Warmup steps
+are not logged."""
 
 from __future__ import annotations
 

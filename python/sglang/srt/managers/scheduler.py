@@ -121,6 +121,8 @@ class Scheduler:
         assert sp.max_new_tokens is not None and len(ids) + sp.max_new_tokens <= self.max_req_len, (
             f"request {recv.rid}: {len(ids)} + {sp.max_new_tokens} tokens exceed max_req_len {self.max_req_len}")
         assert recv.rid not in self.queues.reqs, f"duplicate request id {recv.rid!r}"
+        assert recv.custom_logit_processor is None or self.server_args.enable_custom_logit_processor, (
+            f"request {recv.rid}: a custom_logit_processor without --enable-custom-logit-processor")
         req = Req(recv.rid, ids, sp, tokenizer=self.tokenizer, stream=recv.stream, return_logprob=recv.return_logprob,
                   top_logprobs_num=recv.top_logprobs_num, eos_token_ids=self.model_config.eos_token_ids,
                   mm_inputs=recv.mm_inputs)
