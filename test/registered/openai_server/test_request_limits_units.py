@@ -64,14 +64,14 @@ async def echo_length_app(scope, receive, send):
 
 
 def test_declared_oversized_body_is_refused_before_reading():
-    app = RequestBodyLimitMiddleware(echo_length_app, max_body_mb=1)
+    app = RequestBodyLimitMiddleware(echo_length_app, max_body_bytes=1 << 20)
     status, body, sent = run_asgi(app, [(b"content-length", str(MiB + 1).encode())], [b"x" * 10])
     assert status == 413 and not sent
     assert b"--max-request-body-mb" in body and b"request_too_large" in body
 
 
 def test_chunked_oversized_body_is_refused_once_past_the_limit():
-    app = RequestBodyLimitMiddleware(echo_length_app, max_body_mb=1)
+    app = RequestBodyLimitMiddleware(echo_length_app, max_body_bytes=1 << 20)
     chunks = [b"x" * (256 << 10)] * 8  # 2 MiB, no Content-Length
     status, body, sent = run_asgi(app, [], chunks)
     assert status == 413 and b"--max-request-body-mb" in body
@@ -79,7 +79,7 @@ def test_chunked_oversized_body_is_refused_once_past_the_limit():
 
 
 def test_body_under_the_limit_reaches_the_app_whole():
-    app = RequestBodyLimitMiddleware(echo_length_app, max_body_mb=1)
+    app = RequestBodyLimitMiddleware(echo_length_app, max_body_bytes=1 << 20)
     chunks = [b"x" * (256 << 10)] * 3 + [b"y" * 100]
     status, body, _ = run_asgi(app, [(b"content-length", str(3 * (256 << 10) + 100).encode())], chunks)
     assert status == 200 and int(body) == 3 * (256 << 10) + 100

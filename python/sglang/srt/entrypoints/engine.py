@@ -56,7 +56,7 @@ class Engine:
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, getattr(s.model_runner, "mm_processor", None), s.model_config.vocab_size, s.context_len,
             s.max_req_len, s.max_req_len - 1, grammar_backend=self.server_args.grammar_backend,
-        )
+            enable_custom_logit_processor=self.server_args.enable_custom_logit_processor)
 
     # ------------------------------------------------------------------ requests
     def _build(self, body: dict) -> GenerateBatch:
@@ -100,13 +100,15 @@ class Engine:
         audio_data: Optional[Any] = None,
         logprob_start_len: Optional[int] = None,
         token_ids_logprob: Optional[List[int]] = None,
+        custom_logit_processor: Optional[str] = None,
     ):
         """POST /generate in-process: the same body fields (`prompt` is its `text`), the same checks and messages,
         the same response objects (see generate_output.py). A stream yields cumulative objects, like the server's."""
         body = {"text": prompt, "input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data,
                 "video_data": video_data, "audio_data": audio_data, "return_logprob": return_logprob,
                 "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid,
-                "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob}
+                "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob,
+                "custom_logit_processor": custom_logit_processor}
         self._check_kind(embedding=False)
         batch = self._build({k: val for k, val in body.items() if val is not None})
         if stream and batch.is_batch:

@@ -74,6 +74,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
     images = req.image_data if is_batch and isinstance(req.image_data, list) else [req.image_data] * len(prompts)
     videos = req.video_data if is_batch and isinstance(req.video_data, list) else [req.video_data] * len(prompts)
     audios = req.audio_data if is_batch and isinstance(req.audio_data, list) else [req.audio_data] * len(prompts)
+    processors = _as_list(req.custom_logit_processor, len(prompts), "custom_logit_processor")
     reqs: List[TokenizedGenerateReqInput] = []
     for p, prompt in enumerate(prompts):
         sp = _sampling_dict(params[p], rt.vocab_size)
@@ -96,6 +97,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
                 audio_data=audios[p],
                 prompt_param="text" if req.text is not None else "input_ids",
                 max_tokens_param="max_new_tokens",
+                custom_logit_processor=processors[p],
             )
             apply_logprob_fields(t, req.logprob_start_len, req.token_ids_logprob, rt.vocab_size)
             ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # media: processed per choice

@@ -55,7 +55,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     app = FastAPI(title="SGLang", version=__version__, lifespan=lifespan)
     app.state.tokenizer_manager = tm
     # the last added runs first: the API key is checked before any body is read
-    app.add_middleware(RequestBodyLimitMiddleware, max_body_mb=server_args.max_request_body_mb)
+    body_bytes, body_flag = server_args.request_body_limit()
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_bytes=body_bytes, flag=body_flag)
     if server_args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
 

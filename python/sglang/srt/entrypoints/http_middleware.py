@@ -1,7 +1,7 @@
 """Pure ASGI middlewares of the HTTP server (no response buffering, so streaming and disconnect detection work).
 
     APIKeyMiddleware         401 unless 'Authorization: Bearer <api-key>'; only AUTH_EXEMPT_PATHS are open
-    RequestBodyLimitMiddleware  413 for a body over --max-request-body-mb, by its Content-Length or, for chunked
+    RequestBodyLimitMiddleware  413 for a body over --max-request-body-mb (or upstream's --max-payload-size), by its Content-Length or, for chunked
                              bodies, as soon as the bytes received pass the limit; nothing past the limit is read
 
 Order (outermost first): API key, then body limit, so an unauthenticated client cannot make the server read a body.
@@ -48,15 +48,22 @@ class APIKeyMiddleware:
 class RequestBodyLimitMiddleware:
     """Reads the whole body first (every route parses all of it anyway), counting bytes, then replays its chunks."""
 
-    def __init__(self, app, max_body_mb: float):
+    def __init__(self, app, max_body_bytes: int, flag: str = "--max-request-body-mb"):
         self.app = app
-        self.max_body_mb = max_body_mb
-        self.max_body_bytes = int(max_body_mb * (1 << 20))
+        self.max_body_bytes = max_body_bytes
+        self.flag = flag  # the flag that set the limit (ServerArgs.request_body_limit), named in the 413
+
+    def _amount(self, size_bytes: int, mib_format: str) -> str:
+        """In the unit of the flag that set the limit: bytes (upstream's --max-payload-size), else MiB."""
+        if self.flag == "--max-payload-size":
+            return f"{size_bytes} bytes"
+        return f"{size_bytes / (1 << 20):{mib_format}} MiB"
 
     def too_large(self, size_bytes: int, exact: bool) -> str:
-        size = f"{size_bytes / (1 << 20):.1f} MiB" if exact else f"more than {self.max_body_mb:g} MiB"
-        return (f"The request body is {size}; this server accepts at most {self.max_body_mb:g} MiB "
-                "(--max-request-body-mb). Send a smaller request, or raise --max-request-body-mb.")
+        limit = self._amount(self.max_body_bytes, "g")
+        size = self._amount(size_bytes, ".1f") if exact else f"more than {limit}"
+        return (f"The request body is {size}; this server accepts at most {limit} ({self.flag}). Send a smaller "
+                f"request, or raise {self.flag}.")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -41,6 +41,8 @@ class TokenizedGenerateReqInput:
     # an embedding request (POST /v1/embeddings, Engine.encode): served only by an --is-embedding server, which
     # serves nothing else
     is_embedding: bool = False
+    # upstream's client-sent logit processor (sampling/custom_logit_processor.py; --enable-custom-logit-processor)
+    custom_logit_processor: Optional[str] = None
 
 
 @dataclass

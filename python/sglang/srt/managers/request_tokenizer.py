@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 from sglang.srt.constrained.grammar_check import check_request_grammar
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, new_rid
 from sglang.srt.managers.request_error import RequestError
+from sglang.srt.sampling.custom_logit_processor import check_loadable
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 # Normalizers may shrink text before it is split (whitespace collapsing, NFKC); the margin keeps the bound safe.
@@ -33,7 +34,8 @@ def max_token_bytes(tokenizer: Any) -> Optional[int]:
 
 class RequestTokenizer:
     def __init__(self, tokenizer: Any, mm_processor: Any, vocab_size: int, context_len: int, max_req_len: int,
-                 max_req_input_len: int, grammar_backend: str = "xgrammar"):
+                 max_req_input_len: int, grammar_backend: str = "xgrammar",
+                 enable_custom_logit_processor: bool = False):
         self.tokenizer = tokenizer
         self.mm_processor = mm_processor
         self.vocab_size = vocab_size
@@ -41,6 +43,7 @@ class RequestTokenizer:
         self.max_req_len = max_req_len
         self.max_req_input_len = max_req_input_len
         self.grammar_backend = grammar_backend
+        self.enable_custom_logit_processor = enable_custom_logit_processor
         per_token = max_token_bytes(tokenizer) if tokenizer is not None else None
         self.max_prompt_chars: Optional[int] = (
             max_req_input_len * per_token * PROMPT_CHARS_MARGIN if per_token else None
@@ -89,6 +92,7 @@ class RequestTokenizer:
         add_special_tokens: bool = True,
         prompt_param: str = "prompt",
         max_tokens_param: str = "max_tokens",
+        custom_logit_processor: Optional[str] = None,
     ) -> TokenizedGenerateReqInput:
         """Validate one prompt + sampling params against the model's limits. Raises RequestError(400)."""
         sent = [m for m, d in (("audio", audio_data), ("video", video_data), ("image", image_data)) if d]
@@ -153,4 +157,19 @@ class RequestTokenizer:
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
             mm_inputs=mm_inputs,
+            custom_logit_processor=self.check_custom_logit_processor(custom_logit_processor),
         )
+
+    def check_custom_logit_processor(self, processor: Optional[str]) -> Optional[str]:
+        """A client-sent processor only with --enable-custom-logit-processor, and only one that loads."""
+        if processor is None:
+            return None
+        if not self.enable_custom_logit_processor:
+            raise RequestError(400, "custom_logit_processor is refused: this server was not started with "
+                               "--enable-custom-logit-processor (which runs Python sent by clients; see its --help).",
+                               param="custom_logit_processor")
+        try:
+            check_loadable(processor)
+        except ValueError as e:
+            raise RequestError(400, f"custom_logit_processor: {e}", param="custom_logit_processor") from None
+        return processor

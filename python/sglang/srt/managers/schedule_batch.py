@@ -27,6 +27,7 @@ class Req:
     # chunks, then the normalized vector
     pooled_sum = None
     embedding = None
+    custom_logit_processor = None  # a client-sent processor string (sampling/custom_logit_processor.py)
 
     def __init__(self, rid: str, input_ids: List[int], sampling_params: SamplingParams, tokenizer=None,
                  stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,

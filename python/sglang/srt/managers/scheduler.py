@@ -31,6 +31,7 @@ import torch
 from sglang.srt.constrained.scheduler_hooks import GrammarGate, build_backend
 from sglang.srt.managers import prompt_logprob_state
 from sglang.srt.managers.batch_runner import BatchRunner
+from sglang.srt.managers.decode_log import DecodeLog
 from sglang.srt.managers.decode_memory import DecodeMemory
 from sglang.srt.managers.fault_confinement import FATAL_ERRORS, FaultPolicy
 from sglang.srt.managers.fault_injection import FaultInjector
@@ -108,6 +109,7 @@ class Scheduler:
         self.overlap = OverlapSchedule(self.sink) if overlap_enabled(server_args, self.device) else None
         if self.overlap is not None:
             weakref.finalize(self, self.overlap.shutdown)
+        self.decode_log = DecodeLog(server_args.decode_log_interval, self.max_total_num_tokens)
 
     # ================================================================== public API
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -119,10 +121,13 @@ class Scheduler:
         assert sp.max_new_tokens is not None and len(ids) + sp.max_new_tokens <= self.max_req_len, (
             f"request {recv.rid}: {len(ids)} + {sp.max_new_tokens} tokens exceed max_req_len {self.max_req_len}")
         assert recv.rid not in self.queues.reqs, f"duplicate request id {recv.rid!r}"
+        assert recv.custom_logit_processor is None or self.server_args.enable_custom_logit_processor, (
+            f"request {recv.rid}: a custom_logit_processor without --enable-custom-logit-processor")
         req = Req(recv.rid, ids, sp, tokenizer=self.tokenizer, stream=recv.stream, return_logprob=recv.return_logprob,
                   top_logprobs_num=recv.top_logprobs_num, eos_token_ids=self.model_config.eos_token_ids,
                   mm_inputs=recv.mm_inputs)
         prompt_logprob_state.attach(req, recv.logprob_start_len, recv.token_ids_logprob)
+        req.custom_logit_processor = recv.custom_logit_processor  # the sampler reads it (None: none)
         self.queues.reqs[req.rid] = req
         if sp.max_new_tokens == 0 and req.prompt_logprobs is None:  # with prompt logprobs: a prefill, no token
             req.finished_reason = {"type": "length", "length": 0}
@@ -177,9 +182,12 @@ class Scheduler:
             self.planner.end_batch()
         elif self.queues.running:
             self.queues.in_step.extend(self.queues.running)
+            self.decode_log.begin_step(self.sink.total_generated_tokens, lambda: (
+                self.queues.num_running(), self.memory.used_tokens(), len(self.queues.waiting)))
             self.decode_memory.make_room()  # evict cached prefixes, then retract, until each has room for a token
             if self.runner.run_decode():
                 self.decode_memory.on_decode_success()
+            self.decode_log.end_step(self.sink.total_generated_tokens)
         if self.overlap is not None and self.runner.forward_ct == forward_ct_before:
             self.overlap.drain_now()  # no forward to overlap the previous step's text with
 
@@ -191,6 +199,7 @@ class Scheduler:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         vocab = self.model_config.vocab_size
+        self.decode_log.muted = True  # warmup steps are not traffic
         n = max(1, min(num_tokens, self.max_req_len - max_new_tokens - 1))
         for b in range(min(batch_size, self.max_running_requests)):
             sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True})
@@ -201,6 +210,8 @@ class Scheduler:
         self.flush_cache()
         self.planner.total_prompt_tokens = self.planner.total_cached_tokens = self.sink.total_generated_tokens = 0
         self.planner.new_token_ratio.reset()
+        self.decode_log.reset()
+        self.decode_log.muted = False
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache. Only allowed when idle (cached slots may be locked by running requests)."""

@@ -90,7 +90,7 @@ class TokenizerManager:
         self.request_tokenizer = RequestTokenizer(
             self.tokenizer, self.mm_processor, self.vocab_size, self.context_len, self.max_req_len,
             self.max_req_input_len, grammar_backend=server_args.grammar_backend,
-        )
+            enable_custom_logit_processor=server_args.enable_custom_logit_processor)
         self.offloop = OffLoopExecutor()
         self.template_sandbox: Optional[TemplateSandbox] = None
         if server_args.allow_client_chat_template:

@@ -1,7 +1,7 @@
 """Batched sampling from float32 logits [B, V].
 
 Order of operations per row (each step skipped when every row leaves it at its neutral value):
-  penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
+  client-sent logit processors (--enable-custom-logit-processor; custom_logit_processor.py) -> penalties (repetition over prompt+output, frequency/presence over output) -> min_new_tokens stop masking
   -> logit_bias -> grammar bitmask (structured output, constrained/logits_mask.py: one masking call for the batch;
   the grammar wins over min_new_tokens) -> logprobs (of the penalised logits, before temperature) -> greedy rows: argmax
   -> temperature -> softmax (both in place) -> top-k -> top-p -> min-p -> the draw: argmax(probs / Exp(1) noise),
@@ -30,6 +30,7 @@ import torch
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.constrained.logits_mask import apply_grammar_mask_, apply_logit_bias_, has_grammar
+from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors_, has_custom_processor
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.topk_topp import filter_probs_, on_host, to_device
 
@@ -167,7 +168,10 @@ def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torc
     mask = any(r.sampling_params.min_new_tokens > len(r.output_ids) for r in reqs)
     biased = any(r.sampling_params.logit_bias for r in reqs)
     constrained = any(has_grammar(r) for r in reqs)
-    if penalise or mask or want_lp or not all(greedy):
+    custom = has_custom_processor(reqs)
+    if custom:  # first, on the raw logits (upstream's order); what it writes is made finite below
+        apply_custom_logit_processors_(logits, reqs)
+    if penalise or mask or want_lp or custom or not all(greedy):
         _make_finite_(logits)
         if penalise:
             _apply_penalties(logits, reqs)

@@ -45,6 +45,8 @@ class SamplingParams:
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     logit_bias: Optional[Dict[str, float]] = None
+    # per-request parameters of the request's custom_logit_processor (custom_logit_processor.py), upstream's name
+    custom_params: Optional[Dict[str, Any]] = None
     # normalised forms, filled by normalize()
     stop_strs: List[str] = field(default_factory=list)
 
@@ -129,6 +131,9 @@ class SamplingParamsModel(BaseModel):
     regex: Optional[str] = v.GRAMMAR.field(_DEFAULTS.regex)
     ebnf: Optional[str] = v.GRAMMAR.field(_DEFAULTS.ebnf)
     logit_bias: Optional[Dict[str, float]] = v.LOGIT_BIAS.field(_DEFAULTS.logit_bias)
+    custom_params: Optional[Dict[str, Any]] = Field(
+        _DEFAULTS.custom_params, description="Parameters passed to the request's custom_logit_processor "
+        "(a server started with --enable-custom-logit-processor).")
 
     @model_validator(mode="after")
     def _across_fields(self) -> "SamplingParamsModel":

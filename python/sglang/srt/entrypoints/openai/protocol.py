@@ -122,6 +122,9 @@ class SamplingFields(OpenAIModel):
     regex: Optional[str] = v.GRAMMAR.field(None)
     ebnf: Optional[str] = v.GRAMMAR.field(None)
     return_hidden_states: Literal[False] = upstream_only(False, "this server does not return hidden states.")
+    # upstream's client-sent logit processor and its per-request parameters (--enable-custom-logit-processor)
+    custom_logit_processor: Optional[str] = None
+    custom_params: Optional[Dict[str, Any]] = None
 
     # the output-length field and its name, per API
     @property
@@ -180,6 +183,8 @@ class SamplingFields(OpenAIModel):
             params["temperature"] = self.temperature
         if self.top_p is not None:
             params["top_p"] = self.top_p
+        if self.custom_params is not None:
+            params["custom_params"] = self.custom_params
         return params
 
     def unsupported(self) -> Optional[tuple[str, str]]:
@@ -366,6 +371,8 @@ class GenerateRequest(OpenAIModel):
         "Upstream's: with --reasoning-parser, the grammar (json_schema / regex / ebnf) applies only once the "
         "reasoning has ended. Without a parser or a grammar it changes nothing, as upstream; with both it is refused "
         "(400): this server applies a grammar from the first token."))
+    # upstream's client-sent logit processor (one, or one per prompt); sampling_params.custom_params: its parameters
+    custom_logit_processor: Optional[Union[str, List[Optional[str]]]] = None
     # upstream fields sglang-router always sends (see upstream_only)
     return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")
     log_metrics: Literal[True] = upstream_only(True, "every request is counted in the metrics.")

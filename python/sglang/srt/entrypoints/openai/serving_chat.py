@@ -152,6 +152,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 add_special_tokens=False,  # the template already spells out the special tokens
                 prompt_param="messages",
                 max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
+                custom_logit_processor=req.custom_logit_processor,
             )
             if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token (the template's too)
                 apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",

@@ -89,6 +89,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                     stream=req.stream,
                     return_logprob=req.logprobs is not None or req.prompt_logprobs is not None,
                     top_logprobs_num=max(req.logprobs or 0, req.prompt_logprobs or 0),
+                    custom_logit_processor=req.custom_logit_processor,
                 )
                 if (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None:  # from the first token
                     apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
