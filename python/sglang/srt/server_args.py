@@ -85,8 +85,8 @@ class ServerArgs:
     tokenizer_path: Optional[str] = _f(None, "Tokenizer directory; defaults to --model-path.")
     _section("API related")
     served_model_name: Optional[str] = _f(
-        None, "Model name reported by /v1/models and in responses; defaults to --model-path, as upstream. A request's "
-        "`model` field is not checked against it.")
+        None, "Model name listed by /v1/models (responses echo the request's `model`, which is not checked against "
+        "it); defaults to --model-path as given, as upstream (without --model-path: SmolLM2-135M-Instruct.Q4_1).")
     _section("Model and tokenizer")
     trust_remote_code: bool = _f(False, "Accepted for compatibility; remote code is never executed.")
     is_embedding: bool = _f(
