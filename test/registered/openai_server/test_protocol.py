@@ -93,8 +93,12 @@ def test_json_nesting_depth_counts_only_structure():
 
 def test_error_body_shape():
     body = error_body(404, "no such model", param="model", code="model_not_found")
-    assert body == {"error": {"message": "no such model", "type": "not_found_error", "param": "model",
+    # OpenAI's nested object (what the openai client reads) and upstream SGLang's top-level ErrorResponse fields
+    assert body == {"object": "error", "message": "no such model", "type": "NotFoundError", "param": "model",
+                    "code": "model_not_found",
+                    "error": {"message": "no such model", "type": "not_found_error", "param": "model",
                               "code": "model_not_found"}}
+    assert error_body(400, "bad")["type"] == "BadRequestError" and error_body(400, "bad")["code"] == 400
 
 
 if __name__ == "__main__":

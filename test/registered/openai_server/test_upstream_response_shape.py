@@ -59,6 +59,10 @@ def test_models_list_the_served_name(client, model_name):
     # the bundled model, no --model-path: its file name without .gguf (docs: README's endpoint table)
     assert model_name == "SmolLM2-135M-Instruct.Q4_1"
     assert [m.id for m in client.models.list().data] == [model_name]
+    # root: the model path as given (no --model-path: the bundled file), not the converted cache directory
+    from sglang.srt.model_loader.model_path import default_model_path
+
+    assert client.models.retrieve(model_name).model_extra["root"] == default_model_path()
     with pytest.raises(openai.NotFoundError) as e:  # retrieving a model the server does not list is still 404
         client.models.retrieve(OTHER_MODEL)
     assert OTHER_MODEL in str(e.value)
@@ -77,3 +81,16 @@ def test_generate_accepts_require_reasoning(base_url, headers):
     assert ok.status_code == 200, ok.text
     bad = requests.post(f"{base_url}/generate", json={**body, "require_reasoning": 1}, headers=headers, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "require_reasoning"
+
+
+def test_error_body_reads_as_upstream_and_as_openai(client, model_name, base_url, headers):
+    # upstream SGLang's clients read the top-level ErrorResponse fields, OpenAI's the nested object: both present
+    r = requests.post(f"{base_url}/v1/chat/completions", headers=headers, timeout=60,
+                      json={"model": model_name, "messages": MSG, "max_tokens": -1})
+    body = r.json()
+    assert r.status_code == 400 and body["object"] == "error" and body["type"] == "BadRequestError"
+    assert body["message"] == body["error"]["message"] and "max_tokens" in body["message"]
+    assert body["code"] == 400 and body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_name, messages=MSG, max_tokens=-1)
+    assert e.value.message.endswith(body["message"]) or body["message"] in str(e.value)

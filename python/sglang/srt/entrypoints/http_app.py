@@ -34,6 +34,7 @@ from sglang.srt.entrypoints.openai.serving_embedding import EmbeddingRequest, Op
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingDetokenize, OpenAIServingTokenize
 from sglang.srt.entrypoints.serving_generate import ServingGenerate
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.model_loader.model_path import default_model_path
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
             "object": "model",
             "created": int(tm.start_time),
             "owned_by": "sglang",
-            "root": tm.model_path,
+            "root": tm.server_args.model_path or default_model_path(),  # as given (upstream), not the converted dir
             "max_model_len": tm.context_len,
         }
 

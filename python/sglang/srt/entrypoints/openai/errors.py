@@ -1,7 +1,12 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}.
+"""Error bodies that both OpenAI's and upstream SGLang's clients read:
 
-`type` follows OpenAI's vocabulary (invalid_request_error, authentication_error, not_found_error, ...), so the
-`openai` client raises the matching exception class (BadRequestError, AuthenticationError, NotFoundError, ...).
+    {"object": "error", "message", "type", "param", "code",      <- upstream SGLang's ErrorResponse (top level)
+     "error": {"message", "type", "param", "code"}}               <- OpenAI's shape
+
+The nested `error.type` follows OpenAI's vocabulary (invalid_request_error, authentication_error, not_found_error,
+...); the `openai` client reads the nested object and raises the matching class (BadRequestError, ...). The top-level
+fields are upstream's (`type` an exception name such as BadRequestError), for code written against upstream that
+reads `body["message"]`.
 """
 
 from __future__ import annotations
@@ -23,14 +28,33 @@ ERROR_TYPES = {
 }
 
 
+# upstream SGLang's top-level `type` per status
+UPSTREAM_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    413: "RequestTooLargeError",
+    422: "BadRequestError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
 def error_body(status_code: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    code = code if code is not None else status_code
     return {
+        "object": "error",
+        "message": message,
+        "type": UPSTREAM_ERROR_TYPES.get(status_code, "BadRequestError" if status_code < 500 else "InternalServerError"),
+        "param": param,
+        "code": code,
         "error": {
             "message": message,
             "type": ERROR_TYPES.get(status_code, "invalid_request_error"),
             "param": param,
-            "code": code if code is not None else status_code,
-        }
+            "code": code,
+        },
     }
 
 
