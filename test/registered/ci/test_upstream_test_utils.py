@@ -23,7 +23,7 @@ from PIL import Image
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 from sglang.srt.model_loader.model_path import default_model_path  # noqa: E402
 from sglang.srt.utils import get_device, is_cuda, is_hip, is_npu, kill_child_process, kill_process_tree  # noqa: E402
@@ -223,3 +223,14 @@ class TestUpstreamStyleFile(CustomTestCase):
             stderr = f.read()
         self.assertTrue(stderr.strip(), "the server's stderr (its log) reaches the file given for it")
         self.assertNotIn("SGLang server ready at", stderr)
+
+
+def test_get_tokenizer_takes_the_gguf_path():
+    # upstream tests call get_tokenizer(DEFAULT_SMALL_MODEL_NAME_FOR_TEST): here that is the bundled .gguf file
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+    from sglang.test.engine_fixtures import default_model_dir
+
+    from_gguf, served = get_tokenizer(DEFAULT_SMALL_MODEL_NAME_FOR_TEST), get_tokenizer(default_model_dir())
+    text = "Hello, world! <|im_start|>user\nCount: 1 2 3<|im_end|>"
+    assert from_gguf(text).input_ids == served(text).input_ids
+    assert from_gguf.eos_token == served.eos_token and from_gguf.chat_template == served.chat_template

@@ -112,3 +112,12 @@ def test_reasoning_token_count(name, text, want):
     pairs = [text[i:i + 2] for i in range(0, len(text), 2)]
     assert count_reasoning_tokens(name, list(range(len(pairs))), lambda ids: "".join(pairs[i] for i in ids)) == (
         -(-want // 2))
+
+
+def test_upstream_detector_attributes():
+    # upstream code reads the tags as ReasoningParser(name).detector.think_end_token
+    for name, forced in (("deepseek-r1", True), ("qwen3", False)):
+        d = ReasoningParser(name).detector
+        assert (d.think_start_token, d.think_end_token, d.force_reasoning) == ("<think>", "</think>", forced)
+        want = ("a", "b") if forced else ("", f"a{d.think_end_token}b")
+        assert ReasoningParser(name).split(f"a{d.think_end_token}b") == want

@@ -12,6 +12,7 @@ a stream add up to exactly what the whole output gives (`split`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Tuple
 
 THINK_START = "<think>"
@@ -34,12 +35,22 @@ def _held(text: str, marker: str) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class ReasoningTags:
+    """A parser's tags under upstream's attribute names (`ReasoningParser(name).detector.think_end_token`)."""
+
+    think_start_token: str
+    think_end_token: str
+    force_reasoning: bool  # the output starts inside the block (the template opened it)
+
+
 class ReasoningParser:
     def __init__(self, name: str):
         if name not in REASONING_PARSERS:
             raise ValueError(f"Unknown reasoning parser {name!r}; choose one of {', '.join(REASONING_PARSERS)}.")
         self.name = name
         self.starts_in_reasoning = REASONING_PARSERS[name]
+        self.detector = ReasoningTags(THINK_START, THINK_END, self.starts_in_reasoning)
         self.state = "start"  # start -> reasoning -> content, or start -> content
         self.pending = ""  # text not yet sent: a possible tag, or blanks whose fate depends on what follows
         self.reasoning_started = False

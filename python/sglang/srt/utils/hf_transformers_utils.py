@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional
 
 
@@ -10,6 +11,10 @@ def get_tokenizer(tokenizer_path: str, startup_cache_dir: Optional[str] = None, 
     snapshot where that cannot change its choice (configs/hf_config_snapshot.py), instead of resolving it again."""
     from transformers import AutoTokenizer
 
+    if tokenizer_path.endswith(".gguf") and os.path.isfile(tokenizer_path):
+        # a GGUF file (upstream tests pass the model path): the tokenizer stored in its metadata, as transformers reads it
+        folder, name = os.path.split(os.path.abspath(tokenizer_path))
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name, use_fast=True, **kwargs)
     if "config" not in kwargs:
         from sglang.srt.configs.hf_config_snapshot import tokenizer_kwargs
 
