@@ -126,6 +126,11 @@ def test_sampling_field_rules(base_url, headers, path, sampling, field, fragment
     ("/v1/completions", {"prompt": [10**6]}, "prompt", ("out of range", "[0, 49152)")),
     ("/generate", {"input_ids": [10**6], "text": None}, "input_ids", ("out of range", "[0, 49152)")),
     ("/generate", {"input_ids": [-1], "text": None}, "input_ids", ("greater than or equal to 0",)),
+    # upstream's words, which its clients match on
+    ("/generate", {"return_logprob": True, "token_ids_logprob": [[0]]}, "token_ids_logprob",
+     ("flat list of integers",)),
+    ("/generate", {"return_logprob": True, "token_ids_logprob": [-1]}, "token_ids_logprob", ("out-of-vocabulary",)),
+    ("/generate", {"return_logprob": True, "token_ids_logprob": [10**6]}, "token_ids_logprob", ("out-of-vocabulary",)),
 ])
 def test_request_field_rules(base_url, headers, path, top, param, fragments):
     body = body_for(path, {}, top)

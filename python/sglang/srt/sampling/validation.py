@@ -133,7 +133,9 @@ TOP_LOGPROBS = Rule(int, ge=0, le=MAX_TOP_LOGPROBS)
 COMPLETION_LOGPROBS = Rule(int, ge=0, le=MAX_COMPLETION_LOGPROBS)
 PROMPT_LOGPROBS = Rule(int, ge=0, le=MAX_PROMPT_LOGPROBS, note=" (vLLM's extension: the top-N of every prompt token)")
 LOGPROB_START_LEN = Rule(int, ge=-1, le=MAX_TOKEN_COUNT, note=" (-1: no prompt logprobs) below the prompt's length")
-TOKEN_IDS_LOGPROB = Rule(list, words=f"a list of at most {MAX_TOKEN_IDS_LOGPROB} token ids, each in [0, vocab size)")
+# worded with upstream's terms ("flat list of integers", "out-of-vocabulary"): clients match on them
+TOKEN_IDS_LOGPROB = Rule(list, words=f"a flat list of integers: at most {MAX_TOKEN_IDS_LOGPROB} token ids, each in "
+                                     "[0, vocab size) (other ids are out-of-vocabulary)")
 FLAG = Rule(bool)
 RID = Rule(str, max_chars=MAX_RID_CHARS, note=" without control characters")
 STOP = Rule(
@@ -187,7 +189,7 @@ def check_min_max(min_value: int, max_value: Optional[int], min_param: str, max_
 def check_token_ids_in_vocab(ids, vocab_size: int, param: str) -> None:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ParamError(param, f"Token id {bad} is outside the vocabulary", bad,
+        raise ParamError(param, f"Token id {bad} is out-of-vocabulary (outside the vocabulary)", bad,
                          f"token ids in [0, {vocab_size}) (the model's vocabulary size is {vocab_size})")
 
 
