@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.constrained.backend_table import GRAMMAR_BACKEND_HELP, GRAMMAR_BACKENDS as _GRAMMAR_BACKENDS
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS as _TOOL_CALL_PARSERS
 from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS as _PLATFORM_DEFAULTS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
@@ -40,7 +41,7 @@ SCHEDULE_POLICY_CHOICES = ["fcfs", "lpm", "random"]
 LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
 TOOL_CALL_PARSER_CHOICES = list(_TOOL_CALL_PARSERS)  # one table: function_call/detectors.py
 REASONING_PARSER_CHOICES = list(_REASONING_PARSERS)  # one table: parser/reasoning_parser.py
-GRAMMAR_BACKEND_CHOICES = ["xgrammar", "none"]
+GRAMMAR_BACKEND_CHOICES = list(_GRAMMAR_BACKENDS)  # one table: constrained/backend_table.py
 MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
@@ -191,7 +192,7 @@ class ServerArgs:
 
     # ---- structured output (srt/constrained/) ----
     grammar_backend: str = _f(
-        "xgrammar", "Backend for json_schema / regex / ebnf / response_format constraints; 'none' refuses them.",
+        "xgrammar", GRAMMAR_BACKEND_HELP,
         choices=GRAMMAR_BACKEND_CHOICES,
     )
     grammar_cache_mb: int = _f(64, "Byte budget (MiB) of the compiled-grammar cache (keyed by grammar kind and text).")

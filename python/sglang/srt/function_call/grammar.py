@@ -14,6 +14,7 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector
+from sglang.srt.function_call.grammar_errors import clean_grammar_error
 from sglang.srt.managers.request_error import RequestError
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -30,7 +31,8 @@ def arguments_ebnf(index: int, name: str, parameters: Optional[Dict[str, Any]]) 
         return str(xgrammar.Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as e:  # noqa: BLE001 -- xgrammar raises several types; all mean "bad schema"
         raise RequestError(
-            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: {e}",
+            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: "
+            f"{clean_grammar_error(e)}",
             param=f"tools[{index}].function.parameters",
         ) from None
 
@@ -80,4 +82,5 @@ def tool_call_ebnf(
     try:
         return str(xgrammar.Grammar.from_structural_tag(json.dumps(tag)))
     except Exception as e:  # noqa: BLE001 -- as above
-        raise RequestError(400, f"The tools cannot be turned into a tool-call grammar: {e}", param="tools") from None
+        raise RequestError(400, f"The tools cannot be turned into a tool-call grammar: {clean_grammar_error(e)}",
+                           param="tools") from None

@@ -19,6 +19,7 @@ from typing import Any, Collection, Dict, FrozenSet, List, Optional, Tuple
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS, make_detector
 from sglang.srt.function_call.grammar import tool_call_ebnf
+from sglang.srt.function_call.grammar_lark import tool_call_lark
 from sglang.srt.function_call.tool_types import NamedToolChoice, Tool
 from sglang.srt.managers.request_error import RequestError
 
@@ -29,7 +30,7 @@ class ToolPlan:
     detector: Optional[BaseFormatDetector]  # None: the output is not parsed for calls
     function_names: FrozenSet[str] = frozenset()
     forced: bool = False  # a grammar makes the whole output a tool-call section
-    ebnf: Optional[str] = None  # that grammar
+    ebnf: Optional[str] = None  # that grammar (xgrammar's EBNF, or Lark for llguidance)
 
 
 NO_TOOLS = ToolPlan(template_tools=None, detector=None)
@@ -83,7 +84,8 @@ def plan_tools(
     ]
     one_call = named is not None or parallel_tool_calls is False
     write_marker = bool(detector.grammar_start) and detector.start not in set(special_tokens)
-    ebnf = tool_call_ebnf(detector, functions, one_call, write_marker)
+    build = tool_call_lark if grammar_backend == "llguidance" else tool_call_ebnf  # each engine's own grammar text
+    ebnf = build(detector, functions, one_call, write_marker)
     names = frozenset(name for _, name, _ in functions)
     return ToolPlan(template_tools, detector, names, forced=True, ebnf=ebnf)
 
