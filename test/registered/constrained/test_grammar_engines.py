@@ -15,7 +15,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=15, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 pytest.importorskip("xgrammar")
 pytest.importorskip("llguidance")
@@ -54,6 +54,17 @@ def allowed(matcher, vocab):
     return torch.nonzero(bits).flatten().tolist()
 
 
+_COMPILED = {}
+
+
+def compiled(engine, kind, text):
+    """Each grammar compiled once per engine for the module (the compile against 49k tokens is the slow part)."""
+    key = (engine.name, kind, text)
+    if key not in _COMPILED:
+        _COMPILED[key] = engine.compile(kind, text)
+    return _COMPILED[key]
+
+
 def walk(engines, driver, kind, text, eos, seed, max_steps=160):
     """Tokens drawn uniformly from `driver`'s masks (the stop token whenever allowed, with probability 1/2); every
     token is fed to both engines' matchers. Returns the tokens before the stop token. One known difference is left
@@ -61,7 +72,7 @@ def walk(engines, driver, kind, text, eos, seed, max_steps=160):
     rng = random.Random(seed)
     if driver == "llguidance" and '"number"' in text:
         engines = {driver: engines[driver]}
-    matchers = {name: e.matcher(e.compile(kind, text)) for name, e in engines.items()}
+    matchers = {name: e.matcher(compiled(e, kind, text)) for name, e in engines.items()}
     out = []
     for _ in range(max_steps):
         choices = allowed(matchers[driver], VOCAB_SIZE[0])
@@ -85,7 +96,7 @@ TOK = [None]
 def test_each_engines_outputs_are_accepted_by_the_other_and_valid(engines, tokenizer, driver):
     VOCAB_SIZE[0], TOK[0] = len(tokenizer), tokenizer
     eos = tokenizer.eos_token_id
-    for i, schema in enumerate(SCHEMAS):
+    for i, schema in enumerate(SCHEMAS[::2]):  # ten of the twenty: nested objects, arrays, enums, ranges, null
         text = tokenizer.decode(walk(engines, driver, "json_schema", json.dumps(schema), eos, seed=i))
         jsonschema.validate(json.loads(text), schema)
         assert ": " in text or not isinstance(schema.get("properties"), dict)  # the compact layout, both engines
@@ -145,8 +156,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
          {"type": "function", "function": {"name": "ping"}}]
 
 
-@pytest.mark.parametrize("parser", ["qwen25", "llama3", "mistral"])
-@pytest.mark.parametrize("one_call", [True, False])
+@pytest.mark.parametrize("parser,one_call", [("qwen25", True), ("llama3", False), ("mistral", False),
+                                             ("deepseekv3", True), ("deepseekv3", False)])
 def test_llguidance_tool_call_grammar_gives_calls_the_parser_reads(engines, tokenizer, parser, one_call):
     from sglang.srt.function_call.detectors import make_detector
     from sglang.srt.function_call.tool_call_stream import parse_tool_calls
@@ -158,7 +169,7 @@ def test_llguidance_tool_call_grammar_gives_calls_the_parser_reads(engines, toke
     plan = plan_tools(tools, "required", not one_call, parser, (), "llguidance")
     assert plan.forced and "%json" in plan.ebnf and plan.ebnf.startswith("start:")
     only = {"llguidance": engines["llguidance"]}
-    for seed in range(3):
+    for seed in range(2):
         text = tokenizer.decode(walk(only, "llguidance", "ebnf", plan.ebnf, tokenizer.eos_token_id, seed, 400))
         content, calls = parse_tool_calls(make_detector(parser), text, {"get_weather", "ping"}, forced=True)
         assert content == "" and calls and (len(calls) == 1 or not one_call), text

@@ -49,9 +49,9 @@ def tool_call_structural_tag(
     then reads the section without it)."""
     tags = [{
         "type": "tag",
-        "begin": f'{detector.grammar_call_prefix}{{"name": {json.dumps(name)}, "{detector.grammar_arguments_key}": ',
+        "begin": detector.grammar_call_begin(name),
         "content": {"type": "grammar", "grammar": arguments_ebnf(index, name, params)},
-        "end": "}" + detector.grammar_call_suffix,
+        "end": detector.grammar_call_end(),
     } for index, name, params in functions]
     calls = {
         "type": "tags_with_separator",
@@ -60,11 +60,11 @@ def tool_call_structural_tag(
         "at_least_one": True,
         "stop_after_first": one_call,
     }
-    head = (detector.grammar_start if write_start_marker else "") + ("[" if detector.array else "")
+    head, tail = detector.grammar_head(write_start_marker), detector.grammar_tail(write_start_marker)
     elements = [{"type": "const_string", "value": head}] if head else []
     elements.append(calls)
-    if detector.array:
-        elements.append({"type": "const_string", "value": "]"})
+    if tail:
+        elements.append({"type": "const_string", "value": tail})
     fmt = elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
     return {"type": "structural_tag", "format": fmt}
 

@@ -82,16 +82,14 @@ def tool_call_lark(
 ) -> str:
     """Arguments as grammar.tool_call_structural_tag's."""
     lines = []
-    head = (detector.grammar_start if write_start_marker else "") + ("[" if detector.array else "")
-    tail = "]" if detector.array else ""
+    head, tail = detector.grammar_head(write_start_marker), detector.grammar_tail(write_start_marker)
     lines.append("start: " + " ".join(p for p in (_literal(head) if head else "", "calls",
                                                    _literal(tail) if tail else "") if p))
     sep = _literal(detector.grammar_separator)
     lines.append("calls: call" if one_call else f"calls: call ({sep} call)*")
     lines.append("call: " + " | ".join(f"call_{k}" for k in range(len(functions))))
     for k, (index, name, params) in enumerate(functions):
-        begin = f'{detector.grammar_call_prefix}{{"name": {json.dumps(name)}, "{detector.grammar_arguments_key}": '
-        end = "}" + detector.grammar_call_suffix
+        begin, end = detector.grammar_call_begin(name), detector.grammar_call_end()
         lines.append(f"call_{k}: {_literal(begin)} args_{k} {_literal(end)}")
         lines.append(f"args_{k}: {arguments_json_rule(index, name, params)}")
     return "\n".join(lines) + "\n"
