@@ -1,6 +1,7 @@
 """--grammar-backend llguidance through the HTTP server with the real `openai` client: the structured-output requests
 the xgrammar server test also sends (structured_requests.py) give valid outputs, ebnf also takes Lark, tool_choice
-"required" / named functions are enforced with llguidance's own grammar (Lark with %json) in the parser's format,
+"required" / named functions are enforced with llguidance's own grammar (Lark with %json) in the format of the
+server's parser (deepseekv3 here: the name outside the JSON; its HTTP test in the family of parser tests),
 bad grammars and tool schemas are 400s naming the field without internal source locations (a GBNF form llguidance
 cannot translate too), and the server keeps serving throughout."""
 
@@ -12,6 +13,8 @@ import openai
 import pytest
 import requests
 
+from sglang.srt.function_call.detectors import make_detector
+from sglang.srt.function_call.tool_call_stream import parse_tool_calls
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
@@ -33,7 +36,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def server():
     srv = popen_launch_server(other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--grammar-backend", "llguidance",
-                                          "--tool-call-parser", "qwen25"])
+                                          "--tool-call-parser", "deepseekv3"])
     yield srv
     srv.kill()
 
@@ -65,27 +68,41 @@ def test_ebnf_in_lark(server):
     assert r.status_code == 200 and re.fullmatch(r"code: [0-9]{3}(-[A-Z]{2})?", r.json()["text"]), r.text
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_tool_choice_required_and_named(client, stream):
+def test_tool_choice_required_and_named_streamed_and_not(client):
     for choice, names in [("required", {"get_weather", "get_time"}),
                           ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]:
-        resp = client.chat.completions.create(model="default", messages=ASK, tools=TOOLS, tool_choice=choice,
-                                              parallel_tool_calls=False, max_tokens=64, temperature=0, stream=stream)
-        if stream:
-            calls, finish = {}, None
-            for ch in resp:
-                for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
-                    calls.setdefault(tc.index, ["", ""])
-                    calls[tc.index][0] += tc.function.name or ""
-                    calls[tc.index][1] += tc.function.arguments or ""
-                finish = (ch.choices[0].finish_reason if ch.choices else None) or finish
-            got = [tuple(calls[k]) for k in sorted(calls)]
-        else:
-            finish = resp.choices[0].finish_reason
-            got = [(c.function.name, c.function.arguments) for c in resp.choices[0].message.tool_calls]
-        assert finish == "tool_calls" and len(got) == 1 and got[0][0] in names, got
+        kw = dict(model="default", messages=ASK, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+                  max_tokens=160, temperature=0)
+        resp = client.chat.completions.create(**kw)
+        assert resp.choices[0].finish_reason == "tool_calls"
+        got = [(c.function.name, c.function.arguments) for c in resp.choices[0].message.tool_calls]
+        assert len(got) == 1 and got[0][0] in names, got
         schema = WEATHER if got[0][0] == "get_weather" else TOOLS[1]["function"]["parameters"]
         jsonschema.validate(json.loads(got[0][1]), schema)
+        calls, finish = {}, None
+        for ch in client.chat.completions.create(**kw, stream=True):
+            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                calls.setdefault(tc.index, ["", ""])
+                calls[tc.index][0] += tc.function.name or ""
+                calls[tc.index][1] += tc.function.arguments or ""
+            finish = (ch.choices[0].finish_reason if ch.choices else None) or finish
+        assert finish == "tool_calls" and [tuple(calls[k]) for k in sorted(calls)] == got
+
+
+def test_the_grammar_writes_deepseek_v3s_format(server):
+    """The raw text llguidance's tool-call grammar makes the model write (the chat endpoint's plan, sent to /generate
+    so the text comes back unparsed): DeepSeek V3's markers around one call, which the parser reads back."""
+    from sglang.srt.function_call.tool_plan import plan_tools
+    from sglang.srt.function_call.tool_types import Tool
+
+    plan = plan_tools([Tool.model_validate(t) for t in TOOLS], "required", False, "deepseekv3", (), "llguidance")
+    r = requests.post(f"{server.base_url}/generate", timeout=60, json={
+        "text": "Call a tool:", "sampling_params": {"ebnf": plan.ebnf, "max_new_tokens": 160, "temperature": 0}})
+    raw = r.json()["text"]
+    assert raw.startswith("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"), raw
+    assert raw.endswith("```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), raw
+    content, calls = parse_tool_calls(make_detector("deepseekv3"), raw, {"get_weather", "get_time"})
+    assert content == "" and len(calls) == 1
 
 
 BAD = [
