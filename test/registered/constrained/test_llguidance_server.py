@@ -18,7 +18,7 @@ from sglang.srt.function_call.tool_call_stream import parse_tool_calls
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 pytest.importorskip("llguidance")
 
@@ -127,3 +127,19 @@ def test_bad_grammars_are_400_naming_the_field_and_the_server_keeps_serving(clie
     assert not INTERNAL_LOCATION.search(err["message"]), err["message"]
     ok = client.chat.completions.create(model="default", messages=MSG, max_tokens=4, extra_body={"regex": "ok"})
     assert ok.choices[0].message.content == "ok"
+
+
+def test_outlines_is_refused_at_launch_naming_the_backends_that_work():
+    """An upstream launch line with --grammar-backend outlines stops with the reason and the two that work."""
+    import subprocess
+    import sys
+
+    from sglang.test.test_utils import find_free_port
+
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--grammar-backend", "outlines",
+                          "--port", str(find_free_port()), *DEFAULT_SMALL_SERVER_ARGS],
+                         capture_output=True, text=True, timeout=300)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0, log[-3000:]
+    assert "--grammar-backend outlines is not supported" in log and "bitmask" in log, log[-3000:]
+    assert "--grammar-backend xgrammar" in log and "--grammar-backend llguidance" in log

@@ -18,7 +18,7 @@ from sglang.srt.function_call.tool_call_stream import parse_tool_calls
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=75, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu")
 
 TIME = {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 8}}, "required": ["tz"]}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
