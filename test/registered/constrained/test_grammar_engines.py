@@ -65,21 +65,22 @@ def compiled(engine, kind, text):
     return _COMPILED[key]
 
 
-def walk(engines, driver, kind, text, eos, seed, max_steps=160):
+def walk(tokenizer, engines, driver, kind, text, seed, max_steps=160):
     """Tokens drawn uniformly from `driver`'s masks (the stop token whenever allowed, with probability 1/2); every
     token is fed to both engines' matchers. Returns the tokens before the stop token. One known difference is left
     out: xgrammar bounds the fraction digits of a number with a range (~6), llguidance does not."""
-    rng = random.Random(seed)
+    rng, eos, vocab = random.Random(seed), tokenizer.eos_token_id, len(tokenizer)
     if driver == "llguidance" and '"number"' in text:
         engines = {driver: engines[driver]}
     matchers = {name: e.matcher(compiled(e, kind, text)) for name, e in engines.items()}
     out = []
     for _ in range(max_steps):
-        choices = allowed(matchers[driver], VOCAB_SIZE[0])
+        choices = allowed(matchers[driver], vocab)
         assert choices, (driver, kind, text, out)
         tok = eos if eos in choices and rng.random() < 0.5 else rng.choice(choices)
         for name, m in matchers.items():
-            assert m.accept_token(tok), (name, "rejected", repr(TOK[0].decode([tok])), "after", repr(TOK[0].decode(out)), driver, kind, text)
+            assert m.accept_token(tok), (name, "rejected", tokenizer.decode([tok]), "after", tokenizer.decode(out),
+                                         driver, kind, text)
         if tok == eos:
             assert all(m.is_terminated() for m in matchers.values())
             return out
@@ -88,32 +89,25 @@ def walk(engines, driver, kind, text, eos, seed, max_steps=160):
     pytest.fail(f"{kind} {text!r}: no stop token within {max_steps} tokens under {driver}")
 
 
-VOCAB_SIZE = [0]
-TOK = [None]
-
-
 @pytest.mark.parametrize("driver", ["xgrammar", "llguidance"])
 def test_each_engines_outputs_are_accepted_by_the_other_and_valid(engines, tokenizer, driver):
-    VOCAB_SIZE[0], TOK[0] = len(tokenizer), tokenizer
-    eos = tokenizer.eos_token_id
     for i, schema in enumerate(SCHEMAS[::2]):  # ten of the twenty: nested objects, arrays, enums, ranges, null
-        text = tokenizer.decode(walk(engines, driver, "json_schema", json.dumps(schema), eos, seed=i))
+        text = tokenizer.decode(walk(tokenizer, engines, driver, "json_schema", json.dumps(schema), seed=i))
         jsonschema.validate(json.loads(text), schema)
         assert ": " in text or not isinstance(schema.get("properties"), dict)  # the compact layout, both engines
     for i, pattern in enumerate(REGEXES):
-        assert re.fullmatch(pattern, tokenizer.decode(walk(engines, driver, "regex", pattern, eos, seed=i)))
-    assert tokenizer.decode(walk(engines, driver, "ebnf", EBNF, eos, seed=0)) in ("answer: yes", "answer: no")
+        assert re.fullmatch(pattern, tokenizer.decode(walk(tokenizer, engines, driver, "regex", pattern, seed=i)))
+    assert tokenizer.decode(walk(tokenizer, engines, driver, "ebnf", EBNF, seed=0)) in ("answer: yes", "answer: no")
 
 
 def test_llguidance_ebnf_takes_lark_and_translatable_gbnf_and_refuses_the_rest(engines, tokenizer):
-    VOCAB_SIZE[0], TOK[0] = len(tokenizer), tokenizer
-    eos = tokenizer.eos_token_id
     only = {"llguidance": engines["llguidance"]}
     lark = 'start: "id=" NUM ("," NUM)?\nNUM: /[0-9]{1,3}/\n'
-    text = tokenizer.decode(walk(only, "llguidance", "ebnf", lark, eos, seed=3))
+    text = tokenizer.decode(walk(tokenizer, only, "llguidance", "ebnf", lark, seed=3))
     assert re.fullmatch(r"id=[0-9]{1,3}(,[0-9]{1,3})?", text), text
     gbnf = 'root ::= item ("," item){0,2}\nitem ::= [a-c]+'
-    assert re.fullmatch(r"[a-c]+(,[a-c]+){0,2}", tokenizer.decode(walk(only, "llguidance", "ebnf", gbnf, eos, 4)))
+    text = tokenizer.decode(walk(tokenizer, only, "llguidance", "ebnf", gbnf, seed=4))
+    assert re.fullmatch(r"[a-c]+(,[a-c]+){0,2}", text), text
     check_request_grammar(("ebnf", lark), "llguidance")
     for refused, words in [('root ::= "a" (= "b") "b"', "Expected ')'"), ('root ::= [^\\0-\\x1f]', "\\0"),
                            ("root ::= missing", "missing")]:
@@ -164,13 +158,12 @@ def test_llguidance_tool_call_grammar_gives_calls_the_parser_reads(engines, toke
     from sglang.srt.function_call.tool_plan import plan_tools
     from sglang.srt.function_call.tool_types import Tool
 
-    VOCAB_SIZE[0], TOK[0] = len(tokenizer), tokenizer
     tools = [Tool.model_validate(t) for t in TOOLS]
     plan = plan_tools(tools, "required", not one_call, parser, (), "llguidance")
     assert plan.forced and "%json" in plan.ebnf and plan.ebnf.startswith("start:")
     only = {"llguidance": engines["llguidance"]}
     for seed in range(2):
-        text = tokenizer.decode(walk(only, "llguidance", "ebnf", plan.ebnf, tokenizer.eos_token_id, seed, 400))
+        text = tokenizer.decode(walk(tokenizer, only, "llguidance", "ebnf", plan.ebnf, seed, 400))
         content, calls = parse_tool_calls(make_detector(parser), text, {"get_weather", "ping"}, forced=True)
         assert content == "" and calls and (len(calls) == 1 or not one_call), text
         for call in calls:
