@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
 from sglang.srt import server_args_checks, server_args_cli
+from sglang.srt.constrained.backend_table import GRAMMAR_BACKEND_HELP, GRAMMAR_BACKENDS as _GRAMMAR_BACKENDS
+from sglang.srt.constrained.backend_table import grammar_backend_refusal
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS as _TOOL_CALL_PARSERS
 from sglang.srt.layers.attention.backend_resolution import PLATFORM_DEFAULTS as _PLATFORM_DEFAULTS
 from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS as _ATTENTION_BACKENDS
@@ -42,7 +43,7 @@ SCHEDULE_POLICY_CHOICES = ["fcfs", "lpm", "random"]
 LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
 TOOL_CALL_PARSER_CHOICES = list(_TOOL_CALL_PARSERS)  # one table: function_call/detectors.py
 REASONING_PARSER_CHOICES = list(_REASONING_PARSERS)  # one table: parser/reasoning_parser.py
-GRAMMAR_BACKEND_CHOICES = ["xgrammar", "none"]
+GRAMMAR_BACKEND_CHOICES = list(_GRAMMAR_BACKENDS)  # one table: constrained/backend_table.py
 MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
@@ -240,7 +241,7 @@ class ServerArgs:
     _section("Constrained decoding")
     # ---- structured output (srt/constrained/) ----
     grammar_backend: str = _f(
-        "xgrammar", "Backend for json_schema / regex / ebnf / response_format constraints; 'none' refuses them.",
+        "xgrammar", GRAMMAR_BACKEND_HELP,
         choices=GRAMMAR_BACKEND_CHOICES,
     )
     grammar_cache_mb: int = _f(64, "Byte budget (MiB) of the compiled-grammar cache (keyed by grammar kind and text).")
@@ -335,11 +336,11 @@ class ServerArgs:
                 )
 
         server_args_checks.check_values(self)  # numbers, parallelism, request limits
-        if self.grammar_backend == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
-            # an extra, not a base dependency (python/pyproject.toml says why): refused here, not at a request
-            raise ValueError("--grammar-backend xgrammar (the default) needs the xgrammar package, which is not "
-                             "installed: install the runtime with `bash scripts/install.sh` or `pip install -e "
-                             "\"python[cpu]\"` (\"python[cuda]\" on NVIDIA), or start with --grammar-backend none.")
+        # the grammar packages are extras, not base dependencies (python/pyproject.toml says why): refused at launch
+        # (and by `sglang plan`), not at a request; outlines is refused with the reason
+        refusal = grammar_backend_refusal(self.grammar_backend)
+        if refusal:
+            raise ValueError(refusal)
 
     def request_body_limit(self) -> tuple:
         """(largest accepted request body in bytes, the flag that set it): --max-payload-size when given."""

@@ -142,5 +142,13 @@ def test_bad_constraints_are_400_and_server_keeps_serving(client, model, extra, 
         client.chat.completions.create(model=model, messages=MSG, max_tokens=8, **extra)
     err = ei.value.body
     assert ei.value.status_code == 400 and err["param"] == param and words in err["message"], err
+    assert not re.search(r"\.(cc|cpp|h|rs):\d+|\[\d+:\d+:\d+\]", err["message"]), err  # no internal locations
     ok = client.chat.completions.create(model=model, messages=MSG, max_tokens=4, extra_body={"regex": "ok"})
     assert ok.choices[0].message.content == "ok"
+
+
+def test_the_requests_llguidance_is_checked_with(client, model, server):
+    """The request set test_llguidance_server.py sends, here under xgrammar: both backends give valid outputs."""
+    from structured_requests import check_structured_requests
+
+    check_structured_requests(client, server.base_url, model)

@@ -22,6 +22,14 @@ NAMES = {"get_weather", "get_time", "search"}
 WEATHER = '{"location": "Paris, France", "unit": "celsius"}'
 NESTED = '{"query": "caf\\u00e9 \\"best\\" {x}", "filters": {"tags": ["a", "b]"], "limit": 5, "exact": false}}'
 
+DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+
+
+def ds_call(name, args):
+    return f"{DS_CALL}{name}\n```json\n{args}\n```<｜tool▁call▁end｜>"
+
+
 # (parser, model output, expected content, expected [(name, arguments)])
 CASES = [
     # Qwen2.5 / Qwen3 (hermes): one <tool_call> block per call, text before them is content
@@ -54,6 +62,26 @@ CASES = [
      [("get_weather", WEATHER), ("search", NESTED)]),
     ("mistral", 'Sure.[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', "Sure.", [("get_time", "{}")]),
     ("mistral", "[TOOL_CALLS is not the marker", "[TOOL_CALLS is not the marker", []),
+    # DeepSeek V3: the name outside the JSON, the arguments in a json fence, newline between calls
+    ("deepseekv3", f"I'll check.{DS_BEGIN}{ds_call('get_weather', WEATHER)}\n{ds_call('search', NESTED)}{DS_END}",
+     "I'll check.", [("get_weather", WEATHER), ("search", NESTED)]),
+    ("deepseekv3", f"{DS_BEGIN}{ds_call('get_time', '{}')}{DS_END}\nDone.", "\nDone.", [("get_time", "{}")]),
+    ("deepseekv3", f"{DS_BEGIN}{DS_CALL}get weather\n```json\n{{}}", f"{DS_CALL}get weather\n```json\n{{}}", []),
+    ("deepseekv3", f"{DS_BEGIN}{DS_CALL}get_weather\n```json\n{{\"location\": \"Os", "",
+     [("get_weather", '{"location": "Os')]),  # cut off by max_tokens
+    ("deepseekv3", "A <｜tool▁call is not a marker.", "A <｜tool▁call is not a marker.", []),
+    # pythonic: a Python list of keyword calls anywhere in the text, read with ast (never evaluated)
+    ("pythonic", '[get_weather(location="Paris, France", unit=\'celsius\'), get_time(tz="UTC")]', "",
+     [("get_weather", WEATHER), ("get_time", '{"tz": "UTC"}')]),
+    ("pythonic", 'Searching [x] first: [search(query="a]b(", filters={"tags": ["a", (1, 2)], "exact": True}, '
+                 'limit=-5, note=None, ok=false)] now.',
+     "Searching [x] first:  now.",
+     [("search", '{"query": "a]b(", "filters": {"tags": ["a", [1, 2]], "exact": true}, "limit": -5, '
+                 '"note": null, "ok": false}')]),
+    ("pythonic", "[1, 2] and [get_time(tz=__import__('os').name)] and [get_time(", 
+     "[1, 2] and [get_time(tz=__import__('os').name)] and [get_time(", []),
+    ("pythonic", "[get_time('UTC')] [get_time(**kw)] [get_time(tz={1, 2})]",
+     "[get_time('UTC')] [get_time(**kw)] [get_time(tz={1, 2})]", []),
 ]
 
 
@@ -88,7 +116,7 @@ def test_parse_complete_output(fmt, text, content, calls):
     assert got_content == content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
     for c in got_calls:
-        if not text.endswith(("Par", "</tool_c")):
+        if not text.endswith(("Par", "</tool_c", '"Os')):
             json.loads(c["function"]["arguments"])  # arguments are the model's JSON text
 
 
@@ -137,19 +165,23 @@ FUNCTIONS = [
 
 
 def canonical_call(det, name, args):
-    key = det.grammar_arguments_key
-    return f'{det.grammar_call_prefix}{{"name": "{name}", "{key}": {args}}}{det.grammar_call_suffix}'
+    return det.grammar_call_begin(name) + args + det.grammar_call_end()
 
 
-@pytest.mark.parametrize("fmt", sorted(set(TOOL_CALL_PARSERS)))
+def test_canonical_calls_are_the_formats_documented_shapes():
+    det = make_detector("qwen25")
+    assert canonical_call(det, "f", "{}") == '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    assert canonical_call(make_detector("deepseekv3"), "f", "{}") == ds_call("f", "{}")
+
+
+@pytest.mark.parametrize("fmt", sorted(f for f, d in TOOL_CALL_PARSERS.items() if d.supports_grammar))
 def test_grammar_accepts_what_the_parser_reads(fmt):
     det = make_detector(fmt)
     grammar = xgrammar.Grammar.from_ebnf(tool_call_ebnf(det, FUNCTIONS, one_call=False, write_start_marker=True))
     one = xgrammar.Grammar.from_ebnf(tool_call_ebnf(det, FUNCTIONS, one_call=True, write_start_marker=True))
     calls = [canonical_call(det, "get_weather", '{"location": "Oslo", "unit": "celsius"}'),
              canonical_call(det, "get_time", "{}")]
-    head = det.grammar_start + ("[" if det.array else "")
-    tail = "]" if det.array else ""
+    head, tail = det.grammar_head(True), det.grammar_tail(True)
     two = head + det.grammar_separator.join(calls) + tail
     assert _is_grammar_accept_string(grammar, two)
     assert all(_is_grammar_accept_string(one, head + call + tail) for call in calls)
@@ -161,3 +193,33 @@ def test_grammar_accepts_what_the_parser_reads(fmt):
     _, parsed = parse_tool_calls(det, two, {"get_weather", "get_time"}, forced=True)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed] == [
         ("get_weather", {"location": "Oslo", "unit": "celsius"}), ("get_time", {})]
+
+
+def test_pythonic_cannot_be_enforced_and_says_why():
+    from sglang.srt.function_call.tool_plan import plan_tools
+    from sglang.srt.function_call.tool_types import Tool
+    from sglang.srt.managers.request_error import RequestError
+
+    tools = [Tool.model_validate({"type": "function", "function": {"name": "get_time"}})]
+    assert plan_tools(tools, "auto", None, "pythonic").detector.name == "pythonic"
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        from sglang.srt.function_call.tool_types import NamedToolChoice
+
+        choice = NamedToolChoice.model_validate(choice) if isinstance(choice, dict) else choice
+        with pytest.raises(RequestError) as ei:
+            plan_tools(tools, choice, None, "pythonic")
+        assert ei.value.param == "tool_choice" and "pythonic" in ei.value.message and "'auto'" in ei.value.message
+
+
+def test_pythonic_never_evaluates():
+    import builtins
+
+    called = []
+    real = builtins.__import__
+    try:
+        builtins.__import__ = lambda *a, **k: called.append(a) or real(*a, **k)
+        content, calls = parse_tool_calls(make_detector("pythonic"), "[get_time(tz=__import__('os').getcwd())]",
+                                          NAMES)
+    finally:
+        builtins.__import__ = real
+    assert calls == [] and not [a for a in called if a and a[0] == "os"]

@@ -9,6 +9,7 @@ field, and the server keeps serving with its KV memory intact.
 """
 
 import json
+import re
 import time
 
 import jsonschema
@@ -166,8 +167,9 @@ BAD = [
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools", "tools[0].function.name"),
     ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0]"),
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name", "unique"),
+    ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools[1].function.name", "'get_weather'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
-      "tool_choice": "required"}, "tools[0].function.parameters", "'f'"),
+      "tool_choice": "required"}, "tools[0].function.parameters", "Unsupported type \"objectx\""),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "response_format"),
 ]
@@ -180,6 +182,7 @@ def test_bad_tool_requests_are_400_and_the_server_keeps_serving(server, client, 
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
+    assert not re.search(r"\.(cc|cpp|h|rs):\d+|\[\d+:\d+:\d+\]", err["message"]), err  # no internal locations
     assert chat(client, max_tokens=4).choices[0].message.content is not None
     assert_idle_and_intact(server)
 

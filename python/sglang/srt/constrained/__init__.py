@@ -1,9 +1,10 @@
-"""Constrained decoding: a request's json_schema / regex / ebnf turned into a token mask at every step (xgrammar).
+"""Constrained decoding: a request's json_schema / regex / ebnf turned into a token mask at every step, by
+xgrammar or llguidance (--grammar-backend; backend_table.py, xgrammar_engine.py, llguidance_engine.py).
 
     edge (RequestTokenizer)   grammar_check.check_request_grammar: the grammar parses, the backend is on -> else 400
     scheduler.add_request     GrammarQueue.add: compile in the background (GrammarCache, keyed by kind + text);
                               the request waits there, other requests keep running
-    each step                 GrammarQueue.pop_ready -> waiting queue (or a 400 abort if xgrammar refused it)
+    each step                 GrammarQueue.pop_ready -> waiting queue (or a 400 abort if the engine refused it)
     decode forward            bitmask_fill.BitmaskFiller.start: a worker thread fills the batch's bitmask rows meanwhile
     sampler                   logits_mask.apply_grammar_mask_: one bitmask row per constrained request (rows the worker
                               has not reached are shared between it and the sampler), applied to the whole batch at

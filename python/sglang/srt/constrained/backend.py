@@ -1,4 +1,5 @@
-"""GrammarBackend: the scheduler's side of constrained decoding (xgrammar) for one tokenizer.
+"""GrammarBackend: the scheduler's side of constrained decoding for one tokenizer, whichever engine compiles and
+matches (backend_table.py: xgrammar_engine.py or llguidance_engine.py; both fill the same packed token bitmask).
 
 Holds the compiled-grammar cache (host memory), the token bitmask (token_bitmask.py: filled on the host, one device
 buffer sized by the memory plan's grammar term) and the requests waiting for their grammar to compile. The scheduler calls:
@@ -19,6 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.constrained.backend_table import NO_BACKEND, engine_class, grammar_backend_refusal
 from sglang.srt.constrained.bitmask_fill import BitmaskFiller
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
@@ -31,7 +33,9 @@ logger = logging.getLogger(__name__)
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], max_batch_rows: int,
-                 cache_budget_bytes: int, num_compile_threads: int = 1, device: str = "cpu"):
+                 cache_budget_bytes: int, num_compile_threads: int = 1, device: str = "cpu", engine: str = "xgrammar"):
+        self.engine_name = engine
+        self._engine_cls = engine_class(engine)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(set(stop_token_ids))
@@ -40,41 +44,25 @@ class GrammarBackend:
         self.bitmask = TokenBitmask(max_batch_rows, vocab_size, self.device)
         self.filler = BitmaskFiller(self.bitmask.host)  # a decode batch's rows, filled while its forward runs
         self._info_lock = threading.Lock()
-        self._compiler = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
+        self._engine = None  # built on the first compile, on the compile thread (tokenizer scan ~0.3 s)
         self.cache = GrammarCache(self._timed_compile, cache_budget_bytes, num_compile_threads)
         self.compile_times = CompileTimes()  # for /metrics (sglang:grammar_compilation_time_seconds)
         self.waiting: List[Tuple[Any, Future]] = []
         self.num_live_matchers = 0
 
     # ------------------------------------------------------------------ compile (worker thread)
-    def _get_compiler(self):
-        import xgrammar as xgr
-
+    def _get_engine(self):
         with self._info_lock:
-            if self._compiler is None:
-                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                          stop_token_ids=self.stop_token_ids)
-                # our GrammarCache is the cache (one budget, one eviction rule); xgrammar's own stays off
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-            return self._compiler
+            if self._engine is None:
+                self._engine = self._engine_cls(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            return self._engine
 
     def _timed_compile(self, kind: str, text: str):
         start = time.perf_counter()
         try:
-            return self._compile(kind, text)
+            return self._get_engine().compile(kind, text)
         finally:
             self.compile_times.observe(time.perf_counter() - start)
-
-    def _compile(self, kind: str, text: str):
-        compiler = self._get_compiler()
-        if kind == "json_schema":
-            # compact JSON (no free whitespace): a small model cannot wander into endless spaces or newlines
-            return compiler.compile_json_schema(text, any_whitespace=False)
-        if kind == "regex":
-            return compiler.compile_regex(text)
-        if kind == "ebnf":
-            return compiler.compile_grammar(text)
-        raise ValueError(f"unknown grammar kind {kind!r}")
 
     # ------------------------------------------------------------------ scheduler side
     def hold(self, req: Any) -> None:
@@ -89,7 +77,7 @@ class GrammarBackend:
         return False
 
     def pop_ready(self) -> Tuple[List[Any], List[Tuple[Any, str]]]:
-        """(requests now holding a matcher, [(request, 400 message)] for grammars xgrammar refused), in arrival
+        """(requests now holding a matcher, [(request, 400 message)] for grammars the engine refused), in arrival
         order; both leave the queue."""
         ready, failed, still = [], [], []
         for req, fut in self.waiting:
@@ -99,7 +87,7 @@ class GrammarBackend:
             kind, text = req.sampling_params.grammar
             err = fut.exception()
             if err is not None:
-                failed.append((req, str(invalid_grammar_error(kind, text, err))))
+                failed.append((req, str(invalid_grammar_error(kind, text, err, self.engine_name))))
                 continue
             req.grammar = self.new_matcher(kind, fut.result())
             ready.append(req)
@@ -107,10 +95,9 @@ class GrammarBackend:
         return ready, failed
 
     def new_matcher(self, kind: str, compiled: Any) -> RequestGrammar:
-        import xgrammar as xgr
-
+        matcher = self._get_engine().matcher(compiled)
         self.num_live_matchers += 1
-        return RequestGrammar(kind, xgr.GrammarMatcher(compiled), self._released, self.filler)
+        return RequestGrammar(kind, matcher, self._released, self.filler)
 
     def _released(self) -> None:
         self.num_live_matchers -= 1
@@ -141,10 +128,15 @@ class GrammarBackend:
 
 def build_grammar_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Optional[Sequence[int]],
                           max_batch_rows: int, device: str = "cpu") -> Optional[GrammarBackend]:
-    """The scheduler's backend, or None with --grammar-backend none or without a tokenizer."""
+    """The scheduler's backend, or None with --grammar-backend none or without a tokenizer. A backend that cannot
+    run here (outlines, a missing package) stops the launch with the reason (backend_table.py)."""
     from sglang.srt.mem_plan.sizes import grammar_cache_budget_bytes
 
-    if server_args.grammar_backend == "none" or getattr(server_args, "is_embedding", False) or tokenizer is None:
+    refusal = grammar_backend_refusal(server_args.grammar_backend)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if server_args.grammar_backend == NO_BACKEND or getattr(server_args, "is_embedding", False) or tokenizer is None:
         return None
     return GrammarBackend(tokenizer, vocab_size, list(eos_token_ids or []), max_batch_rows,
-                          grammar_cache_budget_bytes(server_args.grammar_cache_mb), device=device)
+                          grammar_cache_budget_bytes(server_args.grammar_cache_mb), device=device,
+                          engine=server_args.grammar_backend)

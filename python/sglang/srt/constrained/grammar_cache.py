@@ -19,7 +19,8 @@ GrammarKey = Tuple[str, str]  # (json_schema | regex | ebnf, text)
 
 class GrammarCache:
     def __init__(self, compile_fn: Callable[[str, str], object], budget_bytes: int, num_threads: int = 1):
-        self._compile_fn = compile_fn  # (kind, text) -> xgrammar.CompiledGrammar; runs on the worker thread
+        # (kind, text) -> the engine's compiled grammar (it has memory_size_bytes); runs on the worker thread
+        self._compile_fn = compile_fn
         self.budget_bytes = budget_bytes
         self._executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar-compile")
         self._lock = threading.Lock()

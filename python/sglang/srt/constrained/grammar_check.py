@@ -1,41 +1,34 @@
-"""The edge's grammar check: a request's constraint parses (xgrammar's own parser, no tokenizer work), and the server
-has a grammar backend. Raises ParamError naming the field, with xgrammar's message; cheap enough to run per request
-(the expensive compile against the vocabulary happens later, in the scheduler's background thread)."""
+"""The edge's grammar check: a request's constraint parses under the server's grammar backend (the backend's own
+parser, no tokenizer work), and the server has a backend. Raises ParamError naming the field, with the backend's
+message (internal source locations removed: function_call/grammar_errors.py); cheap enough to run per request (the
+expensive compile against the vocabulary happens later, in the scheduler's background thread)."""
 
 from __future__ import annotations
 
-import re
 from typing import Optional, Tuple
 
+from sglang.srt.constrained.backend_table import NO_BACKEND, WORKING_BACKENDS, engine_class
+from sglang.srt.function_call.grammar_errors import clean_grammar_error
 from sglang.srt.sampling.validation import ParamError
 
-NO_BACKEND = "none"
-# xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:123: "; the rest is the message for the client
-_CPP_PREFIX = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
+__all__ = ["NO_BACKEND", "check_request_grammar", "invalid_grammar_error", "parse_grammar", "xgrammar_message"]
 
 
 def xgrammar_message(err: BaseException) -> str:
-    text = str(err).strip()
-    text = _CPP_PREFIX.sub("", text)
-    return text.replace("Check failed: (error.empty()) is false: ", "")
+    """A grammar backend's error without its internal source locations (kept under this name for its callers)."""
+    return clean_grammar_error(err)
 
 
-def parse_grammar(kind: str, text: str):
-    """xgrammar.Grammar for (kind, text); raises xgrammar's error (RuntimeError / ValueError) if it does not parse."""
-    import xgrammar as xgr
-
-    if kind == "json_schema":
-        return xgr.Grammar.from_json_schema(text)
-    if kind == "regex":
-        return xgr.Grammar.from_regex(text)
-    if kind == "ebnf":
-        return xgr.Grammar.from_ebnf(text)
-    raise ValueError(f"unknown grammar kind {kind!r}")
+def parse_grammar(kind: str, text: str, backend: str = "xgrammar"):
+    """The backend's parse of (kind, text); raises its error (RuntimeError / ValueError) if it does not parse."""
+    return engine_class(backend).check(kind, text)
 
 
-def invalid_grammar_error(kind: str, text: str, err: BaseException) -> ParamError:
-    return ParamError(kind, f"xgrammar could not compile it: {xgrammar_message(err)}", text,
-                      f"a valid {'JSON schema (as a JSON string)' if kind == 'json_schema' else kind}")
+def invalid_grammar_error(kind: str, text: str, err: BaseException, backend: str = "xgrammar") -> ParamError:
+    return ParamError(kind, f"{backend} could not compile it: {clean_grammar_error(err)}", text,
+                      f"a valid {'JSON schema (as a JSON string)' if kind == 'json_schema' else kind}"
+                      + (" (a Lark grammar, or GBNF that llguidance can translate)"
+                         if kind == "ebnf" and backend == "llguidance" else ""))
 
 
 def check_request_grammar(grammar: Optional[Tuple[str, str]], grammar_backend: str) -> None:
@@ -43,11 +36,11 @@ def check_request_grammar(grammar: Optional[Tuple[str, str]], grammar_backend: s
     if grammar is None:
         return
     kind, text = grammar
-    if grammar_backend == NO_BACKEND:
-        raise ParamError(kind, "This server was started with --grammar-backend none, so constrained decoding is off",
-                         text, "no json_schema / regex / ebnf / response_format; or restart the server with "
-                               "--grammar-backend xgrammar")
+    if grammar_backend not in WORKING_BACKENDS:
+        raise ParamError(kind, f"This server was started with --grammar-backend {grammar_backend}, so constrained "
+                         "decoding is off", text, "no json_schema / regex / ebnf / response_format; or restart the "
+                         f"server with --grammar-backend {' or '.join(WORKING_BACKENDS)}")
     try:
-        parse_grammar(kind, text)
+        parse_grammar(kind, text, grammar_backend)
     except (RuntimeError, ValueError, TypeError) as e:
-        raise invalid_grammar_error(kind, text, e) from None
+        raise invalid_grammar_error(kind, text, e, grammar_backend) from None

@@ -1,4 +1,5 @@
-"""RequestGrammar: one request's xgrammar matcher, advanced with each committed token.
+"""RequestGrammar: one request's grammar matcher (xgrammar's, or llguidance_engine.LLGuidanceMatcher), advanced with
+each committed token.
 
 The matcher's state is a function of the request's output_ids only, so prefix caching, chunked prefill and
 retraction (which keeps output_ids and re-prefills them) leave it exact; nothing is rolled back or replayed. A

@@ -1,7 +1,7 @@
 """GrammarGate: the scheduler's side of constrained decoding, kept here so the scheduler stays about batching.
 
     hold(req)          add_request: a request with a grammar waits for its compile (True), others don't
-    admit_compiled()   each step: compiled -> the waiting queue; refused by xgrammar -> finished with a 400
+    admit_compiled()   each step: compiled -> the waiting queue; refused by the engine -> finished with a 400
     fill_ahead(reqs)   before a decode forward: its grammar bitmask rows fill meanwhile (bitmask_fill.py)
     bitmask            the batch runner masks the sampled logits with it
 `backend` is None when structured output is off (--grammar-backend none).

@@ -2,9 +2,11 @@
 
 A model that calls tools writes free text (the message content) and, somewhere, a tool-call section:
 
-    section := start? ws ("[" ws)? call (ws separator ws call)* (ws "]")?       ("[" "]" when `array`)
+    section := start? ws ("[" ws)? call (ws separator ws call)* (ws "]")? (ws end)?  ("[" "]" when `array`)
     call    := call_begin ws OBJECT ws call_end
     OBJECT  := {"name": "<function>", "arguments" | "parameters": {...}}        (keys in any order)
+    call    := call_begin NAME name_end ws ARGUMENTS ws call_end                 (when `name_end` is set: the
+                                                                                  name outside, DeepSeek V3)
 
 A format (one subclass per model family) fills in the literals. `parse(text, final)` reads a whole output, or a
 prefix of one that is still arriving (`final=False`): it then commits only what no later text can change -- content
@@ -17,12 +19,14 @@ string carries. A section that stops being well-formed ends there; what follows 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from sglang.srt.function_call.json_scan import INCOMPLETE, INVALID, scan_object, skip_ws
 
 ARGUMENT_KEYS = ("arguments", "parameters")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a function name written outside JSON (tool_types.py, and dots)
 _WAIT = -1  # the scanner needs more text to decide
 
 
@@ -59,12 +63,35 @@ class BaseFormatDetector:
     separator = ""  # between calls ("" : whitespace only)
     array = False  # the calls are the elements of a JSON array
     bare_json_start = False  # an output whose first non-blank character is '{' is a section
+    end = ""  # closes the section after its last call ("" : none; optional in a cut-off output)
+    name_end = ""  # set: the call is call_begin NAME name_end {arguments} (the name is not in the object)
+    supports_grammar = True  # tool_choice required / named can be enforced with a grammar in this format
     # what the grammar of tool_choice="required"/named makes the model write (see grammar.py)
     grammar_start = ""  # the start marker as the grammar writes it ("" : the parser reads the section without it)
     grammar_arguments_key = "arguments"
     grammar_call_prefix = ""  # before {"name": ...
     grammar_call_suffix = ""  # after the arguments' closing } and the object's }
     grammar_separator = "\n"
+    grammar_end = ""  # written after the last call
+
+    def grammar_call_begin(self, name: str) -> str:
+        """What the grammar writes before a call's arguments object."""
+        if self.name_end:
+            return f"{self.grammar_call_prefix}{name}{self.name_end}"
+        return f'{self.grammar_call_prefix}{{"name": {json.dumps(name)}, "{self.grammar_arguments_key}": '
+
+    def grammar_call_end(self) -> str:
+        """... and after it."""
+        return ("" if self.name_end else "}") + self.grammar_call_suffix
+
+    def grammar_head(self, write_markers: bool) -> str:
+        """Before the first call. write_markers: the section's markers are ordinary text for this tokenizer (a
+        special token cannot be matched by a grammar; the parser then reads the section without them)."""
+        return (self.grammar_start if write_markers else "") + ("[" if self.array else "")
+
+    def grammar_tail(self, write_markers: bool) -> str:
+        """After the last call."""
+        return ("]" if self.array else "") + (self.grammar_end if write_markers else "")
 
     @property
     def trigger(self) -> str:
@@ -148,21 +175,36 @@ class BaseFormatDetector:
                 return _WAIT, i, ""
             if j == INVALID:
                 return 0, max(i, section_start + 1), text[section_start:max(i, section_start + 1)]
+            outside_name = None
+            if self.name_end:
+                status, j, outside_name = self._outside_name(text, j, final)
+                if status == _WAIT:
+                    return _WAIT, call_start, ""
+                if status == INVALID:  # not a call after all: text, as far as it went
+                    return 0, j, text[call_start:j]
             i = skip_ws(text, j)
             if i >= n:
-                if final:
+                if final and outside_name is None:
                     return 0, n, text[call_start:]
+                if final:  # cut off after the name: the call, without arguments
+                    calls.append(ParsedCall(outside_name, ""))
+                    return 0, n, ""
                 return _WAIT, i, ""
             if text[i] != "{":
                 return 0, i, text[call_start:i]
             scan = scan_object(text, i)
-            name = self._name(text, scan.members.get("name"))
-            args = ""
-            for key in ARGUMENT_KEYS:
-                if key in scan.members:
-                    vs, ve = scan.members[key]
-                    args = text[vs:(n if ve == INCOMPLETE else ve)]
-                    break
+            if outside_name is not None:  # the object is the arguments
+                name, args = outside_name, text[i:(n if scan.end in (INCOMPLETE, INVALID) else scan.end)]
+                if scan.end == INVALID:
+                    args = text[i:scan.error_at]
+            else:
+                name = self._name(text, scan.members.get("name"))
+                args = ""
+                for key in ARGUMENT_KEYS:
+                    if key in scan.members:
+                        vs, ve = scan.members[key]
+                        args = text[vs:(n if ve == INCOMPLETE else ve)]
+                        break
             if scan.end == INVALID or (scan.end >= 0 and name is None):
                 if name is None:  # nothing of it was sent: it is text
                     at = scan.error_at if scan.end == INVALID else scan.end
@@ -192,7 +234,18 @@ class BaseFormatDetector:
                 return (0, n, "") if final else (_WAIT, j, "")
             if self.array and text[j] == "]":
                 k = skip_ws(text, j + 1)
+                if self.end and (k < n or not final):
+                    e = expect(self.end, k)
+                    if e == _WAIT:
+                        return _WAIT, k, ""
+                    k = k if e == INVALID else e
                 return (_WAIT, k, "") if k >= n and not final else (0, k, "")
+            if self.end:
+                e = expect(self.end, j)
+                if e == _WAIT:
+                    return _WAIT, j, ""
+                if e != INVALID:
+                    return 0, e, ""
             nxt = self.separator or self.call_begin
             k = expect(nxt, j)
             if k == _WAIT:
@@ -200,6 +253,19 @@ class BaseFormatDetector:
             if k == INVALID:
                 return 0, j, ""
             i = k if self.separator else j
+
+    def _outside_name(self, text: str, j: int, final: bool) -> Tuple[int, int, Optional[str]]:
+        """The function name at text[j] up to name_end: (0, index after name_end, name), (_WAIT, j, None) while it
+        may still arrive, or (INVALID, where it failed, None)."""
+        k = text.find(self.name_end, j)
+        if k >= 0:
+            ok = _NAME.fullmatch(text, j, k) is not None
+            return (0, k + len(self.name_end), text[j:k]) if ok else (INVALID, j, None)
+        m = _NAME.match(text, j)
+        stop = m.end() if m else j
+        if not final and (stop == len(text) or self.name_end.startswith(text[stop:])):
+            return _WAIT, j, None
+        return INVALID, stop, None
 
     @staticmethod
     def _name(text: str, span: Optional[Tuple[int, int]]) -> Optional[str]:

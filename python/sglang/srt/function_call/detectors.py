@@ -5,6 +5,11 @@
     llama3                  {"name": "f", "parameters": {...}}, optionally after <|python_tag|>; several calls
                             separated by ";"
     mistral                 [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]
+    deepseekv3              <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{...}\n```
+                            <｜tool▁call▁end｜> (more calls, newline-separated) <｜tool▁calls▁end｜>: the name
+                            outside the JSON, the arguments object in a json code fence
+    pythonic                [f(a=1, b="x"), g()]: a Python list of calls, keyword arguments only, read with `ast`
+                            (pythonic_detector.py); tool_choice required / named cannot be enforced in it
 
 Both "arguments" and "parameters" are accepted as the arguments' key by every format.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 from typing import Dict, Type
 
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector
+from sglang.srt.function_call.pythonic_detector import PythonicDetector
 
 
 class Qwen25Detector(BaseFormatDetector):
@@ -43,12 +49,28 @@ class MistralDetector(BaseFormatDetector):
     grammar_separator = ", "
 
 
+class DeepSeekV3Detector(BaseFormatDetector):
+    name = "deepseekv3"
+    start = "<｜tool▁calls▁begin｜>"
+    call_begin = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    name_end = "\n```json\n"
+    call_end = "```<｜tool▁call▁end｜>"  # after the blank that ends the arguments' line
+    end = "<｜tool▁calls▁end｜>"
+    grammar_start = start
+    grammar_call_prefix = call_begin
+    grammar_call_suffix = "\n```<｜tool▁call▁end｜>"
+    grammar_separator = "\n"
+    grammar_end = end
+
+
 TOOL_CALL_PARSERS: Dict[str, Type[BaseFormatDetector]] = {
     "qwen25": Qwen25Detector,
     "qwen": Qwen25Detector,
     "qwen3": Qwen25Detector,
     "llama3": Llama3Detector,
     "mistral": MistralDetector,
+    "deepseekv3": DeepSeekV3Detector,
+    "pythonic": PythonicDetector,
 }
 
 

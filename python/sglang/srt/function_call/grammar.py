@@ -14,6 +14,7 @@ import json
 from typing import Any, Dict, List, Optional, Tuple
 
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector
+from sglang.srt.function_call.grammar_errors import clean_grammar_error
 from sglang.srt.managers.request_error import RequestError
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -30,7 +31,8 @@ def arguments_ebnf(index: int, name: str, parameters: Optional[Dict[str, Any]]) 
         return str(xgrammar.Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as e:  # noqa: BLE001 -- xgrammar raises several types; all mean "bad schema"
         raise RequestError(
-            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: {e}",
+            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: "
+            f"{clean_grammar_error(e)}",
             param=f"tools[{index}].function.parameters",
         ) from None
 
@@ -47,9 +49,9 @@ def tool_call_structural_tag(
     then reads the section without it)."""
     tags = [{
         "type": "tag",
-        "begin": f'{detector.grammar_call_prefix}{{"name": {json.dumps(name)}, "{detector.grammar_arguments_key}": ',
+        "begin": detector.grammar_call_begin(name),
         "content": {"type": "grammar", "grammar": arguments_ebnf(index, name, params)},
-        "end": "}" + detector.grammar_call_suffix,
+        "end": detector.grammar_call_end(),
     } for index, name, params in functions]
     calls = {
         "type": "tags_with_separator",
@@ -58,11 +60,11 @@ def tool_call_structural_tag(
         "at_least_one": True,
         "stop_after_first": one_call,
     }
-    head = (detector.grammar_start if write_start_marker else "") + ("[" if detector.array else "")
+    head, tail = detector.grammar_head(write_start_marker), detector.grammar_tail(write_start_marker)
     elements = [{"type": "const_string", "value": head}] if head else []
     elements.append(calls)
-    if detector.array:
-        elements.append({"type": "const_string", "value": "]"})
+    if tail:
+        elements.append({"type": "const_string", "value": tail})
     fmt = elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
     return {"type": "structural_tag", "format": fmt}
 
@@ -80,4 +82,5 @@ def tool_call_ebnf(
     try:
         return str(xgrammar.Grammar.from_structural_tag(json.dumps(tag)))
     except Exception as e:  # noqa: BLE001 -- as above
-        raise RequestError(400, f"The tools cannot be turned into a tool-call grammar: {e}", param="tools") from None
+        raise RequestError(400, f"The tools cannot be turned into a tool-call grammar: {clean_grammar_error(e)}",
+                           param="tools") from None

@@ -19,6 +19,7 @@ from typing import Any, Collection, Dict, FrozenSet, List, Optional, Tuple
 from sglang.srt.function_call.base_format_detector import BaseFormatDetector
 from sglang.srt.function_call.detectors import TOOL_CALL_PARSERS, make_detector
 from sglang.srt.function_call.grammar import tool_call_ebnf
+from sglang.srt.function_call.grammar_lark import tool_call_lark
 from sglang.srt.function_call.tool_types import NamedToolChoice, Tool
 from sglang.srt.managers.request_error import RequestError
 
@@ -29,7 +30,7 @@ class ToolPlan:
     detector: Optional[BaseFormatDetector]  # None: the output is not parsed for calls
     function_names: FrozenSet[str] = frozenset()
     forced: bool = False  # a grammar makes the whole output a tool-call section
-    ebnf: Optional[str] = None  # that grammar
+    ebnf: Optional[str] = None  # that grammar (xgrammar's EBNF, or Lark for llguidance)
 
 
 NO_TOOLS = ToolPlan(template_tools=None, detector=None)
@@ -69,6 +70,12 @@ def plan_tools(
             400, f"{choice_desc} needs a tool-call parser to read the call: start the server with "
             f"--tool-call-parser (one of {', '.join(TOOL_CALL_PARSERS)}), or use tool_choice 'auto' or 'none'.",
             param="tool_choice")
+    if not detector.supports_grammar:
+        raise RequestError(
+            400, f"{choice_desc} is enforced with a grammar, and the server's --tool-call-parser {detector.name} "
+            "format cannot be (its arguments are Python keyword arguments, and grammars constrain JSON). Use "
+            "tool_choice 'auto' (the parser still reads the calls), or a server with a JSON-format parser.",
+            param="tool_choice")
     if grammar_backend == "none":
         raise RequestError(
             400, f"{choice_desc} is enforced with a grammar, and this server runs with --grammar-backend none. "
@@ -82,8 +89,9 @@ def plan_tools(
         if named is None or t.function.name == named
     ]
     one_call = named is not None or parallel_tool_calls is False
-    write_marker = bool(detector.grammar_start) and detector.start not in set(special_tokens)
-    ebnf = tool_call_ebnf(detector, functions, one_call, write_marker)
+    write_marker = bool(detector.grammar_start) and not {detector.start, detector.end} & set(special_tokens)
+    build = tool_call_lark if grammar_backend == "llguidance" else tool_call_ebnf  # each engine's own grammar text
+    ebnf = build(detector, functions, one_call, write_marker)
     names = frozenset(name for _, name, _ in functions)
     return ToolPlan(template_tools, detector, names, forced=True, ebnf=ebnf)
 
