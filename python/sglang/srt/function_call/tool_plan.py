@@ -82,8 +82,8 @@ def plan_tools(
             "Use tool_choice 'auto', or restart the server with a grammar backend.", param="tool_choice")
     if named is not None and named not in seen:
         raise RequestError(
-            400, f"tool_choice names function {named!r}, which is not among the request's tools "
-            f"({', '.join(sorted(seen))}).", param="tool_choice.function.name")
+            400, f"Tool {named!r} not found in tools list: tool_choice names a function that is not among the "
+            f"request's tools ({', '.join(sorted(seen))}).", param="tool_choice.function.name")
     functions: List[Tuple[int, str, Optional[dict]]] = [
         (i, t.function.name, t.function.parameters) for i, t in enumerate(tools)
         if named is None or t.function.name == named
