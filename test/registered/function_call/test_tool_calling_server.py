@@ -169,7 +169,7 @@ BAD = [
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name", "unique"),
     ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools[1].function.name", "'get_weather'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
-      "tool_choice": "required"}, "tools[0].function.parameters", "Unsupported type \"objectx\""),
+      "tool_choice": "required"}, "tools[0].function.parameters", "invalid 'parameters' schema"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "response_format"),
 ]

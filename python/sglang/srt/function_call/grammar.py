@@ -31,7 +31,7 @@ def arguments_ebnf(index: int, name: str, parameters: Optional[Dict[str, Any]]) 
         return str(xgrammar.Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as e:  # noqa: BLE001 -- xgrammar raises several types; all mean "bad schema"
         raise RequestError(
-            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: "
+            400, f"Function {name!r} has an invalid 'parameters' schema: it cannot constrain the tool call: "
             f"{clean_grammar_error(e)}",
             param=f"tools[{index}].function.parameters",
         ) from None

@@ -69,7 +69,7 @@ def arguments_json_rule(index: int, name: str, parameters: Optional[Dict[str, An
         error = str(e)
     if error:
         raise RequestError(
-            400, f"The parameters schema of function {name!r} cannot be used to constrain the tool call: "
+            400, f"Function {name!r} has an invalid 'parameters' schema: it cannot constrain the tool call: "
             f"{clean_grammar_error(error)}", param=f"tools[{index}].function.parameters")
     return "%json " + json.dumps(schema)
 
