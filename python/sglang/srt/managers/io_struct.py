@@ -41,6 +41,8 @@ class TokenizedGenerateReqInput:
     # an embedding request (POST /v1/embeddings, Engine.encode): served only by an --is-embedding server, which
     # serves nothing else
     is_embedding: bool = False
+    # upstream's cache_salt: prefix-cache entries are shared only between requests with the same salt (or none)
+    cache_salt: Optional[str] = None
 
 
 @dataclass
