@@ -100,6 +100,18 @@ def test_invalid_stop_regex_is_refused_naming_the_field(engine):
     assert_idle_and_intact(engine)
 
 
+def test_catastrophic_stop_regex_fails_only_its_request(engine, tokenizer):
+    # logit_bias forces "a" tokens; (a|a)+c backtracks exponentially on a run of a's: the search times out and the
+    # request ends with a 400 naming stop_regex instead of stalling the scheduler
+    a_id = tokenizer.encode("a", add_special_tokens=False)[0]
+    out = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True,
+                                   "logit_bias": {str(a_id): 100.0}, "stop_regex": "(a|a)+c"})
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 400 and "stop_regex" in reason["message"], reason
+    assert engine.generate(PROMPT, {"max_new_tokens": 2})["meta_info"]["finish_reason"]["type"] == "length"
+    assert_idle_and_intact(engine)
+
+
 def test_regex_helpers():
     import regex
 

@@ -96,6 +96,16 @@ def test_invalid_stop_regex_is_400_naming_the_field(client, model_name, base_url
     assert client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2).choices[0].text is not None
 
 
+def test_catastrophic_stop_regex_is_a_400_and_the_server_keeps_serving(client, model_name, tokenizer):
+    # logit_bias forces "a" tokens, on which (a|a)+c backtracks exponentially: the search times out, the request fails
+    a_id = tokenizer.encode("a", add_special_tokens=False)[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=64, temperature=0, logit_bias={
+            str(a_id): 100}, extra_body={"ignore_eos": True, "stop_regex": "(a|a)+c"})
+    assert "stop_regex" in e.value.body["message"]
+    assert client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2).choices[0].finish_reason == "length"
+
+
 # ---------------------------------------------------------------------- cache_salt
 def cached_tokens_of(base_url, headers, send) -> int:
     """Prompt tokens the prefix cache served to `send()` (the server's counter, read before and after)."""

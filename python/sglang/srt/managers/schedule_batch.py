@@ -20,6 +20,7 @@ import regex
 import torch
 
 from sglang.srt.managers.incremental_detokenizer import (
+    STOP_REGEX_SEARCH_TIMEOUT_S,
     IncrementalDetokenizer,
     find_stop,
     find_stop_regex,
@@ -154,13 +155,21 @@ class Req:
             if hit is not None:
                 hit = (hit[0], hit[0] + len(hit[1]), hit[1])
             # a regex is searched over the whole text: a match may begin in text confirmed earlier (`a.*b`)
-            rhit = find_stop_regex(self.output_text, self.stop_regexes) if self.stop_regexes else None
+            try:
+                rhit = find_stop_regex(self.output_text, self.stop_regexes) if self.stop_regexes else None
+            except TimeoutError:
+                return self._regex_too_slow()
             if rhit is not None and (hit is None or rhit[0] < hit[0]):
                 hit = rhit
             if hit is not None:
                 idx, end, matched = hit
                 self.output_text = self.output_text[: idx if not sp.no_stop_trim else end]
                 self.finished_reason = {"type": "stop", "matched": matched}  # a regex reports its pattern (upstream)
+
+    def _regex_too_slow(self) -> None:
+        self.abort(f"Invalid value for stop_regex: searching {len(self.output_text)} characters of output took over "
+                   f"{STOP_REGEX_SEARCH_TIMEOUT_S} s (the pattern backtracks too much). Use a simpler pattern, e.g. "
+                   "without nested repetition such as (a|a)+.", status_code=400)
 
     def abort(self, message: str = "Request aborted", status_code: Optional[int] = None) -> None:
         """Finish with {"type": "abort", "message", ["status_code"]}: 4xx/5xx codes reach an HTTP client as an error."""
@@ -174,7 +183,11 @@ class Req:
         if not self.finished() and self.sampling_params.stop_strs:
             end -= held_back_len(self.output_text, self.sampling_params.stop_strs)
         if not self.finished() and self.stop_regexes:
-            end = min(end, len(self.output_text) - regex_held_back_len(self.output_text, self.stop_regexes))
+            try:
+                end = min(end, len(self.output_text) - regex_held_back_len(self.output_text, self.stop_regexes))
+            except TimeoutError:
+                self._regex_too_slow()
+                end = self.sent_text_len
         end = max(end, self.sent_text_len)
         delta = self.output_text[self.sent_text_len : end]
         self.sent_text_len = end
