@@ -26,8 +26,14 @@ def test_prompt_longer_than_context(engine):
 
 
 def test_prompt_plus_max_new_tokens_over_context(engine):
-    with pytest.raises(ValueError, match=r"maximum context length is 128 tokens. However, you requested"):
+    # upstream's sentence first (clients match on it), then what to change here
+    with pytest.raises(ValueError) as e:
         engine.generate("word " * 60, {"max_new_tokens": 100})
+    n = len(engine.request_tokenizer.encode("word " * 60))
+    assert str(e.value) == (
+        f"Requested token count exceeds the model's maximum context length of 128 tokens. You requested a total of "
+        f"{n + 100} tokens: {n} tokens from the input messages and 100 tokens for the completion. Reduce the prompt "
+        f"or set max_new_tokens to at most {128 - n}.")
     idle_and_intact(engine)
 
 

@@ -44,6 +44,7 @@ def mixed_workload():
         (PROMPTS[2], {"temperature": 0.9, "top_p": 0.9, "seed": 7, "max_new_tokens": 24}),
         ("Serial number:", dict(g, max_new_tokens=16, regex="[0-9]{3}-[a-z]{4}")),
         (LONG_PROMPT, dict(g, max_new_tokens=24, stop=["moon"])),
+        (PROMPTS[1], dict(g, max_new_tokens=40, stop_regex=[r"\n\s*\n", r"[rR]et[a-z]+"])),  # issue 28's stop_regex
     ]
     # first in the queue: these outgrow the pool together, so requests are retracted
     cases = [(PROMPTS[i] + f" (request {i})", dict(g, max_new_tokens=60, ignore_eos=True)) for i in range(6)] + cases

@@ -63,7 +63,7 @@ def test_one_set_of_rules_for_every_api():
 
     for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty", "seed", "n", "stop", "stop_token_ids", "skip_special_tokens", "ignore_eos",
-                 "spaces_between_special_tokens", "no_stop_trim"):
+                 "spaces_between_special_tokens", "no_stop_trim", "stop_regex"):
         chat, native = ChatCompletionRequest.model_fields[name], SamplingParamsModel.model_fields[name]
         assert chat.description == native.description and chat.description.startswith("Allowed: "), name
         assert repr(chat.metadata) == repr(native.metadata), name

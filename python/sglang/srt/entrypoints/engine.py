@@ -101,6 +101,8 @@ class Engine:
         logprob_start_len: Optional[int] = None,
         token_ids_logprob: Optional[List[int]] = None,
         custom_logit_processor: Optional[str] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        cache_salt: Optional[Union[str, List[str]]] = None,
     ):
         """POST /generate in-process: the same body fields (`prompt` is its `text`), the same checks and messages,
         the same response objects (see generate_output.py). A stream yields cumulative objects, like the server's."""
@@ -108,14 +110,15 @@ class Engine:
                 "video_data": video_data, "audio_data": audio_data, "return_logprob": return_logprob,
                 "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid,
                 "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob,
-                "custom_logit_processor": custom_logit_processor}
+                "custom_logit_processor": custom_logit_processor,
+                "return_text_in_logprobs": return_text_in_logprobs, "cache_salt": cache_salt}
         self._check_kind(embedding=False)
         batch = self._build({k: val for k, val in body.items() if val is not None})
         if stream and batch.is_batch:
             raise ParamError("stream", "", message="Streaming is supported for a single prompt with n=1.")
         self._submit(batch.reqs)
         start = time.perf_counter()
-        accs = [GenerateAccumulator(r.rid, return_logprob, start) for r in batch.reqs]
+        accs = [GenerateAccumulator(r.rid, return_logprob, start, batch.token_text) for r in batch.reqs]
         if stream:
             return self._stream(accs[0])
         self._run_to_completion(accs)

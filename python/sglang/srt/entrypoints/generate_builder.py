@@ -11,7 +11,7 @@ on both paths (the server answers it as an error body, the Engine raises it as P
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from sglang.srt.entrypoints.openai.protocol import GenerateRequest, validate_request_body
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -28,6 +28,7 @@ SAMPLING_PREFIX = "sampling_params."  # how both paths name a sampling parameter
 class GenerateBatch:
     reqs: List[TokenizedGenerateReqInput]  # prompt-major: prompt p's choices are reqs[p * n : (p + 1) * n]
     is_batch: bool  # answer with a list (a batch of prompts, or n > 1) rather than one object
+    token_text: Optional[Callable[[int], str]] = None  # return_text_in_logprobs: a token id's text (its decode)
 
 
 def parse_generate_request(data: Any) -> GenerateRequest:
@@ -73,6 +74,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
     rids = _as_list(req.rid, len(prompts), "rid") if isinstance(req.rid, list) else None
     images = req.image_data if is_batch and isinstance(req.image_data, list) else [req.image_data] * len(prompts)
     videos = req.video_data if is_batch and isinstance(req.video_data, list) else [req.video_data] * len(prompts)
+    salts = _as_list(req.cache_salt, len(prompts), "cache_salt")
     audios = req.audio_data if is_batch and isinstance(req.audio_data, list) else [req.audio_data] * len(prompts)
     processors = _as_list(req.custom_logit_processor, len(prompts), "custom_logit_processor")
     reqs: List[TokenizedGenerateReqInput] = []
@@ -100,6 +102,7 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
                 custom_logit_processor=processors[p],
             )
             apply_logprob_fields(t, req.logprob_start_len, req.token_ids_logprob, rt.vocab_size)
+            t.cache_salt = salts[p]
             ids = t.input_ids if t.mm_inputs is None else prompt.get("input_ids")  # media: processed per choice
             reqs.append(t)
     seen = set()
@@ -107,4 +110,16 @@ def build_generate_requests(req: GenerateRequest, rt: RequestTokenizer) -> Gener
         if t.rid in seen:
             raise RequestError(400, f"Duplicate request id {t.rid!r}.", param="rid")
         seen.add(t.rid)
-    return GenerateBatch(reqs, is_batch or len(reqs) > 1)
+    return GenerateBatch(reqs, is_batch or len(reqs) > 1, _token_text(req, rt))
+
+
+def _token_text(req: GenerateRequest, rt: RequestTokenizer) -> Optional[Callable[[int], str]]:
+    """return_text_in_logprobs: the text of one token alone, as upstream fills the logprob entries' text slot."""
+    if not req.return_text_in_logprobs:
+        return None
+    if rt.tokenizer is None:
+        raise RequestError(400, "return_text_in_logprobs needs the tokenizer, and this server runs with "
+                                "--skip-tokenizer-init; remove return_text_in_logprobs and decode the ids yourself.",
+                           param="return_text_in_logprobs")
+    tokenizer = rt.tokenizer
+    return lambda token_id: tokenizer.decode([token_id])

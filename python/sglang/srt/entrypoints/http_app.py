@@ -124,6 +124,12 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)
 
+    @app.api_route("/get_memory_pool_size", methods=["GET", "POST"])  # upstream's (deprecated there for /server_info)
+    async def get_memory_pool_size():
+        """The KV pool's size in tokens, a bare integer as upstream: /server_info's max_total_num_tokens (the plan's;
+        summed over --dp-size replicas)."""
+        return json_response((await tm.get_server_info())["max_total_num_tokens"])
+
     @app.post("/flush_cache")
     async def flush_cache():
         if await tm.flush_cache():

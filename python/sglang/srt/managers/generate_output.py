@@ -10,21 +10,24 @@ for `Engine.generate` and POST /generate (upstream's shape):
                                                               logprob_start_len (position 0: None); [] without it
                     "input_top_logprobs", "input_token_ids_logprobs": per prompt position as above (None at 0)]}}
 
-text and output_ids are cumulative; the None in each logprob entry is upstream's token text slot (not filled).
+text and output_ids are cumulative. The third element of each logprob entry is upstream's token text slot: None, or
+with return_text_in_logprobs the token's text alone (`token_text(id)`: the tokenizer's decode of [id], as upstream).
 e2e_latency is seconds from `start_time` (a time.perf_counter() value) to the latest output.
 """
 
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from sglang.srt.managers.io_struct import ReqOutput
 
 
 class GenerateAccumulator:
-    def __init__(self, rid: str, return_logprob: bool, start_time: float):
+    def __init__(self, rid: str, return_logprob: bool, start_time: float,
+                 token_text: Optional[Callable[[int], str]] = None):
         self.rid = rid
+        self.token_text = token_text  # set: return_text_in_logprobs
         self.return_logprob = return_logprob
         self.start_time = start_time
         self.text = ""
@@ -39,16 +42,16 @@ class GenerateAccumulator:
         self.text += out.new_text
         self.output_ids.extend(out.new_token_ids)
         if self.return_logprob and out.new_token_logprobs is not None:
-            self.token_logprobs.extend([lp, tid, None] for lp, tid in zip(out.new_token_logprobs, out.new_token_ids))
+            self.token_logprobs.extend(self._entry(lp, tid) for lp, tid in zip(out.new_token_logprobs, out.new_token_ids))
             if out.new_top_logprobs is not None:
-                self.top_logprobs.extend([[lp, tid, None] for tid, lp in pairs] for pairs in out.new_top_logprobs)
+                self.top_logprobs.extend(self._triples(pairs) for pairs in out.new_top_logprobs)
             if out.new_token_ids_logprobs is not None:
-                self.ids_logprobs.extend(_triples(pairs) for pairs in out.new_token_ids_logprobs)
+                self.ids_logprobs.extend(self._triples(pairs) for pairs in out.new_token_ids_logprobs)
         if self.return_logprob and out.input_token_logprobs is not None:
             self.input = {
-                "input_token_logprobs": [[lp, tid, None] for lp, tid, _ in out.input_token_logprobs],
-                "input_top_logprobs": [_triples(p) for p in out.input_top_logprobs or []],
-                "input_token_ids_logprobs": [_triples(p) for p in out.input_token_ids_logprobs or []],
+                "input_token_logprobs": [self._entry(lp, tid) for lp, tid, _ in out.input_token_logprobs],
+                "input_top_logprobs": [self._triples(p) for p in out.input_top_logprobs or []],
+                "input_token_ids_logprobs": [self._triples(p) for p in out.input_token_ids_logprobs or []],
             }
         self.last = out
 
@@ -74,7 +77,10 @@ class GenerateAccumulator:
             meta.update(self.input)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
+    def _entry(self, logprob: Optional[float], token_id: int) -> list:
+        """Upstream's [logprob, token_id, text-or-None]."""
+        return [logprob, token_id, self.token_text(token_id) if self.token_text is not None else None]
 
-def _triples(pairs) -> Optional[list]:
-    """[(token_id, logprob)] -> upstream's [[logprob, token_id, None]] (None stays None: prompt position 0)."""
-    return None if pairs is None else [[lp, tid, None] for tid, lp in pairs]
+    def _triples(self, pairs) -> Optional[list]:
+        """[(token_id, logprob)] -> [[logprob, token_id, text-or-None]] (None stays None: prompt position 0)."""
+        return None if pairs is None else [self._entry(lp, tid) for tid, lp in pairs]

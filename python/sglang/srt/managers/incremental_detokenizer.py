@@ -1,4 +1,4 @@
-"""Incremental detokenization that never splits a multi-byte character, plus stop-string matching.
+"""Incremental detokenization that never splits a multi-byte character, plus stop-string and stop-regex matching.
 
 Text is decoded over a short window of tokens: `prefix_offset` marks tokens already turned into text that are kept
 only as context (so a tokenizer's leading-space rules apply), `read_offset` marks the end of the tokens whose text
@@ -128,4 +128,30 @@ def held_back_len(text: str, stops: List[str]) -> int:
             if text.endswith(s[:k]):
                 hold = k
                 break
+    return hold
+
+
+# one stop_regex search on the scheduler's thread may take this long; a pattern that backtracks catastrophically raises
+# TimeoutError instead of stalling every request (Req fails its own request with a 400)
+STOP_REGEX_SEARCH_TIMEOUT_S = 0.05
+
+
+def find_stop_regex(text: str, patterns: list) -> Optional[Tuple[int, int, str]]:
+    """Earliest match of any compiled stop regex in `text`: (start, end, the pattern's text), or None."""
+    best: Optional[Tuple[int, int, str]] = None
+    for p in patterns:
+        m = p.search(text, timeout=STOP_REGEX_SEARCH_TIMEOUT_S)
+        if m is not None and (best is None or m.start() < best[0]):
+            best = (m.start(), m.end(), p.pattern)
+    return best
+
+
+def regex_held_back_len(text: str, patterns: list) -> int:
+    """Length of the suffix of `text` from the earliest place where a stop regex could still match once more text
+    arrives (a partial match reaching the end; `regex` module patterns): not safe to stream yet."""
+    hold = 0
+    for p in patterns:
+        m = p.search(text, partial=True, timeout=STOP_REGEX_SEARCH_TIMEOUT_S)
+        if m is not None and m.partial:
+            hold = max(hold, len(text) - m.start())
     return hold

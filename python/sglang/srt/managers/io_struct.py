@@ -43,6 +43,8 @@ class TokenizedGenerateReqInput:
     is_embedding: bool = False
     # upstream's client-sent logit processor (sampling/custom_logit_processor.py; --enable-custom-logit-processor)
     custom_logit_processor: Optional[str] = None
+    # upstream's cache_salt: prefix-cache entries are shared only between requests with the same salt (or none)
+    cache_salt: Optional[str] = None
 
 
 @dataclass

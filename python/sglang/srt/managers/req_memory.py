@@ -45,7 +45,7 @@ class ReqMemory:
         end = req.fill_len - 1
         if req.prompt_logprobs is not None and req.prompt_logprobs.prefix_limit() is not None:
             end = min(end, req.prompt_logprobs.prefix_limit())
-        return self.tree_cache.match_prefix(req.fill_ids[:end])
+        return self.tree_cache.match_prefix(req.fill_ids[:end], req.cache_salt)
 
     def admit(self, req: Req, prefix_slots: List[int], node) -> None:
         """Give the request a row, borrowing (and locking) the cached prefix."""
@@ -110,7 +110,7 @@ class ReqMemory:
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.alloc_len)
         if cache and self.tree_cache is not None:
             aligned = req.kv_len // ps * ps
-            n_cached = self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned])
+            n_cached = self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned], req.cache_salt)
             self.allocator.free(slots[req.prefix_len : n_cached])  # our duplicates of already cached pages
             self.allocator.free(slots[aligned:])  # the partly filled last page and uncomputed slots
         else:

@@ -136,9 +136,11 @@ class RequestTokenizer:
         elif isinstance(requested, int) and not isinstance(requested, bool) and requested > room:
             raise RequestError(
                 400,
-                f"This model's maximum context length is {self.max_req_len} tokens. However, you requested "
-                f"{num_input + requested} tokens ({num_input} in the prompt, {requested} for the completion). "
-                f"Reduce the prompt or set {max_tokens_param} to at most {room}.",
+                # upstream's words first (clients match on them), then what to change here
+                f"Requested token count exceeds the model's maximum context length of {self.max_req_len} tokens. "
+                f"You requested a total of {num_input + requested} tokens: {num_input} tokens from the input "
+                f"messages and {requested} tokens for the completion. Reduce the prompt or set {max_tokens_param} to "
+                f"at most {room}.",
                 param=max_tokens_param,
                 code="context_length_exceeded",
             )

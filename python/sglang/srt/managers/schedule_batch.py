@@ -16,9 +16,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+import regex
 import torch
 
-from sglang.srt.managers.incremental_detokenizer import IncrementalDetokenizer, find_stop, held_back_len
+from sglang.srt.managers.incremental_detokenizer import (
+    STOP_REGEX_SEARCH_TIMEOUT_S,
+    IncrementalDetokenizer,
+    find_stop,
+    find_stop_regex,
+    held_back_len,
+    regex_held_back_len,
+)
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -46,6 +54,10 @@ class Req:
         if not sampling_params.ignore_eos and eos_token_ids:
             self.stop_token_ids |= set(eos_token_ids)
         self.max_new_tokens = sampling_params.max_new_tokens
+        # stop_regex, compiled (validated at the edge: sampling/validation.check_stop_regex)
+        self.stop_regexes = [regex.compile(p) for p in sampling_params.stop_regex_strs]
+        # upstream's cache_salt: the radix cache namespace of this request's KV (None: the shared, unsalted one)
+        self.cache_salt: Optional[str] = None
 
         # memory state
         self.req_pool_idx: Optional[int] = None
@@ -139,12 +151,26 @@ class Req:
         start = len(text)
         text += piece
         self.output_text = text
-        if sp.stop_strs and n_out >= sp.min_new_tokens:
-            hit = find_stop(self.output_text, sp.stop_strs, start)
+        if (sp.stop_strs or self.stop_regexes) and n_out >= sp.min_new_tokens:
+            hit = find_stop(self.output_text, sp.stop_strs, start) if sp.stop_strs else None
             if hit is not None:
-                idx, s = hit
-                self.output_text = self.output_text[: idx if not sp.no_stop_trim else idx + len(s)]
-                self.finished_reason = {"type": "stop", "matched": s}
+                hit = (hit[0], hit[0] + len(hit[1]), hit[1])
+            # a regex is searched over the whole text: a match may begin in text confirmed earlier (`a.*b`)
+            try:
+                rhit = find_stop_regex(self.output_text, self.stop_regexes) if self.stop_regexes else None
+            except TimeoutError:
+                return self._regex_too_slow()
+            if rhit is not None and (hit is None or rhit[0] < hit[0]):
+                hit = rhit
+            if hit is not None:
+                idx, end, matched = hit
+                self.output_text = self.output_text[: idx if not sp.no_stop_trim else end]
+                self.finished_reason = {"type": "stop", "matched": matched}  # a regex reports its pattern (upstream)
+
+    def _regex_too_slow(self) -> None:
+        self.abort(f"Invalid value for stop_regex: searching {len(self.output_text)} characters of output took over "
+                   f"{STOP_REGEX_SEARCH_TIMEOUT_S} s (the pattern backtracks too much). Use a simpler pattern, e.g. "
+                   "without nested repetition such as (a|a)+.", status_code=400)
 
     def abort(self, message: str = "Request aborted", status_code: Optional[int] = None) -> None:
         """Finish with {"type": "abort", "message", ["status_code"]}: 4xx/5xx codes reach an HTTP client as an error."""
@@ -157,6 +183,12 @@ class Req:
         end = len(self.output_text)
         if not self.finished() and self.sampling_params.stop_strs:
             end -= held_back_len(self.output_text, self.sampling_params.stop_strs)
+        if not self.finished() and self.stop_regexes:
+            try:
+                end = min(end, len(self.output_text) - regex_held_back_len(self.output_text, self.stop_regexes))
+            except TimeoutError:
+                self._regex_too_slow()
+                end = self.sent_text_len
         end = max(end, self.sent_text_len)
         delta = self.output_text[self.sent_text_len : end]
         self.sent_text_len = end

@@ -128,6 +128,7 @@ class Scheduler:
                   mm_inputs=recv.mm_inputs)
         prompt_logprob_state.attach(req, recv.logprob_start_len, recv.token_ids_logprob)
         req.custom_logit_processor = recv.custom_logit_processor  # the sampler reads it (None: none)
+        req.cache_salt = recv.cache_salt
         self.queues.reqs[req.rid] = req
         if sp.max_new_tokens == 0 and req.prompt_logprobs is None:  # with prompt logprobs: a prefill, no token
             req.finished_reason = {"type": "length", "length": 0}

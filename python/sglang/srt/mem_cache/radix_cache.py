@@ -4,6 +4,11 @@ Each edge holds a run of token ids (`key`) and the KV slots of those tokens (`va
 page_size long, so every cached run covers whole pages that the tree alone owns. A request that reuses a
 prefix locks the path to its last matched node (`inc_lock_ref`); locked nodes are never evicted.
 Accounting: evictable_size() + protected_size() == total tokens in the tree.
+
+Namespaces (upstream's cache_salt): requests with a salt match and insert under that salt's own root, so requests
+with different salts never share a page, the same salt shares, and unsalted requests share only the main root. A
+salt root holds no tokens (it is a root: never locked by a request, never evicted itself) and is dropped once its
+last leaf is evicted; every node below it is an ordinary node, counted, locked and evicted as any other.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class RadixCache:
     def reset(self) -> None:
         self.root = TreeNode()
         self.root.lock_ref = 1  # the root is never evicted
+        self.salt_roots: Dict[str, TreeNode] = {}  # cache_salt -> its namespace's root (parent None, like the root)
         self._evictable = 0
         self._protected = 0
 
@@ -55,12 +61,25 @@ class RadixCache:
     def _edge(self, key: List[int], i: int = 0) -> Tuple[int, ...]:
         return tuple(key[i : i + self.page_size])
 
+    def _root(self, salt: Optional[str], create: bool) -> Optional[TreeNode]:
+        """The root of `salt`'s namespace (the main root for None); None if it has none and create is False."""
+        if salt is None:
+            return self.root
+        root = self.salt_roots.get(salt)
+        if root is None and create:
+            root = self.salt_roots[salt] = TreeNode()
+            root.lock_ref = 1
+        return root
+
     # ------------------------------------------------------------------ lookup
-    def match_prefix(self, key: List[int]) -> Tuple[List[int], TreeNode]:
-        """Longest cached page-aligned prefix of `key`: (its slots, the deepest node of the match)."""
+    def match_prefix(self, key: List[int], salt: Optional[str] = None) -> Tuple[List[int], TreeNode]:
+        """Longest cached page-aligned prefix of `key` within `salt`'s namespace: (its slots, the deepest node of
+        the match; a root when nothing matched)."""
         ps = self.page_size
         key = key[: len(key) // ps * ps]
-        node = self.root
+        node = self._root(salt, create=False)
+        if node is None:
+            return [], self.root
         slots: List[int] = []
         i = 0
         now = next(_clock)
@@ -99,12 +118,14 @@ class RadixCache:
         return upper
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: List[int], value: List[int]) -> int:
-        """Cache key -> value (page-aligned). Returns how many leading tokens were already cached; the caller
-        still owns value[:that] (duplicates of cached slots) and must free them."""
+    def insert(self, key: List[int], value: List[int], salt: Optional[str] = None) -> int:
+        """Cache key -> value (page-aligned) in `salt`'s namespace. Returns how many leading tokens were already
+        cached; the caller still owns value[:that] (duplicates of cached slots) and must free them."""
         ps = self.page_size
         assert len(key) == len(value) and len(key) % ps == 0
-        node = self.root
+        node = self._root(salt, create=bool(key))
+        if node is None:
+            return 0
         i = 0
         now = next(_clock)
         while i < len(key):
@@ -126,7 +147,7 @@ class RadixCache:
 
     # ------------------------------------------------------------------ locking
     def inc_lock_ref(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:  # up to its namespace's root
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -134,7 +155,7 @@ class RadixCache:
             node = node.parent
 
     def dec_lock_ref(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             assert node.lock_ref > 0, "radix node unlocked more often than locked"
             if node.lock_ref == 1:
                 self._evictable += len(node.key)
@@ -155,12 +176,15 @@ class RadixCache:
             self._evictable -= len(leaf.key)
             parent = leaf.parent
             del parent.children[self._edge(leaf.key)]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(leaves, parent)
+        for salt in [s for s, root in self.salt_roots.items() if not root.children]:
+            del self.salt_roots[salt]
         return freed
 
     def _iter_nodes(self):
-        stack = list(self.root.children.values())
+        """Every node of every namespace, roots excluded."""
+        stack = [c for root in (self.root, *self.salt_roots.values()) for c in root.children.values()]
         while stack:
             n = stack.pop()
             yield n

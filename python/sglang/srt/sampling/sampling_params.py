@@ -34,6 +34,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[int]] = None
+    stop_regex: Optional[Union[str, List[str]]] = None  # upstream's: stop where the output text matches a regex
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -49,6 +50,7 @@ class SamplingParams:
     custom_params: Optional[Dict[str, Any]] = None
     # normalised forms, filled by normalize()
     stop_strs: List[str] = field(default_factory=list)
+    stop_regex_strs: List[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
@@ -88,6 +90,7 @@ class SamplingParams:
             self.stop_strs = [self.stop]
         else:
             self.stop_strs = list(self.stop)
+        self.stop_regex_strs = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex or [])
         if self.temperature < _GREEDY_EPS:
             # greedy: make the sampler's fast path obvious
             self.top_k = 1
@@ -95,6 +98,7 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d.pop("stop_strs", None)
+        d.pop("stop_regex_strs", None)
         return d
 
 
@@ -121,6 +125,7 @@ class SamplingParamsModel(BaseModel):
     stop: Optional[Union[StopStr, StopList]] = v.STOP.field(_DEFAULTS.stop)
     stop_token_ids: Optional[List[TokenId]] = v.STOP_TOKEN_IDS.field(
         _DEFAULTS.stop_token_ids, max_length=v.MAX_STOP_TOKEN_IDS)
+    stop_regex: Optional[Union[StopStr, StopList]] = v.STOP_REGEX.field(_DEFAULTS.stop_regex)
     ignore_eos: bool = v.FLAG.field(_DEFAULTS.ignore_eos)
     skip_special_tokens: bool = v.FLAG.field(_DEFAULTS.skip_special_tokens)
     spaces_between_special_tokens: bool = v.FLAG.field(_DEFAULTS.spaces_between_special_tokens)
@@ -142,6 +147,7 @@ class SamplingParamsModel(BaseModel):
         v.check_seed_with_n(self.seed, self.n)
         v.check_one_grammar({name: getattr(self, name) for name in v.GRAMMAR_FIELDS})
         v.check_logit_bias(self.logit_bias)
+        v.check_stop_regex(self.stop_regex)
         return self
 
 

@@ -51,6 +51,7 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPT_LOGPROBS = 20  # vLLM's default max_logprobs
 MAX_TOKEN_IDS_LOGPROB = 256
 MAX_RID_CHARS = 256
+MAX_CACHE_SALT_CHARS = 256
 MAX_JSON_DEPTH = 64
 MAX_GRAMMAR_CHARS = 262_144
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
@@ -138,9 +139,13 @@ TOKEN_IDS_LOGPROB = Rule(list, words=f"a flat list of integers: at most {MAX_TOK
                                      "[0, vocab size) (other ids are out-of-vocabulary)")
 FLAG = Rule(bool)
 RID = Rule(str, max_chars=MAX_RID_CHARS, note=" without control characters")
+CACHE_SALT = Rule(str, max_chars=MAX_CACHE_SALT_CHARS, note="; requests share cached prompt prefixes only with the "
+                  "same salt (none shares with none)")
 STOP = Rule(
     list, words=f"a string or a list of at most {MAX_STOP_SEQUENCES} strings, each of 1 to {MAX_STOP_CHARS} characters"
 )
+STOP_REGEX = Rule(list, words=f"a regular expression or a list of at most {MAX_STOP_SEQUENCES}, each of 1 to "
+                              f"{MAX_STOP_CHARS} characters, that compiles and does not match the empty text")
 STOP_TOKEN_IDS = Rule(list, words=f"a list of at most {MAX_STOP_TOKEN_IDS} token ids, each in [0, vocab size)")
 GRAMMAR = Rule(str, max_chars=MAX_GRAMMAR_CHARS, note="; at most one of json_schema, regex, ebnf per request")
 LOGIT_BIAS = Rule(dict, words=f"an object of at most {MAX_LOGIT_BIAS_ENTRIES} entries mapping a token id (a string "
@@ -216,3 +221,18 @@ def check_logit_bias(bias: Optional[dict], vocab_size: Optional[int] = None, par
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             raise ParamError(param, f"The bias of token {key} is not a number in [-100, 100]", value,
                              LOGIT_BIAS.allowed)
+
+
+def check_stop_regex(stop_regex, param: str = "stop_regex") -> None:
+    """Each pattern must compile (Python's `regex` syntax, a superset of `re`) and must not match the empty text (it
+    would stop before the first token)."""
+    import regex
+
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else stop_regex or []:
+        try:
+            compiled = regex.compile(pattern)
+        except regex.error as e:
+            raise ParamError(param, f"The pattern does not compile ({e})", pattern, STOP_REGEX.allowed) from None
+        if compiled.search("") is not None:
+            raise ParamError(param, "The pattern matches the empty text, so it would stop before the first token",
+                             pattern, STOP_REGEX.allowed)

@@ -24,6 +24,7 @@ from sglang.srt.sampling.sampling_params import SamplingParamsModel, StopList, S
 from sglang.srt.sampling.validation_errors import describe_validation_error
 
 Rid = Annotated[str, v.RID.field(..., pattern=v.RID_PATTERN)]
+CacheSalt = Annotated[str, v.CACHE_SALT.field(...)]
 
 
 def check_response_format_schema(schema_text: str) -> None:
@@ -117,6 +118,8 @@ class SamplingFields(OpenAIModel):
     spaces_between_special_tokens: bool = v.FLAG.field(True)
     stop_token_ids: Optional[List[TokenId]] = v.STOP_TOKEN_IDS.field(None, max_length=v.MAX_STOP_TOKEN_IDS)
     no_stop_trim: bool = v.FLAG.field(False)
+    stop_regex: Optional[Union[StopStr, StopList]] = v.STOP_REGEX.field(None)
+    cache_salt: Optional[str] = v.CACHE_SALT.field(None)
     rid: Optional[Rid] = Field(None, description=v.RID.description)
     json_schema: Optional[str] = v.GRAMMAR.field(None)  # structured output, SGLang's names (one at most)
     regex: Optional[str] = v.GRAMMAR.field(None)
@@ -171,6 +174,7 @@ class SamplingFields(OpenAIModel):
             "repetition_penalty": self.repetition_penalty,
             "stop": self.stop,
             "stop_token_ids": self.stop_token_ids,
+            "stop_regex": self.stop_regex,
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens,
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
@@ -374,7 +378,8 @@ class GenerateRequest(OpenAIModel):
     # upstream's client-sent logit processor (one, or one per prompt); sampling_params.custom_params: its parameters
     custom_logit_processor: Optional[Union[str, List[Optional[str]]]] = None
     # upstream fields sglang-router always sends (see upstream_only)
-    return_text_in_logprobs: Literal[False] = upstream_only(False, "logprobs are [logprob, token_id, None].")
+    return_text_in_logprobs: bool = v.FLAG.field(False)  # logprob triples carry the token's text, not None
+    cache_salt: Optional[Union[CacheSalt, List[CacheSalt]]] = Field(None, description=v.CACHE_SALT.description)
     log_metrics: Literal[True] = upstream_only(True, "every request is counted in the metrics.")
     return_hidden_states: Literal[False] = upstream_only(False, "this server does not return hidden states.")
     background: Literal[False] = upstream_only(False, "requests run in the foreground.")

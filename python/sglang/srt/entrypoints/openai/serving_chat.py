@@ -157,6 +157,7 @@ class OpenAIServingChat(OpenAIServingBase):
             if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token (the template's too)
                 apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
                                      flag_param="logprobs")
+            t.cache_salt = req.cache_salt
             ids = t.input_ids
             tokenized.append(t)
         gen = tm.generate_many(tokenized, raw_request)

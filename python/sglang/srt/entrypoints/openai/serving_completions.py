@@ -94,6 +94,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 if (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None:  # from the first token
                     apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
                                          flag_param="logprobs")
+                t.cache_salt = req.cache_salt
                 ids = t.input_ids
                 tokenized.append(t)
                 if req.echo:
