@@ -15,8 +15,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from sglang.srt.entrypoints.openai.protocol_content import (  # noqa: F401 (re-exported: the request models' parts)
+    AudioURL, AudioURLContentPart, ContentPart, ImageContentPart, ImageURL, InputAudio, InputAudioContentPart,
+    OpenAIModel, TextContentPart, VideoContentPart, VideoURL)
 from sglang.srt.function_call.tool_types import Tool, ToolChoice
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.sampling import validation as v
@@ -36,10 +39,6 @@ def check_response_format_schema(schema_text: str) -> None:
     except (RuntimeError, ValueError, TypeError) as e:
         raise v.ParamError("response_format", f"xgrammar could not compile json_schema.schema: {xgrammar_message(e)}",
                            schema_text, "a JSON schema xgrammar can compile") from None
-
-
-class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def upstream_only(value: Any, why: str) -> Any:
@@ -215,57 +214,6 @@ class CompletionRequest(SamplingFields):
 
 
 # ---------------------------------------------------------------------- chat
-class TextContentPart(OpenAIModel):
-    type: Literal["text"]
-    text: str
-
-
-class ImageURL(OpenAIModel):
-    url: str
-    detail: Optional[Literal["auto", "low", "high"]] = "auto"
-
-
-class ImageContentPart(OpenAIModel):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-class VideoURL(OpenAIModel):
-    url: str
-
-
-class VideoContentPart(OpenAIModel):
-    """SGLang's extension: {"type": "video_url", "video_url": {"url": data URL / base64 / allowed local file}}."""
-
-    type: Literal["video_url"]
-    video_url: VideoURL
-
-
-class AudioURL(OpenAIModel):
-    url: str
-
-
-class AudioURLContentPart(OpenAIModel):
-    """SGLang's extension: {"type": "audio_url", "audio_url": {"url": data URL / base64 / allowed local file}}."""
-
-    type: Literal["audio_url"]
-    audio_url: AudioURL
-
-
-class InputAudio(OpenAIModel):
-    data: str  # base64 of the audio file
-    format: str  # "wav", "mp3", "flac", ... (checked by the audio loader)
-
-
-class InputAudioContentPart(OpenAIModel):
-    """OpenAI's {"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}."""
-
-    type: Literal["input_audio"]
-    input_audio: InputAudio
-
-
-ContentPart = Annotated[Union[TextContentPart, ImageContentPart, VideoContentPart, AudioURLContentPart,
-                              InputAudioContentPart], Field(discriminator="type")]
 
 
 class ChatMessage(OpenAIModel):
