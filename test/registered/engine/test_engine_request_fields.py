@@ -158,3 +158,19 @@ def test_return_text_in_logprobs(engine, tokenizer):
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_require_reasoning_through_the_engine(engine, monkeypatch):
+    import dataclasses
+
+    params = {"max_new_tokens": 6, "temperature": 0}
+    plain = engine.generate("The sky is", params)
+    # without --reasoning-parser: upstream's no-op, a grammar included
+    assert engine.generate("The sky is", params, require_reasoning=True)["output_ids"] == plain["output_ids"]
+    regex = {**params, "regex": "[a-z ]{3,12}"}
+    assert engine.generate("The sky is", regex, require_reasoning=True)["text"]
+    # with a reasoning parser and a grammar it would change the output: refused as /generate refuses it
+    monkeypatch.setattr(engine, "server_args", dataclasses.replace(engine.server_args, reasoning_parser="qwen3"))
+    with pytest.raises(ValueError, match="require_reasoning"):
+        engine.generate("The sky is", regex, require_reasoning=True)
+    assert engine.generate("The sky is", params, require_reasoning=True)["output_ids"] == plain["output_ids"]

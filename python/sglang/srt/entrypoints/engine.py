@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 from sglang.srt.entrypoints.generate_builder import GenerateBatch, build_generate_requests, parse_generate_request
+from sglang.srt.entrypoints.serving_generate import check_require_reasoning
 from sglang.srt.managers.request_kind import check_request_kind
 from sglang.srt.managers.generate_output import GenerateAccumulator
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -63,7 +64,10 @@ class Engine:
         """The server's builder on the same body; its RequestError becomes a ParamError (a ValueError) with the
         message and param /generate would answer."""
         try:
-            return build_generate_requests(parse_generate_request(body), self.request_tokenizer)
+            req = parse_generate_request(body)
+            if req.require_reasoning:
+                check_require_reasoning(req, self.server_args.reasoning_parser)
+            return build_generate_requests(req, self.request_tokenizer)
         except RequestError as e:
             raise ParamError(e.param, "", message=e.message) from None
 
@@ -103,6 +107,7 @@ class Engine:
         custom_logit_processor: Optional[str] = None,
         return_text_in_logprobs: Optional[bool] = None,
         cache_salt: Optional[Union[str, List[str]]] = None,
+        require_reasoning: Optional[bool] = None,
     ):
         """POST /generate in-process: the same body fields (`prompt` is its `text`), the same checks and messages,
         the same response objects (see generate_output.py). A stream yields cumulative objects, like the server's."""
@@ -111,7 +116,8 @@ class Engine:
                 "top_logprobs_num": top_logprobs_num, "stream": stream, "rid": rid,
                 "logprob_start_len": logprob_start_len, "token_ids_logprob": token_ids_logprob,
                 "custom_logit_processor": custom_logit_processor,
-                "return_text_in_logprobs": return_text_in_logprobs, "cache_salt": cache_salt}
+                "return_text_in_logprobs": return_text_in_logprobs, "cache_salt": cache_salt,
+                "require_reasoning": require_reasoning}
         self._check_kind(embedding=False)
         batch = self._build({k: val for k, val in body.items() if val is not None})
         if stream and batch.is_batch:
