@@ -8,7 +8,7 @@
 //             score_j = scale * s_k[j] * (q . code_k[j])   (the K scale folded into the dot product)
 //             out     = sum_j (p_j * s_v[j]) code_v[j]     (the V scale folded into the softmax weight)
 //   fp8_e5m2  one byte = the high byte of an fp16: byte << 8, then VCVTPH2PS (exact, subnormals included)
-//   fp8_e4m3  (FN: 4 exponent bits, bias 7) moved into an fp16's bits: sign << 8, the 7 exponent/mantissa bits << 7;
+//   fp8_e4m3  (FN: 4 exponent bits, bias 7) moved into an fp16's bits: sign to bit 15, the 7 exponent/mantissa bits << 7;
 //             that fp16 is the value x 2^-8 for normals and subnormals alike (fp16 bias 15 = 7 + 8), so VCVTPH2PS
 //             converts it exactly and the 2^8 goes into the per-head scale
 //   fp8 scales: one fp32 per (layer, KV head) for K and for V, constant over a task: the K scale (x the format's
@@ -44,10 +44,10 @@ SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
   } else if constexpr (F == KvQuant::kFp8E5m2) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
   } else {
-    const __m256i w = _mm256_cvtepu8_epi16(b);
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000));
-    const __m256i em = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80));
-    return _mm512_cvtph_ps(_mm256_or_si256(sign, em));
+    // sign-extended to 16 bits and shifted by 7: bits 13..7 = exponent and mantissa, bits 15 and 14 = the sign;
+    // clearing bit 14 leaves the fp16
+    const __m256i s = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(s, _mm256_set1_epi16((short)0xbf80)));
   }
 }
 
@@ -68,6 +68,11 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   static_assert(D % 16 == 0 && G >= 1 && G <= kHeadsPerPass, "head_dim: a multiple of 16");
   constexpr int kQ = D / 16;
   constexpr bool kPerToken = kv_quant_per_token(F);
+  __m512 qv[G][kQ];  // in registers (q may alias the scores for the compiler: no reload per key)
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int i = 0; i < kQ; ++i) qv[g][i] = _mm512_loadu_ps(q + g * D + 16 * i);
   // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j]
   for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<D>(k + tokens[j] * row);
   for (int64_t j = 0; j < seq_len; ++j) {
@@ -84,7 +89,7 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     for (int i = 0; i < kQ; ++i) {
       const __m512 kv = load_codes16<F>(kr + 16 * i);
 #pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + 16 * i), kv, acc[g]);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
     }
     const float m = kPerToken ? k_mul * half_bits_to_float(ks[tokens[j] * srow]) : k_mul;
     _mm_storeu_ps(scores + 4 * j, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(m)));

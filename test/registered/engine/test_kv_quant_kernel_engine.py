@@ -16,7 +16,7 @@ from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=150, suite="cpu")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
            "Once upon a time, in a small village,"]
