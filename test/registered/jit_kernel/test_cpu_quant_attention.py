@@ -18,7 +18,7 @@ from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
 from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu")
 
 BF16 = torch.bfloat16
 FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
