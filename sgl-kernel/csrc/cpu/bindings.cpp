@@ -21,6 +21,7 @@
 #include "logits.h"
 #include "moe_router.h"
 #include "norm.h"
+#include "quant_attention_op.h"
 #include "qk_norm_rope.h"
 #include "quant_linear.h"
 #include "rope.h"
@@ -302,4 +303,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Write new K/V to the pool and attend over each request's tokens (bf16 from avx512_bf16, fp32 from avx2)");
   m.def("extend_attention", &sgl_cpu::extend_attention,
         "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from avx2)");
+  m.def("extend_attention_quant", &sgl_cpu::extend_attention_quant,
+        "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, fp8_e4m3, fp8_e5m2), codes read "
+        "in place through req_to_token: q [N, H, D] -> [N, H * D]");
 }

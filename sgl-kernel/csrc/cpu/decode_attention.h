@@ -186,19 +186,4 @@ inline bool decode_attention_group(const uint16_t* q, int64_t group, const uint1
   }
 }
 
-// Tasks [0, n) with costs, split over `parts` contiguous ranges of about equal total cost: part p gets
-// [first[p], first[p + 1]).
-inline std::vector<int64_t> split_by_cost(const std::vector<int64_t>& cost, int64_t parts) {
-  std::vector<int64_t> first(parts + 1, (int64_t)cost.size());
-  int64_t total = 0;
-  for (int64_t c : cost) total += c;
-  int64_t acc = 0, p = 0;
-  first[0] = 0;
-  for (int64_t t = 0; t < (int64_t)cost.size() && p + 1 < parts; ++t) {
-    acc += cost[t];
-    while (p + 1 < parts && acc * parts >= total * (p + 1)) first[++p] = t + 1;
-  }
-  return first;
-}
-
 }  // namespace sgl_cpu

@@ -15,6 +15,7 @@
 #include "isa.h"
 #include "kernels_f32.h"
 #include "parallel.h"
+#include "task_split.h"
 
 namespace sgl_cpu {
 
@@ -91,22 +92,14 @@ at::Tensor decode_attention_t(const at::Tensor& q, const at::Tensor& k, const at
   const int64_t group = H / KV;
   const float fscale = (float)scale;
   if (!bad_slot) {
-    // a task per (request, KV head) serves the query heads of its group; tasks are split over the threads by their
-    // key counts (mixed lengths would leave one thread idle with an even split by count)
+    // a task per (request, KV head) serves the query heads of its group, split over the threads by key count
     const int64_t tasks = B * KV;
     std::vector<int64_t> cost(tasks);
-    for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + 16;  // + a per-task overhead in key equivalents
-    const int64_t parts = std::max<int64_t>(
-        1, std::min<int64_t>(ThreadPool::instance().num_threads() * ThreadPool::kChunksPerThread, tasks));
-    const std::vector<int64_t> first = split_by_cost(cost, parts);
-    parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<float> scores(4 * max_len);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t t = first[p]; t < first[p + 1]; ++t) {
-          const int64_t b = t / KV, kv_head = t % KV, h0 = b * H + kv_head * group;
-          decode_attention_task(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, lp[b], fscale,
-                                scores.data(), op + h0 * D);
-        }
+    for (int64_t t = 0; t < tasks; ++t) cost[t] = lp[t / KV] + kTaskOverheadKeys;
+    parallel_tasks_by_cost(cost, 4 * max_len, [&](int64_t t, float* scores) {
+      const int64_t b = t / KV, kv_head = t % KV, h0 = b * H + kv_head * group;
+      decode_attention_task(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, lp[b], fscale,
+                            scores, op + h0 * D);
     });
   }
   TORCH_CHECK(!bad_slot, "decode_attention: req_to_token holds a slot outside the KV pool");

@@ -18,6 +18,63 @@
 
 namespace sgl_cpu {
 
+// The rows of an extend batch: request b's new tokens are q rows [q_start[b], q_start[b + 1]); row r of request b
+// (sequence position prefix + r - q_start[b]) attends to the first len(r) slots of the request's req_to_token row.
+// Built with every index checked (a request's slots inside the pool): the fp/bf16 and the quantized-pool bindings.
+struct ExtendRows {
+  at::Tensor rpi, pre, ext;  // contiguous int64 copies of req_pool_indices, prefix_lens, extend_lens
+  const int64_t* rp = nullptr;
+  const int64_t* pp = nullptr;
+  const int64_t* table = nullptr;
+  int64_t ld_table = 0, max_len = 0;
+  std::vector<int64_t> q_start, row_req;
+
+  const int64_t* tokens(int64_t r) const { return table + rp[row_req[r]] * ld_table; }
+  int64_t len(int64_t r) const { return pp[row_req[r]] + (r - q_start[row_req[r]]) + 1; }
+  // one task per (row, KV head), in q's row order; its cost is the keys it reads (+ a per-task overhead)
+  std::vector<int64_t> task_costs(int64_t kv_heads) const {
+    std::vector<int64_t> cost(row_req.size() * kv_heads);
+    for (int64_t t = 0; t < (int64_t)cost.size(); ++t) cost[t] = len(t / kv_heads) + kTaskOverheadKeys;
+    return cost;
+  }
+};
+
+inline ExtendRows extend_rows(const char* op, int64_t rows, int64_t slots, const at::Tensor& req_to_token,
+                              const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                              const at::Tensor& extend_lens) {
+  for (auto* t : {&req_to_token, &req_pool_indices, &prefix_lens, &extend_lens})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->device().is_cpu(), op, ": index tensors must be int64 on the CPU");
+  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, op, ": bad req_to_token");
+  const int64_t B = req_pool_indices.numel();
+  TORCH_CHECK(prefix_lens.numel() == B && extend_lens.numel() == B, op, ": one prefix and extend length per request");
+  ExtendRows e;
+  e.rpi = req_pool_indices.contiguous();
+  e.pre = prefix_lens.contiguous();
+  e.ext = extend_lens.contiguous();
+  e.rp = e.rpi.data_ptr<int64_t>();
+  e.pp = e.pre.data_ptr<int64_t>();
+  const int64_t* ep = e.ext.data_ptr<int64_t>();
+  e.table = req_to_token.data_ptr<int64_t>();
+  e.ld_table = req_to_token.stride(0);
+  const int64_t table_rows = req_to_token.size(0), table_len = req_to_token.size(1);
+  e.q_start.assign(B + 1, 0);
+  bool bad_slot = false;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(e.rp[b] >= 0 && e.rp[b] < table_rows && e.pp[b] >= 0 && ep[b] >= 0 && e.pp[b] + ep[b] <= table_len,
+                op, ": index out of range for request ", b);
+    e.q_start[b + 1] = e.q_start[b] + ep[b];
+    e.max_len = std::max(e.max_len, e.pp[b] + ep[b]);
+    const int64_t* tokens = e.table + e.rp[b] * e.ld_table;
+    for (int64_t j = 0; j < e.pp[b] + ep[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
+  }
+  TORCH_CHECK(e.q_start[B] == rows, op, ": the extend lengths sum to ", e.q_start[B], ", q has ", rows, " rows");
+  TORCH_CHECK(!bad_slot, op, ": req_to_token holds a slot outside the KV pool");
+  e.row_req.resize(rows);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = e.q_start[b]; r < e.q_start[b + 1]; ++r) e.row_req[r] = b;
+  return e;
+}
+
 // q [N, H, D] (the batch's new tokens, request after request) -> [N, H * D]. T: uint16_t (bf16) or float.
 template <typename T>
 at::Tensor extend_attention_t(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -31,33 +88,8 @@ at::Tensor extend_attention_t(const at::Tensor& q, const at::Tensor& k_cache, co
   TORCH_CHECK(k_cache.size(2) == D && std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0,
               "extend_attention: head_dim ", D, " is not one of the compiled ", c10::IntArrayRef(dims),
               ", or does not match the cache, or heads ", H, " are not a multiple of kv heads ", KV);
-  for (auto* t : {&req_to_token, &req_pool_indices, &prefix_lens, &extend_lens})
-    TORCH_CHECK(t->scalar_type() == at::kLong, "extend_attention: index tensors must be int64");
-  TORCH_CHECK(req_to_token.dim() == 2 && req_to_token.stride(1) == 1, "extend_attention: bad req_to_token");
-  const int64_t B = req_pool_indices.numel();
-  TORCH_CHECK(prefix_lens.numel() == B && extend_lens.numel() == B, "extend_attention: one prefix and extend length "
-              "per request");
-  at::Tensor rpi = req_pool_indices.contiguous(), pre = prefix_lens.contiguous(), ext = extend_lens.contiguous();
-  const int64_t* rp = rpi.data_ptr<int64_t>();
-  const int64_t* pp = pre.data_ptr<int64_t>();
-  const int64_t* ep = ext.data_ptr<int64_t>();
-  const int64_t slots = k_cache.size(0), table_rows = req_to_token.size(0), table_len = req_to_token.size(1);
-  const int64_t* table = req_to_token.data_ptr<int64_t>();
-  const int64_t ld_table = req_to_token.stride(0);
-  // the first q row of each request; every slot a request reads must lie inside the pool
-  std::vector<int64_t> q_start(B + 1, 0);
-  int64_t max_len = 0;
-  bool bad_slot = false;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(rp[b] >= 0 && rp[b] < table_rows && pp[b] >= 0 && ep[b] >= 0 && pp[b] + ep[b] <= table_len,
-                "extend_attention: index out of range for request ", b);
-    q_start[b + 1] = q_start[b] + ep[b];
-    max_len = std::max(max_len, pp[b] + ep[b]);
-    const int64_t* tokens = table + rp[b] * ld_table;
-    for (int64_t j = 0; j < pp[b] + ep[b]; ++j) bad_slot |= tokens[j] < 0 || tokens[j] >= slots;
-  }
-  TORCH_CHECK(q_start[B] == N, "extend_attention: the extend lengths sum to ", q_start[B], ", q has ", N, " rows");
-  TORCH_CHECK(!bad_slot, "extend_attention: req_to_token holds a slot outside the KV pool");
+  const ExtendRows e = extend_rows("extend_attention", N, k_cache.size(0), req_to_token, req_pool_indices,
+                                   prefix_lens, extend_lens);
   at::Tensor qc = q.contiguous();
   const T* qp = decode_ptr<T>(qc);
   const T* kc = decode_ptr<T>(k_cache);
@@ -66,27 +98,10 @@ at::Tensor extend_attention_t(const at::Tensor& q, const at::Tensor& k_cache, co
   T* op = decode_ptr<T>(out);
   const int64_t group = H / KV;
   const float fscale = (float)scale;
-  // a task per (new token, KV head), in q's row order; its cost is the keys it reads (+ a per-task overhead)
-  const int64_t tasks = N * KV;
-  std::vector<int64_t> row_req(N), cost(tasks);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = q_start[b]; r < q_start[b + 1]; ++r) row_req[r] = b;
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t r = t / KV, b = row_req[r];
-    cost[t] = pp[b] + (r - q_start[b]) + 1 + 16;
-  }
-  const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>(ThreadPool::instance().num_threads() * ThreadPool::kChunksPerThread, tasks));
-  const std::vector<int64_t> first = split_by_cost(cost, parts);
-  parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> scores(4 * max_len);
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t t = first[p]; t < first[p + 1]; ++t) {
-        const int64_t r = t / KV, kv_head = t % KV, b = row_req[r], h0 = r * H + kv_head * group;
-        const int64_t len = pp[b] + (r - q_start[b]) + 1;
-        decode_attention_task(qp + h0 * D, group, kc, vc, KV, kv_head, D, table + rp[b] * ld_table, len, fscale,
-                              scores.data(), op + h0 * D);
-      }
+  parallel_tasks_by_cost(e.task_costs(KV), 4 * e.max_len, [&](int64_t t, float* scores) {
+    const int64_t r = t / KV, kv_head = t % KV, h0 = r * H + kv_head * group;
+    decode_attention_task(qp + h0 * D, group, kc, vc, KV, kv_head, D, e.tokens(r), e.len(r), fscale, scores,
+                          op + h0 * D);
   });
   return out;
 }

@@ -23,6 +23,13 @@ values in place through req_to_token: no gathered copy, no padding, no mask. A b
 (sgl-kernel/csrc/cpu/decode_attention.h), an fp32 pool from level avx2 (decode_attention_f32_impl.h). Extend there
 writes the new K/V to the pool and calls extend_attention (extend_attention_op.h): every new token attends through
 req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
+
+A quantized pool whose codes the CPU kernel reads (int8, fp8_e4m3, fp8_e5m2: QUANT_KERNEL_FORMATS, level avx512_bf16,
+sgl-kernel/csrc/cpu/decode_attention_quant.h) takes extend_attention_quant for decode and extend alike: the pool
+quantizes the new rows on write (set_kv_buffer), then every new token attends over the codes in place (a decode step
+is an extend of one token); no row is dequantized outside the kernel's registers. As on the torch path, a prefill
+batch without any cached prefix attends to its own fresh K/V instead (extend_attention over k/v themselves, a table
+of their row numbers as req_to_token).
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens
+
+# the quantized formats the CPU kernel reads in place (their storage layouts are fixed: mem_plan/kv_quant.py)
+QUANT_KERNEL_FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -62,6 +72,20 @@ def fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim
     return ops if ops is not None and head_dim in ops.decode_attention_head_dims() else None
 
 
+def fused_cpu_quant_ops(device, model_dtype, kv_format: str, head_dim: int, v_head_dim):
+    """The compiled module whose extend_attention_quant reads this quantized pool's codes (decode and extend), or
+    None: a CPU, a format of QUANT_KERNEL_FORMATS, level avx512_bf16 (the bf16 kernels load), a bf16 model (or fp32
+    where the fp32 kernels serve: set_fp32_kernels), a compiled head_dim."""
+    from sglang.jit_kernel.cpu_ops import get_cpu_ops
+
+    if not (str(device).startswith("cpu") and kv_format in QUANT_KERNEL_FORMATS and v_head_dim == head_dim):
+        return None
+    ops = get_cpu_ops() if get_ops_for_dtype(model_dtype) is not None else None
+    if ops is None or not hasattr(ops, "extend_attention_quant"):
+        return None
+    return ops if head_dim in ops.decode_attention_head_dims() else None
+
+
 @dataclass
 class ExtendRequest:
     q_start: int  # first row of this request's new tokens in q
@@ -78,6 +102,11 @@ class TorchNativeMetadata:
     # extend through the CPU kernel: (req_pool_indices, prefix_lens, extend_lens), int64
     fused_extend: Optional[tuple] = None
     fused_decode: bool = False  # decode through the CPU kernel: nothing else is needed
+    # decode or extend over a quantized pool through the CPU kernel: (req_pool_indices, prefix_lens, extend_lens)
+    quant_rows: Optional[tuple] = None
+    # extend over a quantized pool, no request with a cached prefix: (row table, rows, prefix_lens, extend_lens) that
+    # make extend_attention read the batch's own fresh k/v [N, KV, D]
+    fresh_rows: Optional[tuple] = None
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -95,6 +124,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
         self.cpu_extend_ops = self.cpu_decode_ops if hasattr(self.cpu_decode_ops, "extend_attention") else None
+        self.cpu_quant_ops = fused_cpu_quant_ops(
+            self.device, getattr(self.model_config, "dtype", None), getattr(pool, "kv_format", ""),
+            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
+        )
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
 
@@ -112,10 +145,15 @@ class TorchNativeAttnBackend(AttentionBackend):
                 prefix_lens = [s - e for s, e in zip(seq_lens_cpu, extend_lens)]
             if extend_lens is None:
                 extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
-            if self.cpu_extend_ops is not None:
+            if self.cpu_extend_ops is not None or self.cpu_quant_ops is not None:
                 lens = torch.tensor([prefix_lens, extend_lens], dtype=torch.int64)
-                self.forward_metadata = TorchNativeMetadata(
-                    fused_extend=(fb.req_pool_indices.to(torch.int64), lens[0], lens[1]))
+                rows = (fb.req_pool_indices.to(torch.int64), lens[0], lens[1])
+                if self.cpu_quant_ops is None:
+                    self.forward_metadata = TorchNativeMetadata(fused_extend=rows)
+                elif max(prefix_lens) == 0:
+                    self.forward_metadata = TorchNativeMetadata(fresh_rows=self._fresh_rows(extend_lens))
+                else:
+                    self.forward_metadata = TorchNativeMetadata(quant_rows=rows)
                 return
             self.forward_metadata = TorchNativeMetadata(
                 extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
@@ -125,9 +163,23 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self.cpu_decode_ops is not None:
             self.forward_metadata = TorchNativeMetadata(fused_decode=True)
             return
+        if self.cpu_quant_ops is not None:  # a decode step = an extend of one token over seq_len - 1 cached ones
+            lens = torch.tensor(seq_lens_cpu, dtype=torch.int64)
+            self.forward_metadata = TorchNativeMetadata(
+                quant_rows=(fb.req_pool_indices.to(torch.int64), lens - 1, torch.ones_like(lens)))
+            return
         # the slot tables are built per row group in forward_decode: nothing of size B x max_len is held
         max_len = max(seq_lens_cpu)
         self.forward_metadata = TorchNativeMetadata(max_len=max_len, ragged=min(seq_lens_cpu) != max_len)
+
+    @staticmethod
+    def _fresh_rows(extend_lens: List[int]) -> tuple:
+        """Request b's tokens are rows [start_b, start_b + len_b) of the batch's k/v: a table of those row numbers."""
+        bs, width = len(extend_lens), max(extend_lens)
+        ext = torch.tensor(extend_lens, dtype=torch.int64)
+        starts = torch.cumsum(ext, 0) - ext
+        table = (starts[:, None] + torch.arange(width)[None, :]).clamp_max(int(ext.sum()) - 1)
+        return table, torch.arange(bs), torch.zeros(bs, dtype=torch.int64), ext
 
     def _extend_requests(self, fb, seq_lens_cpu, prefix_lens, extend_lens, device) -> List[ExtendRequest]:
         reqs, start = [], 0
@@ -166,11 +218,27 @@ class TorchNativeAttnBackend(AttentionBackend):
             out = (out.float() @ r_v.T).to(out.dtype)
         return out
 
+    def _quant_attention(self, q: torch.Tensor, layer: AttentionLayer, save_kv_cache: bool) -> torch.Tensor:
+        """Every row of q over the quantized pool's codes, in place (extend_attention_quant); q [N, H, D]."""
+        if not save_kv_cache:
+            raise NotImplementedError("torch_native CPU attention over a quantized pool reads the new K/V from the "
+                                      "pool (save_kv_cache=True).")
+        pool, lid = self.token_to_kv_pool, layer.layer_id
+        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: [layers, KV] fp32; int8: [layers, rows, KV, 1] fp16
+        return self.cpu_quant_ops.extend_attention_quant(
+            q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
+            pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
+        )
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
+        if md.quant_rows is not None:
+            return self._quant_attention(q, layer, save_kv_cache)
+        if md.fresh_rows is not None:  # no cached prefix: the new tokens' own K/V, as the torch path attends them
+            return self.cpu_quant_ops.extend_attention(q, k.contiguous(), v.contiguous(), *md.fresh_rows, layer.scaling)
         if md.fused_extend is not None:
             if not save_kv_cache:
                 raise NotImplementedError("torch_native CPU extend reads the new K/V from the pool (save_kv_cache=True).")
@@ -209,6 +277,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+        if md.quant_rows is not None:
+            return self._quant_attention(q, layer, save_kv_cache)
         bs = q.shape[0]
         # Rows are processed in groups of at most DECODE_GATHER_TOKENS padded tokens, so the per-layer slot table,
         # mask and gathered K/V never exceed the workspace declared for this backend, whatever the batch and context.

@@ -1,0 +1,168 @@
+// Decode attention over a quantized KV pool (python/sglang/srt/mem_plan/kv_quant.py), reading the codes in place:
+// the algorithm of decode_attention.h (one pass over a request's keys for up to 4 query heads of one KV head, keys and
+// values through req_to_token, fp32 softmax), with each code row converted to fp32 in registers. Nothing is written
+// back and no dequantized copy of a row exists outside the registers. Level avx512_bf16 (AVX-512 F/BW + F16C).
+//
+// Formats and how their scales are applied (code -> fp32 in one or two instructions per 16 elements):
+//   int8      codes int8, one fp16 scale per (token, KV head) for K and for V (s = amax / 127):
+//             score_j = scale * s_k[j] * (q . code_k[j])   (the K scale folded into the dot product)
+//             out     = sum_j (p_j * s_v[j]) code_v[j]     (the V scale folded into the softmax weight)
+//   fp8_e5m2  one byte = the high byte of an fp16: byte << 8, then VCVTPH2PS (exact, subnormals included)
+//   fp8_e4m3  (FN: 4 exponent bits, bias 7) moved into an fp16's bits: sign to bit 15, the 7 exponent/mantissa bits << 7;
+//             that fp16 is the value x 2^-8 for normals and subnormals alike (fp16 bias 15 = 7 + 8), so VCVTPH2PS
+//             converts it exactly and the 2^8 goes into the per-head scale
+//   fp8 scales: one fp32 per (layer, KV head) for K and for V, constant over a task: the K scale (x the format's
+//             power of two) multiplies the softmax scale, the V scale the final 1 / sum.
+//
+//   q, out   [group, D] fp32 (the op converts the model's bf16 / fp32 rows)
+//   k, v     [slots, kv_heads, D] 1-byte codes;  ks, vs  [slots, kv_heads] fp16 bits (int8 only, else null)
+//   scores   [seq_len, 4] fp32 scratch
+#pragma once
+
+#include <algorithm>
+
+#include "decode_attention.h"
+
+// The bf16 kernels' target plus F16C (every level from avx2 has it: isa.h), for the scalar fp16 scale conversion.
+#define SGL_AVX512_BF16_F16C __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c")))
+
+namespace sgl_cpu {
+
+enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
+
+constexpr bool kv_quant_per_token(KvQuant f) { return f == KvQuant::kInt8; }
+
+// The factor between a converted code and the format's value (folded into the per-head scales).
+constexpr float kv_quant_code_unit(KvQuant f) { return f == KvQuant::kFp8E4m3 ? 256.0f : 1.0f; }
+
+// 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit).
+template <KvQuant F>
+SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (F == KvQuant::kInt8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  } else if constexpr (F == KvQuant::kFp8E5m2) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+  } else {
+    // sign-extended to 16 bits and shifted by 7: bits 13..7 = exponent and mantissa, bits 15 and 14 = the sign;
+    // clearing bit 14 leaves the fp16
+    const __m256i s = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(s, _mm256_set1_epi16((short)0xbf80)));
+  }
+}
+
+template <int kBytes>
+SGL_AVX512_BF16 inline void prefetch_bytes(const uint8_t* p) {
+#pragma GCC unroll 4
+  for (int i = 0; i < kBytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + i, _MM_HINT_T0);
+}
+
+SGL_AVX512_BF16_F16C inline float half_bits_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// G (<= 4) query heads of head_dim D against one KV head; k, v, ks, vs point at that head's column.
+template <KvQuant F, int D, int G>
+SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uint8_t* k, const uint8_t* v,
+                                                  const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
+                                                  const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
+                                                  float* scores, float* out) {
+  static_assert(D % 16 == 0 && G >= 1 && G <= kHeadsPerPass, "head_dim: a multiple of 16");
+  constexpr int kQ = D / 16;
+  constexpr bool kPerToken = kv_quant_per_token(F);
+  __m512 qv[G][kQ];  // in registers (q may alias the scores for the compiler: no reload per key)
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 16
+    for (int i = 0; i < kQ; ++i) qv[g][i] = _mm512_loadu_ps(q + g * D + 16 * i);
+  // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j]
+  for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<D>(k + tokens[j] * row);
+  for (int64_t j = 0; j < seq_len; ++j) {
+    const uint8_t* kr = k + tokens[j] * row;
+    if (j + kPrefetchKeys < seq_len) {
+      prefetch_bytes<D>(k + tokens[j + kPrefetchKeys] * row);
+      if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(ks + tokens[j + kPrefetchKeys] * srow),
+                                            _MM_HINT_T0);
+    }
+    __m512 acc[kHeadsPerPass];
+#pragma GCC unroll 4
+    for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kQ; ++i) {
+      const __m512 kv = load_codes16<F>(kr + 16 * i);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
+    }
+    const float m = kPerToken ? k_mul * half_bits_to_float(ks[tokens[j] * srow]) : k_mul;
+    _mm_storeu_ps(scores + 4 * j, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(m)));
+  }
+  alignas(16) float inv[4];
+  softmax_columns_4(scores, seq_len, inv);
+  // 2. out_g = sum_j p[j][g] (x s_v[j]) code_v[j] x v_mul / sum_g, 64 dims at a time
+  constexpr int kChunk = 4;
+#pragma GCC unroll 1
+  for (int c = 0; c < kQ; c += kChunk) {
+    __m512 acc[G][kChunk];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+      for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kChunk * 16>(v + tokens[j] * row + 16 * c);
+    for (int64_t j = 0; j < seq_len; ++j) {
+      const uint8_t* vr = v + tokens[j] * row + 16 * c;
+      if (j + kPrefetchKeys < seq_len) {
+        prefetch_bytes<kChunk * 16>(v + tokens[j + kPrefetchKeys] * row + 16 * c);
+        if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(vs + tokens[j + kPrefetchKeys] * srow),
+                                              _MM_HINT_T0);
+      }
+      __m512 vv[kChunk];
+#pragma GCC unroll 4
+      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? load_codes16<F>(vr + 16 * d) : _mm512_setzero_ps();
+      const float sv = kPerToken ? half_bits_to_float(vs[tokens[j] * srow]) : 1.0f;
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[4 * j + g] * sv);
+#pragma GCC unroll 4
+        for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 vinv = _mm512_set1_ps(inv[g] * v_mul);
+#pragma GCC unroll 4
+      for (int d = 0; d < kChunk; ++d)
+        if (c + d < kQ) _mm512_storeu_ps(out + g * D + 16 * (c + d), _mm512_mul_ps(acc[g][d], vinv));
+    }
+  }
+}
+
+template <KvQuant F, int D>
+SGL_AVX512_BF16_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
+                                                   const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
+                                                   const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
+                                                   float* scores, float* out) {
+  switch (heads) {
+    case 1: quant_attention_heads<F, D, 1>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
+    case 2: quant_attention_heads<F, D, 2>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
+    case 3: quant_attention_heads<F, D, 3>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
+    default: quant_attention_heads<F, D, 4>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out);
+  }
+}
+
+// One pass (heads <= 4) of a format over head_dim (one of SGL_DECODE_HEAD_DIMS); false for another head_dim.
+template <KvQuant F>
+inline bool quant_attention_pass(int64_t head_dim, int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
+                                 const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
+                                 const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul, float* scores,
+                                 float* out) {
+  switch (head_dim) {
+#define SGL_CASE(D)                                                                                                    \
+  case D:                                                                                                              \
+    quant_attention_pass_d<F, D>(heads, q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); \
+    return true;
+    SGL_DECODE_HEAD_DIMS(SGL_CASE)
+#undef SGL_CASE
+    default:
+      return false;
+  }
+}
+
+}  // namespace sgl_cpu

@@ -1,0 +1,127 @@
+// The extend_attention_quant binding (included by bindings.cpp only): attention over a quantized KV pool (int8,
+// fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token. One op for both
+// forward modes, as extend_attention_op.h: row r of request b attends to the request's first prefix + i + 1 tokens;
+// a decode step is an extend of one token per request (prefix_lens = seq_lens - 1, extend_lens = 1). The caller has
+// written the new tokens' codes to the pool (the pool's own quantize on write).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "decode_attention_quant.h"
+#include "extend_attention_op.h"
+
+namespace sgl_cpu {
+
+inline KvQuant kv_quant_from_name(const std::string& name) {
+  if (name == "int8") return KvQuant::kInt8;
+  if (name == "fp8_e4m3") return KvQuant::kFp8E4m3;
+  TORCH_CHECK(name == "fp8_e5m2", "extend_attention_quant: kv format int8, fp8_e4m3 or fp8_e5m2, got ", name);
+  return KvQuant::kFp8E5m2;
+}
+
+// `heads` rows of D between the model's dtype and fp32 scratch.
+SGL_AVX512_BF16 inline void rows_to_f32(const at::BFloat16* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
+}
+inline void rows_to_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
+SGL_AVX512_BF16 inline void rows_from_f32(const float* src, int64_t n, at::BFloat16* dst) {
+  for (int64_t i = 0; i < n; i += 16) store_bf16x16(reinterpret_cast<uint16_t*>(dst) + i, _mm512_loadu_ps(src + i));
+}
+inline void rows_from_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
+
+template <typename T>
+at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::Tensor& k_codes,
+                                    const at::Tensor& v_codes, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                    const ExtendRows& e, double scale) {
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
+  const bool per_token = kv_quant_per_token(fmt);
+  at::Tensor qc = q.contiguous();
+  const T* qp = qc.data_ptr<T>();
+  const uint8_t* kc = reinterpret_cast<const uint8_t*>(k_codes.data_ptr());
+  const uint8_t* vc = reinterpret_cast<const uint8_t*>(v_codes.data_ptr());
+  const uint16_t* ks = per_token ? reinterpret_cast<const uint16_t*>(k_scale.data_ptr()) : nullptr;
+  const uint16_t* vs = per_token ? reinterpret_cast<const uint16_t*>(v_scale.data_ptr()) : nullptr;
+  const float* khead = per_token ? nullptr : k_scale.data_ptr<float>();
+  const float* vhead = per_token ? nullptr : v_scale.data_ptr<float>();
+  const float unit = kv_quant_code_unit(fmt);
+  at::Tensor out = at::empty({N, H * D}, q.options());
+  T* op = out.data_ptr<T>();
+  const int64_t group = H / KV, row = KV * D;
+  const int64_t max_len = e.max_len;
+  parallel_tasks_by_cost(e.task_costs(KV), 4 * max_len + 8 * D, [&](int64_t t, float* scratch) {
+    const int64_t r = t / KV, kv_head = t % KV, h0 = r * H + kv_head * group;
+    float* scores = scratch;
+    float* qf = scratch + 4 * max_len;
+    float* of = qf + 4 * D;
+    const float k_mul = (float)scale * (per_token ? 1.0f : khead[kv_head] * unit);
+    const float v_mul = per_token ? 1.0f : vhead[kv_head] * unit;
+    for (int64_t g0 = 0; g0 < group; g0 += kHeadsPerPass) {
+      const int64_t heads = std::min<int64_t>(kHeadsPerPass, group - g0);
+      rows_to_f32(qp + (h0 + g0) * D, heads * D, qf);
+      const uint8_t* kh = kc + kv_head * D;
+      const uint8_t* vh = vc + kv_head * D;
+      const uint16_t* ksh = per_token ? ks + kv_head : nullptr;
+      const uint16_t* vsh = per_token ? vs + kv_head : nullptr;
+      const int64_t* tokens = e.tokens(r);
+      const int64_t len = e.len(r);
+      switch (fmt) {
+        case KvQuant::kInt8:
+          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          break;
+        case KvQuant::kFp8E4m3:
+          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          break;
+        case KvQuant::kFp8E5m2:
+          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          break;
+      }
+      rows_from_f32(of, heads * D, op + (h0 + g0) * D);
+    }
+  });
+  return out;
+}
+
+// q [N, H, D] bf16 or fp32 (the batch's new tokens, request after request) -> [N, H * D] in q's dtype.
+//   k_codes, v_codes  [slots, KV, D] int8 (int8) or uint8 (fp8 bytes)
+//   k_scale, v_scale  int8: [slots, KV(, 1)] fp16 per token;  fp8: [KV] fp32 per KV head
+inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
+                                         const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                         const std::string& kv_format, const at::Tensor& req_to_token,
+                                         const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                                         const at::Tensor& extend_lens, double scale) {
+  const char* op = "extend_attention_quant";
+  const KvQuant fmt = kv_quant_from_name(kv_format);
+  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
+              cpu_isa_name(current_isa()));
+  TORCH_CHECK(q.dim() == 3 && q.device().is_cpu() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat),
+              op, ": q must be a CPU [tokens, heads, D] bfloat16 or float32 tensor");
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2);
+  TORCH_CHECK(k_codes.dim() == 3 && k_codes.is_contiguous() && v_codes.is_contiguous() &&
+                  v_codes.sizes() == k_codes.sizes() && k_codes.element_size() == 1 && v_codes.element_size() == 1 &&
+                  k_codes.device().is_cpu() && v_codes.device().is_cpu(),
+              op, ": codes must be contiguous one-byte CPU tensors [slots, KV, D]");
+  const int64_t slots = k_codes.size(0), KV = k_codes.size(1);
+  const std::vector<int64_t> dims = decode_attention_head_dims();
+  TORCH_CHECK(k_codes.size(2) == D && std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, op,
+              ": head_dim ", D, " is not one of the compiled ", c10::IntArrayRef(dims),
+              ", or does not match the codes, or heads ", H, " are not a multiple of kv heads ", KV);
+  for (const at::Tensor* s : {&k_scale, &v_scale}) {
+    TORCH_CHECK(s->device().is_cpu() && s->is_contiguous(), op, ": scales must be contiguous CPU tensors");
+    if (kv_quant_per_token(fmt)) {
+      TORCH_CHECK(s->scalar_type() == at::kHalf && s->numel() == slots * KV && s->size(0) == slots, op,
+                  ": int8 scales must be float16 [slots, KV, 1]");
+    } else {
+      TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == KV, op, ": fp8 scales must be float32 [KV]");
+    }
+  }
+  const ExtendRows e = extend_rows(op, N, slots, req_to_token, req_pool_indices, prefix_lens, extend_lens);
+  if (q.scalar_type() == at::kBFloat16)
+    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale);
+  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale);
+}
+
+}  // namespace sgl_cpu

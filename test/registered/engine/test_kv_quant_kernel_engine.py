@@ -1,0 +1,77 @@
+"""The CPU attention kernel over quantized KV codes (extend_attention_quant) through sglang.Engine, the default model:
+for --kv-cache-dtype int8, fp8_e4m3 and fp8_e5m2 the torch_native backend really takes the kernels (a prefill
+without a cached prefix attends to its fresh K/V through extend_attention, as the torch path does; every decode step
+reads the codes through extend_attention_quant), and its greedy tokens follow those of the torch gather path (the
+pool's own dequantization rounded to bf16 + SDPA) on the same engine, pool and weights. The two read the same codes and
+differ only in rounding (the kernel keeps the dequantized values in fp32, the gather path rounds them to bf16), so
+every prompt's first 8 tokens must be equal (the tolerance of test_kv_quant_engine.py against bf16 KV; measured: the
+first 10 of 16 or more, later near-ties flip either way); a wrong scale or code conversion breaks them at once. The radix
+cache is off so that both runs prefill from scratch. (The kernel against an fp64 reference: test/registered/jit_kernel/test_cpu_quant_attention.py.)
+"""
+
+import unittest
+
+from sglang import Engine
+from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+
+register_cpu_ci(est_time=150, suite="cpu")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "Once upon a time, in a small village,"]
+NEW_TOKENS = 16
+
+
+def greedy(engine):
+    outs = engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True})
+    return [o["output_ids"] for o in outs]
+
+
+@unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
+class TestQuantKernelEngine(unittest.TestCase):
+    def run_format(self, fmt):
+        engine = Engine(max_total_memory_gb=1, kv_cache_dtype=fmt, disable_radix_cache=True, log_level="warning")
+        try:
+            backend = engine.scheduler.model_runner.attn_backend
+            self.assertIsNotNone(backend.cpu_quant_ops, f"{fmt}: the backend did not take the quantized-KV kernel")
+            calls = []
+            ops = backend.cpu_quant_ops
+
+            class Counting:  # counts the kernel's calls, so a silent fallback to the torch path fails the test
+                def __getattr__(self, name):
+                    return getattr(ops, name)
+
+                def extend_attention_quant(self, q, *args):
+                    calls.append(("codes", q.shape[0]))
+                    return ops.extend_attention_quant(q, *args)
+
+                def extend_attention(self, q, *args):
+                    calls.append(("fresh", q.shape[0]))
+                    return ops.extend_attention(q, *args)
+
+            backend.cpu_quant_ops = Counting()
+            kernel = greedy(engine)
+            self.assertIn(("codes", len(PROMPTS)), calls, "no batched decode step read the codes through the kernel")
+            self.assertTrue(any(k == "fresh" and n > len(PROMPTS) for k, n in calls), "no prefill took the kernel")
+            backend.cpu_quant_ops = None  # the torch gather path, same engine and pool
+            torch_path = greedy(engine)
+            print(f"\n{fmt}: kernel {kernel}\n{fmt}: torch  {torch_path}")
+            for a, b in zip(kernel, torch_path):
+                self.assertEqual(a[:8], b[:8], (kernel, torch_path))
+            assert_idle_and_intact(engine)
+        finally:
+            shutdown(engine)
+
+    def test_int8(self):
+        self.run_format("int8")
+
+    def test_fp8_e4m3(self):
+        self.run_format("fp8_e4m3")
+
+    def test_fp8_e5m2(self):
+        self.run_format("fp8_e5m2")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,174 @@
+"""extend_attention_quant (sgl-kernel/csrc/cpu/decode_attention_quant.h, quant_attention_op.h): attention that reads a
+quantized KV pool's codes in place (int8, fp8_e4m3, fp8_e5m2), for extend (cached prefixes) and decode (an extend of
+one token per request).
+
+Reference: the real pool (mem_cache/quantized_kv_pool.py) quantizes the K/V on write; its own gather_kv dequantizes
+each request's rows, and attention over them is computed in fp64 with the causal mask (query i at position prefix + i
+sees keys j <= prefix + i). Page sizes 1 and 16 (slots scattered page by page), GQA groups of 1, 3, 4, 5 and 8, ragged
+lengths, K/V with a wide dynamic range (fp8 subnormal codes occur) and non-unit fp8 scales per KV head. The model-level
+check (greedy tokens through sglang.Engine, kernel vs torch gather path) is test/registered/engine/
+test_kv_quant_kernel_engine.py.
+"""
+
+import unittest
+
+import torch
+
+from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="cpu")
+
+BF16 = torch.bfloat16
+FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
+# (prefix lens, extend lens, heads, kv heads, head dim): prefill without prefix, cached prefixes, single-token rows
+EXTEND_CASES = [
+    ([0, 40, 0, 7], [1, 33, 64, 2], 9, 3, 64),
+    ([100, 0, 3], [17, 5, 1], 4, 4, 96),
+    ([0, 12], [20, 9], 10, 2, 128),
+    ([5], [31], 8, 1, 64),
+]
+# decode: seq lens (ragged), heads, kv heads, head dim
+DECODE_CASES = [([1, 170, 33, 64, 2], 9, 3, 64), ([300, 17], 20, 4, 128), ([9, 50], 5, 1, 32)]
+
+
+def wide_range(shape, g):
+    """Values spread over ~6 octaves (so fp8 codes reach the subnormal range), a few channels larger (outliers)."""
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randn(*shape, generator=g) * 1.5)
+    x[..., :3] *= 4
+    return x
+
+
+def make_pool(fmt, page, kv, d, g, seqs):
+    """A two-layer pool holding the K/V of `seqs` requests (their lengths), written through set_kv_buffer into slots
+    allocated page by page in a scattered order; returns (pool, req_to_token, rows)."""
+    pages = [(n + page - 1) // page for n in seqs]
+    size = (sum(pages) + 3) * page
+    pool = QuantizedKVPool(size, page, fmt, BF16, kv, d, layer_num=2)
+    if pool.is_fp8:  # per-head scales: amax x 2 / fp8 max, as calibration picks them, different per head
+        fmax = torch.finfo(pool.dtype).max
+        for name in ("k_scale", "v_scale"):
+            pool.fixed[name].copy_((torch.rand(2, kv, generator=g) * 20 + 4) * 2 / fmax)
+    page_order = torch.randperm(size // page - 1, generator=g) + 1  # page 0 is the dummy page
+    bs = len(seqs)
+    req_to_token = torch.zeros(bs + 2, max(seqs) + 5, dtype=torch.int64)
+    rows = torch.randperm(bs + 2, generator=g)[:bs]
+    used = 0
+    for r, n, p in zip(rows.tolist(), seqs, pages):
+        slots = (page_order[used : used + p, None] * page + torch.arange(page)[None, :]).reshape(-1)[:n]
+        req_to_token[r, :n] = slots
+        used += p
+        for layer in range(2):
+            pool.set_kv_buffer(layer, slots, wide_range((n, kv, d), g).to(BF16), wide_range((n, kv, d), g).to(BF16))
+    return pool, req_to_token, rows
+
+
+def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d):
+    """fp64 causal attention over the pool's own dequantization of each request's rows."""
+    outs, q0 = [], 0
+    for r, p, e in zip(rows.tolist(), prefix, extend):
+        k, v = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64)  # [p + e, KV, D]
+        qq = q[q0 : q0 + e].double().view(e, kv, heads // kv, d)
+        s = torch.einsum("ekgd,jkd->ekgj", qq, k) * d**-0.5
+        mask = torch.arange(p + e)[None, :] <= (p + torch.arange(e))[:, None]  # [e, p + e]
+        s = s.masked_fill(~mask[:, None, None, :], float("-inf"))
+        outs.append(torch.einsum("ekgj,jkd->ekgd", torch.softmax(s, -1), v).reshape(e, heads * d))
+        q0 += e
+    return torch.cat(outs)
+
+
+def run_kernel(ops, pool, layer, q, req_to_token, rows, prefix, extend, d):
+    scales = pool.fixed if pool.is_fp8 else pool.fields
+    return ops.extend_attention_quant(
+        q, pool.fields["k"][layer], pool.fields["v"][layer], scales["k_scale"][layer], scales["v_scale"][layer],
+        pool.kv_format, req_to_token, rows, torch.tensor(prefix), torch.tensor(extend), d**-0.5)
+
+
+@unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
+class TestQuantAttentionKernel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.ops = get_cpu_ops()
+        assert cls.ops is not None and hasattr(cls.ops, "extend_attention_quant"), "the kernels did not load"
+
+    def check(self, fmt, page, prefix, extend, heads, kv, d, q_dtype=BF16, tol=1e-2):
+        g = torch.Generator().manual_seed(hash((fmt, page, d, len(prefix))) % 2**31)
+        pool, table, rows = make_pool(fmt, page, kv, d, g, [p + e for p, e in zip(prefix, extend)])
+        q = (torch.randn(sum(extend), heads, d, generator=g) * 2).to(q_dtype)
+        for layer in (0, 1):
+            out = run_kernel(self.ops, pool, layer, q, table, rows, prefix, extend, d)
+            self.assertEqual(out.dtype, q_dtype)
+            ref = reference(pool, layer, q, table, rows, prefix, extend, heads, kv, d)
+            torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol,
+                                       msg=lambda m: f"{fmt} page {page} {prefix}/{extend} layer {layer}: {m}")
+
+    def test_extend_with_cached_prefixes(self):
+        for fmt in FORMATS:
+            for page in (1, 16):
+                for case in EXTEND_CASES:
+                    with self.subTest(fmt=fmt, page=page, case=case):
+                        self.check(fmt, page, *case)
+
+    def test_decode_ragged(self):
+        for fmt in FORMATS:
+            for page in (1, 16):
+                for seqs, heads, kv, d in DECODE_CASES:
+                    with self.subTest(fmt=fmt, page=page, seqs=seqs):
+                        self.check(fmt, page, [n - 1 for n in seqs], [1] * len(seqs), heads, kv, d)
+
+    def test_fp32_query(self):
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                self.check(fmt, 16, [30, 0], [4, 9], 9, 3, 64, q_dtype=torch.float32, tol=2e-5)
+
+    def test_every_code_converts_exactly(self):
+        """Every byte value (fp8: all finite codes, subnormals and -0 included; int8: -127..127) as a value row: a
+        request of one token attends to it alone, so the fp32 output is that row dequantized, which must equal the
+        pool's own dequantization exactly (fp8 scales per head are powers of two here, int8 scales fp16)."""
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                pool = QuantizedKVPool(64, 1, fmt, BF16, 2, 64, layer_num=1)
+                for buf in pool.fields.values():  # zero keys: the single score is finite whatever q
+                    buf.zero_()
+                codes = torch.arange(256, dtype=torch.uint8)
+                if pool.is_fp8:
+                    finite = torch.isfinite(codes.view(pool.dtype).float())
+                    codes = torch.cat([codes[finite], torch.zeros(-int(finite.sum()) % 64, dtype=torch.uint8)])
+                    pool.fixed["v_scale"][0] = torch.tensor([0.5, 4.0])
+                else:
+                    codes = torch.arange(-127, 128, dtype=torch.int16).to(torch.int8).view(torch.uint8)
+                    codes = torch.cat([codes, torch.zeros(1, dtype=torch.uint8)])
+                rows = codes.view(-1, 64)  # [n, 64]
+                n = rows.shape[0]
+                slots = torch.arange(1, n + 1)
+                field = pool.fields["v"][0]
+                field[slots] = rows.view(field.dtype)[:, None, :].expand(n, 2, 64)
+                if not pool.is_fp8:
+                    pool.fields["v_scale"][0][slots] = torch.tensor([0.0078125, 3.5], dtype=torch.float16)[None, :, None]
+                table = slots.view(n, 1)
+                q = torch.randn(n, 2, 64)
+                out = run_kernel(self.ops, pool, 0, q, table, torch.arange(n), [0] * n, [1] * n, 64)
+                _, v = pool.gather_kv(0, slots, torch.float32)
+                self.assertTrue(torch.equal(out, v.reshape(n, 128)), f"{fmt}: {(out - v.reshape(n, 128)).abs().max()}")
+
+    def test_refusals(self):
+        g = torch.Generator().manual_seed(0)
+        pool, table, rows = make_pool("int8", 1, 3, 64, g, [5])
+        q = torch.randn(1, 9, 64).to(BF16)
+        with self.assertRaisesRegex(RuntimeError, "kv format"):
+            self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], pool.fields["k_scale"][0],
+                                            pool.fields["v_scale"][0], "int4", table, rows, torch.tensor([4]),
+                                            torch.tensor([1]), 0.125)
+        with self.assertRaisesRegex(RuntimeError, "int8 scales must be float16"):
+            self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], torch.ones(3),
+                                            torch.ones(3), "int8", table, rows, torch.tensor([4]),
+                                            torch.tensor([1]), 0.125)
+        bad = table.clone()
+        bad[rows[0], 2] = 10**6
+        with self.assertRaisesRegex(RuntimeError, "outside the KV pool"):
+            run_kernel(self.ops, pool, 0, q, bad, rows, [4], [1], 64)
+
+
+if __name__ == "__main__":
+    unittest.main()
