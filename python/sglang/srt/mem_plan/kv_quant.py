@@ -26,8 +26,9 @@ None of the quantized formats keeps any token in a higher precision: every byte 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 
@@ -144,6 +145,18 @@ def describe(fmt: str, head_dim: int, v_head_dim: int) -> str:
 def decode_gather_tokens(fmt: str, default: int) -> int:
     """torch_native's decode row-group bound for this format (the plan's decode_gather transient and the backend)."""
     return QUANTIZED_DECODE_GATHER_TOKENS if is_quantized(fmt) else default
+
+
+# a checkpoint's fp8 KV scales (dequantization scales: x = fp8 code x scale), per layer or per (layer, KV head):
+# model.layers.<i>.self_attn.k_scale / v_scale (also .self_attn.attn.k_scale, as some exporters nest them)
+_KV_SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
+
+
+def kv_scale_name(name: str) -> Optional[Tuple[int, str]]:
+    """(layer, "k" | "v") when a checkpoint tensor name is an fp8 KV scale, else None (the loader skips them: they
+    are no model parameter; model_executor/kv_calibration.py hands them to the pool)."""
+    m = _KV_SCALE_NAME.search(name)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def _help() -> str:
