@@ -75,7 +75,7 @@ class TestKVQuantEngine(unittest.TestCase):
         self.assertEqual(kv["bytes_per_token"], cell)
         self.assertEqual(kv["bf16_bytes_per_token"], LAYERS * KV_HEADS * 256)
         self.assertAlmostEqual(kv["capacity_gain_vs_bf16"], 256 / PER_HEAD_BYTES[fmt], places=3)
-        fixed = LAYERS * KV_HEADS * 8 if fmt.startswith("fp8") else 0
+        fixed = LAYERS * KV_HEADS * {"fp8_e4m3": 8, "fp8_e5m2": 8, "int4": 64 * 4}.get(fmt, 0)  # scales, multipliers
         self.assertEqual(runner.token_to_kv_pool.mem_usage_bytes(), (plan.max_total_num_tokens + 1) * cell + fixed)
         self.assertEqual(plan.bytes_of("kv_cache"), runner.token_to_kv_pool.mem_usage_bytes())
         # the dry run on the same budget: its pool less what the measured terms took beyond their formulas
@@ -142,6 +142,9 @@ class TestInt4Behaviour(unittest.TestCase):
                                                                         "ignore_eos": True})[0]
         runner = self.engine.scheduler.model_runner
         d = PagedForwardDriver(runner.model, runner.model_config, max_reqs=2, max_tokens=512, kv_format="int4")
+        # the engine's calibrated key multipliers (none would be another format)
+        self.assertFalse(torch.equal(runner.token_to_kv_pool.fixed["k_smooth"], d.kv_pool.fixed["k_smooth"]))
+        d.kv_pool.fixed["k_smooth"].copy_(runner.token_to_kv_pool.fixed["k_smooth"])
         row = d.new_request()
         for s in range(0, len(prompt), self.CHUNK):
             logits = d.extend([row], [prompt[s : s + self.CHUNK]])
@@ -150,6 +153,18 @@ class TestInt4Behaviour(unittest.TestCase):
             ref.append(int(d.extend([row], [[ref[-1]]])[0].argmax()))
         self.assertEqual(out["output_ids"], ref)
         assert_idle_and_intact(self.engine)
+
+    def test_plan_counts_the_calibrated_key_multipliers(self):
+        runner = self.engine.scheduler.model_runner
+        kv = self.engine.get_server_info()["kv_cache"]
+        pool = runner.token_to_kv_pool
+        self.assertEqual(kv["fixed_bytes"], LAYERS * KV_HEADS * 64 * 4)  # an fp32 key multiplier per channel and head
+        self.assertEqual(runner.memory_plan.bytes_of("kv_cache"), pool.mem_usage_bytes())
+        self.assertEqual(pool.mem_usage_bytes(), (runner.max_total_num_tokens + 1) * LAYERS * KV_HEADS
+                         * PER_HEAD_BYTES["int4"] + kv["fixed_bytes"])
+        self.assertIn("key multipliers calibrated at startup", kv["scales"])
+        lo, hi = kv["k_smooth_range"]
+        self.assertTrue(0 < lo < 1 < hi, kv)
 
     def test_prefix_cache_hit(self):
         prompt = self.long_prompt_ids(2)

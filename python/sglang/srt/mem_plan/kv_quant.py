@@ -14,9 +14,10 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     fixed cost of layers x kv_heads x 8 B                                        [128 B, 2.00x]
   int8              symmetric per token: k, v int8 codes, one fp16 scale (amax / 127) each        [132 B, 1.94x]
   int4              asymmetric per token over the head vector (KIVI's value rule): 4-bit codes two to a byte, an
-                    fp16 (scale, min) pair for K and for V; the keys first turned by a fixed orthonormal
-                    (randomised Hadamard) rotation, which spreads the outlier channels that KIVI handles by
-                    quantizing keys per channel (mem_cache/kv_quant_codec.py)                  [72 B, 3.56x]
+                    fp16 (step, min) pair for K and for V. Keys are first multiplied channel-wise by a calibrated
+                    query-aware multiplier w (fixed fp32, layers x kv_heads x d x 4 B: the channels queries weigh
+                    most get the finest steps, KIVI's per-channel key insight without token groups) and turned by
+                    a fixed orthonormal (randomised Hadamard) rotation (mem_cache/kv_quant_codec.py) [72 B, 3.56x]
   int2_hadamard     the >= 8x mode: K and V turned by the rotation (their coordinates ~ Gaussian), keys 2-bit
                     (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
                     one log-scale byte per vector (2^(code/16) steps, +-2.2%)                   [31 B, 8.26x]
@@ -49,6 +50,9 @@ INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
 # DECODE_GATHER_TOKENS, 64k): the dequantized rows cost fp32 + the model dtype, so the declared transient stays small
 QUANTIZED_DECODE_GATHER_TOKENS = 8192
 FP8_SCALE_HEADROOM = 2.0  # fp8 scale = calibration amax x headroom / fp8 max: values up to 2x the amax stay in range
+# int4 key multiplier w_c = (E[q_c^2] / E[k_c^2]) ^ INT4_KEY_SMOOTH_EXPONENT per channel (normalised to mean 1); 1/4
+# minimises the attention-logit error q.dk of a per-token uniform quantizer (Cauchy-Schwarz; measured 0.15-0.5)
+INT4_KEY_SMOOTH_EXPONENT = 0.25
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,12 @@ def token_fields(fmt: str, head_dim: int, v_head_dim: int) -> Tuple[KVField, ...
     return (KVField("k", d, fmt), KVField("v", dv, fmt))  # a plain dtype (bfloat16, float16, float32)
 
 
-def fixed_fields(fmt: str) -> Tuple[KVField, ...]:
-    """Per-(layer, KV head) fields independent of the pool size."""
+def fixed_fields(fmt: str, head_dim: int = 0, v_head_dim: int = 0) -> Tuple[KVField, ...]:
+    """Per-(layer, KV head) fields independent of the pool size: fp8's scales, int4's key channel multipliers."""
     if fmt in FP8_FORMATS:
         return (KVField("k_scale", 1, "float32"), KVField("v_scale", 1, "float32"))
+    if fmt == "int4":
+        return (KVField("k_smooth", head_dim, "float32"),)
     return ()
 
 
@@ -105,8 +111,8 @@ def token_bytes_per_head(fmt: str, head_dim: int, v_head_dim: int) -> int:
     return sum(f.bytes for f in token_fields(fmt, head_dim, v_head_dim))
 
 
-def fixed_bytes(fmt: str, num_layers: int, num_kv_heads: int) -> int:
-    return num_layers * num_kv_heads * sum(f.bytes for f in fixed_fields(fmt))
+def fixed_bytes(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int = 0, v_head_dim: int = 0) -> int:
+    return num_layers * num_kv_heads * sum(f.bytes for f in fixed_fields(fmt, head_dim, v_head_dim))
 
 
 def capacity_gain_vs_bf16(fmt: str, head_dim: int, v_head_dim: int) -> float:

@@ -1,4 +1,6 @@
-"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native).
+"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native)
+and of int4's key channel multipliers (--kv-cache-dtype int4: from the key and query channel energies of every
+(layer, KV head) over the same forward; the queries through recording_queries, around the attention backend).
 
 One prefill forward of KV_CALIBRATION_TOKENS seeded pseudo-random token ids into the real pool's first slots (free at
 startup; every later reader finds them rewritten first) with the pool recording the amax of every (layer, KV head)'s
@@ -13,6 +15,7 @@ fails naming the first one missing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Optional, Tuple
 
@@ -63,12 +66,34 @@ def _rank_heads(scale: torch.Tensor, head_num: int, tp_rank: int) -> torch.Tenso
     raise ValueError(f"checkpoint fp8 KV scales have {n} entries per layer; expected 1 or the KV heads")
 
 
+def calibration_source(pool, n: int) -> str:
+    if pool.is_fp8:
+        return f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} / fp8 max, per (layer, KV head)"
+    return f"per token; key multipliers calibrated at startup over {n} seeded random tokens, per (layer, KV head)"
+
+
+@contextlib.contextmanager
+def recording_queries(backend, pool):
+    """While inside: every extend hands its queries to pool.record_query (int4's key multipliers need E[q^2])."""
+    forward_extend = backend.forward_extend
+
+    def recording(q, k, v, layer, forward_batch, save_kv_cache=True):
+        pool.record_query(layer.layer_id, q.reshape(q.shape[0], -1, pool.head_dim))
+        return forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    backend.forward_extend = recording
+    try:
+        yield
+    finally:
+        del backend.forward_extend  # the class's method again
+
+
 @torch.inference_mode()
 def calibrate_kv_scales(runner) -> None:
     pool = runner.token_to_kv_pool
-    if not getattr(pool, "is_fp8", False) or runner.server_args.attention_backend != "torch_native":
+    if not getattr(pool, "needs_calibration", False) or runner.server_args.attention_backend != "torch_native":
         return
-    scales = checkpoint_kv_scales(runner.model_config.model_path, pool.layer_num)
+    scales = checkpoint_kv_scales(runner.model_config.model_path, pool.layer_num) if pool.is_fp8 else None
     if scales is not None:
         rank = getattr(runner, "tp_rank", 0)
         pool.load_scales(*(_rank_heads(s, pool.head_num, rank).to(pool.device) for s in scales),
@@ -95,8 +120,8 @@ def calibrate_kv_scales(runner) -> None:
     pool.calibrating = True
     try:
         backend.init_forward_metadata(fb)
-        runner.model.forward(ids, fb.positions, fb)
+        with recording_queries(backend, pool):
+            runner.model.forward(ids, fb.positions, fb)
     finally:
-        pool.calibrate_scales(f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} "
-                              f"/ fp8 max, per (layer, KV head)")
+        pool.calibrate_scales(calibration_source(pool, n))
     logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())
