@@ -4,7 +4,7 @@ references:
 - the codec: every format's dequantized rows equal a numpy re-implementation of its stated rule (written from the
   formulas in the docstrings, not from the codec), and stay within the format's error bound;
 - the pool: bytes allocated == the plan's per-token and fixed bytes (fp8 scales, int4 key multipliers); int4's
-  calibration sets w = (E[q^2] / E[k^2])^(1/4) per channel (mean 1) from exactly the rows and queries it saw; rows written at scattered slots and read back
+  calibration sets w = (E[q^2] / E[k^2])^(1/8) per channel (mean 1) from exactly the rows and queries it saw; rows written at scattered slots and read back
   through gather_kv, at page sizes 1 and 16, equal the codec's round trip of exactly those rows;
 - torch_native attention (decode, and extend with a cached prefix) over a quantized pool equals an fp64 softmax
   attention over the dequantized K/V, GQA 3:1, ragged lengths, page sizes 1 and 16, every format;
@@ -154,7 +154,7 @@ class TestPool(unittest.TestCase):
         self.assertFalse(pool.calibrating)
         ek = torch.cat([k1, k2]).double().pow(2).mean(0)  # [3, 64]
         eq = torch.cat([q1, q2]).double().pow(2).view(80, 3, 2, 64).mean((0, 2))
-        w = (eq / ek) ** 0.25
+        w = (eq / ek) ** 0.125
         w = w / w.mean(-1, keepdim=True)
         self.assertTrue(torch.allclose(pool.fixed["k_smooth"][1].double(), w, rtol=1e-5), (pool.fixed["k_smooth"][1], w))
         self.assertTrue(torch.equal(pool.fixed["k_smooth"][0], torch.ones(3, 64)))  # layer 0 saw nothing: stays 1

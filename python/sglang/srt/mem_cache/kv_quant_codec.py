@@ -13,9 +13,9 @@ Rules (per row = one token's head vector):
   int8     s = fp16(amax / 127), code = round(x / s) in [-127, 127]
   int4     asymmetric over the row: s = fp16((max r - min r) / 15), m = fp16(min r), code = round((r - m) / s) in
            [0, 15], r' = code x s + m; values: r = x, x' = r'; keys: r = (x * w) @ R, x' = (r' @ R^T) / w, where w
-           is the calibrated per-channel multiplier (E[q^2] / E[k^2])^(1/4): q.k = (q / w).(k * w), so the error
-           of r (spread evenly over the channels by R) reaches the logits weighted by q / w, which is flat across
-           channels -- the channels queries weigh most are stored with the finest steps. Keys are read back in the
+           is the calibrated per-channel multiplier (E[q^2] / E[k^2])^a (kv_quant.INT4_KEY_SMOOTH_EXPONENT, 1/8):
+           q.k = (q / w).(k * w), so the error of r (spread evenly over the channels by R) reaches the logits
+           weighted by q / w -- the channels queries weigh most are stored with finer steps. Keys are read back in the
            unrotated basis (no query turn: the multiplier makes the rotated basis a per-head one).
   int2_hadamard  x turned by R; keys: 4 Lloyd-Max levels of a unit Gaussian {-1.510, -0.4528, 0.4528, 1.510} with
            thresholds {-0.9816, 0, 0.9816} x the row's RMS; values: 3 levels {-1, 0, 1} with thresholds +-0.6120 x
