@@ -1,23 +1,32 @@
 """Quality gate of the quantized KV formats (issue 23): each --kv-cache-dtype against a bf16 KV cache, same weights.
 
-    python benchmark/bench_kv_quality.py [--formats fp8_e4m3,int8,...] [--quick] [--json out.json]
+    python benchmark/bench_kv_quality.py [--formats float32,int8,...] [--quick] [--json out.json]
 
-The default model (bf16 weights) runs through PagedForwardDriver (the runtime's pools and torch_native backend,
-no scheduler), once per KV format:
-  (a) decode agreement: NUM_PROMPTS prompts decoded greedily for DECODE_TOKENS steps with a bf16 KV; each format then
-      reads the same tokens step by step (teacher forcing: every step a batched decode that reads the quantized
-      pool); top-1 agreement with bf16's argmax and mean KL(bf16 || format) of the next-token distributions;
-  (b) perplexity on Python's own pydoc_data/topics.py (English, on every machine), PPL_TOKENS tokens read in
-      PPL_CHUNK-token chunks, each chunk attending to the pool's quantized K/V of everything before it;
-  (c) needle in a haystack: a pass code sentence at depths NEEDLE_DEPTHS of a topics.py haystack of 4k and 8k tokens
-      (the default model's context is 8k), prefilled in 2048-token chunks as the server does, then a question;
+What is compared, and why: the default model runs with fp32 weights and fp32 activations (--dtype float32: the same
+checkpoint the bf16 server loads, before its bf16 cast) through PagedForwardDriver (the runtime's pools and the
+torch_native backend, no scheduler). The reference is a bf16 KV cache (the gate's "vs bf16 KV"); every row -- the
+reference, a float32 KV cache and each quantized format -- is read through exactly the same code (torch gather +
+SDPA for decode and for extend with a prefix; SDPA on the fresh K/V for a prefill without one; the fused CPU
+kernels are off for every row), so two rows differ only in what the pool stores. fp32 compute matters: with bf16
+activations, the rounding of the activations themselves moves near-tied next tokens, and two bf16 runs that
+differ in any way (even the same bf16 cache read by two kernels) agreed on only ~98.6% of tokens, above the 99%
+gate's resolution. The float32 KV row is the measure's noise floor: how far the bf16 reference itself is from exact
+storage (its top-1 flips are near-ties that any perturbation of bf16's size moves).
+
+  (a) decode agreement: NUM_PROMPTS (16) chat prompts decoded greedily for --decode-tokens (128) steps with the bf16
+      KV; each row then reads the same tokens step by step (teacher forcing: every step a batched decode reading its
+      pool); top-1 agreement with the reference's argmax over 16 x 128 = 2,048 positions (one flip = 0.05%) and mean
+      KL(bf16 || row) of the next-token distributions (the primary continuous figure);
+  (b) perplexity on Python's own pydoc_data/topics.py (English, on every machine), --ppl-tokens tokens read in
+      --ppl-chunk-token chunks, each chunk attending to the pool's stored K/V of everything before it;
+  (c) needle in a haystack: a pass code sentence at depths 0.2 / 0.5 / 0.8 of a topics.py haystack of 4k and 8k
+      tokens (the default model's context is 8k), prefilled in 2048-token chunks as the server does, then a question;
       recall = share of runs whose greedy answer contains the code;
-  (d) decode step time at batch 32 (ms), the torch path's gather for quantized formats vs bf16's.
-The reference is the bf16 KV cache read through the same torch path (gather + SDPA) as the quantized formats, so a
-row measures the storage format alone; the control row "bfloat16+fused" is the bf16 cache read by the fused CPU decode
-kernel (what a bf16 server decodes with): its agreement with the reference is the noise floor of two bf16 kernels.
-fp8 scales are calibrated as a server start calibrates them (model_executor/kv_calibration.py). Gates (issue 23):
+  (d) --speed: decode step time at batch 32 (ms) in the model dtype (the torch path; the kernels are issue 23's
+      other half).
+fp8 scales and int4 key multipliers are calibrated as a server start calibrates them (model_executor/kv_calibration.py). Gates (issue 23):
 fp8 / int8 top-1 >= 99% and perplexity within 1% of bf16's; int4 >= 95% and within 5%; int2_hadamard: reported.
+--quick: 8 prompts x 48 tokens, 1,024 perplexity tokens, no needle (a development check, not the gate).
 """
 
 from __future__ import annotations
@@ -33,14 +42,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server's scheduler
 import torch  # noqa: E402
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.model_executor.kv_calibration import KV_CALIBRATION_SEED, KV_CALIBRATION_TOKENS
+from sglang.srt.model_executor.kv_calibration import KV_CALIBRATION_SEED, KV_CALIBRATION_TOKENS, recording_queries
 from sglang.srt.model_loader import load_model, resolve_model_path
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.paged_forward import PagedForwardDriver
 
-FUSED = "bfloat16+fused"  # bf16 KV read by the fused CPU decode kernel (the server's bf16 path), a control row
-FORMATS = [FUSED, "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard"]
+REFERENCE = "bfloat16"
+FORMATS = ["float32", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard"]  # float32: the noise floor row
 GATES = {"fp8_e4m3": (0.99, 0.01), "fp8_e5m2": (0.99, 0.01), "int8": (0.99, 0.01), "int4": (0.95, 0.05)}
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -51,6 +60,14 @@ PROMPTS = [
     "Write a Python function that merges two sorted lists, and explain it.",
     "Give advice to someone starting to learn the piano as an adult.",
     "Summarize the plot of a mystery novel you invent.",
+    "Why is the sky blue? Answer in a few paragraphs.",
+    "Write a haiku sequence about autumn in the mountains.",
+    "Compare TCP and UDP and say when to use each.",
+    "Plan a three day trip to Rome for a family with two children.",
+    "Explain recursion to a beginner programmer with a simple example.",
+    "What are the health benefits of regular exercise?",
+    "Write a polite email asking a colleague to review a report.",
+    "Describe how a bill becomes a law in a parliamentary democracy.",
 ]
 NEEDLE = "The secret pass code of the archive is {code}."
 QUESTION = "\n\nQuestion: What is the secret pass code of the archive?\nAnswer: The secret pass code of the archive is"
@@ -65,15 +82,16 @@ def topics_text() -> str:
 
 def make_driver(model, config, fmt, max_reqs, max_tokens):
     d = PagedForwardDriver(model, config, max_reqs=max_reqs + 1, max_tokens=max_tokens + KV_CALIBRATION_TOKENS,
-                           kv_format="bfloat16" if fmt == FUSED else fmt)
-    if fmt != FUSED:  # every other row reads K/V through the same torch gather + SDPA path, so only storage differs
-        d.attn_backend.cpu_decode_ops = None
+                           kv_format=fmt)
+    # every row reads K/V through the same torch gather + SDPA path (no fused kernel), so only the storage differs
+    d.attn_backend.cpu_decode_ops = d.attn_backend.cpu_extend_ops = None
     pool = d.kv_pool
-    if getattr(pool, "is_fp8", False):  # as a server start: kv_calibration.calibrate_kv_scales
+    if getattr(pool, "needs_calibration", False):  # fp8 scales, int4 means: as a server start (kv_calibration.py)
         gen = torch.Generator().manual_seed(KV_CALIBRATION_SEED)
         ids = torch.randint(0, config.vocab_size, (KV_CALIBRATION_TOKENS,), generator=gen).tolist()
         pool.calibrating = True
-        d.extend([d.new_request()], [ids])
+        with recording_queries(d.attn_backend, pool):
+            d.extend([d.new_request()], [ids])
         pool.calibrate_scales("calibrated (benchmark, as at startup)")
     return d
 
@@ -132,7 +150,7 @@ def needle_recall(model, config, fmt, tok, hay_ids, lengths, depths, chunk=2048,
     return hits / total, answers
 
 
-def decode_step_ms(model, config, fmt, batch=32, context=512, steps=8):
+def decode_step_ms(model, config, fmt, batch=32, context=512, steps=4):
     d = make_driver(model, config, fmt, batch + 2, batch * (context + steps + 2) + 600)
     rows = [d.new_request() for _ in range(batch)]
     gen = torch.Generator().manual_seed(1)
@@ -149,58 +167,84 @@ def decode_step_ms(model, config, fmt, batch=32, context=512, steps=8):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--dtype", default="float32", help="model weights and activations (float32: see above)")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--ppl-tokens", type=int, default=4096)
     ap.add_argument("--ppl-chunk", type=int, default=256)
     ap.add_argument("--needle-lengths", default="4096,8192")
     ap.add_argument("--needle-depths", default="0.2,0.5,0.8")
-    ap.add_argument("--skip-speed", action="store_true")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="8 prompts x 48 tokens, 1,024 perplexity tokens, no needle")
+    ap.add_argument("--speed", action="store_true", help="also time a batch-32 decode step")
+    ap.add_argument("--json", default=None, help="merge the rows into this file (runs of separate --formats add up)")
+    ap.add_argument("--ref-cache", default=None, help="keep the reference's decode (tokens, log-probs) and figures in "
+                    "this torch file, so runs of separate --formats compute it once (~0.4 GB at 16 x 128)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the figures do not depend on it)")
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.quick:
+        a.prompts, a.decode_tokens, a.ppl_tokens, a.needle_lengths = 8, 48, 1024, ""
     torch.manual_seed(0)
     model_dir = resolve_model_path(ServerArgs())
-    config = ModelConfig.from_pretrained(model_dir, dtype="bfloat16")
+    config = ModelConfig.from_pretrained(model_dir, dtype=a.dtype)
     model = load_model(config, "cpu")
     tok = get_tokenizer(model_dir)
     from sglang.srt.utils.hf_transformers_utils import apply_chat_template
 
-    prompts = [apply_chat_template(tok, [{"role": "user", "content": p}], tokenize=True) for p in PROMPTS]
+    prompts = [apply_chat_template(tok, [{"role": "user", "content": p}], tokenize=True) for p in PROMPTS[: a.prompts]]
     text_ids = tok.encode(topics_text(), add_special_tokens=False)
     ppl_ids = text_ids[: a.ppl_tokens]
-    hay_ids = text_ids[a.ppl_tokens :]  # the haystack is other text than the perplexity's
+    hay_ids = text_ids[4096:]  # the haystack is other text than the perplexity's
     lengths = [int(x) for x in a.needle_lengths.split(",") if x]
     depths = [float(x) for x in a.needle_depths.split(",") if x]
-
     results = {}
-    t0 = time.time()
-    ref_toks, ref_logp = decode_runs(model, config, "bfloat16", prompts, a.decode_tokens)
-    base = {"ppl": perplexity(model, config, "bfloat16", ppl_ids, a.ppl_chunk)}
-    base["needle"], base["answers"] = needle_recall(model, config, "bfloat16", tok, hay_ids, lengths, depths)
-    if not a.skip_speed:
-        base["decode_ms_b32"] = decode_step_ms(model, config, "bfloat16")  # the gather path
-    results["bfloat16"] = base
-    print(f"bfloat16 (reference, torch gather path): ppl {base['ppl']:.4f} needle {base['needle']:.2f} {base['answers']} "
-          f"decode b32 {base.get('decode_ms_b32', 0):.1f} ms ({time.time() - t0:.0f} s)", flush=True)
-    for fmt in [f for f in a.formats.split(",") if f]:
+    if a.json and os.path.exists(a.json):
+        with open(a.json) as f:
+            results = json.load(f)
+    setup = {"dtype": a.dtype, "prompts": len(prompts), "decode_tokens": a.decode_tokens, "ppl_tokens": len(ppl_ids),
+             "ppl_chunk": a.ppl_chunk, "needle_lengths": lengths, "needle_depths": depths}
+    if results.get("setup", setup) != setup:
+        results = {}  # rows of another setup are not comparable
+    results["setup"] = setup
+
+    def row(fmt, ref_toks=None, ref_logp=None):
         t0 = time.time()
         toks, logp = decode_runs(model, config, fmt, prompts, a.decode_tokens, ref_tokens=ref_toks)
-        top1 = float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean())
-        kl = float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
-        r = {"top1": top1, "kl": kl, "ppl": perplexity(model, config, fmt, ppl_ids, a.ppl_chunk)}
-        r["ppl_rel"] = r["ppl"] / base["ppl"] - 1
-        r["needle"], r["answers"] = needle_recall(model, config, fmt, tok, hay_ids, lengths, depths)
-        if not a.skip_speed:
+        r = {"ppl": perplexity(model, config, fmt, ppl_ids, a.ppl_chunk)}
+        if ref_logp is not None:
+            r["top1"] = float((logp.argmax(-1) == ref_logp.argmax(-1)).float().mean())
+            r["kl"] = float((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean())
+            r["ppl_rel"] = r["ppl"] / results[REFERENCE]["ppl"] - 1
+        if lengths and depths:
+            r["needle"], r["answers"] = needle_recall(model, config, fmt, tok, hay_ids, lengths, depths)
+        if a.speed:
             r["decode_ms_b32"] = decode_step_ms(model, config, fmt)
         gate = GATES.get(fmt)
-        r["gate"] = "report" if gate is None else ("pass" if top1 >= gate[0] and r["ppl_rel"] <= gate[1] else "FAIL")
+        if ref_logp is not None:
+            ok = gate is not None and r["top1"] >= gate[0] and r["ppl_rel"] <= gate[1]
+            r["gate"] = "report" if gate is None else ("pass" if ok else "FAIL")
+        r["seconds"] = round(time.time() - t0, 1)
+        return toks, logp, r
+
+    cached = torch.load(a.ref_cache) if a.ref_cache and os.path.exists(a.ref_cache) else None
+    if cached is not None and cached["setup"] == setup:
+        ref_toks, ref_logp, ref = cached["toks"], cached["logp"], cached["row"]
+    else:
+        ref_toks, ref_logp, ref = row(REFERENCE)
+        if a.ref_cache:
+            torch.save({"setup": setup, "toks": ref_toks, "logp": ref_logp, "row": ref}, a.ref_cache)
+    results[REFERENCE] = {**results.get(REFERENCE, {}), **ref}
+    print(f"{REFERENCE} KV (reference): ppl {ref['ppl']:.4f} needle {ref.get('needle', '-')} {ref.get('answers', '')} "
+          f"({ref['seconds']:.0f} s)", flush=True)
+    for fmt in [f for f in a.formats.split(",") if f and f != REFERENCE]:
+        _, _, r = row(fmt, ref_toks, ref_logp)
         results[fmt] = r
-        print(f"{fmt}: top1 {top1:.4f} KL {kl:.5f} ppl {r['ppl']:.4f} ({r['ppl_rel']:+.2%}) needle {r['needle']:.2f} "
-              f"{r['answers']} decode b32 {r.get('decode_ms_b32', 0):.1f} ms gate {r['gate']} "
-              f"({time.time() - t0:.0f} s)", flush=True)
+        print(f"{fmt}: top1 {r['top1']:.4f} KL {r['kl']:.6f} ppl {r['ppl']:.4f} ({r['ppl_rel']:+.2%}) "
+              f"needle {r.get('needle', '-')} {r.get('answers', '')} gate {r['gate']} ({r['seconds']:.0f} s)", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
-    return 0 if all(r.get("gate") != "FAIL" for r in results.values()) else 1
+    return 0 if all(isinstance(r, dict) and r.get("gate") != "FAIL" for r in results.values()) else 1
 
 
 if __name__ == "__main__":

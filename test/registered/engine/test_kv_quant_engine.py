@@ -8,10 +8,17 @@
   most, int2_hadamard still answers the factual prompt;
 - with int4: chunked prefill gives exactly the tokens of a direct run of the same chunks over the same pool format
   (PagedForwardDriver on the engine's own weights); a cached prefix is hit and gives the same tokens twice; a pool
-  too small for the batch forces retractions and every request still completes; pools intact afterwards.
+  too small for the batch forces retractions and every request still completes; pools intact afterwards;
+- fp8 scales from a checkpoint: a tiny random Llama whose safetensors carry k_scale / v_scale tensors (per layer and
+  per (layer, KV head)) starts with exactly those scales in the pool and in /server_info (no calibration), and its
+  greedy tokens are a PagedForwardDriver's over an fp8 pool given the same scales by hand.
 """
 
+import os
+import tempfile
 import unittest
+
+import torch
 
 from sglang import Engine
 from sglang.srt.mem_plan import kv_quant
@@ -68,7 +75,7 @@ class TestKVQuantEngine(unittest.TestCase):
         self.assertEqual(kv["bytes_per_token"], cell)
         self.assertEqual(kv["bf16_bytes_per_token"], LAYERS * KV_HEADS * 256)
         self.assertAlmostEqual(kv["capacity_gain_vs_bf16"], 256 / PER_HEAD_BYTES[fmt], places=3)
-        fixed = LAYERS * KV_HEADS * 8 if fmt.startswith("fp8") else 0
+        fixed = LAYERS * KV_HEADS * {"fp8_e4m3": 8, "fp8_e5m2": 8, "int4": 64 * 4}.get(fmt, 0)  # scales, multipliers
         self.assertEqual(runner.token_to_kv_pool.mem_usage_bytes(), (plan.max_total_num_tokens + 1) * cell + fixed)
         self.assertEqual(plan.bytes_of("kv_cache"), runner.token_to_kv_pool.mem_usage_bytes())
         # the dry run on the same budget: its pool less what the measured terms took beyond their formulas
@@ -127,14 +134,22 @@ class TestInt4Behaviour(unittest.TestCase):
         vocab = self.engine.scheduler.model_config.vocab_size
         return [(seed * 7919 + 31 * i) % (vocab - 100) + 50 for i in range(n)]
 
-    def test_chunked_prefill_equals_a_direct_chunked_run(self):
+    def int4_driver(self):
+        """PagedForwardDriver on the engine's weights over an int4 pool with the engine's calibrated multipliers."""
         from sglang.test.paged_forward import PagedForwardDriver
 
+        runner = self.engine.scheduler.model_runner
+        d = PagedForwardDriver(runner.model, runner.model_config, max_reqs=2, max_tokens=512, kv_format="int4")
+        # the engine's calibrated key multipliers (none would be another format)
+        self.assertFalse(torch.equal(runner.token_to_kv_pool.fixed["k_smooth"], d.kv_pool.fixed["k_smooth"]))
+        d.kv_pool.fixed["k_smooth"].copy_(runner.token_to_kv_pool.fixed["k_smooth"])
+        return d
+
+    def test_chunked_prefill_equals_a_direct_chunked_run(self):
         prompt = self.long_prompt_ids(1)
         out = self.engine.generate(input_ids=[prompt], sampling_params={"temperature": 0, "max_new_tokens": 8,
                                                                         "ignore_eos": True})[0]
-        runner = self.engine.scheduler.model_runner
-        d = PagedForwardDriver(runner.model, runner.model_config, max_reqs=2, max_tokens=512, kv_format="int4")
+        d = self.int4_driver()
         row = d.new_request()
         for s in range(0, len(prompt), self.CHUNK):
             logits = d.extend([row], [prompt[s : s + self.CHUNK]])
@@ -144,13 +159,36 @@ class TestInt4Behaviour(unittest.TestCase):
         self.assertEqual(out["output_ids"], ref)
         assert_idle_and_intact(self.engine)
 
+    def test_plan_counts_the_calibrated_key_multipliers(self):
+        runner = self.engine.scheduler.model_runner
+        kv = self.engine.get_server_info()["kv_cache"]
+        pool = runner.token_to_kv_pool
+        self.assertEqual(kv["fixed_bytes"], LAYERS * KV_HEADS * 64 * 4)  # an fp32 key multiplier per channel and head
+        self.assertEqual(runner.memory_plan.bytes_of("kv_cache"), pool.mem_usage_bytes())
+        self.assertEqual(pool.mem_usage_bytes(), (runner.max_total_num_tokens + 1) * LAYERS * KV_HEADS
+                         * PER_HEAD_BYTES["int4"] + kv["fixed_bytes"])
+        self.assertIn("key multipliers calibrated at startup", kv["scales"])
+        lo, hi = kv["k_smooth_range"]
+        self.assertTrue(0 < lo < 1 < hi, kv)
+
     def test_prefix_cache_hit(self):
         prompt = self.long_prompt_ids(2)
         sp = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
         first, second, third = (self.engine.generate(input_ids=[prompt], sampling_params=sp)[0] for _ in range(3))
         self.assertGreaterEqual(second["meta_info"]["cached_tokens"], self.CHUNK)
         self.assertEqual(second["output_ids"], third["output_ids"])
-        self.assertGreaterEqual(common_prefix(first["output_ids"], second["output_ids"]), 4)
+        # the hit reads the first request's quantized prefix (its chunks' K/V) and prefills the rest over it: a direct
+        # run of exactly that gives the same tokens (the first request itself attended its own fresh K/V inside each
+        # chunk, so it may differ from the hit by quantization error)
+        cached = second["meta_info"]["cached_tokens"]
+        d = self.int4_driver()
+        row = d.new_request()
+        for s in range(0, cached, self.CHUNK):  # the first request's chunks, cut where the hit ends
+            d.extend([row], [prompt[s : min(s + self.CHUNK, cached)]])
+        ref = [int(d.extend([row], [prompt[cached:]])[0].argmax())]
+        for _ in range(7):
+            ref.append(int(d.extend([row], [[ref[-1]]])[0].argmax()))
+        self.assertEqual(second["output_ids"], ref, (first["output_ids"], cached))
         assert_idle_and_intact(self.engine)
 
     def test_retraction_completes_every_request(self):
@@ -163,6 +201,67 @@ class TestInt4Behaviour(unittest.TestCase):
         self.assertTrue(all(len(o["output_ids"]) == 100 for o in outs))
         self.assertGreater(sched.num_retractions, before)
         assert_idle_and_intact(self.engine)
+
+
+def make_llama_with_kv_scales(path, k_scale, v_scale):
+    """A 2-layer random Llama (SmolLM2's tokenizer) whose checkpoint also holds model.layers.<i>.self_attn.k_scale /
+    v_scale (k_scale[i], v_scale[i]: a scalar per layer or one per KV head)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from sglang.test.engine_fixtures import default_model_dir
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    cfg = LlamaConfig(vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
+                      bos_token_id=tok.bos_token_id, initializer_range=0.3)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = k_scale[i]
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = v_scale[i]
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+class TestFp8CheckpointScales(unittest.TestCase):
+    def run_checkpoint(self, k_scale, v_scale):
+        from sglang.test.paged_forward import PagedForwardDriver
+
+        with tempfile.TemporaryDirectory() as tmp:
+            make_llama_with_kv_scales(tmp, k_scale, v_scale)
+            engine = Engine(model_path=tmp, kv_cache_dtype="fp8_e4m3", max_total_tokens=1024, log_level="warning")
+            try:
+                kv = engine.get_server_info()["kv_cache"]
+                pool = engine.scheduler.model_runner.token_to_kv_pool
+                want_k = torch.stack([s.reshape(-1) for s in k_scale]).float().expand(2, 2)
+                want_v = torch.stack([s.reshape(-1) for s in v_scale]).float().expand(2, 2)
+                self.assertEqual(kv["scales"], "checkpoint k_scale / v_scale")
+                self.assertTrue(torch.equal(pool.fixed["k_scale"], want_k), pool.fixed["k_scale"])
+                self.assertTrue(torch.equal(pool.fixed["v_scale"], want_v), pool.fixed["v_scale"])
+                self.assertEqual(kv["k_scale_range"], [float(want_k.min()), float(want_k.max())])
+                prompt = [(31 * i + 7) % 4000 + 20 for i in range(40)]
+                out = engine.generate(input_ids=[prompt], sampling_params={"temperature": 0, "max_new_tokens": 8,
+                                                                           "ignore_eos": True})[0]["output_ids"]
+                runner = engine.scheduler.model_runner
+                d = PagedForwardDriver(runner.model, runner.model_config, max_reqs=2, max_tokens=256,
+                                       kv_format="fp8_e4m3")
+                d.kv_pool.load_scales(want_k, want_v, "by hand")
+                self.assertEqual(out, d.greedy(prompt, 8))
+                assert_idle_and_intact(engine)
+            finally:
+                shutdown(engine)
+
+    def test_per_layer_scales(self):
+        # scales far from any calibration's (amax x 2 / 448): a calibrated pool would show other values
+        self.run_checkpoint([torch.tensor(0.0125), torch.tensor(0.0375)], [torch.tensor(0.02), torch.tensor(0.005)])
+
+    def test_per_head_scales(self):
+        self.run_checkpoint([torch.tensor([0.01, 0.03]), torch.tensor([0.02, 0.04])],
+                            [torch.tensor([0.015, 0.005]), torch.tensor([0.0075, 0.025])])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ references:
 
 - the codec: every format's dequantized rows equal a numpy re-implementation of its stated rule (written from the
   formulas in the docstrings, not from the codec), and stay within the format's error bound;
-- the pool: bytes allocated == the plan's per-token and fixed bytes; rows written at scattered slots and read back
+- the pool: bytes allocated == the plan's per-token and fixed bytes (fp8 scales, int4 key multipliers); int4's
+  calibration sets w = (E[q^2] / E[k^2])^(1/8) per channel (mean 1) from exactly the rows and queries it saw; rows written at scattered slots and read back
   through gather_kv, at page sizes 1 and 16, equal the codec's round trip of exactly those rows;
 - torch_native attention (decode, and extend with a cached prefix) over a quantized pool equals an fp64 softmax
   attention over the dequantized K/V, GQA 3:1, ragged lengths, page sizes 1 and 16, every format;
@@ -35,9 +36,11 @@ def _rows(n=40, h=3, d=64, seed=0):
     return x
 
 
-def ref_dequant(fmt, x, part, scale=None):
-    """numpy: the documented rule of each format, applied row by row."""
+def ref_dequant(fmt, x, part, scale=None, smooth=None):
+    """numpy: the documented rule of each format, applied row by row (smooth: int4's key multiplier w [H, D])."""
     x = x.double().numpy()
+    w = np.ones(x.shape[1:]) if smooth is None else smooth.double().numpy()
+    int4_key = fmt == "int4" and part == "k"
     n, h, d = x.shape
     out = np.zeros_like(x)
     if fmt in kv_quant.FP8_FORMATS:
@@ -46,11 +49,11 @@ def ref_dequant(fmt, x, part, scale=None):
         fmax = torch.finfo(dt).max
         y = np.clip(x / s[None, :, None], -fmax, fmax)
         return torch.from_numpy(y).to(dt).double().numpy() * s[None, :, None]
-    rot = codec.rotation(d).double().numpy() if codec.is_rotated(fmt, part) else np.eye(d)
+    rot = codec.rotation(d).double().numpy() if codec.is_rotated(fmt, part) or int4_key else np.eye(d)
     assert np.allclose(rot @ rot.T, np.eye(d), atol=1e-6)
     for i in range(n):
         for j in range(h):
-            r = x[i, j] @ rot
+            r = (x[i, j] * w[j]) @ rot if int4_key else x[i, j] @ rot
             if fmt == "int8":
                 s = float(np.float16(np.abs(r).max() / 127)) or 1.0
                 deq = np.clip(np.rint(r / s), -127, 127) * s
@@ -67,8 +70,16 @@ def ref_dequant(fmt, x, part, scale=None):
                 s = max((r * lv).sum() / (lv ** 2).sum(), 0.0) if (lv ** 2).sum() else 0.0
                 code = 0 if s <= 0 else min(max(round(math.log2(s) * codec.LOG_SCALE_STEPS) + codec.LOG_SCALE_OFFSET, 1), 255)
                 deq = lv * (2.0 ** ((code - codec.LOG_SCALE_OFFSET) / codec.LOG_SCALE_STEPS) if code else 0.0)
-            out[i, j] = deq @ rot.T
+            out[i, j] = (deq @ rot.T) / (w[j] if int4_key else 1.0)
     return out
+
+
+def _smooth(h=3, d=64, seed=7):
+    """int4 key multipliers: positive, mean 1 per head, a few channels weighted up (as queries weigh them)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(h, d, generator=g) + 0.3
+    w[:, 5] *= 4.0
+    return w / w.mean(-1, keepdim=True)
 
 
 def _fp8_scale(h=3):
@@ -79,11 +90,13 @@ class TestCodec(unittest.TestCase):
     def test_every_format_matches_its_rule(self):
         x = _rows()
         for fmt in FORMATS:
-            for part in ("k", "v"):
+            for part, smooth in (("k", None), ("v", None), ("k", _smooth())):
+                if smooth is not None and fmt != "int4":
+                    continue
                 scale = _fp8_scale() if fmt in kv_quant.FP8_FORMATS else None
-                fields = codec.quantize(fmt, x, part, scale)
-                got = codec.dequantize(fmt, fields, part, torch.float32, scale, dim=64).double().numpy()
-                ref = ref_dequant(fmt, x, part, scale)
+                fields = codec.quantize(fmt, x, part, scale, smooth)
+                got = codec.dequantize(fmt, fields, part, torch.float32, scale, dim=64, smooth=smooth).double().numpy()
+                ref = ref_dequant(fmt, x, part, scale, smooth)
                 # fp32 vs fp64 rounding may move a value sitting on a rounding boundary by one step: allow it rarely
                 close = np.isclose(got, ref, atol=1e-4, rtol=1e-3)
                 self.assertGreaterEqual(close.mean(), 0.995, f"{fmt} {part}: {close.mean():.4f}")
@@ -122,8 +135,33 @@ class TestPool(unittest.TestCase):
                 pool = create_kv_pool(fmt, 96, page, torch.bfloat16, 3, 64, 4)
                 self.assertIsInstance(pool, QuantizedKVPool)
                 rows = 96 + page
-                planned = rows * 3 * 4 * kv_quant.token_bytes_per_head(fmt, 64, 64) + kv_quant.fixed_bytes(fmt, 4, 3)
+                planned = (rows * 3 * 4 * kv_quant.token_bytes_per_head(fmt, 64, 64)
+                           + kv_quant.fixed_bytes(fmt, 4, 3, 64, 64))
                 self.assertEqual(pool.mem_usage_bytes(), planned, fmt)
+                fixed = {"fp8_e4m3": 8, "fp8_e5m2": 8, "int4": 64 * 4}.get(fmt, 0)  # by hand, per (layer, head)
+                self.assertEqual(kv_quant.fixed_bytes(fmt, 4, 3, 64, 64), 4 * 3 * fixed, fmt)
+
+    def test_int4_calibration_sets_the_query_aware_key_multipliers(self):
+        pool = create_kv_pool("int4", 256, 1, torch.float32, 3, 64, 2)
+        self.assertTrue(pool.needs_calibration)
+        k1, k2 = _rows(50, seed=11), _rows(30, seed=13) + 1
+        q1, q2 = _rows(50, h=6, seed=12) * 2, _rows(30, h=6, seed=14)  # 6 query heads: 2 per KV head
+        pool.calibrating = True
+        for rows, k, q in ((torch.arange(1, 51), k1, q1), (torch.arange(51, 81), k2, q2)):  # two forwards
+            pool.set_kv_buffer(1, rows, k, k)
+            pool.record_query(1, q)
+        pool.calibrate_scales("test")
+        self.assertFalse(pool.calibrating)
+        ek = torch.cat([k1, k2]).double().pow(2).mean(0)  # [3, 64]
+        eq = torch.cat([q1, q2]).double().pow(2).view(80, 3, 2, 64).mean((0, 2))
+        w = (eq / ek) ** 0.125
+        w = w / w.mean(-1, keepdim=True)
+        self.assertTrue(torch.allclose(pool.fixed["k_smooth"][1].double(), w, rtol=1e-5), (pool.fixed["k_smooth"][1], w))
+        self.assertTrue(torch.equal(pool.fixed["k_smooth"][0], torch.ones(3, 64)))  # layer 0 saw nothing: stays 1
+        # rows written after calibration: their keys come back within int4's bound (the multiplier undone)
+        pool.set_kv_buffer(1, torch.tensor([100]), k1[:1], k1[:1])
+        gk, gv = pool.gather_kv(1, torch.tensor([100]), torch.float32)
+        self.assertLess(float((gk - k1[:1]).norm() / k1[:1].norm()), 0.12)
 
     def test_gather_reads_exactly_the_written_rows(self):
         for fmt in FORMATS:
@@ -131,6 +169,8 @@ class TestPool(unittest.TestCase):
                 pool = create_kv_pool(fmt, 128, page, torch.float32, 3, 64, 2)
                 if pool.is_fp8:
                     pool.fixed["k_scale"][1] = _fp8_scale()
+                if "k_smooth" in pool.fixed:
+                    pool.fixed["k_smooth"][1] = _smooth()
                 k, v = _rows(30, seed=2), _rows(30, seed=3)
                 loc = torch.randperm(128)[:30] + page
                 pool.set_kv_buffer(1, loc, k, v)
@@ -138,7 +178,8 @@ class TestPool(unittest.TestCase):
                 gk, gv = pool.gather_kv(1, loc[pick], torch.float32)
                 ks = pool.fixed["k_scale"][1] if pool.is_fp8 else None
                 vs = pool.fixed["v_scale"][1] if pool.is_fp8 else None
-                rk = codec.dequantize(fmt, codec.quantize(fmt, k[pick], "k", ks), "k", torch.float32, ks, dim=64)
+                kw = pool.fixed["k_smooth"][1] if "k_smooth" in pool.fixed else None
+                rk = codec.dequantize(fmt, codec.quantize(fmt, k[pick], "k", ks, kw), "k", torch.float32, ks, dim=64, smooth=kw)
                 rv = codec.dequantize(fmt, codec.quantize(fmt, v[pick], "v", vs), "v", torch.float32, vs, dim=64)
                 self.assertTrue(torch.allclose(gk, rk, atol=1e-5), fmt)
                 self.assertTrue(torch.allclose(gv, rv, atol=1e-5), fmt)
@@ -170,6 +211,8 @@ class TestTorchNativeOverQuantizedPool(unittest.TestCase):
         if h.pool.is_fp8:
             h.pool.fixed["k_scale"].fill_(0.03)
             h.pool.fixed["v_scale"].fill_(0.02)
+        if "k_smooth" in h.pool.fixed:  # calibrated-like key multipliers
+            h.pool.fixed["k_smooth"].copy_(_smooth(2)[None])
         h.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
                                              req_to_token_pool=h.r2t, token_to_kv_pool=h.pool, device="cpu")
         return h
@@ -236,7 +279,8 @@ class TestPlanCapacity(unittest.TestCase):
             kv_term = next(t for t in got["plan"]["terms"] if t["name"] == "kv_cache")["num_bytes"]
             # the term is the pool's bytes: tokens + dummy page at the format's cell, plus fp8's fixed scales
             self.assertEqual(kv_term, (tokens + 1) * got["kv_cell_bytes"] + got["plan"]["kv_fixed_bytes"], fmt)
-            self.assertEqual(got["plan"]["kv_fixed_bytes"], 30 * 3 * 8 if fmt.startswith("fp8") else 0, fmt)
+            fixed = {"fp8_e4m3": 8, "fp8_e5m2": 8, "int4": 64 * 4}.get(fmt, 0)  # per (layer, KV head), by hand
+            self.assertEqual(got["plan"]["kv_fixed_bytes"], 30 * 3 * fixed, fmt)
             print(f"{fmt}: {tokens:,} tokens vs bf16 {base_tokens:,} = {tokens / base_tokens:.3f}x")
             self.assertGreaterEqual(tokens / base_tokens, gain, fmt)
 

@@ -1,5 +1,6 @@
 """Quantized KV cache over HTTP (issue 23): one server per format family (fp8, int, the >= 8x mode), the real `openai`
-client. /server_info reports the format's bytes per token (every scale byte, by hand here) and its gain over bf16;
+client. /server_info reports the format's bytes per token (every scale byte, by hand here), its fixed bytes (fp8
+scales, int4 key multipliers) and where its scales came from, its gain over bf16 and its quality flag;
 completions and streamed chat work and answer the factual prompt; the pool is intact afterwards; an unknown
 --kv-cache-dtype is refused at startup naming the choices."""
 
@@ -9,12 +10,17 @@ import sys
 import pytest
 import requests
 
+from sglang.srt.mem_plan import kv_quant
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
 register_cpu_ci(est_time=75, suite="cpu")
 
 PER_HEAD_BYTES = {"fp8_e4m3": 128, "int4": 72, "int2_hadamard": 31}  # d = 64, K and V, codes + scales
+# per (layer, KV head), by hand: fp8's fp32 K and V scales, int4's fp32 key multiplier per channel
+FIXED_BYTES = {"fp8_e4m3": 8, "int4": 64 * 4, "int2_hadamard": 0}
+SCALES = {"fp8_e4m3": "calibrated at startup", "int4": "key multipliers calibrated at startup",
+          "int2_hadamard": "per token"}
 
 
 @pytest.mark.parametrize("fmt", list(PER_HEAD_BYTES))
@@ -26,6 +32,9 @@ def test_server_with_quantized_kv(fmt):
         assert kv["kv_cache_dtype"] == fmt
         assert kv["bytes_per_token"] == 30 * 3 * PER_HEAD_BYTES[fmt] == info["memory_plan"]["kv_cell_bytes"]
         assert abs(kv["capacity_gain_vs_bf16"] - 256 / PER_HEAD_BYTES[fmt]) < 1e-3
+        assert kv["fixed_bytes"] == 30 * 3 * FIXED_BYTES[fmt] == info["memory_plan"]["kv_fixed_bytes"], kv
+        assert SCALES[fmt] in kv["scales"], kv
+        assert kv["quality_flag"] == (kv_quant.quality_flag(fmt) or None), kv
         client = openai_client(srv.base_url)
         model = client.models.list().data[0].id
         out = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=8)

@@ -1,16 +1,22 @@
 """Quantize and dequantize K/V rows for the KV formats of mem_plan/kv_quant.py (the layouts and bytes live there).
 
-    quantize(fmt, x, part, scale)           x [N, H, D] -> {field: codes/scales [N, H, elems]}  (part "k" or "v")
-    dequantize(fmt, fields, part, dtype, scale, rotated=False) -> [N, H, D]
+    quantize(fmt, x, part, scale, smooth)   x [N, H, D] -> {field: codes/scales [N, H, elems]}  (part "k" or "v")
+    dequantize(fmt, fields, part, dtype, scale, rotated=False, dim, smooth) -> [N, H, D]
 
 `rotated=True` returns rows of a rotated part (is_rotated) in the rotated basis, x @ R: attention then turns the
 query once (q @ R: q.k is unchanged, R orthonormal) and the output once (out_r @ R^T) instead of every key and value.
-fp8 parts take the fixed per-head scale [H] (fp32); the int formats carry their scales per row.
+fp8 parts take the fixed per-head scale [H] (fp32); the int formats carry their scales per row; int4 keys take the
+fixed per-head channel multiplier w [H, D] (fp32; None = ones).
 
 Rules (per row = one token's head vector):
   fp8      code = fp8(x / scale), saturated to the format's finite range
   int8     s = fp16(amax / 127), code = round(x / s) in [-127, 127]
-  int4     asymmetric: s = fp16((max - min) / 15), m = fp16(min), code = round((x - m) / s) in [0, 15]; keys rotated
+  int4     asymmetric over the row: s = fp16((max r - min r) / 15), m = fp16(min r), code = round((r - m) / s) in
+           [0, 15], r' = code x s + m; values: r = x, x' = r'; keys: r = (x * w) @ R, x' = (r' @ R^T) / w, where w
+           is the calibrated per-channel multiplier (E[q^2] / E[k^2])^a (kv_quant.INT4_KEY_SMOOTH_EXPONENT, 1/8):
+           q.k = (q / w).(k * w), so the error of r (spread evenly over the channels by R) reaches the logits
+           weighted by q / w -- the channels queries weigh most are stored with finer steps. Keys are read back in the
+           unrotated basis (no query turn: the multiplier makes the rotated basis a per-head one).
   int2_hadamard  x turned by R; keys: 4 Lloyd-Max levels of a unit Gaussian {-1.510, -0.4528, 0.4528, 1.510} with
            thresholds {-0.9816, 0, 0.9816} x the row's RMS; values: 3 levels {-1, 0, 1} with thresholds +-0.6120 x
            RMS; then the least-squares scale sum(x * level) / sum(level^2), stored as one byte of a log2 grid
@@ -28,7 +34,7 @@ import torch
 from sglang.srt.mem_plan.kv_quant import FP8_FORMATS, TRITS_PER_BYTE
 
 FP8_TORCH = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-ROTATED_PARTS = {"int4": ("k",), "int2_hadamard": ("k", "v")}
+ROTATED_PARTS = {"int2_hadamard": ("k", "v")}  # read in the rotated basis (int4 keys are turned inside the codec)
 ROTATION_SEED = 20240523
 LOG_SCALE_STEPS, LOG_SCALE_OFFSET = 12, 176  # scale = 2^((code - 176) / 12): 2^-14.6 .. 2^6.6, steps of 5.9%
 LEVELS_2BIT = (-1.510, -0.4528, 0.4528, 1.510)
@@ -109,9 +115,12 @@ def _unpack_trits(packed: torch.Tensor, n: int) -> torch.Tensor:
     return table[packed.to(torch.int64)].flatten(-2)[..., :n]
 
 
-def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor] = None,
+             smooth: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """x [N, H, D] -> the part's fields ({part: codes, part + '_scale': scales}) for a quantized format."""
     x = x.float()
+    if fmt == "int4" and part == "k":
+        x = (x if smooth is None else x * smooth.float()[None]) @ rotation(x.shape[-1], x.device)
     sname = part + "_scale"
     if fmt in FP8_FORMATS:
         dt = FP8_TORCH[fmt]
@@ -151,7 +160,8 @@ def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor]
 
 
 def dequantize(fmt: str, fields: Dict[str, torch.Tensor], part: str, dtype: torch.dtype,
-               scale: Optional[torch.Tensor] = None, rotated: bool = False, dim: Optional[int] = None) -> torch.Tensor:
+               scale: Optional[torch.Tensor] = None, rotated: bool = False, dim: Optional[int] = None,
+               smooth: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The part's fields [N, H, e] -> [N, H, D] in dtype (in the rotated basis when rotated and is_rotated)."""
     codes = fields[part]
     sname = part + "_scale"
@@ -173,4 +183,8 @@ def dequantize(fmt: str, fields: Dict[str, torch.Tensor], part: str, dtype: torc
         raise ValueError(f"not a quantized KV format: {fmt}")
     if is_rotated(fmt, part) and not rotated:
         x = x @ rotation(x.shape[-1], x.device).T
+    if fmt == "int4" and part == "k":
+        x = x @ rotation(x.shape[-1], x.device).T
+        if smooth is not None:
+            x = x / smooth.float()[None]
     return x.to(dtype)

@@ -6,6 +6,10 @@ specs.KVCellSpec). K/V are quantized on write (set_kv_buffer); readers dequantiz
 (gather_kv), never a copy of the pool. Slots [0, page_size) are the dummy page (zero codes and scales: reads of it
 are finite).
 
+int4's fixed field is the per-(layer, KV head) key channel multiplier k_smooth [layer_num, head_num, d] fp32, 1.0
+until calibrate_scales() sets it from the key and query channel energies the same startup forward recorded (the
+queries through record_query, which the calibration wraps around the attention backend; kv_quant_codec).
+
 fp8 scales: 1.0 until calibrate_scales() sets scale = amax x FP8_SCALE_HEADROOM / fp8 max per (layer, KV head) from
 the amax the pool recorded while `calibrating` (the model runner's startup calibration forward,
 model_runner_kv_cache_mixin.calibrate_kv_scales). get_key_buffer / get_value_buffer give the raw fp8 view for the
@@ -22,7 +26,8 @@ import torch
 from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang.srt.mem_plan.dtypes import torch_dtype
-from sglang.srt.mem_plan.kv_quant import FP8_FORMATS, FP8_SCALE_HEADROOM, fixed_fields, token_fields
+from sglang.srt.mem_plan.kv_quant import (FP8_FORMATS, FP8_SCALE_HEADROOM, INT4_KEY_SMOOTH_EXPONENT, fixed_fields,
+                                          token_fields)
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
@@ -47,13 +52,17 @@ class QuantizedKVPool(KVCache):
             buf = torch.empty((layer_num, rows, head_num, f.elems), dtype=torch_dtype(f.dtype), device=device)
             buf[:, :page_size].zero_()  # the dummy page; the rest is written before it is read
             self.fields[f.name] = buf
+        # fp8 scales [layers, heads] and int4's key multipliers [layers, heads, d] start at 1.0 (until calibrated)
         self.fixed: Dict[str, torch.Tensor] = {
-            f.name: torch.ones((layer_num, head_num), dtype=torch_dtype(f.dtype), device=device)
-            for f in fixed_fields(kv_format)}
+            f.name: torch.ones((layer_num, head_num) + ((f.elems,) if f.elems > 1 else ()), dtype=torch_dtype(f.dtype),
+                               device=device)
+            for f in fixed_fields(kv_format, head_dim, self.v_head_dim)}
+        self.needs_calibration = self.is_fp8 or "k_smooth" in self.fixed
         self.k_buffer, self.v_buffer = self.fields["k"], self.fields["v"]
         self.calibrating = False
         self.calibration_amax: Dict[str, torch.Tensor] = {}
-        self.scales_source = "unit (1.0)" if self.is_fp8 else "per token"
+        self.scales_source = ("unit (1.0)" if self.is_fp8 else "per token, key multipliers 1.0 (not calibrated)"
+                              if "k_smooth" in self.fixed else "per token")
 
     # ------------------------------------------------------------------ sizes
     def mem_usage_bytes(self) -> int:
@@ -76,15 +85,17 @@ class QuantizedKVPool(KVCache):
     def _scale(self, part: str, layer_id: int) -> Optional[torch.Tensor]:
         return self.fixed[part + "_scale"][layer_id] if self.is_fp8 else None
 
+    def _smooth(self, part: str, layer_id: int) -> Optional[torch.Tensor]:
+        w = self.fixed.get(part + "_smooth")
+        return None if w is None else w[layer_id]
+
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k: [N, head_num, head_dim], v: [N, head_num, v_head_dim] -> quantized into the slots loc."""
         for part, x in (("k", k), ("v", v)):
             if self.calibrating:
-                amax = x.detach().float().abs().amax(dim=(0, 2))  # [head_num]
-                key = f"{part}{layer_id}"
-                prev = self.calibration_amax.get(key)
-                self.calibration_amax[key] = amax if prev is None else torch.maximum(prev, amax)
-            for name, value in codec.quantize(self.kv_format, x, part, self._scale(part, layer_id)).items():
+                self._record(part, layer_id, x.detach().float())
+            fields = codec.quantize(self.kv_format, x, part, self._scale(part, layer_id), self._smooth(part, layer_id))
+            for name, value in fields.items():
                 self.fields[name][layer_id].index_copy_(0, loc, value)
 
     # ------------------------------------------------------------------ read
@@ -101,22 +112,51 @@ class QuantizedKVPool(KVCache):
         for part, dim in (("k", self.head_dim), ("v", self.v_head_dim)):
             got = {name: buf[layer_id].index_select(0, index) for name, buf in self.fields.items()
                    if name in (part, part + "_scale")}
-            out.append(codec.dequantize(self.kv_format, got, part, dtype, self._scale(part, layer_id), rotated, dim))
+            out.append(codec.dequantize(self.kv_format, got, part, dtype, self._scale(part, layer_id), rotated, dim,
+                                        self._smooth(part, layer_id)))
         return out[0], out[1]
 
-    # ------------------------------------------------------------------ fp8 scales
-    def calibrate_scales(self, source: str) -> None:
-        """fp8: scale = recorded amax x headroom / fp8 max per (layer, KV head); then stop recording."""
-        self.calibrating = False
-        if not self.is_fp8 or not self.calibration_amax:
+    # ------------------------------------------------------------------ calibration (fp8 scales, int4 key multipliers)
+    def _accumulate(self, key: str, value: torch.Tensor, reduce_max: bool) -> None:
+        prev = self.calibration_amax.get(key)
+        self.calibration_amax[key] = value if prev is None else (torch.maximum(prev, value) if reduce_max else prev + value)
+
+    def _record(self, part: str, layer_id: int, x: torch.Tensor) -> None:
+        """While calibrating: fp8 keeps each head's amax; int4 each key channel's sum of squares (and the rows)."""
+        if self.is_fp8:
+            self._accumulate(f"{part}{layer_id}", x.abs().amax(dim=(0, 2)), True)  # [head_num]
+        elif part == "k":
+            self._accumulate(f"k{layer_id}", torch.cat([x.pow(2).sum(0), torch.full_like(x[0, :, :1], x.shape[0])], -1), False)
+
+    def record_query(self, layer_id: int, q: torch.Tensor) -> None:
+        """While calibrating int4: each KV head's query channel sums of squares over its query heads. q [N, H, D]."""
+        if not self.calibrating or "k_smooth" not in self.fixed:
             return
-        fmax = torch.finfo(self.dtype).max
-        for part in ("k", "v"):
-            for layer_id in range(self.layer_num):
-                amax = self.calibration_amax.get(f"{part}{layer_id}")
-                if amax is not None:
-                    scale = torch.clamp(amax * FP8_SCALE_HEADROOM / fmax, min=1e-8)
-                    self.fixed[part + "_scale"][layer_id].copy_(scale)
+        n, h, d = q.shape
+        q2 = q.detach().float().pow(2).view(n, self.head_num, h // self.head_num, d).sum((0, 2))  # [head_num, D]
+        rows = torch.full_like(q2[:, :1], n * (h // self.head_num))
+        self._accumulate(f"q{layer_id}", torch.cat([q2, rows], -1), False)
+
+    def calibrate_scales(self, source: str) -> None:
+        """fp8: scale = recorded amax x headroom / fp8 max per (layer, KV head); int4: key multiplier w = (E[q^2] /
+        E[k^2]) ^ INT4_KEY_SMOOTH_EXPONENT per channel, normalised to mean 1 per (layer, KV head); then stop."""
+        self.calibrating = False
+        if not self.needs_calibration or not self.calibration_amax:
+            return
+        for layer_id in range(self.layer_num):
+            if self.is_fp8:
+                fmax = torch.finfo(self.dtype).max
+                for part in ("k", "v"):
+                    amax = self.calibration_amax.get(f"{part}{layer_id}")
+                    if amax is not None:
+                        self.fixed[part + "_scale"][layer_id].copy_(torch.clamp(amax * FP8_SCALE_HEADROOM / fmax, min=1e-8))
+                continue
+            k2, q2 = self.calibration_amax.get(f"k{layer_id}"), self.calibration_amax.get(f"q{layer_id}")
+            if k2 is None or q2 is None:
+                continue
+            ek, eq = k2[:, :-1] / k2[:, -1:], q2[:, :-1] / q2[:, -1:]
+            w = torch.where((ek > 0) & (eq > 0), (eq / ek.clamp_min(1e-30)) ** INT4_KEY_SMOOTH_EXPONENT, torch.ones_like(ek))
+            self.fixed["k_smooth"][layer_id].copy_(w / w.mean(-1, keepdim=True))
         self.calibration_amax = {}
         self.scales_source = source
 
@@ -129,6 +169,8 @@ class QuantizedKVPool(KVCache):
 
     def scale_info(self) -> dict:
         info = {"kv_format": self.kv_format, "scales": self.scales_source}
+        if "k_smooth" in self.fixed:
+            info["k_smooth_range"] = [float(self.fixed["k_smooth"].min()), float(self.fixed["k_smooth"].max())]
         if self.is_fp8:
             info["k_scale_range"] = [float(self.fixed["k_scale"].min()), float(self.fixed["k_scale"].max())]
             info["v_scale_range"] = [float(self.fixed["v_scale"].min()), float(self.fixed["v_scale"].max())]

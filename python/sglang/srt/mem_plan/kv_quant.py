@@ -10,13 +10,15 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
   bfloat16/float16  k, v in the model's 16-bit dtype                                          [256 B, 1.00x]
   float32           k, v in fp32                                                              [512 B]
   fp8_e4m3/e5m2     k, v one byte each (x / scale cast to fp8); fp32 scales per (layer, KV head) for K and V,
-                    calibrated at startup from a forward of built-in English text (amax x headroom / fp8 max), a
-                    fixed cost of layers x kv_heads x 8 B                                        [128 B, 2.00x]
+                    calibrated at startup from a forward of seeded random tokens (amax x headroom / fp8 max), a
+                    fixed cost of layers x kv_heads x 8 B; a checkpoint's k_scale / v_scale when it has them
+                                                                                              [128 B, 2.00x]
   int8              symmetric per token: k, v int8 codes, one fp16 scale (amax / 127) each        [132 B, 1.94x]
   int4              asymmetric per token over the head vector (KIVI's value rule): 4-bit codes two to a byte, an
-                    fp16 (scale, min) pair for K and for V; the keys first turned by a fixed orthonormal
-                    (randomised Hadamard) rotation, which spreads the outlier channels that KIVI handles by
-                    quantizing keys per channel (mem_cache/kv_quant_codec.py)                  [72 B, 3.56x]
+                    fp16 (step, min) pair for K and for V. Keys are first multiplied channel-wise by a calibrated
+                    query-aware multiplier w (fixed fp32, layers x kv_heads x d x 4 B: the channels queries weigh
+                    most get the finest steps, KIVI's per-channel key insight without token groups) and turned by
+                    a fixed orthonormal (randomised Hadamard) rotation (mem_cache/kv_quant_codec.py) [72 B, 3.56x]
   int2_hadamard     the >= 8x mode: K and V turned by the rotation (their coordinates ~ Gaussian), keys 2-bit
                     (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
                     one log-scale byte per vector (2^(code/16) steps, +-2.2%)                   [31 B, 8.26x]
@@ -26,8 +28,9 @@ None of the quantized formats keeps any token in a higher precision: every byte 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 
@@ -36,18 +39,23 @@ INT_FORMATS = ("int8", "int4", "int2_hadamard")
 QUANTIZED_KV_FORMATS = FP8_FORMATS + INT_FORMATS
 # a quantized format's quality gate (benchmark/bench_kv_quality.py, docs/kv_quantization.md): None = passes; a text =
 # the measured failure, shown in --help and /server_info
-KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py on the default model (SmolLM2-135M), docs/kv_quantization.md
-    "fp8_e4m3": "fails (top-1 97.3% < 99%, perplexity +2.9% > 1%)",
-    "fp8_e5m2": "fails (top-1 94.3% < 99%, perplexity +9.9% > 1%)",
-    "int8": "fails top-1 (98.3% < 99%; two bf16 kernels agree 98.6%), perplexity +0.1% passes",
-    "int4": "fails (top-1 91.0% < 95%, perplexity +7.3% > 5%)",
-    "int2_hadamard": "capacity mode: top-1 59.1%, perplexity +342%, needle recall 0/6",
+KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs a bf16 KV (floor: fp32 KV 99.76%)
+    "fp8_e4m3": "fails (top-1 96.6% < 99%, perplexity +2.2% > 1%)",
+    "fp8_e5m2": "fails (top-1 93.8% < 99%, perplexity +10.5% > 1%)",
+    "int8": "fails top-1 (98.7% < 99%), perplexity +0.04% passes",
+    "int4": "fails (top-1 92.2% < 95%, perplexity +8.1% > 5%)",
+    "int2_hadamard": "capacity mode: top-1 53.5%, perplexity +348%, needle recall 0/2",
 }
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
 # torch_native decode reads a quantized pool in row groups of at most this many tokens (a plain pool: backends.
 # DECODE_GATHER_TOKENS, 64k): the dequantized rows cost fp32 + the model dtype, so the declared transient stays small
 QUANTIZED_DECODE_GATHER_TOKENS = 8192
 FP8_SCALE_HEADROOM = 2.0  # fp8 scale = calibration amax x headroom / fp8 max: values up to 2x the amax stay in range
+# int4 key multiplier w_c = (E[q_c^2] / E[k_c^2]) ^ INT4_KEY_SMOOTH_EXPONENT per channel (normalised to mean 1). 1/4
+# minimises the logit error q.dk of a per-token uniform quantizer for the calibration's statistics (and halves the
+# decode KL), but the 4k-token perplexity got worse (+14.7% vs +8.0% at w = 1); 1/8 keeps it (+8.1%) with a third
+# less decode KL (docs/kv_quantization.md)
+INT4_KEY_SMOOTH_EXPONENT = 0.125
 
 
 @dataclass(frozen=True)
@@ -92,10 +100,12 @@ def token_fields(fmt: str, head_dim: int, v_head_dim: int) -> Tuple[KVField, ...
     return (KVField("k", d, fmt), KVField("v", dv, fmt))  # a plain dtype (bfloat16, float16, float32)
 
 
-def fixed_fields(fmt: str) -> Tuple[KVField, ...]:
-    """Per-(layer, KV head) fields independent of the pool size."""
+def fixed_fields(fmt: str, head_dim: int = 0, v_head_dim: int = 0) -> Tuple[KVField, ...]:
+    """Per-(layer, KV head) fields independent of the pool size: fp8's scales, int4's key channel multipliers."""
     if fmt in FP8_FORMATS:
         return (KVField("k_scale", 1, "float32"), KVField("v_scale", 1, "float32"))
+    if fmt == "int4":
+        return (KVField("k_smooth", head_dim, "float32"),)
     return ()
 
 
@@ -104,8 +114,8 @@ def token_bytes_per_head(fmt: str, head_dim: int, v_head_dim: int) -> int:
     return sum(f.bytes for f in token_fields(fmt, head_dim, v_head_dim))
 
 
-def fixed_bytes(fmt: str, num_layers: int, num_kv_heads: int) -> int:
-    return num_layers * num_kv_heads * sum(f.bytes for f in fixed_fields(fmt))
+def fixed_bytes(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int = 0, v_head_dim: int = 0) -> int:
+    return num_layers * num_kv_heads * sum(f.bytes for f in fixed_fields(fmt, head_dim, v_head_dim))
 
 
 def capacity_gain_vs_bf16(fmt: str, head_dim: int, v_head_dim: int) -> float:
@@ -144,6 +154,18 @@ def describe(fmt: str, head_dim: int, v_head_dim: int) -> str:
 def decode_gather_tokens(fmt: str, default: int) -> int:
     """torch_native's decode row-group bound for this format (the plan's decode_gather transient and the backend)."""
     return QUANTIZED_DECODE_GATHER_TOKENS if is_quantized(fmt) else default
+
+
+# a checkpoint's fp8 KV scales (dequantization scales: x = fp8 code x scale), per layer or per (layer, KV head):
+# model.layers.<i>.self_attn.k_scale / v_scale (also .self_attn.attn.k_scale, as some exporters nest them)
+_KV_SCALE_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(?:attn\.)?([kv])_scale$")
+
+
+def kv_scale_name(name: str) -> Optional[Tuple[int, str]]:
+    """(layer, "k" | "v") when a checkpoint tensor name is an fp8 KV scale, else None (the loader skips them: they
+    are no model parameter; model_executor/kv_calibration.py hands them to the pool)."""
+    m = _KV_SCALE_NAME.search(name)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def _help() -> str:

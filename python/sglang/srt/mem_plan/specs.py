@@ -77,10 +77,11 @@ class KVCellSpec:
 
     @property
     def fixed_bytes(self) -> int:
-        """Per-(layer, KV head) scales that do not grow with the pool (fp8)."""
+        """Per-(layer, KV head) fields that do not grow with the pool (fp8 scales, int4 channel means)."""
         if not self.kv_format:
             return 0
-        return kv_quant.fixed_bytes(self.kv_format, self.num_layers, self.num_kv_heads_per_rank)
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        return kv_quant.fixed_bytes(self.kv_format, self.num_layers, self.num_kv_heads_per_rank, self.head_dim, v_dim)
 
     @property
     def bf16_cell_bytes(self) -> int:

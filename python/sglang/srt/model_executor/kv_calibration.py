@@ -1,19 +1,28 @@
-"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native).
+"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native)
+and of int4's key channel multipliers (--kv-cache-dtype int4: from the key and query channel energies of every
+(layer, KV head) over the same forward; the queries through recording_queries, around the attention backend).
 
 One prefill forward of KV_CALIBRATION_TOKENS seeded pseudo-random token ids into the real pool's first slots (free at
 startup; every later reader finds them rewritten first) with the pool recording the amax of every (layer, KV head)'s
 K and V; then scale = amax x FP8_SCALE_HEADROOM / fp8 max (quantized_kv_pool.calibrate_scales). Deterministic: the
-same model and flags give the same scales. A checkpoint's own k_scale / v_scale tensors are not read yet.
+same model and flags give the same scales.
+
+A checkpoint that carries its own fp8 KV scales (`model.layers.<i>.self_attn.k_scale` / `v_scale`, one per layer or
+per KV head: mem_plan/kv_quant.kv_scale_name) gives them to the pool instead (QuantizedKVPool.load_scales), and no
+calibration forward runs; /server_info's kv_cache.scales names the source. Every layer must have both, else startup
+fails naming the first one missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Optional, Tuple
 
 import torch
 
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.mem_plan.kv_quant import FP8_SCALE_HEADROOM
+from sglang.srt.mem_plan.kv_quant import FP8_SCALE_HEADROOM, kv_scale_name
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
@@ -23,10 +32,73 @@ KV_CALIBRATION_TOKENS = 512
 KV_CALIBRATION_SEED = 0
 
 
+def checkpoint_kv_scales(model_dir: str, layer_num: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The checkpoint's fp8 KV scales as (k [layer_num, n], v [layer_num, n]) fp32 (n = 1 per layer, or KV heads), or
+    None when it has none. ValueError when some layer lacks one (a partial set is no calibration)."""
+    from safetensors import safe_open
+
+    from sglang.srt.model_loader.weight_utils import list_safetensors_files
+
+    found = {}
+    for file in list_safetensors_files(model_dir):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                hit = kv_scale_name(name)
+                if hit is not None and hit[0] < layer_num:
+                    found[hit] = f.get_tensor(name).to(torch.float32).reshape(-1)
+    if not found:
+        return None
+    for layer in range(layer_num):
+        for part in ("k", "v"):
+            if (layer, part) not in found:
+                raise ValueError(f"{model_dir}: the checkpoint has fp8 KV scales but no "
+                                 f"model.layers.{layer}.self_attn.{part}_scale; give every layer both or none")
+    return tuple(torch.stack([found[(layer, part)] for layer in range(layer_num)]) for part in ("k", "v"))
+
+
+def _rank_heads(scale: torch.Tensor, head_num: int, tp_rank: int) -> torch.Tensor:
+    """[layers, n] -> this rank's [layers, 1 or head_num] (per-head scales of all KV heads are sliced per TP rank)."""
+    n = scale.shape[1]
+    if n in (1, head_num):
+        return scale
+    if n % head_num == 0:
+        return scale[:, tp_rank * head_num : (tp_rank + 1) * head_num]
+    raise ValueError(f"checkpoint fp8 KV scales have {n} entries per layer; expected 1 or the KV heads")
+
+
+def calibration_source(pool, n: int) -> str:
+    if pool.is_fp8:
+        return f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} / fp8 max, per (layer, KV head)"
+    return f"per token; key multipliers calibrated at startup over {n} seeded random tokens, per (layer, KV head)"
+
+
+@contextlib.contextmanager
+def recording_queries(backend, pool):
+    """While inside: every extend hands its queries to pool.record_query (int4's key multipliers need E[q^2])."""
+    forward_extend = backend.forward_extend
+
+    def recording(q, k, v, layer, forward_batch, save_kv_cache=True):
+        pool.record_query(layer.layer_id, q.reshape(q.shape[0], -1, pool.head_dim))
+        return forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    backend.forward_extend = recording
+    try:
+        yield
+    finally:
+        del backend.forward_extend  # the class's method again
+
+
 @torch.inference_mode()
 def calibrate_kv_scales(runner) -> None:
     pool = runner.token_to_kv_pool
-    if not getattr(pool, "is_fp8", False) or runner.server_args.attention_backend != "torch_native":
+    if not getattr(pool, "needs_calibration", False) or runner.server_args.attention_backend != "torch_native":
+        return
+    scales = checkpoint_kv_scales(runner.model_config.model_path, pool.layer_num) if pool.is_fp8 else None
+    if scales is not None:
+        rank = getattr(runner, "tp_rank", 0)
+        pool.load_scales(*(_rank_heads(s, pool.head_num, rank).to(pool.device) for s in scales),
+                         source="checkpoint k_scale / v_scale")
+        logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())
         return
     page = runner.server_args.page_size
     n = min(KV_CALIBRATION_TOKENS, runner.max_total_num_tokens, runner.chunked_prefill_size, runner.context_len - 1)
@@ -48,8 +120,8 @@ def calibrate_kv_scales(runner) -> None:
     pool.calibrating = True
     try:
         backend.init_forward_metadata(fb)
-        runner.model.forward(ids, fb.positions, fb)
+        with recording_queries(backend, pool):
+            runner.model.forward(ids, fb.positions, fb)
     finally:
-        pool.calibrate_scales(f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} "
-                              f"/ fp8 max, per (layer, KV head)")
+        pool.calibrate_scales(calibration_source(pool, n))
     logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())

@@ -20,6 +20,7 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.quantization import quantization_config
+from sglang.srt.mem_plan.kv_quant import kv_scale_name
 from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 from sglang.srt.models.registry import get_model_class
 
@@ -137,6 +138,8 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
             weights = iter_gguf_quantized_weights(gguf_path, model_config.model_path, kinds, packed_names)
     else:
         weights = safetensors_weights_iterator(model_config.model_path)
+    # fp8 KV scales (k_scale / v_scale) are no parameter: the runner gives them to the KV pool (kv_calibration.py)
+    weights = (nw for nw in weights if kv_scale_name(nw[0]) is None)
     # packing is many small uint8 operators: one thread is ~10x faster than two threads' OpenMP hand-offs on a
     # busy 2-core machine (measured 0.03 vs 0.5 s for a 1536x576 Q4_1 tensor) and no slower on a quiet one
     with _torch_threads(1 if quantization != "none" else torch.get_num_threads()):
