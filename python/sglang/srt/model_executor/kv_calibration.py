@@ -1,4 +1,6 @@
-"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native).
+"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; every backend that reads fp8 reads
+the scales: torch_native and Triton per (layer, KV head), FlashInfer per layer, so for it each layer takes the
+largest of its heads' scales).
 
 One prefill forward of KV_CALIBRATION_TOKENS seeded pseudo-random token ids into the real pool's first slots (free at
 startup; every later reader finds them rewritten first) with the pool recording the amax of every (layer, KV head)'s
@@ -26,7 +28,7 @@ KV_CALIBRATION_SEED = 0
 @torch.inference_mode()
 def calibrate_kv_scales(runner) -> None:
     pool = runner.token_to_kv_pool
-    if not getattr(pool, "is_fp8", False) or runner.server_args.attention_backend != "torch_native":
+    if not getattr(pool, "is_fp8", False):
         return
     page = runner.server_args.page_size
     n = min(KV_CALIBRATION_TOKENS, runner.max_total_num_tokens, runner.chunked_prefill_size, runner.context_len - 1)
@@ -50,6 +52,9 @@ def calibrate_kv_scales(runner) -> None:
         backend.init_forward_metadata(fb)
         runner.model.forward(ids, fb.positions, fb)
     finally:
-        pool.calibrate_scales(f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} "
-                              f"/ fp8 max, per (layer, KV head)")
+        source = f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} / fp8 max"
+        pool.calibrate_scales(source + ", per (layer, KV head)")
+    if getattr(backend, "per_layer_kv_scales", False):  # the kernel takes one K and one V scale per layer
+        pool.load_scales(pool.fixed["k_scale"].amax(1), pool.fixed["v_scale"].amax(1),
+                         source + f", per layer (the largest of its KV heads': {backend.backend_name} takes one)")
     logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())

@@ -68,7 +68,10 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         from sglang.srt.layers.attention import triton_ops  # imports triton; only once this backend is chosen
         from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
 
+        from sglang.srt.layers.attention.triton_ops.kv_formats import kv_operands, turn
+
         self.ops = triton_ops
+        self.kv_operands, self.turn = kv_operands, turn
         if interpreted() and getattr(self.model_config, "dtype", None) == torch.bfloat16:
             # the interpreter runs tl.dot through numpy, which has no bfloat16: its bf16 products are wrong
             raise ValueError("--attention-backend triton under TRITON_INTERPRET=1 cannot run bfloat16 (the Triton "
@@ -78,6 +81,22 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
 
             use_single_threaded_blas()
         self.forward_metadata: Optional[TritonMetadata] = None
+        self.rotations = self._rotations()
+
+    def _rotations(self) -> dict:
+        """A rotated KV format's matrices R [D, D] fp32 per rotated part ("k", "v"), in the planned kv_rotation
+        buffer (a CUDA graph reads them from there); {} for the other formats."""
+        pool = self.token_to_kv_pool
+        parts = [p for p in ("k", "v") if getattr(pool, "rotation", None) and pool.rotation(p) is not None]
+        if not parts:
+            return {}
+        buf = self.buffers.get("kv_rotation")
+        if buf is None or buf.shape[0] != len(parts):
+            raise ValueError(f"triton: --kv-cache-dtype {pool.kv_format} rotates {parts}, but the plan declared "
+                             f"{None if buf is None else tuple(buf.shape)} for kv_rotation")
+        for i, part in enumerate(parts):
+            buf[i].copy_(pool.rotation(part))
+        return {part: buf[i] for i, part in enumerate(parts)}
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -115,37 +134,39 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         self.forward_metadata = TritonMetadata(cuda_graph=True)
 
     # ------------------------------------------------------------------ per layer
-    def _pool(self, layer):
-        pool = self.token_to_kv_pool
-        return pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+    def _turn_out(self, o: torch.Tensor) -> torch.Tensor:
+        r_v = self.rotations.get("v")
+        return o if r_v is None else self.turn(o, r_v.T)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        k_pool, v_pool = self._pool(layer)
+        kv = self.kv_operands(self.token_to_kv_pool, layer.layer_id)
+        r_k, r_v = self.rotations.get("k"), self.rotations.get("v")  # a rotated format: attend in its basis
+        q, k, v = self.turn(q, r_k), self.turn(k, r_k), self.turn(v, r_v)
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         self.ops.extend_attention_fwd(
-            q, k, v, o, k_pool, v_pool, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
-            md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
+            q, k, v, o, None, None, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling, kv=kv,
         )
-        return o.view(q.shape[0], -1)
+        return self._turn_out(o).view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; the new token's K/V must be in the pool before attending
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        k_pool, v_pool = self._pool(layer)
+        q = self.turn(q, self.rotations.get("k"))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         self.ops.decode_attention_fwd(
-            q, k_pool, v_pool, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
-            layer.scaling, max_seq_len=md.max_seq_len,
+            layer.scaling, max_seq_len=md.max_seq_len, kv=self.kv_operands(self.token_to_kv_pool, layer.layer_id),
         )
-        return o.view(q.shape[0], -1)
+        return self._turn_out(o).view(q.shape[0], -1)
 
 
 BACKEND_CLASS = TritonAttnBackend
