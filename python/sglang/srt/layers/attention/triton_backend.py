@@ -68,10 +68,10 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         from sglang.srt.layers.attention import triton_ops  # imports triton; only once this backend is chosen
         from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
 
-        from sglang.srt.layers.attention.triton_ops.kv_formats import kv_operands, turn
+        from sglang.srt.layers.attention.triton_ops import kv_formats
 
         self.ops = triton_ops
-        self.kv_operands, self.turn = kv_operands, turn
+        self.kv_formats = kv_formats  # the pool's buffers as kernel operands; the host side of rotated formats
         if interpreted() and getattr(self.model_config, "dtype", None) == torch.bfloat16:
             # the interpreter runs tl.dot through numpy, which has no bfloat16: its bf16 products are wrong
             raise ValueError("--attention-backend triton under TRITON_INTERPRET=1 cannot run bfloat16 (the Triton "
@@ -134,39 +134,38 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         self.forward_metadata = TritonMetadata(cuda_graph=True)
 
     # ------------------------------------------------------------------ per layer
-    def _turn_out(self, o: torch.Tensor) -> torch.Tensor:
-        r_v = self.rotations.get("v")
-        return o if r_v is None else self.turn(o, r_v.T)
-
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        kv = self.kv_operands(self.token_to_kv_pool, layer.layer_id)
-        r_k, r_v = self.rotations.get("k"), self.rotations.get("v")  # a rotated format: attend in its basis
-        q, k, v = self.turn(q, r_k), self.turn(k, r_k), self.turn(v, r_v)
+        f, pool = self.kv_formats, self.token_to_kv_pool
+        r_k, r_v, v_mean = self.rotations.get("k"), self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
+        q, k, v = f.into_basis(q, k, v, r_k, r_v, v_mean)  # a rotated / centred format: attend in its basis
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         self.ops.extend_attention_fwd(
             q, k, v, o, None, None, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
-            md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling, kv=kv,
+            md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
+            kv=f.kv_operands(pool, layer.layer_id),
         )
-        return self._turn_out(o).view(q.shape[0], -1)
+        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; the new token's K/V must be in the pool before attending
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        q = self.turn(q, self.rotations.get("k"))
+        f, pool = self.kv_formats, self.token_to_kv_pool
+        r_v, v_mean = self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
+        q = f.turn(q, self.rotations.get("k"))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         self.ops.decode_attention_fwd(
             q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
-            layer.scaling, max_seq_len=md.max_seq_len, kv=self.kv_operands(self.token_to_kv_pool, layer.layer_id),
+            layer.scaling, max_seq_len=md.max_seq_len, kv=f.kv_operands(pool, layer.layer_id),
         )
-        return self._turn_out(o).view(q.shape[0], -1)
+        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 
 
 BACKEND_CLASS = TritonAttnBackend

@@ -78,3 +78,30 @@ def turn(x: torch.Tensor, r) -> torch.Tensor:
     """x [..., D] @ r [D, D] (fp32 product, back in x's dtype); r None: x itself. The rotated formats are attended
     in their rotated basis: the query (and a prefill's fresh K/V) turn by R in, the output by R^T out."""
     return x if r is None else (x.float() @ r).to(x.dtype)
+
+
+def value_mean(pool, layer_id: int):
+    """A format's fixed per-(layer, KV head) V channel mean [KV, Dv] fp32 (unrotated) that its codes store V less
+    (pool.fixed["v_mean"]), or None. A K mean needs nothing: q . mean is one constant per query row, which the
+    softmax ignores."""
+    means = getattr(pool, "fixed", {}).get("v_mean")
+    return None if means is None else means[layer_id]
+
+
+def into_basis(q, k, v, r_k, r_v, v_mean):
+    """q, and a prefill's fresh k / v, in the basis the pool's codes are attended in: turned by the rotations, V less
+    its mean (so the output, turned back, takes the mean once: out_of_basis)."""
+    if v is not None and v_mean is not None:
+        v = (v.float() - v_mean[None]).to(v.dtype)
+    return turn(q, r_k), (None if k is None else turn(k, r_k)), (None if v is None else turn(v, r_v))
+
+
+def out_of_basis(o: torch.Tensor, r_v, v_mean) -> torch.Tensor:
+    """o [N, H_q, Dv] from the kernel -> the attention output: turned back by R_v^T, plus the V mean of each query
+    head's KV head (the probabilities sum to 1)."""
+    o = turn(o, None if r_v is None else r_v.T)
+    if v_mean is None:
+        return o
+    n, h, dv = o.shape
+    kv = v_mean.shape[0]
+    return (o.float().view(n, kv, h // kv, dv) + v_mean[None, :, None, :]).to(o.dtype).view(n, h, dv)
