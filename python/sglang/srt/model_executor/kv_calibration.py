@@ -54,7 +54,7 @@ def calibrate_kv_scales(runner) -> None:
     finally:
         source = f"calibrated at startup: amax of {n} seeded random tokens x {FP8_SCALE_HEADROOM:g} / fp8 max"
         pool.calibrate_scales(source + ", per (layer, KV head)")
-    if getattr(backend, "per_layer_kv_scales", False):  # the kernel takes one K and one V scale per layer
+    if pool.is_fp8 and getattr(backend, "per_layer_kv_scales", False):  # the kernel takes one scale per layer
         pool.load_scales(pool.fixed["k_scale"].amax(1), pool.fixed["v_scale"].amax(1),
                          source + f", per layer (the largest of its KV heads': {backend.backend_name} takes one)")
     logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())

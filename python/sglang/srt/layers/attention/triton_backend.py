@@ -13,6 +13,11 @@ Planned buffers (mem_plan/backends.py, allocated once by AttentionBackend.__init
   cuda_graph_attn_logits / cuda_graph_attn_lse [G, ...]: the same workspace for decode under CUDA graphs
       (G = --cuda-graph-max-bs; init_forward_metadata_capture_cuda_graph). No kv-index buffers: the kernels read
       req_to_token and derive the splits from seq_lens.
+  kv_rotation fp32 [parts, D, D]: with a rotated --kv-cache-dtype (int4, int2_hadamard) the pool's rotation per
+      rotated part; the query (and a prefill's fresh K/V) turn by it before the kernels, the output back after.
+
+A quantized pool (fp8 with per-(layer, head) scales, int8, int4, int2_hadamard) is read in place: each launch gets
+the layer's views of the pool's code and scale buffers (triton_ops/kv_formats.py), also under CUDA graphs.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Two kernels per layer:
   2. `_decode_merge_kernel`, grid (B,): merges the k_b splits of every head of request b by their log-sum-exp
      weights (recomputing the same split ranges) and writes o[b, :, :] in the output dtype.
 
+The pool is read in its stored format (kv_formats.KVOperands; kv_dequant.py folds the scales into q.k and p.v), so a
+quantized pool is never dequantized into a copy.
+
 partial_out fp32 [R, H_q, num_kv_splits, Dv] and lse fp32 [R, H_q, num_kv_splits] (R >= B) are the backend's planned
 workspace (mem_plan/backends.py, "attn_logits"/"attn_lse"): passed in, never allocated here.
 

@@ -12,6 +12,10 @@ softmax runs over:
      mask j <= i (new token i sits at sequence position prefix_len + i).
 q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
 the extend lengths. Both loops take their softmax steps with online_softmax.attend_key_block (shared with decode).
+A quantized pool (kv_formats.KVOperands: codes and scales read in place, kv_dequant.py) changes loop 1 for a request
+with a cached prefix: it runs over the whole sequence [0, prefix_len + new tokens of this block) from the pool with
+the causal mask t <= prefix_len + i, and loop 2 is skipped -- the new tokens are read back as stored, as torch_native
+reads them; a request without a prefix attends to the fresh k/v (loop 2 only).
 """
 
 from __future__ import annotations
