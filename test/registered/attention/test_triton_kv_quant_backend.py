@@ -18,7 +18,7 @@ from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs, declare
 from sglang.srt.mem_plan.kv_quant import rotated_parts
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 TOL = 1e-4
 
