@@ -15,7 +15,9 @@ import torch
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs
+from sglang.srt.mem_plan.kv_quant import rotated_parts
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, move_to_device
 from sglang.srt.server_args import ServerArgs
@@ -25,16 +27,21 @@ class BackendHarness:
     def __init__(self, backend: str, *, page_size: int = 1, num_q_heads: int = 6, num_kv_heads: int = 2,
                  head_dim: int = 32, dtype=torch.bfloat16, num_reqs: int = 4, context_len: int = 512,
                  graph_bs: int = 0, num_layers: int = 2, pool_tokens: int = 2048, seed: int = 0,
-                 device: str = "cpu"):
+                 device: str = "cpu", kv_format: str = ""):
         self.gen = torch.Generator().manual_seed(seed)
         self.dtype, self.num_layers, self.device = dtype, num_layers, device
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.r2t = ReqToTokenPool(num_reqs, req_to_token_row_len(context_len), device)
-        self.pool = MHATokenToKVPool(pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers, device)
+        if kv_format:  # a quantized pool (mem_cache/quantized_kv_pool.py): both backends read its codes
+            self.pool = create_kv_pool(kv_format, pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers,
+                                       device)
+        else:
+            self.pool = MHATokenToKVPool(pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers, device)
         self.allocator = TokenToKVPoolAllocator(pool_tokens, page_size)
         shape = AttentionShape(num_q_heads, head_dim, context_len, num_kv_heads=num_kv_heads,
                                model_dtype_bytes=dtype.itemsize, kv_dtype_bytes=dtype.itemsize,
-                               num_kv_splits=ServerArgs.triton_attention_num_kv_splits)
+                               num_kv_splits=ServerArgs.triton_attention_num_kv_splits,
+                               kv_rotated_parts=len(rotated_parts(kv_format)))
         self.inputs = BackendInputs(shape, num_reqs, graph_bs)
         model_config = SimpleNamespace(dtype=dtype)
         common = dict(model_config=model_config, req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, device=device)

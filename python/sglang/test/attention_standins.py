@@ -119,6 +119,21 @@ def _check_csr(indptr, indices, last_page_len, batch, num_pages, page_size):
 
 
 # ---------------------------------------------------------------------------------------------- flashinfer
+FI_KV_DTYPES = HALF_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scaled(sm_scale, k_scale):
+    """As flashinfer's run(): `sm_scale *= k_scale` (a float; a tensor would reach the kernel as one)."""
+    assert k_scale is None or isinstance(k_scale, float), type(k_scale)
+    return sm_scale if k_scale is None else sm_scale * k_scale
+
+
+def _times(out, v_scale):
+    """As flashinfer's run(): the output times v_scale (a float)."""
+    assert v_scale is None or isinstance(v_scale, float), type(v_scale)
+    return out if v_scale is None else (out.float() * v_scale).to(out.dtype)
+
+
 def make_flashinfer(log: Optional[CallLog] = None) -> types.ModuleType:
     log = CallLog() if log is None else log
 
@@ -134,7 +149,8 @@ def make_flashinfer(log: Optional[CallLog] = None) -> types.ModuleType:
         def _check_cache(self, q, paged_kv_cache):
             k, v = paged_kv_cache
             assert k.dim() == 4 and k.shape[1] == self._page_size and k.shape[2] == self._num_kv_heads, k.shape
-            assert q.dtype == self._q_data_type and k.dtype == self._kv_data_type, (q.dtype, k.dtype)
+            assert q.dtype == self._q_data_type and k.dtype == v.dtype == self._kv_data_type, (q.dtype, k.dtype)
+            assert k.dtype in FI_KV_DTYPES, k.dtype
             assert q.shape[1:] == (self._num_qo_heads, self._head_dim) and q.is_contiguous(), q.shape
             return k, v
 
@@ -198,9 +214,12 @@ def make_flashinfer(log: Optional[CallLog] = None) -> types.ModuleType:
             assert q.shape[0] == batch, (q.shape, batch)
             _check_csr(self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf,
                        batch, k.shape[0], self._page_size)
-            log.append(("decode_run", dict(wrapper=self, q=q, paged_kv_cache=paged_kv_cache)))
-            return csr_attention(q, k, v, torch.arange(batch + 1), self._paged_kv_indptr_buf,
-                                 self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf, self._sm_scale, False)
+            log.append(("decode_run", dict(wrapper=self, q=q, paged_kv_cache=paged_kv_cache, k_scale=k_scale,
+                                           v_scale=v_scale)))
+            out = csr_attention(q, k, v, torch.arange(batch + 1), self._paged_kv_indptr_buf,
+                                self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf,
+                                _scaled(self._sm_scale, k_scale), False)
+            return _times(out, v_scale)
 
     class BatchPrefillWithPagedKVCacheWrapper(_Base):
         @_standin
@@ -246,8 +265,10 @@ def make_flashinfer(log: Optional[CallLog] = None) -> types.ModuleType:
                 uses_spcompress=None):
             k, v = self._check_cache(q, paged_kv_cache)
             assert q.shape[0] == int(self._qo_indptr[-1])
-            log.append(("prefill_run", dict(wrapper=self, q=q, paged_kv_cache=paged_kv_cache)))
-            return csr_attention(q, k, v, self._qo_indptr, *self._kv, self._sm_scale, self._causal)
+            log.append(("prefill_run", dict(wrapper=self, q=q, paged_kv_cache=paged_kv_cache, k_scale=k_scale,
+                                            v_scale=v_scale)))
+            out = csr_attention(q, k, v, self._qo_indptr, *self._kv, _scaled(self._sm_scale, k_scale), self._causal)
+            return _times(out, v_scale)
 
     mod = types.ModuleType("flashinfer")
     mod.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper

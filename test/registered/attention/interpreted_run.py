@@ -7,6 +7,8 @@ JSON line that the test reads. Not a test file (run_suite collects test_*.py onl
 
     python interpreted_run.py kernels            -> {case: max abs error}
     python interpreted_run.py page_ids           -> {case: [page ids from the kernel]} (page_id_cases.py)
+    python interpreted_run.py kv_quant_kernels   -> {case: max abs error} over quantized pools (kv_quant_triton_cases.py)
+    python interpreted_run.py kv_quant_backend   -> the Triton backend over quantized pools (kv_quant_backend_cases.py)
     python interpreted_run.py engine '<json>'    -> run_engine(**json)
 """
 
@@ -84,10 +86,44 @@ def kernel_errors() -> dict:
     return errors
 
 
+def kv_quant_kernel_errors() -> dict:
+    """Max abs error of the Triton kernels over each quantized pool format, keyed 'kind|tiles|dtype|page_size|fmt',
+    plus runs with a wrong V scale in the pool ('sensitivity|kind|fmt') that must be far off."""
+    import torch
+    from kv_quant_triton_cases import DECODE_CASE, EXTEND_CASE, FORMATS, run_quant_decode, run_quant_extend
+
+    from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
+    from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES
+
+    use_single_threaded_blas()
+    errors = {}
+    for fmt in FORMATS:
+        for dtype in (torch.float32, torch.float16):
+            for page_size in (1, 16):
+                errors[f"decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
+                    fmt, page_size, dtype, **DECODE_CASE)
+                errors[f"extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
+                    fmt, page_size, dtype, **EXTEND_CASE)
+        # the GPU tiles: several key blocks, splits and query blocks per request
+        errors[f"decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(fmt, 16, torch.float32, tiles=GPU_TILES,
+                                                                          **DECODE_CASE)
+        errors[f"extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, tiles=GPU_TILES,
+                                                                         **EXTEND_CASE)
+        errors[f"sensitivity|decode|{fmt}"] = run_quant_decode(fmt, 1, torch.float32, scale_error=1.5, **DECODE_CASE)
+        errors[f"sensitivity|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, scale_error=1.5, **EXTEND_CASE)
+    return errors
+
+
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     if sys.argv[1] == "kernels":
         result = kernel_errors()
+    elif sys.argv[1] == "kv_quant_kernels":
+        result = kv_quant_kernel_errors()
+    elif sys.argv[1] == "kv_quant_backend":
+        from kv_quant_backend_cases import backend_results
+
+        result = backend_results()
     elif sys.argv[1] == "page_ids":
         from page_id_cases import kernel_page_ids
 

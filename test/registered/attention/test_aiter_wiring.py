@@ -69,6 +69,10 @@ class TestAiterWiring(unittest.TestCase):
         with install(make_aiter()):
             with self.assertRaisesRegex(ValueError, "float16/bfloat16"):
                 BackendHarness("aiter", dtype=torch.float32)
+            for fmt in ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard"):  # no fp8 prefill in AITER
+                with self.assertRaisesRegex(ValueError, f"cannot read --kv-cache-dtype {fmt}.*--attention-backend "
+                                                        "triton"):
+                    BackendHarness("aiter", kv_format=fmt)
 
 
 if __name__ == "__main__":

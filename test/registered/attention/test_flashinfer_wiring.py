@@ -5,6 +5,7 @@ what the kernels assume (int32 CSR arrays, NHD paged cache [pages, page_size, KV
 buffers), and computes attention with torch from the page table it is handed. Comparing that with torch_native over
 the same pools catches a wrong page table (indptr / indices / last-page lengths), a wrong causal alignment or a
 wrong pool view; the planned workspaces must be the objects the library gets, and a step allocates nothing large.
+An fp8 pool reaches the library with its fp8 dtype and per-layer k_scale / v_scale; the int formats are refused.
 """
 
 import unittest
@@ -12,6 +13,7 @@ import unittest
 import torch
 from backend_fixtures import check_steps
 
+from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_plan.backends import FLASHINFER_INT_WORKSPACE_BYTES
 from sglang.test.attention_harness import BackendHarness, max_abs_diff
 from sglang.test.attention_standins import install, make_flashinfer
@@ -122,6 +124,43 @@ class TestFlashInferWiring(unittest.TestCase):
             h.layers[0].scaling = 0.5
             with self.assertRaisesRegex(NotImplementedError, "scales by 0.5"):
                 h.backend.forward(q, k, v, h.layers[0], fb)
+
+    def test_fp8_pool_gets_its_dtype_and_per_layer_scales(self):
+        """An fp8 pool: plan() gets the fp8 kv_data_type (the stand-in checks the cache against it), run() the
+        layer's k_scale / v_scale floats, and the outputs equal torch_native reading the same codes and scales."""
+        for fmt, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)):
+            with self.subTest(fmt=fmt), install(make_flashinfer()) as fi:
+                h = BackendHarness("flashinfer", page_size=4, kv_format=fmt)
+                k_scales, v_scales = torch.tensor([0.02, 0.05]), torch.tensor([0.04, 0.01])
+                h.pool.load_scales(k_scales, v_scales, "test")  # per layer, as calibration leaves them for flashinfer
+                h.backend = create_attention_backend("flashinfer", inputs=h.inputs, model_config=h.reference.model_config,
+                                                     req_to_token_pool=h.r2t, token_to_kv_pool=h.pool, device="cpu")
+                rows = [h.new_request() for _ in range(3)]
+                # a prefill without a cached prefix: torch_native attends to the fresh K/V, flashinfer to the fp8
+                # pool (it reads only the pool); every later step reads the pool in both
+                h.step(rows, [5, 17, 9])
+                check_steps(self, h, rows, [[3, 1, 8], [1, 1, 1], [1, 1, 1]], BF16_TOL, STEP_ALLOC_LIMIT_BYTES)
+                runs = fi.calls.named("prefill_run") + fi.calls.named("decode_run")
+                self.assertEqual(len(runs), 4 * h.num_layers)
+                for run in runs:
+                    # the cache handed over is a view of the pool's own codes of that layer
+                    layer = [i for i in range(h.num_layers)
+                             if run["paged_kv_cache"][0].data_ptr() == h.pool.k_buffer[i].data_ptr()][0]
+                    self.assertEqual(run["paged_kv_cache"][0].dtype, dtype)
+                    self.assertAlmostEqual(run["k_scale"], float(k_scales[layer]))
+                    self.assertAlmostEqual(run["v_scale"], float(v_scales[layer]))
+
+    def test_refuses_int_formats_and_per_head_scales(self):
+        with install(make_flashinfer()):
+            for fmt in ("int8", "int4", "int2_hadamard"):
+                with self.assertRaisesRegex(ValueError, f"cannot read --kv-cache-dtype {fmt}.*--attention-backend "
+                                                        "triton"):
+                    BackendHarness("flashinfer", kv_format=fmt)
+            h = BackendHarness("flashinfer", kv_format="fp8_e4m3")
+            h.pool.load_scales(torch.tensor([[0.1, 0.2], [0.1, 0.1]]), torch.ones(2), "per head")
+            with self.assertRaisesRegex(ValueError, "one fp8 k scale per layer.*--attention-backend triton"):
+                create_attention_backend("flashinfer", inputs=h.inputs, model_config=h.reference.model_config,
+                                         req_to_token_pool=h.r2t, token_to_kv_pool=h.pool, device="cpu")
 
 
 if __name__ == "__main__":

@@ -293,8 +293,9 @@ class TestPlanCapacity(unittest.TestCase):
 
         err = io.StringIO()
         with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
-            run(["--gpu", "h100-80gb", "--kv-cache-dtype", "int4", "--attention-backend", "triton"])
-        self.assertIn("read only by --attention-backend torch_native", err.getvalue())
+            run(["--gpu", "h100-80gb", "--kv-cache-dtype", "int4", "--attention-backend", "flashinfer"])
+        self.assertIn("read by --attention-backend torch_native / triton, not by flashinfer", err.getvalue())
+        self.assertIn("use --attention-backend triton", err.getvalue())
 
 
 if __name__ == "__main__":

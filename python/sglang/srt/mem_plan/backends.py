@@ -16,7 +16,8 @@ Transient buffers are upper bounds on per-forward scratch: charged, never alloca
       the planned one) + int32 kv-index buffers [R * ceil(context_len / page_size)] per wrapper: every batch's page
       ids (eager and graph decode, extend) are gathered into it, never into a per-step tensor.
   Triton: split-KV decode logits fp32 [B, H_q, splits, d_v] + lse [B, H_q, splits], for eager decode at B = R
-      and for graphs at B = G, + int64 graph kv indices [G * context_len], + int32 extend qo_start [R + 1].
+      and for graphs at B = G, + int32 extend qo_start [R + 1]; with a rotated KV format (int4, int2_hadamard) its
+      fp32 rotation matrices [parts, d, d], which turn the query and the output on the device.
   torch_native: nothing persistent; transients: one extend call with a cached prefix (mask, gathered K/V, query
       and output copies) and, without the fused CPU decode kernel, one decode row group's gathered K/V. With the
       fused CPU kernels (the same module serves decode and extend) extend is one kernel call per layer: its query
@@ -80,6 +81,7 @@ class AttentionShape:
     model_dtype_bytes: int = 2
     kv_dtype_bytes: int = 2
     decode_gather_tokens: int = DECODE_GATHER_TOKENS  # torch_native's decode row group (kv_quant: less if quantized)
+    kv_rotated_parts: int = 0  # K/V parts a rotated KV format stores turned (kv_quant.rotated_parts): Triton's R
 
     @property
     def v_dim(self) -> int:
@@ -163,7 +165,8 @@ def triton_buffers(x: BackendInputs) -> list[BufferDecl]:
         BufferDecl("attn_lse", (r, h, splits), "float32"),
         BufferDecl("cuda_graph_attn_logits", (g, h, splits, dv), "float32"),
         BufferDecl("cuda_graph_attn_lse", (g, h, splits), "float32"),
-    ]
+    ] + ([BufferDecl("kv_rotation", (s.kv_rotated_parts, s.head_dim, s.head_dim), "float32")]
+         if s.kv_rotated_parts else [])  # a rotated KV format's R per part: q (and out) turn on the device
 
 
 def extend_attention_workspace_bytes(num_q_heads: int, num_kv_heads: int, head_dim: int, elem_bytes: int,

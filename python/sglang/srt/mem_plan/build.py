@@ -23,7 +23,7 @@ from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.kv_quant import describe as describe_kv
-from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes
+from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes, rotated_parts
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
     CAPTURABLE,
@@ -160,7 +160,8 @@ def attention_shape(sa, model: ModelFacts) -> AttentionShape:
                                         model_dtype_bytes=dtype_bytes(model.dtype),
                                         kv_dtype_bytes=gather_elem_bytes(model.kv_cache_dtype, model.dtype))
     return dataclasses.replace(shape, decode_gather_tokens=decode_gather_tokens(model.kv_cache_dtype,
-                                                                                shape.decode_gather_tokens))
+                                                                                shape.decode_gather_tokens),
+                               kv_rotated_parts=len(rotated_parts(model.kv_cache_dtype)))
 
 
 def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cuda_graph_max_bs: int) -> BackendInputs:

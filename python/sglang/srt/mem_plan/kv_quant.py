@@ -47,6 +47,10 @@ KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs 
     "int2_hadamard": "capacity mode: top-1 53.5%, perplexity +348%, needle recall 0/2",
 }
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
+ROTATED_PARTS = {"int4": ("k",), "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
+# the attention backends that read a quantized format (check_kv_format_backend); AITER's prefill takes no fp8 KV
+KV_FORMAT_BACKENDS = {**{f: ("torch_native", "triton", "flashinfer") for f in FP8_FORMATS},
+                      **{f: ("torch_native", "triton") for f in INT_FORMATS}}
 # torch_native decode reads a quantized pool in row groups of at most this many tokens (a plain pool: backends.
 # DECODE_GATHER_TOKENS, 64k): the dequantized rows cost fp32 + the model dtype, so the declared transient stays small
 QUANTIZED_DECODE_GATHER_TOKENS = 8192
@@ -137,10 +141,17 @@ def gather_elem_bytes(fmt: str, model_dtype: str) -> int:
 
 def check_kv_format_backend(fmt: str, backend: str) -> None:
     """ValueError when the attention backend cannot read this KV format: the int formats are read by torch_native's
-    dequantizing gather only (the Triton/FlashInfer/AITER kernels read a plain or fp8 pool)."""
-    if fmt in INT_FORMATS and backend != "torch_native":
-        raise ValueError(f"--kv-cache-dtype {fmt} is read only by --attention-backend torch_native (got {backend}); "
-                         f"use torch_native, or --kv-cache-dtype fp8_e4m3 / auto with {backend}.")
+    dequantizing gather and the Triton kernels (in-kernel); FlashInfer reads fp8, AITER none (no fp8 prefill)."""
+    readers = KV_FORMAT_BACKENDS.get(fmt)
+    if readers is not None and backend not in readers:
+        raise ValueError(f"--kv-cache-dtype {fmt} is read by --attention-backend {' / '.join(readers)}, not by "
+                         f"{backend}: use --attention-backend triton (GPU) or torch_native (CPU), or "
+                         f"--kv-cache-dtype auto with {backend}.")
+
+
+def rotated_parts(fmt: str) -> Tuple[str, ...]:
+    """The parts ("k", "v") a format stores turned by its fixed rotation (mem_cache/kv_quant_codec.py)."""
+    return ROTATED_PARTS.get(fmt, ())
 
 
 def describe(fmt: str, head_dim: int, v_head_dim: int) -> str:
@@ -174,7 +185,7 @@ def _help() -> str:
     return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
             "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
             "int8 per token, int4 per token asymmetric (keys rotated), int2_hadamard; bf16 tokens per byte x "
-            f"(head dim 64): {gains}. int formats need --attention-backend torch_native."
+            f"(head dim 64): {gains}. int formats need --attention-backend torch_native or triton."
             + (f" Quality gate on the default model: {flags}." if flags else ""))
 
 

@@ -1,6 +1,8 @@
-"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2 with --attention-backend torch_native)
-and of int4's key channel multipliers (--kv-cache-dtype int4: from the key and query channel energies of every
-(layer, KV head) over the same forward; the queries through recording_queries, around the attention backend).
+"""Startup calibration of fp8 KV scales (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; every backend that reads fp8 reads
+the scales: torch_native and Triton per (layer, KV head), FlashInfer per layer, so for it each layer takes the
+largest of its heads' scales) and of int4's key channel multipliers (--kv-cache-dtype int4: from the key and query
+channel energies of every (layer, KV head) over the same forward; the queries through recording_queries, around the
+attention backend).
 
 One prefill forward of KV_CALIBRATION_TOKENS seeded pseudo-random token ids into the real pool's first slots (free at
 startup; every later reader finds them rewritten first) with the pool recording the amax of every (layer, KV head)'s
@@ -91,7 +93,7 @@ def recording_queries(backend, pool):
 @torch.inference_mode()
 def calibrate_kv_scales(runner) -> None:
     pool = runner.token_to_kv_pool
-    if not getattr(pool, "needs_calibration", False) or runner.server_args.attention_backend != "torch_native":
+    if not getattr(pool, "needs_calibration", False):
         return
     scales = checkpoint_kv_scales(runner.model_config.model_path, pool.layer_num) if pool.is_fp8 else None
     if scales is not None:
@@ -123,5 +125,9 @@ def calibrate_kv_scales(runner) -> None:
         with recording_queries(backend, pool):
             runner.model.forward(ids, fb.positions, fb)
     finally:
-        pool.calibrate_scales(calibration_source(pool, n))
+        source = calibration_source(pool, n)
+        pool.calibrate_scales(source)
+    if pool.is_fp8 and getattr(backend, "per_layer_kv_scales", False):  # the kernel takes one scale per layer
+        pool.load_scales(pool.fixed["k_scale"].amax(1), pool.fixed["v_scale"].amax(1),
+                         source + f", per layer (the largest of its KV heads': {backend.backend_name} takes one)")
     logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())

@@ -52,6 +52,10 @@ class AiterAttnBackend(PlannedGpuAttnBackend):
             raise NotImplementedError("aiter: the MLA kernels are not wired; use --attention-backend torch_native")
         self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
         check_kernel_dtype(self.backend_name, self.q_dtype)
+        if hasattr(pool, "kv_format"):  # a quantized pool (fp8 / int): mha_batch_prefill_func takes no fp8 K/V
+            raise ValueError(f"--attention-backend aiter cannot read --kv-cache-dtype {pool.kv_format}: AITER's "
+                             "prefill kernel (mha_batch_prefill_func) takes K/V in the query dtype only, without "
+                             "scales; use --attention-backend triton, which dequantizes it in-kernel.")
         if pool.dtype != self.q_dtype:  # mha_batch_prefill reads K/V in the query dtype
             raise ValueError(f"aiter: a {pool.dtype} KV cache under a {self.q_dtype} model is not wired; use "
                              "--kv-cache-dtype auto, or --attention-backend triton / torch_native")

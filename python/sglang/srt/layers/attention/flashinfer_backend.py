@@ -1,4 +1,8 @@
-"""FlashInferAttnBackend: paged attention through flashinfer's wrappers (CUDA; fp16/bf16).
+"""FlashInferAttnBackend: paged attention through flashinfer's wrappers (CUDA; fp16/bf16, KV fp16/bf16 or fp8).
+
+fp8 KV (--kv-cache-dtype fp8_e4m3 / fp8_e5m2): plan() gets kv_data_type = the pool's fp8 dtype, the paged cache is
+the pool's raw fp8 view, and run() gets the layer's k_scale / v_scale floats (flashinfer takes one per layer: the
+startup calibration makes the pool's scales per layer for it). The int formats are refused (naming triton).
 
 Memory (declared in mem_plan/backends.py, allocated once by the base class, never again per step):
     workspace            uint8 [384 MiB; 512 MiB for Qwen2/Qwen3/MiMo]  the float workspace of every wrapper
@@ -44,8 +48,27 @@ def check_kernel_dtype(backend: str, q_dtype: torch.dtype) -> None:
                          "--dtype bfloat16, or --attention-backend triton / torch_native for float32.")
 
 
+def fp8_layer_scales(backend: str, pool) -> Optional[list]:
+    """The (k_scale, v_scale) host floats of every layer of an fp8 pool (read once: the scales are fixed after the
+    startup calibration), None for a plain pool. The kernels take one scale per layer; an int format is refused."""
+    fmt = getattr(pool, "kv_format", None)
+    if fmt is None:  # a plain pool (MHATokenToKVPool)
+        return None
+    if not getattr(pool, "is_fp8", False):
+        raise ValueError(f"--attention-backend {backend} cannot read --kv-cache-dtype {fmt} (its kernels take fp16/"
+                         "bf16/fp8 K/V only): use --attention-backend triton, which dequantizes it in-kernel.")
+    k, v = pool.fixed["k_scale"], pool.fixed["v_scale"]
+    for name, s in (("k", k), ("v", v)):
+        if not bool((s == s[:, :1]).all()):
+            raise ValueError(f"--attention-backend {backend} takes one fp8 {name} scale per layer, and the pool's "
+                             "differ between KV heads (kv_calibration.py makes them per layer for it): use "
+                             "--attention-backend triton for per-head scales.")
+    return list(zip(k[:, 0].tolist(), v[:, 0].tolist()))
+
+
 class FlashInferAttnBackend(PlannedGpuAttnBackend):
     backend_name = "flashinfer"
+    per_layer_kv_scales = True  # fp8: one k_scale / v_scale per layer (run()'s floats)
     kernel_module = "flashinfer"
     install_hint = "pip install flashinfer-python"
     device_kind = "an NVIDIA GPU (CUDA)"
@@ -62,6 +85,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         pool, shape = self.token_to_kv_pool, self.inputs.shape
         self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
         check_kernel_dtype(self.backend_name, self.q_dtype)
+        self.kv_scales = fp8_layer_scales(self.backend_name, pool)  # [(k_scale, v_scale)] per layer, or None
         if shape.num_wrappers != 1:
             raise NotImplementedError("flashinfer: sliding-window / cross attention (two wrappers) is not wired; use "
                                       "--attention-backend torch_native")
@@ -145,6 +169,13 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         rows = k.shape[0] - k.shape[0] % ps
         return (k[:rows].view(-1, ps, k.shape[1], k.shape[2]), v[:rows].view(-1, ps, v.shape[1], v.shape[2]))
 
+    def _scales(self, layer) -> dict:
+        """fp8: the layer's K and V scales (flashinfer folds k_scale into sm_scale and multiplies out by v_scale)."""
+        if self.kv_scales is None:
+            return {}
+        k_scale, v_scale = self.kv_scales[layer.layer_id]
+        return dict(k_scale=k_scale, v_scale=v_scale)
+
     def _check_layer(self, layer) -> None:
         if abs(layer.scaling - self.sm_scale) > 1e-6 * self.sm_scale:
             raise NotImplementedError(f"flashinfer: layer {layer.layer_id} scales by {layer.scaling}, the plan by "
@@ -155,7 +186,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         self._check_layer(layer)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.prefill_wrapper.run(q.contiguous(), self._paged_cache(layer))
+        out = self.prefill_wrapper.run(q.contiguous(), self._paged_cache(layer), **self._scales(layer))
         return out.view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
@@ -163,7 +194,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         self._check_layer(layer)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.active_decode_wrapper.run(q.contiguous(), self._paged_cache(layer))
+        out = self.active_decode_wrapper.run(q.contiguous(), self._paged_cache(layer), **self._scales(layer))
         return out.view(q.shape[0], -1)
 
 

@@ -13,6 +13,11 @@ Planned buffers (mem_plan/backends.py, allocated once by AttentionBackend.__init
   cuda_graph_attn_logits / cuda_graph_attn_lse [G, ...]: the same workspace for decode under CUDA graphs
       (G = --cuda-graph-max-bs; init_forward_metadata_capture_cuda_graph). No kv-index buffers: the kernels read
       req_to_token and derive the splits from seq_lens.
+  kv_rotation fp32 [parts, D, D]: with a rotated --kv-cache-dtype (int4, int2_hadamard) the pool's rotation per
+      rotated part; the query (and a prefill's fresh K/V) turn by it before the kernels, the output back after.
+
+A quantized pool (fp8 with per-(layer, head) scales, int8, int4, int2_hadamard) is read in place: each launch gets
+the layer's views of the pool's code and scale buffers (triton_ops/kv_formats.py), also under CUDA graphs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
+from sglang.srt.mem_cache import kv_quant_codec
+from sglang.srt.mem_plan.kv_quant import rotated_parts
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -68,7 +75,10 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         from sglang.srt.layers.attention import triton_ops  # imports triton; only once this backend is chosen
         from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
 
+        from sglang.srt.layers.attention.triton_ops import kv_formats
+
         self.ops = triton_ops
+        self.kv_formats = kv_formats  # the pool's buffers as kernel operands; the host side of rotated formats
         if interpreted() and getattr(self.model_config, "dtype", None) == torch.bfloat16:
             # the interpreter runs tl.dot through numpy, which has no bfloat16: its bf16 products are wrong
             raise ValueError("--attention-backend triton under TRITON_INTERPRET=1 cannot run bfloat16 (the Triton "
@@ -78,6 +88,23 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
 
             use_single_threaded_blas()
         self.forward_metadata: Optional[TritonMetadata] = None
+        self.rotations = self._rotations()
+
+    def _rotations(self) -> dict:
+        """A rotated KV format's matrices R [D, D] fp32 per rotated part ("k", "v"), in the planned kv_rotation
+        buffer (a CUDA graph reads them from there); {} for the other formats."""
+        pool = self.token_to_kv_pool
+        # the parts stored turned (int4 keys with their multiplier, int2_hadamard's K and V): the plan's table
+        parts = list(rotated_parts(getattr(pool, "kv_format", "")))
+        if not parts:
+            return {}
+        buf = self.buffers.get("kv_rotation")
+        if buf is None or buf.shape[0] != len(parts):
+            raise ValueError(f"triton: --kv-cache-dtype {pool.kv_format} rotates {parts}, but the plan declared "
+                             f"{None if buf is None else tuple(buf.shape)} for kv_rotation")
+        for i, part in enumerate(parts):
+            buf[i].copy_(kv_quant_codec.rotation(pool.head_dim if part == "k" else pool.v_head_dim, buf.device))
+        return {part: buf[i] for i, part in enumerate(parts)}
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -115,37 +142,39 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         self.forward_metadata = TritonMetadata(cuda_graph=True)
 
     # ------------------------------------------------------------------ per layer
-    def _pool(self, layer):
-        pool = self.token_to_kv_pool
-        return pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
-
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        k_pool, v_pool = self._pool(layer)
+        f, pool = self.kv_formats, self.token_to_kv_pool
+        r_k, r_v, v_mean = self.rotations.get("k"), self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
+        # a rotated / smoothed / centred format: attend in its stored basis
+        q, k, v = f.into_basis(q, k, v, r_k, r_v, v_mean, f.key_smooth(pool, layer.layer_id))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         self.ops.extend_attention_fwd(
-            q, k, v, o, k_pool, v_pool, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            q, k, v, o, None, None, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
+            kv=f.kv_operands(pool, layer.layer_id),
         )
-        return o.view(q.shape[0], -1)
+        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; the new token's K/V must be in the pool before attending
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        k_pool, v_pool = self._pool(layer)
+        f, pool = self.kv_formats, self.token_to_kv_pool
+        r_v, v_mean = self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
+        q = f.turn(f.smooth_query(q, f.key_smooth(pool, layer.layer_id)), self.rotations.get("k"))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         self.ops.decode_attention_fwd(
-            q, k_pool, v_pool, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+            q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
-            layer.scaling, max_seq_len=md.max_seq_len,
+            layer.scaling, max_seq_len=md.max_seq_len, kv=f.kv_operands(pool, layer.layer_id),
         )
-        return o.view(q.shape[0], -1)
+        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 
 
 BACKEND_CLASS = TritonAttnBackend

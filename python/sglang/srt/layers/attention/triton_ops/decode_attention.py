@@ -12,6 +12,9 @@ Two kernels per layer:
   2. `_decode_merge_kernel`, grid (B,): merges the k_b splits of every head of request b by their log-sum-exp
      weights (recomputing the same split ranges) and writes o[b, :, :] in the output dtype.
 
+The pool is read in its stored format (kv_formats.KVOperands; kv_dequant.py folds the scales into q.k and p.v), so a
+quantized pool is never dequantized into a copy.
+
 partial_out fp32 [R, H_q, num_kv_splits, Dv] and lse fp32 [R, H_q, num_kv_splits] (R >= B) are the backend's planned
 workspace (mem_plan/backends.py, "attn_logits"/"attn_lse"): passed in, never allocated here.
 
@@ -26,18 +29,20 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, plain_operands
 from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
 from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
 
 
 @lazy_jit
 def _decode_split_kernel(
-    Q, K_pool, V_pool, Req_to_token, Req_pool_indices, Seq_lens, Partial_out, Lse, sm_scale,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    Q, K_pool, V_pool, K_scale, V_scale, K_head_scale, V_head_scale, Req_to_token, Req_pool_indices, Seq_lens,
+    Partial_out, Lse, sm_scale,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_kst, stride_ksh, stride_vst, stride_vsh,
+    stride_r2t, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -62,13 +67,21 @@ def _decode_split_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+        q_sum = tl.sum(q.to(tl.float32), 1)  # int4 keys: q . (c s + m) = (q . c) s + m sum(q)
+        qk_scale = sm_scale
+        v_scale = 1.0
+        if HEAD_SCALES:  # fp8: the per-(layer, KV head) scales
+            qk_scale = sm_scale * tl.load(K_head_scale + kv_head)
+            v_scale = tl.load(V_head_scale + kv_head)
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
             acc, m_i, l_i = attend_key_block(
-                q, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh, slots, stride_kt,
-                stride_vt, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], sm_scale)
+                q, q_sum, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh,
+                K_scale + kv_head * stride_ksh, V_scale + kv_head * stride_vsh, slots, stride_kt, stride_vt,
+                stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], qk_scale, v_scale,
+                KV_FORMAT)
         out_ptrs = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_dv[None, :]
         tl.store(out_ptrs, acc / l_i[:, None], mask=mask_g[:, None] & mask_dv[None, :])
         tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_g)
@@ -112,22 +125,27 @@ def decode_attention_fwd(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, o: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, partial_out: torch.Tensor, lse: torch.Tensor,
     sm_scale: float, tiles: AttentionTiles | None = None, max_seq_len: int | None = None,
+    kv: KVOperands | None = None,
 ) -> torch.Tensor:
     """o[b, h] = softmax(q[b, h] . K_b^T * sm_scale) V_b over the first seq_lens[b] tokens of request b.
 
-    q [B, H_q, D]; k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of the pool); o [B, H_q, Dv] (written);
-    req_to_token [rows, max_ctx]; req_pool_indices, seq_lens [B] (every seq_len >= 1);
+    q [B, H_q, D]; k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of a plain pool; ignored when `kv` is given);
+    kv: one layer of a quantized pool (kv_formats.kv_operands: codes, scales, format), read in place;
+    o [B, H_q, Dv] (written); req_to_token [rows, max_ctx]; req_pool_indices, seq_lens [B] (every seq_len >= 1);
     partial_out fp32 [>= B, H_q, splits, Dv], lse fp32 [>= B, H_q, splits] (splits = partial_out.shape[2]).
     max_seq_len: max(seq_lens) when the host knows it (eager decode): the grid then has only the splits the longest
     request uses. None (CUDA graphs: a fixed grid) launches all splits; the unused ones return at once.
+    A rotated format (kv.rotated) expects q in its rotated basis and gives o in the V part's (the backend turns them).
     """
+    kv = kv or plain_operands(k_pool, v_pool)
     bs, num_q_heads, head_dim = q.shape
-    num_kv_heads, v_dim = k_pool.shape[1], v_pool.shape[2]
+    num_kv_heads, v_dim = kv.num_kv_heads, kv.v_dim
     num_splits = partial_out.shape[2]
     assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
+    assert head_dim == kv.head_dim, (head_dim, kv.head_dim)
     assert partial_out.shape[0] >= bs and partial_out.shape[1] == num_q_heads and partial_out.shape[3] == v_dim, (
         f"split-KV workspace {tuple(partial_out.shape)} does not fit batch {bs} x {num_q_heads} heads x {v_dim}")
-    assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and q.stride(2) == 1 and o.stride(2) == 1
+    assert q.stride(2) == 1 and o.stride(2) == 1
     tiles = tiles or default_tiles()
     group = num_q_heads // num_kv_heads
     block_dv = dot_tile(v_dim)
@@ -135,13 +153,13 @@ def decode_attention_fwd(
     if max_seq_len is not None:
         grid_splits = max(1, min(num_splits, triton.cdiv(max_seq_len, tiles.decode_min_split_tokens)))
     _decode_split_kernel[(bs, num_kv_heads, grid_splits)](
-        q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, partial_out, lse, sm_scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        req_to_token.stride(0), partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
-        lse.stride(0), lse.stride(1),
+        q, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token, req_pool_indices,
+        seq_lens, partial_out, lse, sm_scale,
+        q.stride(0), q.stride(1), *kv.strides(), req_to_token.stride(0),
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_H=max(MIN_DOT_TILE, triton.next_power_of_2(group)), BLOCK_D=dot_tile(head_dim), BLOCK_DV=block_dv,
-        BLOCK_N=tiles.decode_block_n,
+        BLOCK_N=tiles.decode_block_n, KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales,
     )
     _decode_merge_kernel[(bs,)](
         partial_out, lse, seq_lens, o,

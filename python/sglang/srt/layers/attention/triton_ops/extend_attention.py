@@ -12,6 +12,10 @@ softmax runs over:
      mask j <= i (new token i sits at sequence position prefix_len + i).
 q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
 the extend lengths. Both loops take their softmax steps with online_softmax.attend_key_block (shared with decode).
+A quantized pool (kv_formats.KVOperands: codes and scales read in place, kv_dequant.py) changes loop 1 for a request
+with a cached prefix: it runs over the whole sequence [0, prefix_len + new tokens of this block) from the pool with
+the causal mask t <= prefix_len + i, and loop 2 is skipped -- the new tokens are read back as stored, as torch_native
+reads them; a request without a prefix attends to the fresh k/v (loop 2 only).
 """
 
 from __future__ import annotations
@@ -21,18 +25,21 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
+from sglang.srt.layers.attention.triton_ops.kv_dequant import FMT_PLAIN
+from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, plain_operands
 from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
 from sglang.srt.layers.attention.triton_ops.tiles import AttentionTiles, default_tiles, dot_tile
 
 
 @lazy_jit
 def _extend_kernel(
-    Q, K_new, V_new, O, K_pool, V_pool, Req_to_token, Req_pool_indices, Qo_start, Extend_lens, Prefix_lens, sm_scale,
+    Q, K_new, V_new, O, K_pool, V_pool, K_scale, V_scale, K_head_scale, V_head_scale, Req_to_token, Req_pool_indices,
+    Qo_start, Extend_lens, Prefix_lens, sm_scale,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_kst, stride_ksh, stride_vst, stride_vsh, stride_r2t,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -58,25 +65,42 @@ def _extend_kernel(
         m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_DV], tl.float32)
+        q_sum = tl.sum(q.to(tl.float32), 1)  # int4 keys (kv_dequant.py)
+        qk_scale = sm_scale
+        v_scale = 1.0
+        if HEAD_SCALES:  # fp8: the per-(layer, KV head) scales
+            qk_scale = sm_scale * tl.load(K_head_scale + kv_head)
+            v_scale = tl.load(V_head_scale + kv_head)
 
-        # 1. the cached prefix, through req_to_token
-        for n0 in range(0, prefix_len, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < prefix_len
-            slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-            acc, m_i, l_i = attend_key_block(
-                q, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh, slots, stride_kt,
-                stride_vt, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], sm_scale)
-
-        # 2. the new tokens, causally: keys up to the last token of this block
+        # keys up to the last new token of this block
         keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
-        for n0 in range(0, keys_end, BLOCK_N):
+        pool_end = prefix_len
+        fresh_end = keys_end
+        if KV_FORMAT != FMT_PLAIN:  # a request with a cached prefix reads its new tokens back from the pool, too
+            pool_end = tl.where(prefix_len > 0, prefix_len + keys_end, 0)
+            fresh_end = tl.where(prefix_len > 0, 0, keys_end)
+
+        # 1. the pool (the cached prefix), through req_to_token; causal for pool rows that are new tokens
+        for n0 in range(0, pool_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < keys_end
+            mask_n = offs_n < pool_end
+            slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+            causal = ((prefix_len + tok)[:, None] >= offs_n[None, :]) & mask_n[None, :]
+            acc, m_i, l_i = attend_key_block(
+                q, q_sum, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh,
+                K_scale + kv_head * stride_ksh, V_scale + kv_head * stride_vsh, slots, stride_kt, stride_vt,
+                stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, causal, qk_scale, v_scale,
+                KV_FORMAT)
+
+        # 2. the new tokens of this forward (model dtype), causally
+        for n0 in range(0, fresh_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < fresh_end
             causal = (tok[:, None] >= offs_n[None, :]) & mask_n[None, :]
             acc, m_i, l_i = attend_key_block(
-                q, m_i, l_i, acc, K_new + kv_head * stride_knh, V_new + kv_head * stride_vnh, qo_start + offs_n,
-                stride_knt, stride_vnt, offs_d, mask_d, offs_dv, mask_dv, mask_n, causal, sm_scale)
+                q, q_sum, m_i, l_i, acc, K_new + kv_head * stride_knh, V_new + kv_head * stride_vnh, K_new, V_new,
+                qo_start + offs_n, stride_knt, stride_vnt, 0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_n, causal,
+                sm_scale, 1.0, FMT_PLAIN)
 
         tl.store(O + (qo_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_dv[None, :],
                  (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_r[:, None] & mask_dv[None, :])
@@ -86,17 +110,24 @@ def extend_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, qo_start: torch.Tensor, extend_lens: torch.Tensor,
     prefix_lens: torch.Tensor, max_extend_len: int, sm_scale: float, tiles: AttentionTiles | None = None,
+    kv: KVOperands | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over [cached prefix, new tokens] for every request of the batch.
 
     q [N, H_q, D], k [N, KV, D], v [N, KV, Dv] (the new tokens, requests concatenated); o [N, H_q, Dv] (written);
-    k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer); req_to_token [rows, max_ctx]; req_pool_indices, qo_start,
-    extend_lens, prefix_lens [B]; max_extend_len = max(extend_lens) (sizes the grid).
+    k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of a plain pool; ignored when `kv` is given); kv: one layer of
+    a quantized pool (kv_formats.kv_operands), read in place -- a request with a cached prefix then reads its new
+    tokens from the pool as well (they must be written first), one without attends to k/v as given;
+    req_to_token [rows, max_ctx]; req_pool_indices, qo_start, extend_lens, prefix_lens [B];
+    max_extend_len = max(extend_lens) (sizes the grid). A rotated format expects q, k (and v when V is rotated) in
+    its rotated basis and gives o in the V part's.
     """
+    kv = kv or plain_operands(k_pool, v_pool)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, v_dim = k.shape[1], v.shape[2]
     assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
-    assert all(t.stride(-1) == 1 for t in (q, k, v, o, k_pool, v_pool))
+    assert (kv.num_kv_heads, kv.head_dim, kv.v_dim) == (num_kv_heads, head_dim, v_dim)
+    assert all(t.stride(-1) == 1 for t in (q, k, v, o))
     bs = req_pool_indices.shape[0]
     if bs == 0 or max_extend_len == 0:
         return o
@@ -106,10 +137,11 @@ def extend_attention_fwd(
     block_m = max(1, tiles.extend_rows // block_g)  # tokens per program; rows = block_m * block_g >= 16 for tl.dot
     grid = (bs, num_kv_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
-        q, k, v, o, k_pool, v_pool, req_to_token, req_pool_indices, qo_start, extend_lens, prefix_lens, sm_scale,
+        q, k, v, o, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token,
+        req_pool_indices, qo_start, extend_lens, prefix_lens, sm_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), req_to_token.stride(0),
+        *kv.strides(), req_to_token.stride(0),
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_N=tiles.extend_block_n,
-        BLOCK_D=dot_tile(head_dim), BLOCK_DV=dot_tile(v_dim),
+        BLOCK_D=dot_tile(head_dim), BLOCK_DV=dot_tile(v_dim), KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales,
     )
     return o

@@ -47,7 +47,7 @@ class lazy_jit_helper:  # noqa: N801
     def for_mode(self, mode: bool):
         helper = self._by_mode.get(mode)
         if helper is None:
-            helper = self._by_mode[mode] = triton.jit(self.fn)
+            helper = self._by_mode[mode] = triton.jit(_bind_helpers(self.fn, mode))  # helpers may call helpers
         return helper
 
     def __call__(self, *args, **kwargs):
@@ -56,8 +56,8 @@ class lazy_jit_helper:  # noqa: N801
 
 def _bind_helpers(fn, mode: bool):
     """fn itself when it calls no lazy_jit_helper, else a copy whose globals hold the helpers jitted for `mode`."""
-    helpers = {name: value.for_mode(mode) for name, value in fn.__globals__.items()
-               if isinstance(value, lazy_jit_helper)}
+    helpers = {name: fn.__globals__[name].for_mode(mode) for name in fn.__code__.co_names
+               if isinstance(fn.__globals__.get(name), lazy_jit_helper)}  # the helpers fn names
     if not helpers:
         return fn
     bound = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,

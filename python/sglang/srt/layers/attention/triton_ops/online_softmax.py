@@ -14,27 +14,28 @@ from __future__ import annotations
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit_helper
+from sglang.srt.layers.attention.triton_ops.kv_dequant import key_block_scores, value_block_product
 
 
 @lazy_jit_helper
 def attend_key_block(
-    q, m_i, l_i, acc, K, V, key_rows, stride_k, stride_v, offs_d, mask_d, offs_dv, mask_dv, mask_n, score_mask,
-    sm_scale,
+    q, q_sum, m_i, l_i, acc, K, V, KS, VS, key_rows, stride_k, stride_v, stride_ks, stride_vs, offs_d, mask_d,
+    offs_dv, mask_dv, mask_n, score_mask, sm_scale, v_scale, KV_FORMAT: tl.constexpr,
 ):
-    """q [ROWS, BLOCK_D] (rows past the real ones are zeros); K, V: the key/value base pointers of one KV head;
-    key_rows [BLOCK_N] the token rows of this key block (in the pool or in this forward's k/v), mask_n [BLOCK_N]
-    which of them exist; score_mask [ROWS, BLOCK_N] (or broadcastable) which (query, key) pairs may attend.
-    Returns the updated (acc, m_i, l_i). Every row must see at least one allowed key before the output is read.
+    """q [ROWS, BLOCK_D] (rows past the real ones are zeros); K, V: the key/value base pointers of one KV head and
+    KS, VS its per-token scales (kv_dequant.py: the stored format KV_FORMAT); key_rows [BLOCK_N] the token rows of
+    this key block (in the pool or in this forward's k/v), mask_n [BLOCK_N] which of them exist; score_mask
+    [ROWS, BLOCK_N] (or broadcastable) which (query, key) pairs may attend. sm_scale includes an fp8 K scale,
+    v_scale is the fp8 V scale (1.0 otherwise). Returns the updated (acc, m_i, l_i). Every row must see at least
+    one allowed key before the output is read.
     """
-    k = tl.load(K + key_rows[None, :] * stride_k + offs_d[:, None],
-                mask=mask_n[None, :] & mask_d[:, None], other=0.0).to(q.dtype)  # [BLOCK_D, BLOCK_N]
-    qk = tl.dot(q, k, input_precision="ieee") * sm_scale  # [ROWS, BLOCK_N] fp32
+    qk = key_block_scores(q, q_sum, K, KS, key_rows, stride_k, stride_ks, offs_d, mask_d, mask_n,
+                          KV_FORMAT) * sm_scale  # [ROWS, BLOCK_N] fp32
     qk = tl.where(score_mask, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old maximum
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + key_rows[:, None] * stride_v + offs_dv[None, :],
-                mask=mask_n[:, None] & mask_dv[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_DV]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    pv = value_block_product(p, q, V, VS, key_rows, stride_v, stride_vs, offs_dv, mask_dv, mask_n, KV_FORMAT)
+    acc = acc * alpha[:, None] + pv * v_scale
     return acc, m_new, l_i

@@ -1,0 +1,130 @@
+"""Shared by the quantized-KV Triton kernel tests: a one-layer quantized pool (the real QuantizedKVPool: its codec
+writes the codes and scales) with shuffled pages, and runners that return the max abs error of the Triton decode /
+extend kernels, reading the pool's codes in place, against a float64 attention over the pool's own dequantized
+K/V (gather_kv, unrotated: the host's rotation of q and of the output is checked too; a format with fixed channel
+means gets non-zero ones). Not a test file."""
+
+import torch
+from triton_attention_cases import reference
+
+# max abs error of the kernels against the float64 attention over the dequantized rows (outputs are O(1))
+QUANT_TOL = {torch.float32: 4e-5, torch.float16: 1e-2}  # fp16: the query, p and the turned q in fp16
+FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard")
+DECODE_CASE = dict(seq_lens=[1, 5, 40, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, num_splits=2)
+# no prefix (attends to the fresh K/V), a prefix ending mid-page, a one-token extend after a prefix
+EXTEND_CASE = dict(prefix_lens=[0, 20, 9], extend_lens=[6, 11, 1], num_q_heads=6, num_kv_heads=2, head_dim=32)
+
+
+class QuantPagedKV:
+    """A one-layer pool of `fmt` holding random K/V (per-head magnitudes differ) for each request, at shuffled pages."""
+
+    def __init__(self, fmt, seq_lens, num_kv_heads, head_dim, page_size, max_ctx=128, seed=0):
+        from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
+
+        g = torch.Generator().manual_seed(seed)
+        pages_per_req = [-(-n // page_size) for n in seq_lens]
+        num_pages = sum(pages_per_req) + 2
+        self.pool = create_kv_pool(fmt, num_pages * page_size, page_size, torch.float32, num_kv_heads, head_dim, 1)
+        if self.pool.is_fp8:  # non-unit per-head scales, as calibration sets them
+            self.pool.load_scales(torch.linspace(0.01, 0.05, num_kv_heads).view(1, -1),
+                                  torch.linspace(0.03, 0.02, num_kv_heads).view(1, -1), "test")
+        for name in ("k_mean", "v_mean"):  # a format storing K/V less a fixed channel mean: a non-zero one
+            if name in getattr(self.pool, "fixed", {}):
+                self.pool.fixed[name].copy_(torch.randn(self.pool.fixed[name].shape, generator=g) * 2)
+        order = torch.randperm(num_pages, generator=g) + 1  # page 0 is the dummy page
+        self.req_to_token = torch.zeros(len(seq_lens) + 3, max_ctx, dtype=torch.int64)
+        self.rows = torch.arange(len(seq_lens), 0, -1, dtype=torch.int64) + 1  # row != batch index
+        head_gain = torch.linspace(0.5, 3.0, num_kv_heads).view(1, -1, 1)
+        self.k_written, self.v_written = [], []
+        used = 0
+        for b, n in enumerate(seq_lens):
+            pages = order[used : used + pages_per_req[b]]
+            used += pages_per_req[b]
+            slots = (pages[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)[:n]
+            self.req_to_token[self.rows[b], :n] = slots
+            k = torch.randn(n, num_kv_heads, head_dim, generator=g) * head_gain
+            v = torch.randn(n, num_kv_heads, head_dim, generator=g) * head_gain
+            self.pool.set_kv_buffer(0, slots, k, v)
+            self.k_written.append(k)
+            self.v_written.append(v)
+
+    def seq_kv(self, b, n):
+        """The pool's own dequantized K/V of request b's first n tokens (fp32, unrotated)."""
+        return self.pool.gather_kv(0, self.req_to_token[self.rows[b], :n], torch.float32)
+
+
+def _rotations(pool):
+    return pool.rotation("k"), pool.rotation("v")
+
+
+def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_lens=None, num_q_heads=4,
+                     num_kv_heads=2, head_dim=32, num_splits=2):
+    """Max abs error of decode_attention_fwd over a `fmt` pool (scale_error multiplies the fp8 per-head scales /
+    the int formats' per-token scales in the pool after writing, to show a wrong scale fails)."""
+    from sglang.srt.layers.attention.triton_ops import decode_attention_fwd
+    from sglang.srt.layers.attention.triton_ops.kv_formats import into_basis, kv_operands, out_of_basis, value_mean
+
+    kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
+    refs = [kv.seq_kv(b, n) for b, n in enumerate(seq_lens)]
+    _break_scales(kv.pool, scale_error)
+    bs, scale = len(seq_lens), head_dim**-0.5
+    q = torch.randn(bs, num_q_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    r_k, r_v = _rotations(kv.pool)
+    v_mean = value_mean(kv.pool, 0)
+    o = torch.empty(bs, num_q_heads, head_dim, dtype=dtype)
+    partial = torch.full((bs + 2, num_q_heads, num_splits, head_dim), float("nan"))
+    lse = torch.full((bs + 2, num_q_heads, num_splits), float("nan"))
+    decode_attention_fwd(into_basis(q, None, None, r_k, r_v, v_mean)[0], None, None, o, kv.req_to_token, kv.rows,
+                         torch.tensor(seq_lens), partial, lse, scale, tiles=tiles, kv=kv_operands(kv.pool, 0))
+    o = out_of_basis(o, r_v, v_mean)
+    err = 0.0
+    for b, n in enumerate(seq_lens):
+        ref = reference(q[b : b + 1], *refs[b], [n - 1], scale)[0]
+        err = max(err, (o[b].double() - ref).abs().max().item())
+    return err
+
+
+def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_lens=None, extend_lens=None,
+                     num_q_heads=6, num_kv_heads=2, head_dim=32):
+    """Max abs error of extend_attention_fwd over a `fmt` pool: a request with a cached prefix attends to the pool's
+    dequantized rows (its new tokens included, written before), one without to its fresh K/V (torch_native's rule)."""
+    from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
+    from sglang.srt.layers.attention.triton_ops.kv_formats import into_basis, kv_operands, out_of_basis, value_mean
+
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
+    refs = [kv.seq_kv(b, n) if p > 0 else (kv.k_written[b].to(dtype), kv.v_written[b].to(dtype))
+            for b, (p, n) in enumerate(zip(prefix_lens, seq_lens))]
+    _break_scales(kv.pool, scale_error)
+    total, scale = sum(extend_lens), head_dim**-0.5
+    q = torch.randn(total, num_q_heads, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    k_new = torch.cat([kv.k_written[b][p:] for b, p in enumerate(prefix_lens)]).to(dtype)
+    v_new = torch.cat([kv.v_written[b][p:] for b, p in enumerate(prefix_lens)]).to(dtype)
+    r_k, r_v = _rotations(kv.pool)
+    v_mean = value_mean(kv.pool, 0)
+    o = torch.full((total, num_q_heads, head_dim), float("nan"), dtype=dtype)
+    qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
+    extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean), o, None, None, kv.req_to_token, kv.rows,
+                         qo_start, torch.tensor(extend_lens), torch.tensor(prefix_lens), max(extend_lens), scale,
+                         tiles=tiles, kv=kv_operands(kv.pool, 0))
+    o = out_of_basis(o, r_v, v_mean)
+    err, start = 0.0, 0
+    for b, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
+        ref = reference(q[start : start + e], *refs[b], list(range(p, p + e)), scale)
+        err = max(err, (o[start : start + e].double() - ref).abs().max().item())
+        start += e
+    return err
+
+
+def _break_scales(pool, factor):
+    """Multiply the scales the kernel reads by `factor` (fp8: the per-head V scales; int8 / int4: the per-token
+    V scales; int2_hadamard: one log step per factor 2^(1/12) on the V scale bytes)."""
+    if factor == 1.0:
+        return
+    if pool.is_fp8:
+        pool.fixed["v_scale"].mul_(factor)
+    elif pool.kv_format == "int2_hadamard":
+        pool.fields["v_scale"].add_(12)  # x 2
+    else:
+        s = pool.fields["v_scale"]
+        s[..., 0] = s[..., 0] * factor

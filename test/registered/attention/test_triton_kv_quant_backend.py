@@ -1,0 +1,67 @@
+"""--attention-backend triton over a quantized KV pool (every --kv-cache-dtype format), in the Triton interpreter:
+  * the backend against torch_native on the same pool (BackendHarness: prefill, extend over a cached prefix at page
+    size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4;
+  * CUDA-graph decode: after init_forward_metadata_capture_cuda_graph, every kernel launch gets the pool's own code
+    and scale buffers (views of pool.fields / pool.fixed, layer by layer: what a captured graph reads at replay),
+    the planned graph workspace and the full split grid, and the output still equals torch_native's;
+  * the rotated formats' matrices live in the planned kv_rotation buffer (mem_plan/backends.py declares it from
+    kv_quant.rotated_parts, which must agree with the codec) and equal the pool's rotation.
+The kernels' own accuracy per format is test_triton_kv_quant_interpreted.py's."""
+
+import unittest
+
+from interpreted_run import run_in_interpreter
+from kv_quant_triton_cases import FORMATS
+
+from sglang.srt.mem_cache import kv_quant_codec
+from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs, declare
+from sglang.srt.mem_plan.kv_quant import rotated_parts
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=30, suite="cpu")
+
+TOL = 1e-4
+
+
+class TestTritonKVQuantBackend(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.results = run_in_interpreter("kv_quant_backend")
+
+    def test_matches_torch_native(self):
+        for fmt in FORMATS:
+            r = self.results[fmt]
+            with self.subTest(fmt=fmt):
+                self.assertLess(max(r["step_diffs"]), TOL, r["step_diffs"])
+                self.assertLess(r["graph_diff"], TOL)
+
+    def test_cuda_graph_reads_the_pool_buffers(self):
+        for fmt in FORMATS:
+            r = self.results[fmt]
+            with self.subTest(fmt=fmt):
+                self.assertEqual(r["graph_launches"], 2)  # one per layer
+                self.assertTrue(r["graph_kv_are_pool_buffers"])
+                self.assertEqual(r["graph_kv_codes_per_layer"], [True, True])
+                self.assertTrue(r["graph_uses_graph_workspace"])
+                self.assertTrue(r["graph_grid_all_splits"])
+
+    def test_rotation_is_planned(self):
+        for fmt in FORMATS:
+            r = self.results[fmt]
+            with self.subTest(fmt=fmt):
+                # stored turned: the codec's rotated-basis parts, and int4's keys (turned with their multiplier)
+                stored = set(kv_quant_codec.ROTATED_PARTS.get(fmt, ())) | ({"k"} if fmt == "int4" else set())
+                self.assertEqual(set(rotated_parts(fmt)), stored)
+                self.assertEqual(r["rotation_parts"], sorted(rotated_parts(fmt)))
+                shape = AttentionShape(6, 32, 512, num_kv_splits=4, kv_rotated_parts=len(rotated_parts(fmt)))
+                decl = {d.name: d for d in declare("triton", BackendInputs(shape, 4))}
+                if rotated_parts(fmt):
+                    self.assertTrue(r["rotation_in_planned_buffer"] and r["rotation_equals_pool"])
+                    self.assertEqual(decl["kv_rotation"].shape, (len(rotated_parts(fmt)), 32, 32))
+                    self.assertEqual(decl["kv_rotation"].num_bytes, len(rotated_parts(fmt)) * 32 * 32 * 4)
+                else:
+                    self.assertNotIn("kv_rotation", decl)
+
+
+if __name__ == "__main__":
+    unittest.main()
