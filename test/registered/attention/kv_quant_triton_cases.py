@@ -28,6 +28,9 @@ class QuantPagedKV:
         if self.pool.is_fp8:  # non-unit per-head scales, as calibration sets them
             self.pool.load_scales(torch.linspace(0.01, 0.05, num_kv_heads).view(1, -1),
                                   torch.linspace(0.03, 0.02, num_kv_heads).view(1, -1), "test")
+        if "k_smooth" in getattr(self.pool, "fixed", {}):  # int4's key multipliers, not 1 (mean 1 per head)
+            w = torch.exp(torch.randn(self.pool.fixed["k_smooth"].shape, generator=g) * 0.25)  # calibrated: ^(1/8)
+            self.pool.fixed["k_smooth"].copy_(w / w.mean(-1, keepdim=True))
         for name in ("k_mean", "v_mean"):  # a format storing K/V less a fixed channel mean: a non-zero one
             if name in getattr(self.pool, "fixed", {}):
                 self.pool.fixed[name].copy_(torch.randn(self.pool.fixed[name].shape, generator=g) * 2)
@@ -54,7 +57,12 @@ class QuantPagedKV:
 
 
 def _rotations(pool):
-    return pool.rotation("k"), pool.rotation("v")
+    """The stored basis' rotations (int4 keys and int2_hadamard's K and V; the plan's table, kv_quant.rotated_parts)."""
+    from sglang.srt.mem_cache import kv_quant_codec
+    from sglang.srt.mem_plan.kv_quant import rotated_parts
+
+    parts = rotated_parts(pool.kv_format) if hasattr(pool, "kv_format") else ()
+    return tuple(kv_quant_codec.rotation(pool.head_dim) if p in parts else None for p in ("k", "v"))
 
 
 def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_lens=None, num_q_heads=4,
@@ -62,7 +70,8 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
     """Max abs error of decode_attention_fwd over a `fmt` pool (scale_error multiplies the fp8 per-head scales /
     the int formats' per-token scales in the pool after writing, to show a wrong scale fails)."""
     from sglang.srt.layers.attention.triton_ops import decode_attention_fwd
-    from sglang.srt.layers.attention.triton_ops.kv_formats import into_basis, kv_operands, out_of_basis, value_mean
+    from sglang.srt.layers.attention.triton_ops.kv_formats import (into_basis, key_smooth, kv_operands, out_of_basis,
+                                                                   value_mean)
 
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
     refs = [kv.seq_kv(b, n) for b, n in enumerate(seq_lens)]
@@ -74,7 +83,7 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
     o = torch.empty(bs, num_q_heads, head_dim, dtype=dtype)
     partial = torch.full((bs + 2, num_q_heads, num_splits, head_dim), float("nan"))
     lse = torch.full((bs + 2, num_q_heads, num_splits), float("nan"))
-    decode_attention_fwd(into_basis(q, None, None, r_k, r_v, v_mean)[0], None, None, o, kv.req_to_token, kv.rows,
+    decode_attention_fwd(into_basis(q, None, None, r_k, r_v, v_mean, key_smooth(kv.pool, 0))[0], None, None, o, kv.req_to_token, kv.rows,
                          torch.tensor(seq_lens), partial, lse, scale, tiles=tiles, kv=kv_operands(kv.pool, 0))
     o = out_of_basis(o, r_v, v_mean)
     err = 0.0
@@ -89,7 +98,8 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
     """Max abs error of extend_attention_fwd over a `fmt` pool: a request with a cached prefix attends to the pool's
     dequantized rows (its new tokens included, written before), one without to its fresh K/V (torch_native's rule)."""
     from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
-    from sglang.srt.layers.attention.triton_ops.kv_formats import into_basis, kv_operands, out_of_basis, value_mean
+    from sglang.srt.layers.attention.triton_ops.kv_formats import (into_basis, key_smooth, kv_operands, out_of_basis,
+                                                                   value_mean)
 
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
@@ -104,7 +114,7 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
     v_mean = value_mean(kv.pool, 0)
     o = torch.full((total, num_q_heads, head_dim), float("nan"), dtype=dtype)
     qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
-    extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean), o, None, None, kv.req_to_token, kv.rows,
+    extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0)), o, None, None, kv.req_to_token, kv.rows,
                          qo_start, torch.tensor(extend_lens), torch.tensor(prefix_lens), max(extend_lens), scale,
                          tiles=tiles, kv=kv_operands(kv.pool, 0))
     o = out_of_basis(o, r_v, v_mean)

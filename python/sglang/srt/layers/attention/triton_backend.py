@@ -166,7 +166,7 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         md = self.forward_metadata
         f, pool = self.kv_formats, self.token_to_kv_pool
         r_v, v_mean = self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
-        q = f.turn(f.smooth_query(q, f.key_smooth(pool, layer.layer_id)), self.rotations.get("k"))
+        q = f.into_basis(q, None, None, self.rotations.get("k"), None, None, f.key_smooth(pool, layer.layer_id))[0]
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         self.ops.decode_attention_fwd(

@@ -96,23 +96,28 @@ def key_smooth(pool, layer_id: int):
 
 
 def smooth_query(q: torch.Tensor, w) -> torch.Tensor:
-    """q [N, H_q, D] / w of each query head's KV head (w [KV, D]); w None: q itself."""
+    """q [N, H_q, D] / w of each query head's KV head (w [KV, D]), in fp32; w None: q in fp32."""
+    q = q.float()
     if w is None:
         return q
     n, h, d = q.shape
     kv = w.shape[0]
-    return (q.float().view(n, kv, h // kv, d) / w[None, :, None, :]).view(n, h, d).to(q.dtype)
+    return (q.view(n, kv, h // kv, d) / w[None, :, None, :]).view(n, h, d)
 
 
 def into_basis(q, k, v, r_k, r_v, v_mean, k_smooth=None):
     """q, and a prefill's fresh k / v, in the basis the pool's codes are attended in: keys times int4's multiplier
     (the query divided by it), turned by the rotations, V less its mean (so the output, turned back, takes the mean
-    once: out_of_basis)."""
+    once: out_of_basis). In fp32, rounded to the input dtype once."""
     if v is not None and v_mean is not None:
         v = (v.float() - v_mean[None]).to(v.dtype)
     if k_smooth is not None:
-        q = smooth_query(q, k_smooth)
-        k = None if k is None else (k.float() * k_smooth[None]).to(k.dtype)
+        qf = smooth_query(q, k_smooth)
+        q = (qf if r_k is None else qf @ r_k).to(q.dtype)
+        if k is not None:
+            kf = k.float() * k_smooth[None]
+            k = (kf if r_k is None else kf @ r_k).to(k.dtype)
+        return q, k, (None if v is None else turn(v, r_v))
     return turn(q, r_k), (None if k is None else turn(k, r_k)), (None if v is None else turn(v, r_v))
 
 
