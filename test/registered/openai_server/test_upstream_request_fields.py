@@ -184,9 +184,14 @@ def test_get_memory_pool_size_is_the_planned_kv_pool(base_url, headers):
 
 def test_context_overflow_uses_upstreams_words(client, model_name, base_url, headers, model_info):
     head = f"Requested token count exceeds the model's maximum context length of {model_info['context_len']} tokens."
-    r = post(base_url, headers, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 10**7}})
+    fits_alone = model_info["context_len"] - 1  # fits without the prompt, not with it
+    r = post(base_url, headers, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": fits_alone}})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith(head), r.text
     assert "max_new_tokens" in r.json()["error"]["message"]
+    # a completion that cannot fit even alone: upstream's other sentence
+    r = post(base_url, headers, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 10**7}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        f"max_completion_tokens is too large: {10**7}."), r.text
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=10**7)
+        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=fits_alone)
     assert e.value.body["message"].startswith(head) and e.value.body["code"] == "context_length_exceeded"

@@ -133,6 +133,15 @@ class RequestTokenizer:
         requested = params["max_new_tokens"]
         if requested is None:  # "as many as fit" (chat without max_tokens)
             params["max_new_tokens"] = room
+        elif isinstance(requested, int) and not isinstance(requested, bool) and requested >= self.max_req_len:
+            raise RequestError(  # the completion alone cannot fit: upstream's words first
+                400,
+                f"max_completion_tokens is too large: {requested}. This model supports at most {self.max_req_len} "
+                f"completion tokens (its context, less the prompt); set {max_tokens_param} to at most {room} for "
+                f"this prompt of {num_input} tokens.",
+                param=max_tokens_param,
+                code="context_length_exceeded",
+            )
         elif isinstance(requested, int) and not isinstance(requested, bool) and requested > room:
             raise RequestError(
                 400,

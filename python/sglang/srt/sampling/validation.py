@@ -194,7 +194,8 @@ def check_min_max(min_value: int, max_value: Optional[int], min_param: str, max_
 def check_token_ids_in_vocab(ids, vocab_size: int, param: str) -> None:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ParamError(param, f"Token id {bad} is out-of-vocabulary (outside the vocabulary)", bad,
+        raise ParamError(param, f"Token ID {bad} is out of vocabulary (an out-of-vocabulary id: outside the vocabulary)",
+                         bad,
                          f"token ids in [0, {vocab_size}) (the model's vocabulary size is {vocab_size})")
 
 
