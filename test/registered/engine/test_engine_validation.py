@@ -58,9 +58,9 @@ def test_engine_rejects_with_the_shared_rules(engine, params, param, fragment):
 
 
 def test_engine_checks_stop_token_ids_against_the_vocabulary(engine):
-    with pytest.raises(ValueError, match=r"Invalid value for sampling_params.stop_token_ids: Token id 1000000 is "
-                                         r"outside the "
-                                         r"vocabulary .* Allowed: token ids in \[0, 49152\)"):
+    with pytest.raises(ValueError, match=r"Invalid value for sampling_params.stop_token_ids: Token ID 1000000 is "
+                                         r"out of vocabulary \(an out-of-vocabulary id: outside the "
+                                         r"vocabulary\) .* Allowed: token ids in \[0, 49152\)"):
         engine.generate("Hello", {"stop_token_ids": [10**6], "max_new_tokens": 2})
     idle_and_intact(engine)
 
