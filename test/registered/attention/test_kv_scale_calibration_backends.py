@@ -28,6 +28,20 @@ class _Backend:
     def init_forward_metadata(self, fb):
         pass
 
+    def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True):  # wrapped by recording_queries; the stand-in
+        raise AssertionError("the stand-in model writes the pool itself")  # model below never attends
+
+
+def _checkpoint_without_kv_scales() -> str:
+    """A checkpoint directory whose safetensors carry no k_scale / v_scale: the scales are calibrated."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    path = tempfile.mkdtemp(prefix="kv-calib-")
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, f"{path}/model.safetensors")
+    return path
+
 
 def _runner(per_layer: bool):
     pool = create_kv_pool("fp8_e4m3", 256, 1, torch.float32, HEADS, DIM, LAYERS)
@@ -42,7 +56,7 @@ def _runner(per_layer: bool):
     return SimpleNamespace(
         token_to_kv_pool=pool, server_args=SimpleNamespace(page_size=1, attention_backend="standin"),
         max_total_num_tokens=256, chunked_prefill_size=64, context_len=128, device="cpu",
-        model_config=SimpleNamespace(vocab_size=100, model_path=""), model=SimpleNamespace(forward=forward),
+        model_config=SimpleNamespace(vocab_size=100, model_path=_checkpoint_without_kv_scales()), model=SimpleNamespace(forward=forward),
         _attention_backend=lambda r2t, kv, num_reqs, graph_bs: _Backend(per_layer), tp_rank=0)
 
 
