@@ -11,11 +11,25 @@ capture/replay hooks and graph workspace, the dummy request row and KV slot. Pri
 """
 
 import json
+import os
+import subprocess
 import sys
 
 import torch
 
 RESULT_PREFIX = "RESULT_JSON:"
+
+
+def run_in_child(model_path, engine_kwargs, batches, max_new_tokens) -> dict:
+    """The parent's side: run this file in a child under the Triton interpreter and return its RESULT_JSON."""
+    args = json.dumps(dict(model_path=model_path, engine_kwargs=engine_kwargs, batches=batches,
+                           max_new_tokens=max_new_tokens))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), args], env=env, capture_output=True, text=True,
+                         timeout=900)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    assert out.returncode == 0 and lines, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
 def patch_for_cpu_graphs(factory):

@@ -5,12 +5,8 @@ graphs up to batch 4 and with --disable-cuda-graph: the same greedy tokens for a
 padded replays write only the live rows' KV slots and the dummy slot 0; the captured graphs read
 the pool's own buffers (test_triton_kv_quant_backend.py checks the kernel arguments per format)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from graph_run import run_in_child
 
 from sglang.srt.model_executor.cuda_graph_runner import DUMMY_KV_SLOT
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -18,7 +14,6 @@ from sglang.test.engine_fixtures import make_random_qwen3
 
 register_cpu_ci(est_time=45, suite="cpu")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_NEW = 4
 BATCHES = [[[(i * 13) % 400 + 3 for i in range(n)] for n in (5, 40, 17)]]  # decode bs 3 -> graph 4
 ENGINE_KW = dict(skip_tokenizer_init=True, max_total_memory_gb=1, chunked_prefill_size=512, cuda_graph_max_bs=4,
@@ -28,13 +23,7 @@ ENGINE_KW = dict(skip_tokenizer_init=True, max_total_memory_gb=1, chunked_prefil
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     path = make_random_qwen3(str(tmp_path_factory.mktemp("qwen3") / "m"))
-    args = json.dumps(dict(model_path=path, engine_kwargs=ENGINE_KW, batches=BATCHES, max_new_tokens=MAX_NEW))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "graph_run.py"), args], env=env, capture_output=True,
-                         text=True, timeout=900)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
-    assert out.returncode == 0 and lines, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULT_JSON:"):])
+    return run_in_child(path, ENGINE_KW, BATCHES, MAX_NEW)
 
 
 def test_int4_graphs_give_the_eager_tokens(runs):

@@ -15,12 +15,8 @@ does: test_cuda_graph_gpu.py).
     the plan) and /server_info says what ran.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from graph_run import run_in_child
 import torch
 
 from sglang.srt.model_executor.cuda_graph_runner import (
@@ -32,7 +28,6 @@ from sglang.test.engine_fixtures import make_random_qwen3
 
 register_cpu_ci(est_time=90, suite="cpu")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ------------------------------------------------------------------ pure functions
@@ -175,13 +170,7 @@ ENGINE_KW = dict(skip_tokenizer_init=True, max_total_memory_gb=1, chunked_prefil
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     path = make_random_qwen3(str(tmp_path_factory.mktemp("qwen3") / "m"))
-    args = json.dumps(dict(model_path=path, engine_kwargs=ENGINE_KW, batches=BATCHES, max_new_tokens=MAX_NEW))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "graph_run.py"), args], env=env, capture_output=True,
-                         text=True, timeout=900)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
-    assert out.returncode == 0 and lines, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    return json.loads(lines[-1][len("RESULT_JSON:"):])
+    return run_in_child(path, ENGINE_KW, BATCHES, MAX_NEW)
 
 
 def test_graphs_give_the_eager_tokens(runs):
