@@ -7,7 +7,8 @@ Checkpoints: the random Qwen3-MoE of moe_fixtures (hidden 64, 8 experts, top 2) 
 (the sgl-kernel experts where they load, else torch), and issue 21's benchmark proportions (hidden 1024, 64 experts,
 top 8, expert intermediate 256; 2 layers, vocabulary 512) in bf16. Each start runs in a fresh process (as `sglang
 serve` does: no earlier work warmed its heap) with its own startup cache, so the peak is measured, not reused. Every
-other term equals the dry run's byte for byte, the measured weights within 10% of their formula.
+other term equals the dry run's byte for byte, the measured weights within 10% of their formula (2 MiB for the tiny
+checkpoint, whose load residual outweighs its tensors).
 Measured on a 2-core AVX-512 BF16 EPYC (peak / planned): tiny fp32 13-14 / 43.3 MB, tiny bf16 16 / 21.9 MB,
 benchmark-proportion bf16 71-85 / 113.1 MB (16 layers: 74-85 / 113.1 MB; fp32 110-129 / 219.9 MB).
 """
@@ -29,6 +30,11 @@ register_cpu_ci(est_time=30, suite="cpu")
 
 KV_TOKENS_TOLERANCE = 0.03
 MEASURED_TOLERANCE = 0.10
+# On CPU the measured weights are the RSS the load added: the tensors plus what first-touched library code and allocator
+# state cost, which the formula prices as one constant (model_shapes.CPU_LOAD_RESIDUAL_BYTES, 10 MiB). That residual
+# moves with the installed libraries (8.9-9.4 MiB over the tiny checkpoint's 0.6 MB of bf16 tensors with transformers
+# 5.24, 2026-11), so a model this small is held to the residual's spread, not to 10% of a total it dominates.
+RESIDUAL_SPREAD_BYTES = 2 * 2**20
 CASES = {  # name: (checkpoint, dtype, --max-total-memory-gb)
     "tiny-fp32": ("tiny", "float32", 0.5),
     "tiny-bf16": ("tiny", "bfloat16", 0.5),
@@ -102,7 +108,8 @@ def test_plan_matches_a_real_start(case, checkpoints, tmp_path):
             continue
         if t["source"] == "measured":  # the weights (and CUDA graphs: none on a CPU) against their formulas
             assert want[term]["source"] == "formula"
-            assert abs(t["num_bytes"] - want[term]["num_bytes"]) <= MEASURED_TOLERANCE * max(t["num_bytes"], 1), term
+            allowed = max(MEASURED_TOLERANCE * t["num_bytes"], RESIDUAL_SPREAD_BYTES)
+            assert abs(t["num_bytes"] - want[term]["num_bytes"]) <= allowed, (term, t["num_bytes"], want[term])
         else:  # declared terms, and the activations' formula over the smaller peak: the same function on both sides
             assert (t["source"], t["num_bytes"], t["detail"]) == (want[term]["source"], want[term]["num_bytes"],
                                                                   want[term]["detail"]), term
