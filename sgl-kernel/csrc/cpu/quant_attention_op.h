@@ -2,7 +2,9 @@
 // fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token. One op for both
 // forward modes, as extend_attention_op.h: row r of request b attends to the request's first prefix + i + 1 tokens;
 // a decode step is an extend of one token per request (prefix_lens = seq_lens - 1, extend_lens = 1). The caller has
-// written the new tokens' codes to the pool (the pool's own quantize on write).
+// written the new tokens' codes to the pool (the pool's own quantize on write, or kv_quant_write_int8). A pool that
+// stores its keys turned (k @ R) passes R as q_turn: each query row is turned in the task's fp32 scratch
+// (quant_kv_write.h turn_rows), so q.k is the plain one and no turned copy of q exists outside the kernel.
 #pragma once
 
 #include <torch/extension.h>
@@ -13,6 +15,7 @@
 
 #include "decode_attention_quant.h"
 #include "extend_attention_op.h"
+#include "quant_kv_write.h"
 
 namespace sgl_cpu {
 
@@ -36,7 +39,7 @@ inline void rows_from_f32(const float* src, int64_t n, float* dst) { std::copy(s
 template <typename T>
 at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::Tensor& k_codes,
                                     const at::Tensor& v_codes, const at::Tensor& k_scale, const at::Tensor& v_scale,
-                                    const ExtendRows& e, double scale) {
+                                    const ExtendRows& e, double scale, const float* turn) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
@@ -52,16 +55,18 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
   T* op = out.data_ptr<T>();
   const int64_t group = H / KV, row = KV * D;
   const int64_t max_len = e.max_len;
-  parallel_tasks_by_cost(e.task_costs(KV), 4 * max_len + 8 * D, [&](int64_t t, float* scratch) {
+  parallel_tasks_by_cost(e.task_costs(KV), 4 * max_len + 9 * D, [&](int64_t t, float* scratch) {
     const int64_t r = t / KV, kv_head = t % KV, h0 = r * H + kv_head * group;
     float* scores = scratch;
     float* qf = scratch + 4 * max_len;
     float* of = qf + 4 * D;
+    float* tmp = of + 4 * D;
     const float k_mul = (float)scale * (per_token ? 1.0f : khead[kv_head] * unit);
     const float v_mul = per_token ? 1.0f : vhead[kv_head] * unit;
     for (int64_t g0 = 0; g0 < group; g0 += kHeadsPerPass) {
       const int64_t heads = std::min<int64_t>(kHeadsPerPass, group - g0);
       rows_to_f32(qp + (h0 + g0) * D, heads * D, qf);
+      if (turn != nullptr) turn_rows(qf, heads, D, turn, tmp);
       const uint8_t* kh = kc + kv_head * D;
       const uint8_t* vh = vc + kv_head * D;
       const uint16_t* ksh = per_token ? ks + kv_head : nullptr;
@@ -92,7 +97,8 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
                                          const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
-                                         const at::Tensor& extend_lens, double scale) {
+                                         const at::Tensor& extend_lens, double scale,
+                                         const c10::optional<at::Tensor>& q_turn) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
@@ -118,10 +124,17 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
       TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == KV, op, ": fp8 scales must be float32 [KV]");
     }
   }
+  const float* turn = nullptr;
+  if (q_turn.has_value() && q_turn->defined()) {
+    TORCH_CHECK(q_turn->scalar_type() == at::kFloat && q_turn->is_contiguous() && q_turn->dim() == 2 &&
+                    q_turn->size(0) == D && q_turn->size(1) == D,
+                op, ": q_turn must be a contiguous float32 [D, D] matrix");
+    turn = q_turn->data_ptr<float>();
+  }
   const ExtendRows e = extend_rows(op, N, slots, req_to_token, req_pool_indices, prefix_lens, extend_lens);
   if (q.scalar_type() == at::kBFloat16)
-    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale);
-  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale);
+    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn);
+  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn);
 }
 
 }  // namespace sgl_cpu

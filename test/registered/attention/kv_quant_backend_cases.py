@@ -30,13 +30,14 @@ def _recording(ops, log):
     return Ops
 
 
-def one_format(fmt: str) -> dict:
+def one_format(fmt: str, keys_turned: bool = True) -> dict:
+    """keys_turned=False: an fp8 pool whose scales are a checkpoint's (keys stored plain, the query not turned)."""
     h = BackendHarness("triton", page_size=16, dtype=torch.float32, kv_format=fmt, num_q_heads=6, num_kv_heads=2,
                        head_dim=32, graph_bs=2, num_reqs=4, pool_tokens=512)
     pool, backend = h.pool, h.backend
     if pool.is_fp8:  # per-(layer, head) scales, as calibration leaves them
         pool.load_scales(torch.tensor([[0.02, 0.05], [0.03, 0.01]]), torch.tensor([[0.01, 0.04], [0.05, 0.02]]),
-                         "test")
+                         "test", keys_turned=keys_turned)
     if "k_smooth" in pool.fixed:  # int4's key multipliers, as calibration leaves them (not 1: the query must divide)
         gen = torch.Generator().manual_seed(7)
         w = torch.exp(torch.randn(pool.fixed["k_smooth"].shape, generator=gen) * 0.5)
@@ -68,6 +69,7 @@ def one_format(fmt: str) -> dict:
         "graph_uses_graph_workspace": all(a[0][7].data_ptr() == graph_ws.data_ptr() for a in log),
         "graph_grid_all_splits": all(a[1]["max_seq_len"] is None for a in log),
         "rotation_parts": sorted(backend.rotations),
+        "pool_turned_parts": sorted(pool.turned_parts),
         "rotation_in_planned_buffer": rotation is not None and all(
             r.untyped_storage().data_ptr() == rotation.untyped_storage().data_ptr()
             for r in backend.rotations.values()),
@@ -79,4 +81,6 @@ def backend_results() -> dict:
     from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
 
     use_single_threaded_blas()
-    return {fmt: one_format(fmt) for fmt in FORMATS}
+    results = {fmt: one_format(fmt) for fmt in FORMATS}
+    results["fp8_e4m3 plain keys"] = one_format("fp8_e4m3", keys_turned=False)
+    return results

@@ -128,11 +128,16 @@ class TestFlashInferWiring(unittest.TestCase):
     def test_fp8_pool_gets_its_dtype_and_per_layer_scales(self):
         """An fp8 pool: plan() gets the fp8 kv_data_type (the stand-in checks the cache against it), run() the
         layer's k_scale / v_scale floats, and the outputs equal torch_native reading the same codes and scales."""
-        for fmt, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)):
-            with self.subTest(fmt=fmt), install(make_flashinfer()) as fi:
+        cases = [(fmt, dtype, turned) for fmt, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2))
+                 for turned in (True, False)]
+        for fmt, dtype, turned in cases:
+            with self.subTest(fmt=fmt, keys_turned=turned), install(make_flashinfer()) as fi:
                 h = BackendHarness("flashinfer", page_size=4, kv_format=fmt)
                 k_scales, v_scales = torch.tensor([0.02, 0.05]), torch.tensor([0.04, 0.01])
-                h.pool.load_scales(k_scales, v_scales, "test")  # per layer, as calibration leaves them for flashinfer
+                # per layer, as calibration leaves them for flashinfer (keys stored turned: the query is turned too),
+                # or a checkpoint's (keys stored plain)
+                h.pool.load_scales(k_scales, v_scales, "test", keys_turned=turned)
+                self.assertEqual(h.pool.rotation("k") is not None, turned)
                 h.backend = create_attention_backend("flashinfer", inputs=h.inputs, model_config=h.reference.model_config,
                                                      req_to_token_pool=h.r2t, token_to_kv_pool=h.pool, device="cpu")
                 rows = [h.new_request() for _ in range(3)]

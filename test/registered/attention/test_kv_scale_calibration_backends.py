@@ -2,12 +2,14 @@
 Triton read one scale per (layer, KV head), FlashInfer one per layer, so for a backend that declares
 per_layer_kv_scales every layer keeps the largest of its heads' calibrated scales (never smaller than a head's: no
 head saturates more than calibration allows). A stand-in runner whose "model" writes known K/V per layer (each head a
-different amplitude) through the real QuantizedKVPool; the expected scales are amax x headroom / fp8 max by hand."""
+different amplitude) through the real QuantizedKVPool; the expected scales are amax x headroom / fp8 max by hand, the
+keys' amax that of the rows as stored, turned by the codec's R (a constant row c x ones turns to c x |ones @ R|)."""
 
 from types import SimpleNamespace
 
 import torch
 
+from sglang.srt.mem_cache import kv_quant_codec
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_plan.kv_quant import FP8_SCALE_HEADROOM
 from sglang.srt.model_executor.kv_calibration import calibrate_kv_scales
@@ -17,6 +19,11 @@ register_cpu_ci(est_time=5, suite="cpu")
 
 LAYERS, HEADS, DIM = 2, 3, 8
 AMAX = torch.tensor([[1.0, 4.0, 2.0], [0.5, 0.25, 3.0]])  # K amax per (layer, head); V = 2x K
+
+
+def turned_gain() -> float:
+    """|ones @ R| at its largest: what turning a constant key row multiplies its amax by."""
+    return float((torch.ones(DIM, dtype=torch.float64) @ kv_quant_codec.rotation(DIM).double()).abs().max())
 
 
 class _Backend:
@@ -64,7 +71,8 @@ def test_per_head_scales_for_torch_native_and_triton():
     runner = _runner(per_layer=False)
     calibrate_kv_scales(runner)
     want = AMAX * FP8_SCALE_HEADROOM / torch.finfo(torch.float8_e4m3fn).max
-    assert torch.allclose(runner.token_to_kv_pool.fixed["k_scale"], want)
+    assert runner.token_to_kv_pool.turned_parts == {"k"}
+    assert torch.allclose(runner.token_to_kv_pool.fixed["k_scale"], want * turned_gain())
     assert torch.allclose(runner.token_to_kv_pool.fixed["v_scale"], 2 * want)
 
 
@@ -73,6 +81,6 @@ def test_per_layer_scales_for_flashinfer():
     calibrate_kv_scales(runner)
     want = AMAX.amax(1, keepdim=True).expand(LAYERS, HEADS) * FP8_SCALE_HEADROOM / torch.finfo(torch.float8_e4m3fn).max
     pool = runner.token_to_kv_pool
-    assert torch.allclose(pool.fixed["k_scale"], want)
+    assert torch.allclose(pool.fixed["k_scale"], want * turned_gain())
     assert torch.allclose(pool.fixed["v_scale"], 2 * want)
     assert "per layer" in pool.scales_source

@@ -35,6 +35,15 @@ class TestTritonKVQuantBackend(unittest.TestCase):
                 self.assertLess(max(r["step_diffs"]), TOL, r["step_diffs"])
                 self.assertLess(r["graph_diff"], TOL)
 
+    def test_checkpoint_scales_keep_fp8_keys_plain(self):
+        """fp8 scales from a checkpoint were measured on plain keys: the pool stores them plain and the backend leaves
+        the query unturned (its planned R unused), still equal to torch_native over the same pool."""
+        r = self.results["fp8_e4m3 plain keys"]
+        self.assertLess(max(r["step_diffs"]), TOL, r["step_diffs"])
+        self.assertLess(r["graph_diff"], TOL)
+        self.assertEqual(r["pool_turned_parts"], [])
+        self.assertEqual(self.results["fp8_e4m3"]["pool_turned_parts"], ["k"])
+
     def test_cuda_graph_reads_the_pool_buffers(self):
         for fmt in FORMATS:
             r = self.results[fmt]

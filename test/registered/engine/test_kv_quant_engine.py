@@ -25,6 +25,8 @@ from sglang.srt.mem_plan import kv_quant
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
+TIE_LOGIT = 0.25  # two bf16 steps of a logit near 16-32: a tie, not a different distribution
+
 register_cpu_ci(est_time=200, suite="cpu")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
@@ -153,11 +155,17 @@ class TestInt4Behaviour(unittest.TestCase):
         row = d.new_request()
         for s in range(0, len(prompt), self.CHUNK):
             logits = d.extend([row], [prompt[s : s + self.CHUNK]])
-        ref = [int(logits[0].argmax())]
-        for _ in range(7):
-            ref.append(int(d.extend([row], [[ref[-1]]])[0].argmax()))
-        self.assertEqual(out["output_ids"], ref)
+        self.assert_driver_agrees(d, row, logits[0], out["output_ids"])
         assert_idle_and_intact(self.engine)
+
+    def assert_driver_agrees(self, d, row, logits, tokens):
+        """Each of the engine's greedy tokens is the driver's argmax over the same stored K/V, fed back step by step,
+        up to a tie: bf16 logits one or two steps (1/8 near 16) apart, which two launches of SDPA over the same rows in
+        different shapes (a 7- or 8-token chunk) can swap."""
+        for i, tok in enumerate(tokens):
+            logits = logits.float()
+            self.assertGreaterEqual(float(logits[tok]), float(logits.max()) - TIE_LOGIT, (i, tokens, logits.topk(3)))
+            logits = d.extend([row], [[tok]])[0]
 
     def test_plan_counts_the_calibrated_key_multipliers(self):
         runner = self.engine.scheduler.model_runner
@@ -185,10 +193,7 @@ class TestInt4Behaviour(unittest.TestCase):
         row = d.new_request()
         for s in range(0, cached, self.CHUNK):  # the first request's chunks, cut where the hit ends
             d.extend([row], [prompt[s : min(s + self.CHUNK, cached)]])
-        ref = [int(d.extend([row], [prompt[cached:]])[0].argmax())]
-        for _ in range(7):
-            ref.append(int(d.extend([row], [[ref[-1]]])[0].argmax()))
-        self.assertEqual(second["output_ids"], ref, (first["output_ids"], cached))
+        self.assert_driver_agrees(d, row, d.extend([row], [prompt[cached:]])[0], second["output_ids"])
         assert_idle_and_intact(self.engine)
 
     def test_retraction_completes_every_request(self):
@@ -239,7 +244,8 @@ class TestFp8CheckpointScales(unittest.TestCase):
                 pool = engine.scheduler.model_runner.token_to_kv_pool
                 want_k = torch.stack([s.reshape(-1) for s in k_scale]).float().expand(2, 2)
                 want_v = torch.stack([s.reshape(-1) for s in v_scale]).float().expand(2, 2)
-                self.assertEqual(kv["scales"], "checkpoint k_scale / v_scale")
+                self.assertEqual(kv["scales"], "checkpoint k_scale / v_scale, plain keys")
+                self.assertEqual(kv["turned_parts"], [])  # the scales were measured on plain keys: none turned
                 self.assertTrue(torch.equal(pool.fixed["k_scale"], want_k), pool.fixed["k_scale"])
                 self.assertTrue(torch.equal(pool.fixed["v_scale"], want_v), pool.fixed["v_scale"])
                 self.assertEqual(kv["k_scale_range"], [float(want_k.min()), float(want_k.max())])
@@ -249,7 +255,7 @@ class TestFp8CheckpointScales(unittest.TestCase):
                 runner = engine.scheduler.model_runner
                 d = PagedForwardDriver(runner.model, runner.model_config, max_reqs=2, max_tokens=256,
                                        kv_format="fp8_e4m3")
-                d.kv_pool.load_scales(want_k, want_v, "by hand")
+                d.kv_pool.load_scales(want_k, want_v, "by hand", keys_turned=False)
                 self.assertEqual(out, d.greedy(prompt, 8))
                 assert_idle_and_intact(engine)
             finally:

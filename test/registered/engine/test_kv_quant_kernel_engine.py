@@ -13,6 +13,7 @@ import unittest
 
 from sglang import Engine
 from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
+from sglang.srt.mem_plan.backends import declare
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
@@ -35,6 +36,10 @@ class TestQuantKernelEngine(unittest.TestCase):
         try:
             backend = engine.scheduler.model_runner.attn_backend
             self.assertIsNotNone(backend.cpu_quant_ops, f"{fmt}: the backend did not take the quantized-KV kernel")
+            # the plan knew: the kernels' extend workspace, no gather transient
+            self.assertTrue(backend.inputs.fused_cpu_decode)
+            self.assertEqual([d.name for d in declare("torch_native", backend.inputs)], ["extend_attention"])
+            self.assertEqual(backend.inputs.shape.kv_rotated_parts, 1)
             calls = []
             ops = backend.cpu_quant_ops
 

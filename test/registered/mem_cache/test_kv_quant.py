@@ -43,14 +43,14 @@ def ref_dequant(fmt, x, part, scale=None, smooth=None):
     int4_key = fmt == "int4" and part == "k"
     n, h, d = x.shape
     out = np.zeros_like(x)
-    if fmt in kv_quant.FP8_FORMATS:
+    rot = codec.rotation(d).double().numpy() if codec.is_rotated(fmt, part) or int4_key else np.eye(d)
+    assert np.allclose(rot @ rot.T, np.eye(d), atol=1e-6)
+    if fmt in kv_quant.FP8_FORMATS:  # fp8 keys are stored turned (x @ R) too
         dt = codec.FP8_TORCH[fmt]
         s = scale.double().numpy()
         fmax = torch.finfo(dt).max
-        y = np.clip(x / s[None, :, None], -fmax, fmax)
-        return torch.from_numpy(y).to(dt).double().numpy() * s[None, :, None]
-    rot = codec.rotation(d).double().numpy() if codec.is_rotated(fmt, part) or int4_key else np.eye(d)
-    assert np.allclose(rot @ rot.T, np.eye(d), atol=1e-6)
+        y = np.clip((x @ rot) / s[None, :, None], -fmax, fmax)
+        return (torch.from_numpy(y).to(dt).double().numpy() * s[None, :, None]) @ rot.T
     for i in range(n):
         for j in range(h):
             r = (x[i, j] * w[j]) @ rot if int4_key else x[i, j] @ rot
@@ -126,6 +126,19 @@ class TestCodec(unittest.TestCase):
         for d in (64, 128, 96):
             r = codec.rotation(d).double()
             self.assertTrue(torch.allclose(r @ r.T, torch.eye(d, dtype=torch.float64), atol=1e-5), d)
+
+    def test_write_path_constants_are_made_once(self):
+        """The write path's R and int2's level / trit tables are one tensor per device, not a fresh copy per call (on a
+        GPU that copy would be a host-to-device transfer inside a captured CUDA graph)."""
+        self.assertIs(codec.rotation(64, "cpu"), codec.rotation(64, torch.device("cpu")))
+        x = torch.randn(4, 2, 64)
+        before = {f: f.cache_info().misses for f in (codec._constant, codec._trit_table, codec._rotation_on)}
+        for _ in range(3):
+            for part in ("k", "v"):
+                fields = codec.quantize("int2_hadamard", x, part)
+                codec.dequantize("int2_hadamard", fields, part, torch.float32, dim=64)
+        for f, misses in before.items():
+            self.assertLessEqual(f.cache_info().misses - misses, 3, f)  # the first call's, never per call
 
 
 class TestPool(unittest.TestCase):

@@ -1,6 +1,7 @@
-"""Quantized KV cache over HTTP (issue 23): one server per format family (fp8, int, the >= 8x mode), the real `openai`
-client. /server_info reports the format's bytes per token (every scale byte, by hand here), its fixed bytes (fp8
-scales, int4 key multipliers) and where its scales came from, its gain over bf16 and its quality flag;
+"""Quantized KV cache over HTTP (issue 23): one server per format family (fp8, int8 -- on a CPU with the bf16 kernels
+both written and read by the kernels over the codes --, int4, the >= 8x mode), the real `openai` client. /server_info
+reports the format's bytes per token (every scale byte, by hand here), its fixed bytes (fp8 scales, int4 key
+multipliers), where its scales came from, the parts it stores turned, its gain over bf16 and its quality flag;
 completions and streamed chat work and answer the factual prompt; the pool is intact afterwards; an unknown
 --kv-cache-dtype is refused at startup naming the choices."""
 
@@ -16,11 +17,12 @@ from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, pop
 
 register_cpu_ci(est_time=75, suite="cpu")
 
-PER_HEAD_BYTES = {"fp8_e4m3": 128, "int4": 72, "int2_hadamard": 31}  # d = 64, K and V, codes + scales
+PER_HEAD_BYTES = {"fp8_e4m3": 128, "int8": 132, "int4": 72, "int2_hadamard": 31}  # d = 64, K and V, codes + scales
 # per (layer, KV head), by hand: fp8's fp32 K and V scales, int4's fp32 key multiplier per channel
-FIXED_BYTES = {"fp8_e4m3": 8, "int4": 64 * 4, "int2_hadamard": 0}
-SCALES = {"fp8_e4m3": "calibrated at startup", "int4": "key multipliers calibrated at startup",
+FIXED_BYTES = {"fp8_e4m3": 8, "int8": 0, "int4": 64 * 4, "int2_hadamard": 0}
+SCALES = {"fp8_e4m3": "calibrated at startup", "int8": "per token", "int4": "key multipliers calibrated at startup",
           "int2_hadamard": "per token"}
+TURNED = {"fp8_e4m3": ["k"], "int8": ["k"], "int4": ["k", "v"], "int2_hadamard": ["k", "v"]}  # stored x @ R
 
 
 @pytest.mark.parametrize("fmt", list(PER_HEAD_BYTES))
@@ -34,6 +36,7 @@ def test_server_with_quantized_kv(fmt):
         assert abs(kv["capacity_gain_vs_bf16"] - 256 / PER_HEAD_BYTES[fmt]) < 1e-3
         assert kv["fixed_bytes"] == 30 * 3 * FIXED_BYTES[fmt] == info["memory_plan"]["kv_fixed_bytes"], kv
         assert SCALES[fmt] in kv["scales"], kv
+        assert kv["turned_parts"] == TURNED[fmt], kv
         assert kv["quality_flag"] == (kv_quant.quality_flag(fmt) or None), kv
         client = openai_client(srv.base_url)
         model = client.models.list().data[0].id

@@ -96,16 +96,19 @@ def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype
 
 
 def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
-    """Whether torch_native decodes this model through the fused CPU kernel on `device` (then it declares no gather
-    workspace): the server asks its device, `sglang plan --device cpu` this machine."""
-    from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
+    """Whether torch_native decodes this model through a fused CPU kernel on `device` (then it declares no gather
+    workspace): the bf16 / fp32 kernels over a plain pool, the kernel over the codes of an int8 / fp8 pool (the other
+    quantized formats take the dequantizing gather). The server asks its device, `sglang plan --device cpu` this
+    machine."""
+    from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available, fused_cpu_quant_ops
     from sglang.srt.mem_plan.dtypes import torch_dtype
 
     from sglang.srt.mem_plan.kv_quant import is_quantized
 
-    if is_quantized(model.kv_cache_dtype):  # codes and scales: the torch path's per-request dequantizing gather
-        return False
-    head_dim, kv = model.shape.text.head_dim, torch_dtype(model.kv_cache_dtype)
+    head_dim = model.shape.text.head_dim
+    if is_quantized(model.kv_cache_dtype):
+        return fused_cpu_quant_ops(device, torch_dtype(model.dtype), model.kv_cache_dtype, head_dim, head_dim) is not None
+    kv = torch_dtype(model.kv_cache_dtype)
     return fused_cpu_decode_available(device, torch_dtype(model.dtype), kv, kv, head_dim, head_dim)
 
 

@@ -1,7 +1,10 @@
 """Quantize and dequantize K/V rows for the KV formats of mem_plan/kv_quant.py (the layouts and bytes live there).
 
-    quantize(fmt, x, part, scale, smooth)   x [N, H, D] -> {field: codes/scales [N, H, elems]}  (part "k" or "v")
-    dequantize(fmt, fields, part, dtype, scale, rotated=False, dim, smooth) -> [N, H, D]
+    quantize(fmt, x, part, scale, smooth, turned)   x [N, H, D] -> {field: codes/scales [N, H, elems]}  (part "k"/"v")
+    dequantize(fmt, fields, part, dtype, scale, rotated=False, dim, smooth, turned) -> [N, H, D]
+
+`turned` says whether the part is stored turned (x @ R); None: the format's rule (is_rotated). A pool whose fp8 scales
+came from a checkpoint stores its keys plain (the scales were measured on unturned keys): it passes False.
 
 `rotated=True` returns rows of a rotated part (is_rotated) in the rotated basis, x @ R: attention then turns the
 query once (q @ R: q.k is unchanged, R orthonormal) and the output once (out_r @ R^T) instead of every key and value.
@@ -9,10 +12,13 @@ fp8 parts take the fixed per-head scale [H] (fp32); the int formats carry their 
 fixed per-head channel multiplier w [H, D] (fp32; None = ones).
 
 Rules (per row = one token's head vector):
-  fp8      code = fp8(x / scale), saturated to the format's finite range
-  int8     s = fp16(amax / 127), code = round(x / s) in [-127, 127]
+  fp8      code = fp8(r / scale), saturated to the format's finite range; values: r = x; keys: r = x @ R (the
+           rounding error of a few large channels no longer dominates q.k), plain where the scales are a checkpoint's
+  int8     s = fp16(amax / 127), code = round(r / s) in [-127, 127]; values: r = x; keys: r = x @ R (a key head's
+           few large channels, spread over all 64 by R, no longer set the step of the rest: decode KL / 4 on the
+           default model, docs/kv_quantization.md)
   int4     asymmetric over the row: s = fp16((max r - min r) / 15), m = fp16(min r), code = round((r - m) / s) in
-           [0, 15], r' = code x s + m; values: r = x, x' = r'; keys: r = (x * w) @ R, x' = (r' @ R^T) / w, where w
+           [0, 15], r' = code x s + m; values: r = x @ R; keys: r = (x * w) @ R, x' = (r' @ R^T) / w, where w
            is the calibrated per-channel multiplier (E[q^2] / E[k^2])^a (kv_quant.INT4_KEY_SMOOTH_EXPONENT, 1/8):
            q.k = (q / w).(k * w), so the error of r (spread evenly over the channels by R) reaches the logits
            weighted by q / w -- the channels queries weigh most are stored with finer steps. Keys are read back in the
@@ -34,7 +40,8 @@ import torch
 from sglang.srt.mem_plan.kv_quant import FP8_FORMATS, TRITS_PER_BYTE
 
 FP8_TORCH = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-ROTATED_PARTS = {"int2_hadamard": ("k", "v")}  # read in the rotated basis (int4 keys are turned inside the codec)
+# read in the rotated basis (int4 keys are turned inside the codec: their multiplier makes the basis per head)
+ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("v",), "int2_hadamard": ("k", "v")}
 ROTATION_SEED = 20240523
 LOG_SCALE_STEPS, LOG_SCALE_OFFSET = 12, 176  # scale = 2^((code - 176) / 12): 2^-14.6 .. 2^6.6, steps of 5.9%
 LEVELS_2BIT = (-1.510, -0.4528, 0.4528, 1.510)
@@ -61,15 +68,28 @@ def _rotation_cpu(dim: int) -> torch.Tensor:
     return (q * torch.sign(torch.diagonal(r))[None, :]).float().contiguous()
 
 
-def rotation(dim: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _rotation_on(dim: int, device: str, dtype: torch.dtype) -> torch.Tensor:
     return _rotation_cpu(dim).to(device=device, dtype=dtype)
 
 
+def rotation(dim: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """R [dim, dim], one tensor per (dim, device, dtype) kept for the process: no host-to-device copy after the
+    first call (a CUDA graph captures the write path's `x @ R` over the same tensor it replays)."""
+    return _rotation_on(dim, str(torch.device(device)), dtype)
+
+
 @functools.lru_cache(maxsize=None)
-def _trit_table() -> torch.Tensor:
-    """[243, 5] the trits (0, 1, 2) of every byte value below 3^5, least significant first."""
+def _constant(values: tuple, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A small constant table on a device, made once (no host-to-device copy per call: CUDA-graph safe)."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _trit_table(device: str = "cpu") -> torch.Tensor:
+    """[243, 5] the trits (0, 1, 2) of every byte value below 3^5, least significant first (one per device)."""
     b = torch.arange(3 ** TRITS_PER_BYTE)
-    return torch.stack([(b // 3 ** j) % 3 for j in range(TRITS_PER_BYTE)], -1).to(torch.int64)
+    return torch.stack([(b // 3 ** j) % 3 for j in range(TRITS_PER_BYTE)], -1).to(device=device, dtype=torch.int64)
 
 
 def _log_scale_code(s: torch.Tensor) -> torch.Tensor:
@@ -106,21 +126,23 @@ def _pack_trits(trits: torch.Tensor) -> torch.Tensor:
     if pad:
         trits = torch.cat([trits, torch.ones(*trits.shape[:-1], pad, dtype=trits.dtype, device=trits.device)], -1)
     t = trits.to(torch.int32).unflatten(-1, (-1, TRITS_PER_BYTE))
-    weights = torch.tensor([3 ** j for j in range(TRITS_PER_BYTE)], dtype=torch.int32, device=t.device)
+    weights = _constant(tuple(3 ** j for j in range(TRITS_PER_BYTE)), str(t.device), torch.int32)
     return (t * weights).sum(-1).to(torch.uint8)
 
 
 def _unpack_trits(packed: torch.Tensor, n: int) -> torch.Tensor:
-    table = _trit_table().to(packed.device)
+    table = _trit_table(str(packed.device))
     return table[packed.to(torch.int64)].flatten(-2)[..., :n]
 
 
 def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor] = None,
-             smooth: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+             smooth: Optional[torch.Tensor] = None, turned: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """x [N, H, D] -> the part's fields ({part: codes, part + '_scale': scales}) for a quantized format."""
     x = x.float()
     if fmt == "int4" and part == "k":
         x = (x if smooth is None else x * smooth.float()[None]) @ rotation(x.shape[-1], x.device)
+    elif is_rotated(fmt, part) if turned is None else turned:
+        x = x @ rotation(x.shape[-1], x.device)
     sname = part + "_scale"
     if fmt in FP8_FORMATS:
         dt = FP8_TORCH[fmt]
@@ -132,8 +154,6 @@ def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor]
         s = torch.where(s > 0, s, torch.ones_like(s))
         codes = torch.round(x / s.float()).clamp(-127, 127).to(torch.int8)
         return {part: codes, sname: s}
-    if is_rotated(fmt, part):
-        x = x @ rotation(x.shape[-1], x.device)
     if fmt == "int4":
         lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         s = ((hi - lo) / 15).to(torch.float16)
@@ -144,9 +164,9 @@ def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor]
     if fmt == "int2_hadamard":
         rms = x.pow(2).mean(-1, keepdim=True).sqrt()
         if part == "k":
-            bounds = torch.tensor(THRESHOLDS_2BIT, device=x.device)
+            bounds = _constant(THRESHOLDS_2BIT, str(x.device))
             codes = torch.bucketize(x / rms.clamp_min(1e-30), bounds)  # 0..3
-            levels = torch.tensor(LEVELS_2BIT, device=x.device)[codes]
+            levels = _constant(LEVELS_2BIT, str(x.device))[codes]
         else:
             t = THRESHOLD_TERNARY
             z = x / rms.clamp_min(1e-30)
@@ -161,27 +181,26 @@ def quantize(fmt: str, x: torch.Tensor, part: str, scale: Optional[torch.Tensor]
 
 def dequantize(fmt: str, fields: Dict[str, torch.Tensor], part: str, dtype: torch.dtype,
                scale: Optional[torch.Tensor] = None, rotated: bool = False, dim: Optional[int] = None,
-               smooth: Optional[torch.Tensor] = None) -> torch.Tensor:
+               smooth: Optional[torch.Tensor] = None, turned: Optional[bool] = None) -> torch.Tensor:
     """The part's fields [N, H, e] -> [N, H, D] in dtype (in the rotated basis when rotated and is_rotated)."""
     codes = fields[part]
     sname = part + "_scale"
     if fmt in FP8_FORMATS:
         x = codes.view(FP8_TORCH[fmt]).to(torch.float32) * scale.view(1, -1, 1)
-        return x.to(dtype)
-    if fmt == "int8":
-        return (codes.to(torch.float32) * fields[sname].to(torch.float32)).to(dtype)
-    if fmt == "int4":
+    elif fmt == "int8":
+        x = codes.to(torch.float32) * fields[sname].to(torch.float32)
+    elif fmt == "int4":
         sm = fields[sname].to(torch.float32)
         x = _unpack_nibbles(codes).to(torch.float32) * sm[..., :1] + sm[..., 1:]
     elif fmt == "int2_hadamard":
         s = _log_scale_value(fields[sname])
         if part == "k":
-            x = torch.tensor(LEVELS_2BIT, device=codes.device)[_unpack_crumbs(codes).to(torch.int64)] * s
+            x = _constant(LEVELS_2BIT, str(codes.device))[_unpack_crumbs(codes).to(torch.int64)] * s
         else:
             x = (_unpack_trits(codes, dim).to(torch.float32) - 1) * s
     else:
         raise ValueError(f"not a quantized KV format: {fmt}")
-    if is_rotated(fmt, part) and not rotated:
+    if (is_rotated(fmt, part) if turned is None else turned) and not rotated:
         x = x @ rotation(x.shape[-1], x.device).T
     if fmt == "int4" and part == "k":
         x = x @ rotation(x.shape[-1], x.device).T

@@ -6,6 +6,10 @@ specs.KVCellSpec). K/V are quantized on write (set_kv_buffer); readers dequantiz
 (gather_kv), never a copy of the pool. Slots [0, page_size) are the dummy page (zero codes and scales: reads of it
 are finite).
 
+Parts stored turned by the codec's fixed rotation R (x @ R: fp8 and int8 keys, int4 and int2_hadamard keys and values,
+`turned_parts`; plain fp8 keys where the scales are a checkpoint's) are read in that basis by the kernels, which turn
+the query once (and the output back for values); `rotation(part)` gives R or None.
+
 int4's fixed field is the per-(layer, KV head) key channel multiplier k_smooth [layer_num, head_num, d] fp32, 1.0
 until calibrate_scales() sets it from the key and query channel energies the same startup forward recorded (the
 queries through record_query, which the calibration wraps around the attention backend; kv_quant_codec).
@@ -27,7 +31,7 @@ from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang.srt.mem_plan.dtypes import torch_dtype
 from sglang.srt.mem_plan.kv_quant import (FP8_FORMATS, FP8_SCALE_HEADROOM, INT4_KEY_SMOOTH_EXPONENT, fixed_fields,
-                                          token_fields)
+                                          rotated_parts, token_fields)
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
@@ -58,6 +62,10 @@ class QuantizedKVPool(KVCache):
                                device=device)
             for f in fixed_fields(kv_format, head_dim, self.v_head_dim)}
         self.needs_calibration = self.is_fp8 or "k_smooth" in self.fixed
+        # the parts stored turned (x @ R): the format's (kv_quant_codec.ROTATED_PARTS); fp8 keys with a checkpoint's
+        # scales are stored plain instead (load_scales(keys_turned=False): those scales were measured on plain keys)
+        self.turned_parts = set(codec.ROTATED_PARTS.get(kv_format, ()))
+        self.plain_parts: set = set()  # the parts the format would store turned that this pool stores plain
         self.k_buffer, self.v_buffer = self.fields["k"], self.fields["v"]
         self.calibrating = False
         self.calibration_amax: Dict[str, torch.Tensor] = {}
@@ -94,14 +102,15 @@ class QuantizedKVPool(KVCache):
         for part, x in (("k", k), ("v", v)):
             if self.calibrating:
                 self._record(part, layer_id, x.detach().float())
-            fields = codec.quantize(self.kv_format, x, part, self._scale(part, layer_id), self._smooth(part, layer_id))
+            fields = codec.quantize(self.kv_format, x, part, self._scale(part, layer_id), self._smooth(part, layer_id),
+                                    part in self.turned_parts)
             for name, value in fields.items():
                 self.fields[name][layer_id].index_copy_(0, loc, value)
 
     # ------------------------------------------------------------------ read
     def rotation(self, part: str) -> Optional[torch.Tensor]:
         """R [D, D] fp32 when `part` is stored in a rotated basis (gather_kv(rotated=True) returns x @ R)."""
-        if not codec.is_rotated(self.kv_format, part):
+        if part not in self.turned_parts:
             return None
         return codec.rotation(self.head_dim if part == "k" else self.v_head_dim, self.device)
 
@@ -113,7 +122,7 @@ class QuantizedKVPool(KVCache):
             got = {name: buf[layer_id].index_select(0, index) for name, buf in self.fields.items()
                    if name in (part, part + "_scale")}
             out.append(codec.dequantize(self.kv_format, got, part, dtype, self._scale(part, layer_id), rotated, dim,
-                                        self._smooth(part, layer_id)))
+                                        self._smooth(part, layer_id), part in self.turned_parts))
         return out[0], out[1]
 
     # ------------------------------------------------------------------ calibration (fp8 scales, int4 key multipliers)
@@ -123,8 +132,9 @@ class QuantizedKVPool(KVCache):
 
     def _record(self, part: str, layer_id: int, x: torch.Tensor) -> None:
         """While calibrating: fp8 keeps each head's amax; int4 each key channel's sum of squares (and the rows)."""
-        if self.is_fp8:
-            self._accumulate(f"{part}{layer_id}", x.abs().amax(dim=(0, 2)), True)  # [head_num]
+        if self.is_fp8:  # the amax of what is stored: turned keys' own
+            r = self.rotation(part)
+            self._accumulate(f"{part}{layer_id}", (x if r is None else x @ r).abs().amax(dim=(0, 2)), True)  # [head_num]
         elif part == "k":
             self._accumulate(f"k{layer_id}", torch.cat([x.pow(2).sum(0), torch.full_like(x[0, :, :1], x.shape[0])], -1), False)
 
@@ -160,15 +170,21 @@ class QuantizedKVPool(KVCache):
         self.calibration_amax = {}
         self.scales_source = source
 
-    def load_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor, source: str) -> None:
-        """fp8 scales given per layer [layer_num] or per (layer, KV head) [layer_num, head_num] (a checkpoint's)."""
+    def load_scales(self, k_scale: torch.Tensor, v_scale: torch.Tensor, source: str, keys_turned: bool = True) -> None:
+        """fp8 scales given per layer [layer_num] or per (layer, KV head) [layer_num, head_num]: a checkpoint's
+        (keys_turned=False: measured on plain keys, so the keys are stored plain), or the calibrated ones per layer."""
+        if not keys_turned:
+            self.turned_parts.discard("k")
+            self.plain_parts.add("k")
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             s = s.to(torch.float32).reshape(self.layer_num, -1).expand(self.layer_num, self.head_num)
             self.fixed[name].copy_(s)
         self.scales_source = source
 
     def scale_info(self) -> dict:
-        info = {"kv_format": self.kv_format, "scales": self.scales_source}
+        # the parts stored turned (int4's keys too, which the codec turns with their multiplier and reads back plain)
+        turned = sorted(set(rotated_parts(self.kv_format)) - self.plain_parts)
+        info = {"kv_format": self.kv_format, "scales": self.scales_source, "turned_parts": turned}
         if "k_smooth" in self.fixed:
             info["k_smooth_range"] = [float(self.fixed["k_smooth"].min()), float(self.fixed["k_smooth"].max())]
         if self.is_fp8:

@@ -96,7 +96,8 @@ class BackendInputs:
     num_reqs: int  # request slots (req_to_token rows minus the dummy row)
     cuda_graph_max_bs: int = 0  # largest captured decode batch; 0 = no graphs
     max_extend_tokens: int = 0  # the prefill chunk (torch_native's extend bound); 0 = not charged
-    fused_cpu_decode: bool = True  # torch_native decodes (and extends) through the fused CPU kernels (no gather)
+    fused_cpu_decode: bool = True  # torch_native decodes (and extends) through the fused CPU kernels (no gather);
+    # a quantized pool: through the kernel over its codes (resolved.fused_cpu_decode)
     cpu_threads: int = 1  # the CPU kernels' threads (each holds the fused extend's scores)
     page_size: int = 1  # tokens per KV page (--page-size): sizes the page-index buffers
 
@@ -184,8 +185,9 @@ def extend_attention_workspace_bytes(num_q_heads: int, num_kv_heads: int, head_d
 
 def fused_extend_workspace_bytes(num_q_heads: int, head_dim: int, elem_bytes: int, max_extend_tokens: int,
                                  context_len: int, cpu_threads: int) -> int:
-    """torch_native's extend through the fused CPU kernel (extend_attention_op.h): the contiguous query copy and the
-    output, [chunk, H * D] each, and every kernel thread's scores over the longest sequence."""
+    """torch_native's extend through the fused CPU kernels (extend_attention_op.h; quant_attention_op.h over an int8 /
+    fp8 pool's codes, which turns the query inside its scratch): the contiguous query copy and the output, [chunk,
+    H * D] each, and every kernel thread's scores over the longest sequence."""
     return (2 * max_extend_tokens * num_q_heads * head_dim * elem_bytes
             + cpu_threads * EXTEND_KERNEL_SCORE_BYTES * context_len)
 

@@ -40,14 +40,14 @@ QUANTIZED_KV_FORMATS = FP8_FORMATS + INT_FORMATS
 # a quantized format's quality gate (benchmark/bench_kv_quality.py, docs/kv_quantization.md): None = passes; a text =
 # the measured failure, shown in --help and /server_info
 KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs a bf16 KV (floor: fp32 KV 99.76%)
-    "fp8_e4m3": "fails (top-1 96.6% < 99%, perplexity +2.2% > 1%)",
-    "fp8_e5m2": "fails (top-1 93.8% < 99%, perplexity +10.5% > 1%)",
-    "int8": "fails top-1 (98.7% < 99%), perplexity +0.04% passes",
-    "int4": "fails (top-1 92.2% < 95%, perplexity +8.1% > 5%)",
+    "fp8_e4m3": "fails top-1 (97.1% < 99%), perplexity +0.6% passes",
+    "fp8_e5m2": "fails (top-1 94.4% < 99%, perplexity +2.0% > 1%)",
+    "int4": "fails (top-1 92.7% < 95%, perplexity +6.7% > 5%)",
     "int2_hadamard": "capacity mode: top-1 53.5%, perplexity +348%, needle recall 0/2",
-}
+}  # int8 passes (top-1 99.7%, perplexity -0.01%)
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
-ROTATED_PARTS = {"int4": ("k",), "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
+ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("k", "v"),
+                 "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
 # the attention backends that read a quantized format (check_kv_format_backend); AITER's prefill takes no fp8 KV
 KV_FORMAT_BACKENDS = {**{f: ("torch_native", "triton", "flashinfer") for f in FP8_FORMATS},
                       **{f: ("torch_native", "triton") for f in INT_FORMATS}}
@@ -184,7 +184,7 @@ def _help() -> str:
     flags = "; ".join(f"{f}: {why}" for f, why in KV_QUALITY_FLAGS.items())
     return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
             "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
-            "int8 per token, int4 per token asymmetric (keys rotated), int2_hadamard; bf16 tokens per byte x "
+            "int8 per token (keys rotated), int4 per token asymmetric (rotated), int2_hadamard; bf16 tokens per byte x "
             f"(head dim 64): {gains}. int formats need --attention-backend torch_native or triton."
             + (f" Quality gate on the default model: {flags}." if flags else ""))
 

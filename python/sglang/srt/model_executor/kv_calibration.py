@@ -99,7 +99,7 @@ def calibrate_kv_scales(runner) -> None:
     if scales is not None:
         rank = getattr(runner, "tp_rank", 0)
         pool.load_scales(*(_rank_heads(s, pool.head_num, rank).to(pool.device) for s in scales),
-                         source="checkpoint k_scale / v_scale")
+                         source="checkpoint k_scale / v_scale, plain keys", keys_turned=False)
         logger.info("KV cache %s scales: %s", pool.kv_format, pool.scale_info())
         return
     page = runner.server_args.page_size

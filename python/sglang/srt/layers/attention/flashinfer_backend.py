@@ -2,7 +2,8 @@
 
 fp8 KV (--kv-cache-dtype fp8_e4m3 / fp8_e5m2): plan() gets kv_data_type = the pool's fp8 dtype, the paged cache is
 the pool's raw fp8 view, and run() gets the layer's k_scale / v_scale floats (flashinfer takes one per layer: the
-startup calibration makes the pool's scales per layer for it). The int formats are refused (naming triton).
+startup calibration makes the pool's scales per layer for it). The int formats are refused (naming triton). fp8 keys
+stored turned (k @ R, unless the scales are a checkpoint's: QuantizedKVPool.turned_parts) take the query turned too.
 
 Memory (declared in mem_plan/backends.py, allocated once by the base class, never again per step):
     workspace            uint8 [384 MiB; 512 MiB for Qwen2/Qwen3/MiMo]  the float workspace of every wrapper
@@ -176,6 +177,11 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         k_scale, v_scale = self.kv_scales[layer.layer_id]
         return dict(k_scale=k_scale, v_scale=v_scale)
 
+    def _query(self, q: torch.Tensor) -> torch.Tensor:
+        """q, turned by R where the fp8 pool stores its keys turned (k @ R; q.k unchanged), contiguous."""
+        r_k = self.token_to_kv_pool.rotation("k")
+        return q.contiguous() if r_k is None else (q.float() @ r_k).to(q.dtype)
+
     def _check_layer(self, layer) -> None:
         if abs(layer.scaling - self.sm_scale) > 1e-6 * self.sm_scale:
             raise NotImplementedError(f"flashinfer: layer {layer.layer_id} scales by {layer.scaling}, the plan by "
@@ -186,7 +192,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         self._check_layer(layer)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.prefill_wrapper.run(q.contiguous(), self._paged_cache(layer), **self._scales(layer))
+        out = self.prefill_wrapper.run(self._query(q), self._paged_cache(layer), **self._scales(layer))
         return out.view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
@@ -194,7 +200,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         self._check_layer(layer)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.active_decode_wrapper.run(q.contiguous(), self._paged_cache(layer), **self._scales(layer))
+        out = self.active_decode_wrapper.run(self._query(q), self._paged_cache(layer), **self._scales(layer))
         return out.view(q.shape[0], -1)
 
 

@@ -128,6 +128,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             self.device, getattr(self.model_config, "dtype", None), getattr(pool, "kv_format", ""),
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
+        self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
 
@@ -225,15 +226,33 @@ class TorchNativeAttnBackend(AttentionBackend):
                                       "pool (save_kv_cache=True).")
         pool, lid = self.token_to_kv_pool, layer.layer_id
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: [layers, KV] fp32; int8: [layers, rows, KV, 1] fp16
+        if pool.rotation("v") is not None:
+            raise NotImplementedError(f"the CPU kernel over {pool.kv_format} codes reads V in its plain basis")
+        # keys stored turned (k @ R): the kernel turns each query row by R in its fp32 scratch (q.k unchanged)
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
+            pool.rotation("k"),
         )
+
+    def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
+        codec's rule in registers, keys turned; kv_quant_write), every other pool (and a calibrating one, which records
+        what it is given) by its own set_kv_buffer."""
+        pool = self.token_to_kv_pool
+        if self.cpu_quant_write is None or pool.calibrating:
+            pool.set_kv_buffer(layer.layer_id, loc, k, v)
+            return
+        lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
+        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; int8: written [rows, KV, 1] fp16
+        for part, x in (("k", k), ("v", v)):
+            self.cpu_quant_write(x.contiguous(), pool.fields[part][lid], scales[part + "_scale"][lid], loc,
+                                 pool.kv_format, pool.rotation(part))
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
-            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+            self._write_kv(layer, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
         if md.quant_rows is not None:
             return self._quant_attention(q, layer, save_kv_cache)
@@ -276,7 +295,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 forward_batch.out_cache_loc, layer.scaling,
             )
         if save_kv_cache:
-            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
+            self._write_kv(layer, forward_batch.out_cache_loc, k, v)
         if md.quant_rows is not None:
             return self._quant_attention(q, layer, save_kv_cache)
         bs = q.shape[0]

@@ -106,6 +106,11 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             buf[i].copy_(kv_quant_codec.rotation(pool.head_dim if part == "k" else pool.v_head_dim, buf.device))
         return {part: buf[i] for i, part in enumerate(parts)}
 
+    def _turn(self, part: str):
+        """R of a part the format stores turned, else None; None too where this pool stores it plain (fp8 keys with a
+        checkpoint's scales: QuantizedKVPool.plain_parts)."""
+        return None if part in getattr(self.token_to_kv_pool, "plain_parts", ()) else self.rotations.get(part)
+
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -148,7 +153,7 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
         f, pool = self.kv_formats, self.token_to_kv_pool
-        r_k, r_v, v_mean = self.rotations.get("k"), self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
+        r_k, r_v, v_mean = self._turn("k"), self._turn("v"), f.value_mean(pool, layer.layer_id)
         # a rotated / smoothed / centred format: attend in its stored basis
         q, k, v = f.into_basis(q, k, v, r_k, r_v, v_mean, f.key_smooth(pool, layer.layer_id))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
@@ -165,8 +170,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
         f, pool = self.kv_formats, self.token_to_kv_pool
-        r_v, v_mean = self.rotations.get("v"), f.value_mean(pool, layer.layer_id)
-        q = f.into_basis(q, None, None, self.rotations.get("k"), None, None, f.key_smooth(pool, layer.layer_id))[0]
+        r_v, v_mean = self._turn("v"), f.value_mean(pool, layer.layer_id)
+        q = f.into_basis(q, None, None, self._turn("k"), None, None, f.key_smooth(pool, layer.layer_id))[0]
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         self.ops.decode_attention_fwd(

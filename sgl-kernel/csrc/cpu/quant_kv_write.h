@@ -1,0 +1,169 @@
+// Turned rows and the int8 KV write (python/sglang/srt/mem_cache/kv_quant_codec.py's rules, in registers):
+//   turn_rows    rows [n, D] fp32 -> rows @ R in place (R [D, D] fp32 row-major, the codec's rotation): the query
+//                turn of a pool that stores its keys turned, done inside extend_attention_quant's scratch;
+//   kv_quant_write  new K or V rows [N, KV, D] (bf16 / fp32) -> the pool's codes at the slots loc, optionally turned
+//                first (r = x @ R), by the codec's rule op for op: int8 s = fp16(amax(|r|) / 127) (1.0 where that is
+//                0) written per row, code = round_half_even(r / s) clamped to [-127, 127]; fp8 code =
+//                fp8(clamp(r / scale, +-max)) with the pool's fixed per-head scale, rounded to nearest even as torch's
+//                conversion. The turn's sums are ordered differently from torch's matmul, so a turned row's codes can
+//                differ from the codec's by one step where r / s lies within rounding of a half.
+// Level avx512_bf16 (the module's quantized-KV kernels). D: a multiple of 16, at most 256.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <string>
+
+#include "decode_attention_quant.h"
+#include "parallel.h"
+
+namespace sgl_cpu {
+
+constexpr int64_t kMaxTurnDim = 256;
+
+// row [D] -> row @ R, through tmp [D].
+SGL_AVX512_BF16 inline void turn_row(float* row, int64_t D, const float* R, float* tmp) {
+  for (int64_t j = 0; j < D; j += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(row[i]), _mm512_loadu_ps(R + i * D + j), acc);
+    _mm512_storeu_ps(tmp + j, acc);
+  }
+  std::copy(tmp, tmp + D, row);
+}
+
+SGL_AVX512_BF16 inline void turn_rows(float* rows, int64_t n, int64_t D, const float* R, float* tmp) {
+  for (int64_t h = 0; h < n; ++h) turn_row(rows + h * D, D, R, tmp);
+}
+
+// One row r [D] fp32 -> D int8 codes and the fp16 bits of its scale.
+SGL_AVX512_BF16_F16C inline void quantize_int8_row(const float* r, int64_t D, int8_t* code, uint16_t* scale) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D; j += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(r + j)));
+  uint16_t h = _cvtss_sh(_mm512_reduce_max_ps(amax) / 127.0f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  float s = _cvtsh_ss(h);
+  if (!(s > 0.0f)) {
+    h = 0x3C00;  // fp16 1.0
+    s = 1.0f;
+  }
+  *scale = h;
+  const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t j = 0; j < D; j += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(r + j), vs),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(code + j), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(q)));
+  }
+}
+
+SGL_AVX512_BF16 inline void row_to_f32(const at::BFloat16* src, int64_t D, float* dst) {
+  for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
+}
+inline void row_to_f32(const float* src, int64_t D, float* dst) { std::copy(src, src + D, dst); }
+
+// 16 fp32 values (already clamped to the format's finite range) -> 16 fp8 bytes, rounded to nearest even as torch's
+// float -> float8 conversion rounds: normals by integer rounding of the fp32 bits at the format's mantissa width,
+// subnormals (below the format's smallest normal) as round(|x| / the subnormal step), both with the sign bit on top.
+template <KvQuant F>
+SGL_AVX512_BF16 inline __m128i fp32_to_fp8x16(__m512 x) {
+  constexpr int kMant = F == KvQuant::kFp8E4m3 ? 3 : 2, kBias = F == KvQuant::kFp8E4m3 ? 7 : 15;
+  constexpr int kShift = 23 - kMant;
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512i abits = _mm512_castps_si512(ax);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abits, kShift), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(_mm512_set1_epi32((1 << (kShift - 1)) - 1), lsb);
+  const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(abits, up), kShift),
+                                          _mm512_set1_epi32((127 - kBias) << kMant));
+  const float sub_unit_inv = (float)(1 << (kBias - 1 + kMant));  // 1 / the subnormal step 2^(1 - bias - mant)
+  const __m512i sub = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(ax, _mm512_set1_ps(sub_unit_inv)),
+                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __mmask16 is_sub = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(1.0f / (float)(1 << (kBias - 1))), _CMP_LT_OQ);
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_mask_blend_epi32(is_sub, normal, sub), sign));
+}
+
+// One row r [D] fp32 -> D fp8 bytes of r / scale, saturated to the format's largest finite value.
+template <KvQuant F>
+SGL_AVX512_BF16 inline void quantize_fp8_row(const float* r, int64_t D, float scale, uint8_t* code) {
+  const float fmax = F == KvQuant::kFp8E4m3 ? 448.0f : 57344.0f;
+  const __m512 vs = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-fmax), hi = _mm512_set1_ps(fmax);
+  for (int64_t j = 0; j < D; j += 16) {
+    const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(r + j), vs), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(code + j), fp32_to_fp8x16<F>(q));
+  }
+}
+
+template <typename T>
+void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::Tensor& scales, const int64_t* loc,
+                      const float* R) {
+  const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
+  const T* xp = x.data_ptr<T>();
+  uint8_t* cp = reinterpret_cast<uint8_t*>(codes.data_ptr());
+  uint16_t* sp = fmt == KvQuant::kInt8 ? reinterpret_cast<uint16_t*>(scales.data_ptr()) : nullptr;
+  const float* head_scale = fmt == KvQuant::kInt8 ? nullptr : scales.data_ptr<float>();
+  parallel_for(0, N * KV, 32, [&](int64_t lo, int64_t hi) {
+    alignas(64) float r[kMaxTurnDim], tmp[kMaxTurnDim];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t t = i / KV, h = i % KV, slot = loc[t];
+      uint8_t* dst = cp + (slot * KV + h) * D;
+      row_to_f32(xp + i * D, D, r);
+      if (R != nullptr) turn_row(r, D, R, tmp);
+      switch (fmt) {
+        case KvQuant::kInt8: quantize_int8_row(r, D, reinterpret_cast<int8_t*>(dst), sp + slot * KV + h); break;
+        case KvQuant::kFp8E4m3: quantize_fp8_row<KvQuant::kFp8E4m3>(r, D, head_scale[h], dst); break;
+        case KvQuant::kFp8E5m2: quantize_fp8_row<KvQuant::kFp8E5m2>(r, D, head_scale[h], dst); break;
+      }
+    }
+  });
+}
+
+// x [N, KV, D] bf16 or fp32; codes [slots, KV, D] one-byte; loc [N] int64 slots; scales: int8: [slots, KV, 1] fp16,
+// written (one per row); fp8: [KV] fp32, read (the pool's fixed scales); turn: None, or R [D, D] fp32 (the rows are
+// stored turned).
+inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor scales, const at::Tensor& loc,
+                           const std::string& kv_format, const c10::optional<at::Tensor>& turn) {
+  const char* op = "kv_quant_write";
+  KvQuant fmt = KvQuant::kInt8;
+  if (kv_format == "fp8_e4m3") {
+    fmt = KvQuant::kFp8E4m3;
+  } else if (kv_format == "fp8_e5m2") {
+    fmt = KvQuant::kFp8E5m2;
+  } else {
+    TORCH_CHECK(kv_format == "int8", op, ": kv format int8, fp8_e4m3 or fp8_e5m2, got ", kv_format);
+  }
+  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
+              cpu_isa_name(current_isa()));
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              op, ": rows must be a contiguous CPU [N, KV, D] bfloat16 or float32 tensor");
+  const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
+  TORCH_CHECK(D % 16 == 0 && D <= kMaxTurnDim, op, ": head_dim ", D, " must be a multiple of 16, at most ", kMaxTurnDim);
+  TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && codes.element_size() == 1 && codes.size(1) == KV &&
+                  codes.size(2) == D,
+              op, ": codes must be a contiguous one-byte [slots, ", KV, ", ", D, "] tensor");
+  const int64_t slots = codes.size(0);
+  if (fmt == KvQuant::kInt8) {
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.numel() == slots * KV &&
+                    scales.size(0) == slots,
+                op, ": int8 scales must be a contiguous float16 [slots, KV, 1] tensor");
+  } else {
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == KV, op,
+                ": fp8 scales must be a contiguous float32 [KV] tensor");
+  }
+  TORCH_CHECK(loc.dim() == 1 && loc.numel() == N && loc.scalar_type() == at::kLong && loc.is_contiguous(), op,
+              ": loc must be a contiguous int64 [N] tensor");
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < N; ++i) TORCH_CHECK(lp[i] >= 0 && lp[i] < slots, op, ": slot ", lp[i], " is outside the pool");
+  const float* R = nullptr;
+  if (turn.has_value() && turn->defined()) {
+    TORCH_CHECK(turn->scalar_type() == at::kFloat && turn->is_contiguous() && turn->dim() == 2 && turn->size(0) == D &&
+                    turn->size(1) == D,
+                op, ": turn must be a contiguous float32 [D, D] matrix");
+    R = turn->data_ptr<float>();
+  }
+  if (x.scalar_type() == at::kBFloat16) return kv_quant_write_t<at::BFloat16>(fmt, x, codes, scales, lp, R);
+  kv_quant_write_t<float>(fmt, x, codes, scales, lp, R);
+}
+
+}  // namespace sgl_cpu
