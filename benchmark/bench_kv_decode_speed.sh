@@ -1,6 +1,6 @@
 #!/bin/bash
 # Decode throughput per --kv-cache-dtype against bf16 KV at concurrency 32 (issue 23's speed gate: quantized KV must
-# not make decode more than 10% slower than bf16; on a CPU the int8 / fp8 pools are read by the attention kernel over
+# not make decode more than 10% slower than bf16; on a CPU the int8 / int4 / fp8 pools are read by the attention kernel over
 # their codes, sgl-kernel/csrc/cpu/decode_attention_quant.h). For each dtype a server with the default model and
 # torch_native is started, warmed up once at the measured shape, then measured with `python -m sglang.bench_serving`
 # (streaming /v1/chat/completions, N=64 requests at concurrency C=32, prompts of WORDS=100 fresh random words,
@@ -10,7 +10,7 @@
 # /tmp/i20/BENCH_LOCK, the file other jobs on a shared machine wait on) and starts only when the 1-minute load average
 # is below LOAD_MAX (default 3; after WAIT_MAX_S, default 300 s, it goes ahead and says so). Server start-up is outside
 # the lock. Run from the project checkout with the project importable (installed, or PYTHONPATH=python):
-#   bash benchmark/bench_kv_decode_speed.sh [dtype ...]     (default: bfloat16 int8 fp8_e4m3 fp8_e5m2)
+#   bash benchmark/bench_kv_decode_speed.sh [dtype ...]     (default: bfloat16 int8 int4 fp8_e4m3 fp8_e5m2)
 # Environment: N, C, WORDS, OUT_LEN, OURS_FLAGS, LOCK, LOAD_MAX, WAIT_MAX_S, RESULTS (default a fresh
 # /tmp/kv-decode-speed.*), PY (python3).
 set -u
@@ -78,7 +78,7 @@ run_dtype() {
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|f16c|avx512[a-z0-9_]*|amx[a-z0-9_]*' | sort -u | xargs)"
 echo "streaming chat: $N requests, concurrency $C, $WORDS-word prompts, $OUT_LEN output tokens; seeds $SEED+; results in $RESULTS"
-DTYPES=${*:-bfloat16 int8 fp8_e4m3 fp8_e5m2}
+DTYPES=${*:-bfloat16 int8 int4 fp8_e4m3 fp8_e5m2}
 for dt in $DTYPES; do run_dtype "$dt"; done
 
 $PY - "$RESULTS" $DTYPES <<'EOF'

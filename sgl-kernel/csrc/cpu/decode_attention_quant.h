@@ -28,19 +28,29 @@
 
 namespace sgl_cpu {
 
-enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
+enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3 };
 
-constexpr bool kv_quant_per_token(KvQuant f) { return f == KvQuant::kInt8; }
+constexpr bool kv_quant_per_token(KvQuant f) { return f == KvQuant::kInt8 || f == KvQuant::kInt4; }
+// Bytes of codes per element pair, and fp16 scale values per (token, KV head): int4 packs two codes a byte and keeps
+// (step, min) per row; the others one byte a code and (int8) one scale.
+constexpr int kv_quant_codes_per_byte(KvQuant f) { return f == KvQuant::kInt4 ? 2 : 1; }
+constexpr int kv_quant_scales_per_row(KvQuant f) { return f == KvQuant::kInt4 ? 2 : 1; }
 
 // The factor between a converted code and the format's value (folded into the per-head scales).
 constexpr float kv_quant_code_unit(KvQuant f) { return f == KvQuant::kFp8E4m3 ? 256.0f : 1.0f; }
 
-// 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit).
+// 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit); int4 reads 8 bytes.
 template <KvQuant F>
 SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i b = F == KvQuant::kInt4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
+                                        : _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if constexpr (F == KvQuant::kInt8) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  } else if constexpr (F == KvQuant::kInt4) {
+    // 8 bytes, element 2i in byte i's low nibble and 2i + 1 in its high nibble (kv_quant_codec._pack_nibbles)
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   } else if constexpr (F == KvQuant::kFp8E5m2) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
   } else {
@@ -68,17 +78,28 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   static_assert(D % 16 == 0 && G >= 1 && G <= kHeadsPerPass, "head_dim: a multiple of 16");
   constexpr int kQ = D / 16;
   constexpr bool kPerToken = kv_quant_per_token(F);
+  constexpr bool kMin = F == KvQuant::kInt4;  // an asymmetric row: value = code x step + min
+  constexpr int kB16 = 16 / kv_quant_codes_per_byte(F), kRowBytes = D / kv_quant_codes_per_byte(F);
   __m512 qv[G][kQ];  // in registers (q may alias the scores for the compiler: no reload per key)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 16
     for (int i = 0; i < kQ; ++i) qv[g][i] = _mm512_loadu_ps(q + g * D + 16 * i);
-  // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j]
-  for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<D>(k + tokens[j] * row);
+  alignas(16) float qsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4: q_g . (min, ..., min) = min x sum(q_g)
+  if constexpr (kMin) {
+    for (int g = 0; g < G; ++g) {
+      __m512 a = qv[g][0];
+      for (int i = 1; i < kQ; ++i) a = _mm512_add_ps(a, qv[g][i]);
+      qsum[g] = _mm512_reduce_add_ps(a);
+    }
+  }
+  const __m128 qsum4 = _mm_load_ps(qsum);
+  // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j] (int4: + k_mul m_k[j] sum(q_g))
+  for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * row);
   for (int64_t j = 0; j < seq_len; ++j) {
     const uint8_t* kr = k + tokens[j] * row;
     if (j + kPrefetchKeys < seq_len) {
-      prefetch_bytes<D>(k + tokens[j + kPrefetchKeys] * row);
+      prefetch_bytes<kRowBytes>(k + tokens[j + kPrefetchKeys] * row);
       if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(ks + tokens[j + kPrefetchKeys] * srow),
                                             _MM_HINT_T0);
     }
@@ -87,15 +108,24 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int i = 0; i < kQ; ++i) {
-      const __m512 kv = load_codes16<F>(kr + 16 * i);
+      const __m512 kv = load_codes16<F>(kr + kB16 * i);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
     }
     const float m = kPerToken ? k_mul * half_bits_to_float(ks[tokens[j] * srow]) : k_mul;
-    _mm_storeu_ps(scores + 4 * j, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(m)));
+    __m128 sc = _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(m));
+    if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
+    _mm_storeu_ps(scores + 4 * j, sc);
   }
   alignas(16) float inv[4];
   softmax_columns_4(scores, seq_len, inv);
+  float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4: sum_j p[j][g] m_v[j], added to every element of out_g
+  if constexpr (kMin) {
+    for (int64_t j = 0; j < seq_len; ++j) {
+      const float mv = half_bits_to_float(vs[tokens[j] * srow + 1]);
+      for (int g = 0; g < G; ++g) pmin[g] += scores[4 * j + g] * mv;
+    }
+  }
   // 2. out_g = sum_j p[j][g] (x s_v[j]) code_v[j] x v_mul / sum_g, 64 dims at a time
   constexpr int kChunk = 4;
 #pragma GCC unroll 1
@@ -105,17 +135,17 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kChunk * 16>(v + tokens[j] * row + 16 * c);
+    for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kChunk * kB16>(v + tokens[j] * row + kB16 * c);
     for (int64_t j = 0; j < seq_len; ++j) {
-      const uint8_t* vr = v + tokens[j] * row + 16 * c;
+      const uint8_t* vr = v + tokens[j] * row + kB16 * c;
       if (j + kPrefetchKeys < seq_len) {
-        prefetch_bytes<kChunk * 16>(v + tokens[j + kPrefetchKeys] * row + 16 * c);
+        prefetch_bytes<kChunk * kB16>(v + tokens[j + kPrefetchKeys] * row + kB16 * c);
         if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(vs + tokens[j + kPrefetchKeys] * srow),
                                               _MM_HINT_T0);
       }
       __m512 vv[kChunk];
 #pragma GCC unroll 4
-      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? load_codes16<F>(vr + 16 * d) : _mm512_setzero_ps();
+      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? load_codes16<F>(vr + kB16 * d) : _mm512_setzero_ps();
       const float sv = kPerToken ? half_bits_to_float(vs[tokens[j] * srow]) : 1.0f;
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
@@ -126,10 +156,10 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
-      const __m512 vinv = _mm512_set1_ps(inv[g] * v_mul);
+      const __m512 vinv = _mm512_set1_ps(inv[g] * v_mul), vmin = _mm512_set1_ps(pmin[g]);
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d)
-        if (c + d < kQ) _mm512_storeu_ps(out + g * D + 16 * (c + d), _mm512_mul_ps(acc[g][d], vinv));
+        if (c + d < kQ) _mm512_storeu_ps(out + g * D + 16 * (c + d), _mm512_mul_ps(_mm512_add_ps(acc[g][d], vmin), vinv));
     }
   }
 }

@@ -21,8 +21,9 @@ namespace sgl_cpu {
 
 inline KvQuant kv_quant_from_name(const std::string& name) {
   if (name == "int8") return KvQuant::kInt8;
+  if (name == "int4") return KvQuant::kInt4;
   if (name == "fp8_e4m3") return KvQuant::kFp8E4m3;
-  TORCH_CHECK(name == "fp8_e5m2", "extend_attention_quant: kv format int8, fp8_e4m3 or fp8_e5m2, got ", name);
+  TORCH_CHECK(name == "fp8_e5m2", "extend_attention_quant: kv format int8, int4, fp8_e4m3 or fp8_e5m2, got ", name);
   return KvQuant::kFp8E5m2;
 }
 
@@ -39,7 +40,8 @@ inline void rows_from_f32(const float* src, int64_t n, float* dst) { std::copy(s
 template <typename T>
 at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::Tensor& k_codes,
                                     const at::Tensor& v_codes, const at::Tensor& k_scale, const at::Tensor& v_scale,
-                                    const ExtendRows& e, double scale, const float* turn) {
+                                    const ExtendRows& e, double scale, const float* turn, const float* smooth,
+                                    const float* out_turn) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
@@ -53,7 +55,8 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
   const float unit = kv_quant_code_unit(fmt);
   at::Tensor out = at::empty({N, H * D}, q.options());
   T* op = out.data_ptr<T>();
-  const int64_t group = H / KV, row = KV * D;
+  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);  // per (token, KV head)
+  const int64_t group = H / KV, row = KV * cb;
   const int64_t max_len = e.max_len;
   parallel_tasks_by_cost(e.task_costs(KV), 4 * max_len + 9 * D, [&](int64_t t, float* scratch) {
     const int64_t r = t / KV, kv_head = t % KV, h0 = r * H + kv_head * group;
@@ -66,39 +69,59 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
     for (int64_t g0 = 0; g0 < group; g0 += kHeadsPerPass) {
       const int64_t heads = std::min<int64_t>(kHeadsPerPass, group - g0);
       rows_to_f32(qp + (h0 + g0) * D, heads * D, qf);
+      if (smooth != nullptr) divide_rows(qf, heads, D, smooth + kv_head * D);  // int4 keys: q / w, then turned
       if (turn != nullptr) turn_rows(qf, heads, D, turn, tmp);
-      const uint8_t* kh = kc + kv_head * D;
-      const uint8_t* vh = vc + kv_head * D;
-      const uint16_t* ksh = per_token ? ks + kv_head : nullptr;
-      const uint16_t* vsh = per_token ? vs + kv_head : nullptr;
+      const uint8_t* kh = kc + kv_head * cb;
+      const uint8_t* vh = vc + kv_head * cb;
+      const uint16_t* ksh = per_token ? ks + kv_head * sr : nullptr;
+      const uint16_t* vsh = per_token ? vs + kv_head * sr : nullptr;
       const int64_t* tokens = e.tokens(r);
       const int64_t len = e.len(r);
       switch (fmt) {
         case KvQuant::kInt8:
-          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
           break;
         case KvQuant::kFp8E4m3:
-          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
           break;
         case KvQuant::kFp8E5m2:
-          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
+          break;
+        case KvQuant::kInt4:
+          quant_attention_pass<KvQuant::kInt4>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
           break;
       }
+      if (out_turn != nullptr) turn_rows(of, heads, D, out_turn, tmp);  // values stored turned: out @ R^T
       rows_from_f32(of, heads * D, op + (h0 + g0) * D);
     }
   });
   return out;
 }
 
+// An optional [rows, D] fp32 matrix argument's data, or null.
+inline const float* optional_matrix(const char* op, const char* name, const c10::optional<at::Tensor>& m,
+                                    int64_t rows, int64_t D) {
+  if (!m.has_value() || !m->defined()) return nullptr;
+  TORCH_CHECK(m->scalar_type() == at::kFloat && m->is_contiguous() && m->dim() == 2 && m->size(0) == rows &&
+                  m->size(1) == D,
+              op, ": ", name, " must be a contiguous float32 [", rows, ", ", D, "] matrix");
+  return m->data_ptr<float>();
+}
+
 // q [N, H, D] bf16 or fp32 (the batch's new tokens, request after request) -> [N, H * D] in q's dtype.
-//   k_codes, v_codes  [slots, KV, D] int8 (int8) or uint8 (fp8 bytes)
-//   k_scale, v_scale  int8: [slots, KV(, 1)] fp16 per token;  fp8: [KV] fp32 per KV head
+//   k_codes, v_codes  [slots, KV, D] int8 (int8) or uint8 (fp8 bytes); int4: [slots, KV, D / 2] (two codes a byte)
+//   k_scale, v_scale  int8: [slots, KV(, 1)] fp16 per token; int4: [slots, KV, 2] fp16 (step, min); fp8: [KV] fp32
+//   q_turn    R [D, D]: the keys are stored turned (q is turned in the scratch; int4 after dividing by q_smooth)
+//   q_smooth  int4's key multipliers w [KV, D] of this layer (the keys are stored (k * w) @ R)
+//   out_turn  R^T [D, D]: the values are stored turned (each output row is turned back before it is stored)
 inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
                                          const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                                          const at::Tensor& extend_lens, double scale,
-                                         const c10::optional<at::Tensor>& q_turn) {
+                                         const c10::optional<at::Tensor>& q_turn,
+                                         const c10::optional<at::Tensor>& q_smooth,
+                                         const c10::optional<at::Tensor>& out_turn) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
@@ -109,32 +132,30 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(k_codes.dim() == 3 && k_codes.is_contiguous() && v_codes.is_contiguous() &&
                   v_codes.sizes() == k_codes.sizes() && k_codes.element_size() == 1 && v_codes.element_size() == 1 &&
                   k_codes.device().is_cpu() && v_codes.device().is_cpu(),
-              op, ": codes must be contiguous one-byte CPU tensors [slots, KV, D]");
+              op, ": codes must be contiguous one-byte CPU tensors [slots, KV, D] (int4: D / 2)");
   const int64_t slots = k_codes.size(0), KV = k_codes.size(1);
+  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
   const std::vector<int64_t> dims = decode_attention_head_dims();
-  TORCH_CHECK(k_codes.size(2) == D && std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, op,
+  TORCH_CHECK(k_codes.size(2) == cb && std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, op,
               ": head_dim ", D, " is not one of the compiled ", c10::IntArrayRef(dims),
               ", or does not match the codes, or heads ", H, " are not a multiple of kv heads ", KV);
   for (const at::Tensor* s : {&k_scale, &v_scale}) {
     TORCH_CHECK(s->device().is_cpu() && s->is_contiguous(), op, ": scales must be contiguous CPU tensors");
     if (kv_quant_per_token(fmt)) {
-      TORCH_CHECK(s->scalar_type() == at::kHalf && s->numel() == slots * KV && s->size(0) == slots, op,
-                  ": int8 scales must be float16 [slots, KV, 1]");
+      TORCH_CHECK(s->scalar_type() == at::kHalf && s->numel() == slots * KV * sr && s->size(0) == slots, op,
+                  ": int8 scales must be float16 [slots, KV, 1], int4's [slots, KV, 2]");
     } else {
       TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == KV, op, ": fp8 scales must be float32 [KV]");
     }
   }
-  const float* turn = nullptr;
-  if (q_turn.has_value() && q_turn->defined()) {
-    TORCH_CHECK(q_turn->scalar_type() == at::kFloat && q_turn->is_contiguous() && q_turn->dim() == 2 &&
-                    q_turn->size(0) == D && q_turn->size(1) == D,
-                op, ": q_turn must be a contiguous float32 [D, D] matrix");
-    turn = q_turn->data_ptr<float>();
-  }
+  const float* turn = optional_matrix(op, "q_turn", q_turn, D, D);
+  const float* smooth = optional_matrix(op, "q_smooth", q_smooth, KV, D);
+  const float* back = optional_matrix(op, "out_turn", out_turn, D, D);
   const ExtendRows e = extend_rows(op, N, slots, req_to_token, req_pool_indices, prefix_lens, extend_lens);
   if (q.scalar_type() == at::kBFloat16)
-    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn);
-  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn);
+    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
+                                                  back);
+  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back);
 }
 
 }  // namespace sgl_cpu

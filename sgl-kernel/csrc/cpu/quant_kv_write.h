@@ -5,7 +5,8 @@
 //                first (r = x @ R), by the codec's rule op for op: int8 s = fp16(amax(|r|) / 127) (1.0 where that is
 //                0) written per row, code = round_half_even(r / s) clamped to [-127, 127]; fp8 code =
 //                fp8(clamp(r / scale, +-max)) with the pool's fixed per-head scale, rounded to nearest even as torch's
-//                conversion. The turn's sums are ordered differently from torch's matmul, so a turned row's codes can
+//                conversion; int4 (step, min) = fp16((max - min) / 15), fp16(min) per row written, code =
+//                round((r - min) / step) in [0, 15], keys multiplied by w (smooth) before the turn. The turn's sums are ordered differently from torch's matmul, so a turned row's codes can
 //                differ from the codec's by one step where r / s lies within rounding of a half.
 // Level avx512_bf16 (the module's quantized-KV kernels). D: a multiple of 16, at most 256.
 #pragma once
@@ -36,6 +37,17 @@ SGL_AVX512_BF16 inline void turn_rows(float* rows, int64_t n, int64_t D, const f
   for (int64_t h = 0; h < n; ++h) turn_row(rows + h * D, D, R, tmp);
 }
 
+// rows [n, D] / w [D] (int4's query, whose keys are stored times w), and row [D] * w (int4's keys on write).
+SGL_AVX512_BF16 inline void divide_rows(float* rows, int64_t n, int64_t D, const float* w) {
+  for (int64_t h = 0; h < n; ++h)
+    for (int64_t j = 0; j < D; j += 16)
+      _mm512_storeu_ps(rows + h * D + j, _mm512_div_ps(_mm512_loadu_ps(rows + h * D + j), _mm512_loadu_ps(w + j)));
+}
+SGL_AVX512_BF16 inline void multiply_row(float* row, int64_t D, const float* w) {
+  for (int64_t j = 0; j < D; j += 16)
+    _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), _mm512_loadu_ps(w + j)));
+}
+
 // One row r [D] fp32 -> D int8 codes and the fp16 bits of its scale.
 SGL_AVX512_BF16_F16C inline void quantize_int8_row(const float* r, int64_t D, int8_t* code, uint16_t* scale) {
   __m512 amax = _mm512_setzero_ps();
@@ -60,6 +72,36 @@ SGL_AVX512_BF16 inline void row_to_f32(const at::BFloat16* src, int64_t D, float
   for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
 }
 inline void row_to_f32(const float* src, int64_t D, float* dst) { std::copy(src, src + D, dst); }
+
+// One row r [D] fp32 -> D / 2 bytes of 4-bit codes (element 2i low nibble, 2i + 1 high) and fp16 (step, min):
+// step = fp16((max - min) / 15), min = fp16(min r), code = round_half_even((r - min) / step) in [0, 15] (step 1
+// where it is 0).
+SGL_AVX512_BF16_F16C inline void quantize_int4_row(const float* r, int64_t D, uint8_t* code, uint16_t* scale) {
+  __m512 lo = _mm512_loadu_ps(r), hi = lo;
+  for (int64_t j = 16; j < D; j += 16) {
+    const __m512 x = _mm512_loadu_ps(r + j);
+    lo = _mm512_min_ps(lo, x);
+    hi = _mm512_max_ps(hi, x);
+  }
+  const float mn = _mm512_reduce_min_ps(lo), mx = _mm512_reduce_max_ps(hi);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const uint16_t sh = _cvtss_sh((mx - mn) / 15.0f, kRound), mh = _cvtss_sh(mn, kRound);
+  scale[0] = sh;
+  scale[1] = mh;
+  float step = _cvtsh_ss(sh);
+  if (!(step > 0.0f)) step = 1.0f;
+  const __m512 vm = _mm512_set1_ps(_cvtsh_ss(mh)), vs = _mm512_set1_ps(step);
+  const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(15.0f);
+  for (int64_t j = 0; j < D; j += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(r + j), vm), vs), kRound);
+    q = _mm512_min_ps(_mm512_max_ps(q, zero), top);
+    const __m128i c = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q));  // 16 codes, one a byte
+    // pairs (2i, 2i + 1) -> one byte: the odd codes shifted up a nibble, OR-ed in, then every other byte kept
+    const __m128i pair = _mm_or_si128(c, _mm_srli_epi16(c, 4));
+    const __m128i packed = _mm_shuffle_epi8(pair, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(code + j / 2), packed);
+  }
+}
 
 // 16 fp32 values (already clamped to the format's finite range) -> 16 fp8 bytes, rounded to nearest even as torch's
 // float -> float8 conversion rounds: normals by integer rounding of the fp32 bits at the format's mantissa width,
@@ -96,21 +138,25 @@ SGL_AVX512_BF16 inline void quantize_fp8_row(const float* r, int64_t D, float sc
 
 template <typename T>
 void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::Tensor& scales, const int64_t* loc,
-                      const float* R) {
+                      const float* R, const float* smooth) {
   const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
   const T* xp = x.data_ptr<T>();
   uint8_t* cp = reinterpret_cast<uint8_t*>(codes.data_ptr());
-  uint16_t* sp = fmt == KvQuant::kInt8 ? reinterpret_cast<uint16_t*>(scales.data_ptr()) : nullptr;
-  const float* head_scale = fmt == KvQuant::kInt8 ? nullptr : scales.data_ptr<float>();
+  const bool per_token = kv_quant_per_token(fmt);
+  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
+  uint16_t* sp = per_token ? reinterpret_cast<uint16_t*>(scales.data_ptr()) : nullptr;
+  const float* head_scale = per_token ? nullptr : scales.data_ptr<float>();
   parallel_for(0, N * KV, 32, [&](int64_t lo, int64_t hi) {
     alignas(64) float r[kMaxTurnDim], tmp[kMaxTurnDim];
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t t = i / KV, h = i % KV, slot = loc[t];
-      uint8_t* dst = cp + (slot * KV + h) * D;
+      uint8_t* dst = cp + (slot * KV + h) * cb;
       row_to_f32(xp + i * D, D, r);
+      if (smooth != nullptr) multiply_row(r, D, smooth + h * D);
       if (R != nullptr) turn_row(r, D, R, tmp);
       switch (fmt) {
         case KvQuant::kInt8: quantize_int8_row(r, D, reinterpret_cast<int8_t*>(dst), sp + slot * KV + h); break;
+        case KvQuant::kInt4: quantize_int4_row(r, D, dst, sp + (slot * KV + h) * sr); break;
         case KvQuant::kFp8E4m3: quantize_fp8_row<KvQuant::kFp8E4m3>(r, D, head_scale[h], dst); break;
         case KvQuant::kFp8E5m2: quantize_fp8_row<KvQuant::kFp8E5m2>(r, D, head_scale[h], dst); break;
       }
@@ -122,15 +168,18 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
 // written (one per row); fp8: [KV] fp32, read (the pool's fixed scales); turn: None, or R [D, D] fp32 (the rows are
 // stored turned).
 inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor scales, const at::Tensor& loc,
-                           const std::string& kv_format, const c10::optional<at::Tensor>& turn) {
+                           const std::string& kv_format, const c10::optional<at::Tensor>& turn,
+                           const c10::optional<at::Tensor>& smooth) {
   const char* op = "kv_quant_write";
   KvQuant fmt = KvQuant::kInt8;
-  if (kv_format == "fp8_e4m3") {
+  if (kv_format == "int4") {
+    fmt = KvQuant::kInt4;
+  } else if (kv_format == "fp8_e4m3") {
     fmt = KvQuant::kFp8E4m3;
   } else if (kv_format == "fp8_e5m2") {
     fmt = KvQuant::kFp8E5m2;
   } else {
-    TORCH_CHECK(kv_format == "int8", op, ": kv format int8, fp8_e4m3 or fp8_e5m2, got ", kv_format);
+    TORCH_CHECK(kv_format == "int8", op, ": kv format int8, int4, fp8_e4m3 or fp8_e5m2, got ", kv_format);
   }
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
               cpu_isa_name(current_isa()));
@@ -139,14 +188,15 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
               op, ": rows must be a contiguous CPU [N, KV, D] bfloat16 or float32 tensor");
   const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
   TORCH_CHECK(D % 16 == 0 && D <= kMaxTurnDim, op, ": head_dim ", D, " must be a multiple of 16, at most ", kMaxTurnDim);
+  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && codes.element_size() == 1 && codes.size(1) == KV &&
-                  codes.size(2) == D,
-              op, ": codes must be a contiguous one-byte [slots, ", KV, ", ", D, "] tensor");
+                  codes.size(2) == cb,
+              op, ": codes must be a contiguous one-byte [slots, ", KV, ", ", cb, "] tensor");
   const int64_t slots = codes.size(0);
-  if (fmt == KvQuant::kInt8) {
-    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.numel() == slots * KV &&
+  if (kv_quant_per_token(fmt)) {
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.numel() == slots * KV * sr &&
                     scales.size(0) == slots,
-                op, ": int8 scales must be a contiguous float16 [slots, KV, 1] tensor");
+                op, ": scales must be a contiguous float16 [slots, KV, ", sr, "] tensor");
   } else {
     TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == KV, op,
                 ": fp8 scales must be a contiguous float32 [KV] tensor");
@@ -162,8 +212,14 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
                 op, ": turn must be a contiguous float32 [D, D] matrix");
     R = turn->data_ptr<float>();
   }
-  if (x.scalar_type() == at::kBFloat16) return kv_quant_write_t<at::BFloat16>(fmt, x, codes, scales, lp, R);
-  kv_quant_write_t<float>(fmt, x, codes, scales, lp, R);
+  const float* w = nullptr;
+  if (smooth.has_value() && smooth->defined()) {
+    TORCH_CHECK(smooth->scalar_type() == at::kFloat && smooth->is_contiguous() && smooth->numel() == KV * D, op,
+                ": smooth must be a contiguous float32 [KV, D] tensor");
+    w = smooth->data_ptr<float>();
+  }
+  if (x.scalar_type() == at::kBFloat16) return kv_quant_write_t<at::BFloat16>(fmt, x, codes, scales, lp, R, w);
+  kv_quant_write_t<float>(fmt, x, codes, scales, lp, R, w);
 }
 
 }  // namespace sgl_cpu

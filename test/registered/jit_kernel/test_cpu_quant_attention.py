@@ -16,13 +16,15 @@ import zlib
 import torch
 
 from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=60, suite="cpu")
 
 BF16 = torch.bfloat16
-FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
+FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
+BYTE_FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")  # one code a byte
 # (prefix lens, extend lens, heads, kv heads, head dim): prefill without prefix, cached prefixes, single-token rows
 EXTEND_CASES = [
     ([0, 40, 0, 7], [1, 33, 64, 2], 9, 3, 64),
@@ -47,6 +49,9 @@ def make_pool(fmt, page, kv, d, g, seqs):
     pages = [(n + page - 1) // page for n in seqs]
     size = (sum(pages) + 3) * page
     pool = QuantizedKVPool(size, page, fmt, BF16, kv, d, layer_num=2)
+    if "k_smooth" in pool.fixed:  # int4's key multipliers, as calibration leaves them (mean 1 per head, not 1)
+        w = torch.exp(torch.randn(pool.fixed["k_smooth"].shape, generator=g) * 0.3)
+        pool.fixed["k_smooth"].copy_(w / w.mean(-1, keepdim=True))
     if pool.is_fp8:  # per-head scales: amax x 2 / fp8 max, as calibration picks them, different per head
         fmax = torch.finfo(pool.dtype).max
         for name in ("k_scale", "v_scale"):
@@ -78,7 +83,8 @@ def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d):
     outs, q0 = [], 0
     q = turned_query(pool, q)
     for r, p, e in zip(rows.tolist(), prefix, extend):
-        k, v = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64, rotated=True)  # [p + e, KV, D]
+        k = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64, rotated=True)[0]  # [p + e, KV, D]
+        v = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64)[1]  # plain values
         qq = q[q0 : q0 + e].double().view(e, kv, heads // kv, d)
         s = torch.einsum("ekgd,jkd->ekgj", qq, k) * d**-0.5
         mask = torch.arange(p + e)[None, :] <= (p + torch.arange(e))[:, None]  # [e, p + e]
@@ -91,9 +97,20 @@ def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d):
 def run_kernel(ops, pool, layer, q, req_to_token, rows, prefix, extend, d):
     """The kernel as torch_native calls it: the pool's key rotation (or None) as q_turn."""
     scales = pool.fixed if pool.is_fp8 else pool.fields
+    q_turn, q_smooth, out_turn = kernel_turns(pool, layer)
     return ops.extend_attention_quant(
         q, pool.fields["k"][layer], pool.fields["v"][layer], scales["k_scale"][layer], scales["v_scale"][layer],
-        pool.kv_format, req_to_token, rows, torch.tensor(prefix), torch.tensor(extend), d**-0.5, pool.rotation("k"))
+        pool.kv_format, req_to_token, rows, torch.tensor(prefix), torch.tensor(extend), d**-0.5, q_turn, q_smooth,
+        out_turn)
+
+
+def kernel_turns(pool, layer):
+    """What the kernel is told about the stored basis (the format's rule, kv_quant_codec): int8 / fp8 keys turned by
+    R; int4 keys turned as (k * w) @ R (q_smooth w of the layer) and its values by R (out_turn R^T)."""
+    if pool.kv_format == "int4":
+        r = codec.rotation(pool.head_dim)
+        return r, pool.fixed["k_smooth"][layer], r.T.contiguous()
+    return pool.rotation("k"), None, None
 
 
 @unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
@@ -136,8 +153,9 @@ class TestQuantAttentionKernel(unittest.TestCase):
     def test_every_code_converts_exactly(self):
         """Every byte value (fp8: all finite codes, subnormals and -0 included; int8: -127..127) as a value row: a
         request of one token attends to it alone, so the fp32 output is that row dequantized, which must equal the
-        pool's own dequantization exactly (fp8 scales per head are powers of two here, int8 scales fp16)."""
-        for fmt in FORMATS:
+        pool's own dequantization exactly (fp8 scales per head are powers of two here, int8 scales fp16). (int4's 16
+        codes, its min and the turn back of its values: test_extend_with_cached_prefixes and test_fp32_query.)"""
+        for fmt in BYTE_FORMATS:
             with self.subTest(fmt=fmt):
                 pool = QuantizedKVPool(64, 1, fmt, BF16, 2, 64, layer_num=1)
                 for buf in pool.fields.values():  # zero keys: the single score is finite whatever q
@@ -181,20 +199,33 @@ class TestQuantAttentionKernel(unittest.TestCase):
                         x[5] = 0
                         loc = torch.randperm(slots - 1, generator=g)[:n] + 1
                         head_scale = torch.rand(kv, generator=g) * 0.05 + 0.001  # fp8: some values saturate
+                        w = torch.exp(torch.randn(kv, d, generator=g) * 0.3)  # int4's key multipliers
                         for part, turn in (("v", None), ("k", codec.rotation(d))):
-                            self.check_write(codec, fmt, part, x, loc, slots, head_scale, turn)
+                            smooth = w if fmt == "int4" and part == "k" else None
+                            self.check_write(codec, fmt, part, x, loc, slots, head_scale, turn, smooth)
 
-    def check_write(self, codec, fmt, part, x, loc, slots, head_scale, turn):
+    def check_write(self, codec, fmt, part, x, loc, slots, head_scale, turn, smooth=None):
         n, kv, d = x.shape
-        int8 = fmt == "int8"
-        codes = torch.zeros(slots, kv, d, dtype=torch.int8 if int8 else torch.uint8)
-        scales = torch.zeros(slots, kv, 1, dtype=torch.float16) if int8 else head_scale
-        self.ops.kv_quant_write(x, codes, scales, loc, fmt, turn)
-        want = codec.quantize(fmt, x, part, None if int8 else head_scale, turned=turn is not None)
+        int8, int4 = fmt == "int8", fmt == "int4"
+        codes = torch.zeros(slots, kv, d // 2 if int4 else d, dtype=torch.int8 if int8 else torch.uint8)
+        per_token = int8 or int4
+        scales = torch.zeros(slots, kv, 2 if int4 else 1, dtype=torch.float16) if per_token else head_scale
+        self.ops.kv_quant_write(x, codes, scales, loc, fmt, turn, smooth)
+        want = codec.quantize(fmt, x, part, None if per_token else head_scale, smooth, turned=turn is not None)
         untouched = torch.ones(slots, dtype=torch.bool)
         untouched[loc] = False
         self.assertEqual(int(codes[untouched].int().abs().sum()), 0)
         got = codes[loc]
+        if int4:  # the codes as 0..15, step and min: exact for plain rows, one step / one fp16 step for turned ones
+            got_c, want_c = codec._unpack_nibbles(got).int(), codec._unpack_nibbles(want[part]).int()
+            if turn is None:
+                self.assertTrue(torch.equal(got_c, want_c) and torch.equal(scales[loc], want[part + "_scale"]))
+                return
+            diff = (got_c - want_c).abs()
+            self.assertLessEqual(int(diff.max()), 1)
+            self.assertLess(float((diff > 0).float().mean()), 0.005)
+            self.assertTrue(torch.allclose(scales[loc].float(), want[part + "_scale"].float(), rtol=1e-3, atol=1e-6))
+            return
         if not int8:  # compare fp8 codes as values: one step = the next representable magnitude
             dt = codec.FP8_TORCH[fmt]
             got_v, want_v = got.view(dt).float(), want[part].view(dt).float()
@@ -241,7 +272,7 @@ class TestQuantAttentionKernel(unittest.TestCase):
         q = torch.randn(1, 9, 64).to(BF16)
         with self.assertRaisesRegex(RuntimeError, "kv format"):
             self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], pool.fields["k_scale"][0],
-                                            pool.fields["v_scale"][0], "int4", table, rows, torch.tensor([4]),
+                                            pool.fields["v_scale"][0], "int2_hadamard", table, rows, torch.tensor([4]),
                                             torch.tensor([1]), 0.125)
         with self.assertRaisesRegex(RuntimeError, "int8 scales must be float16"):
             self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], torch.ones(3),

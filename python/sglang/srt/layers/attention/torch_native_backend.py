@@ -24,10 +24,11 @@ values in place through req_to_token: no gathered copy, no padding, no mask. A b
 writes the new K/V to the pool and calls extend_attention (extend_attention_op.h): every new token attends through
 req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
 
-A quantized pool whose codes the CPU kernel reads (int8, fp8_e4m3, fp8_e5m2: QUANT_KERNEL_FORMATS, level avx512_bf16,
-sgl-kernel/csrc/cpu/decode_attention_quant.h) takes extend_attention_quant for decode and extend alike: the pool
-quantizes the new rows on write (set_kv_buffer), then every new token attends over the codes in place (a decode step
-is an extend of one token); no row is dequantized outside the kernel's registers. As on the torch path, a prefill
+A quantized pool whose codes the CPU kernel reads (int8, int4, fp8_e4m3, fp8_e5m2: QUANT_KERNEL_FORMATS, level
+avx512_bf16, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes extend_attention_quant for decode and extend alike:
+the module quantizes the new rows on write (kv_quant_write, the codec's rule), then every new token attends over the
+codes in place (a decode step is an extend of one token), the query turned into the keys' stored basis and (int4)
+the output turned back out of the values', inside the kernel; no row is dequantized outside its registers. As on the torch path, a prefill
 batch without any cached prefix attends to its own fresh K/V instead (extend_attention over k/v themselves, a table
 of their row numbers as req_to_token).
 """
@@ -42,11 +43,12 @@ import torch.nn.functional as F
 
 from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
+from sglang.srt.mem_cache import kv_quant_codec
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens
 
 # the quantized formats the CPU kernel reads in place (their storage layouts are fixed: mem_plan/kv_quant.py)
-QUANT_KERNEL_FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
+QUANT_KERNEL_FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -129,6 +131,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
         self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
+        self._r_t = None  # (R, R^T) of a pool storing its values turned
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
 
@@ -226,14 +229,29 @@ class TorchNativeAttnBackend(AttentionBackend):
                                       "pool (save_kv_cache=True).")
         pool, lid = self.token_to_kv_pool, layer.layer_id
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: [layers, KV] fp32; int8: [layers, rows, KV, 1] fp16
-        if pool.rotation("v") is not None:
-            raise NotImplementedError(f"the CPU kernel over {pool.kv_format} codes reads V in its plain basis")
-        # keys stored turned (k @ R): the kernel turns each query row by R in its fp32 scratch (q.k unchanged)
+        # keys stored turned (k @ R; int4's (k * w) @ R): the kernel turns each query row (q / w) by R in its fp32
+        # scratch (q.k unchanged); values stored turned (int4): it turns each output row back by R^T
+        k_turn, k_smooth = self._key_turn(lid)
+        r_v = pool.rotation("v")
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            pool.rotation("k"),
+            k_turn, k_smooth, None if r_v is None else self._transposed(r_v),
         )
+
+    def _key_turn(self, layer_id: int):
+        """(R, w) the stored keys were turned by: int4's are (k * w) @ R always (the codec reads them back plain, so
+        pool.rotation("k") is None), int8 / fp8's k @ R where the pool turns them; (None, None) for plain keys."""
+        pool = self.token_to_kv_pool
+        if pool.kv_format == "int4":
+            return kv_quant_codec.rotation(pool.head_dim, pool.device), pool.fixed["k_smooth"][layer_id]
+        return pool.rotation("k"), None
+
+    def _transposed(self, r: torch.Tensor) -> torch.Tensor:
+        """R^T, contiguous, made once per R."""
+        if self._r_t is None or self._r_t[0] is not r:
+            self._r_t = (r, r.T.contiguous())
+        return self._r_t[1]
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
@@ -244,10 +262,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool.set_kv_buffer(layer.layer_id, loc, k, v)
             return
         lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
-        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; int8: written [rows, KV, 1] fp16
-        for part, x in (("k", k), ("v", v)):
-            self.cpu_quant_write(x.contiguous(), pool.fields[part][lid], scales[part + "_scale"][lid], loc,
-                                 pool.kv_format, pool.rotation(part))
+        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; int8 / int4: written per row fp16
+        k_turn, k_smooth = self._key_turn(lid)
+        self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
+                             k_smooth)
+        self.cpu_quant_write(v.contiguous(), pool.fields["v"][lid], scales["v_scale"][lid], loc, pool.kv_format,
+                             pool.rotation("v"))
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
