@@ -27,11 +27,7 @@ inline KvQuant kv_quant_from_name(const std::string& name) {
   return KvQuant::kFp8E5m2;
 }
 
-// `heads` rows of D between the model's dtype and fp32 scratch.
-SGL_AVX512_BF16 inline void rows_to_f32(const at::BFloat16* src, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
-}
-inline void rows_to_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
+// `heads` rows of D between fp32 scratch and the model's dtype (rows_to_f32: quant_kv_write.h).
 SGL_AVX512_BF16 inline void rows_from_f32(const float* src, int64_t n, at::BFloat16* dst) {
   for (int64_t i = 0; i < n; i += 16) store_bf16x16(reinterpret_cast<uint16_t*>(dst) + i, _mm512_loadu_ps(src + i));
 }

@@ -68,10 +68,11 @@ SGL_AVX512_BF16_F16C inline void quantize_int8_row(const float* r, int64_t D, in
   }
 }
 
-SGL_AVX512_BF16 inline void row_to_f32(const at::BFloat16* src, int64_t D, float* dst) {
-  for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
+// n values (a multiple of 16) between the model's dtype and fp32 scratch.
+SGL_AVX512_BF16 inline void rows_to_f32(const at::BFloat16* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
 }
-inline void row_to_f32(const float* src, int64_t D, float* dst) { std::copy(src, src + D, dst); }
+inline void rows_to_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
 
 // One row r [D] fp32 -> D / 2 bytes of 4-bit codes (element 2i low nibble, 2i + 1 high) and fp16 (step, min):
 // step = fp16((max - min) / 15), min = fp16(min r), code = round_half_even((r - min) / step) in [0, 15] (step 1
@@ -151,7 +152,7 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t t = i / KV, h = i % KV, slot = loc[t];
       uint8_t* dst = cp + (slot * KV + h) * cb;
-      row_to_f32(xp + i * D, D, r);
+      rows_to_f32(xp + i * D, D, r);
       if (smooth != nullptr) multiply_row(r, D, smooth + h * D);
       if (R != nullptr) turn_row(r, D, R, tmp);
       switch (fmt) {

@@ -38,10 +38,12 @@ from typing import Dict, Optional
 import torch
 
 from sglang.srt.mem_plan.kv_quant import FP8_FORMATS, TRITS_PER_BYTE
+from sglang.srt.mem_plan.kv_quant import ROTATED_PARTS as STORED_TURNED
 
 FP8_TORCH = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-# read in the rotated basis (int4 keys are turned inside the codec: their multiplier makes the basis per head)
-ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("v",), "int2_hadamard": ("k", "v")}
+# read in the rotated basis: the parts the plan's table stores turned (mem_plan/kv_quant.ROTATED_PARTS), less int4's
+# keys, which are turned inside the codec with their multiplier (a per-head basis) and read back plain
+ROTATED_PARTS = {fmt: tuple(p for p in parts if (fmt, p) != ("int4", "k")) for fmt, parts in STORED_TURNED.items()}
 ROTATION_SEED = 20240523
 LOG_SCALE_STEPS, LOG_SCALE_OFFSET = 12, 176  # scale = 2^((code - 176) / 12): 2^-14.6 .. 2^6.6, steps of 5.9%
 LEVELS_2BIT = (-1.510, -0.4528, 0.4528, 1.510)
@@ -77,6 +79,16 @@ def rotation(dim: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
     """R [dim, dim], one tensor per (dim, device, dtype) kept for the process: no host-to-device copy after the
     first call (a CUDA graph captures the write path's `x @ R` over the same tensor it replays)."""
     return _rotation_on(dim, str(torch.device(device)), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _rotation_t_on(dim: int, device: str) -> torch.Tensor:
+    return _rotation_on(dim, device, torch.float32).T.contiguous()
+
+
+def rotation_t(dim: int, device="cpu") -> torch.Tensor:
+    """R^T [dim, dim] fp32, contiguous, one tensor per (dim, device): what turns an output back out of turned values."""
+    return _rotation_t_on(dim, str(torch.device(device)))
 
 
 @functools.lru_cache(maxsize=None)

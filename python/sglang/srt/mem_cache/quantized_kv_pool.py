@@ -62,15 +62,28 @@ class QuantizedKVPool(KVCache):
                                device=device)
             for f in fixed_fields(kv_format, head_dim, self.v_head_dim)}
         self.needs_calibration = self.is_fp8 or "k_smooth" in self.fixed
-        # the parts stored turned (x @ R): the format's (kv_quant_codec.ROTATED_PARTS); fp8 keys with a checkpoint's
-        # scales are stored plain instead (load_scales(keys_turned=False): those scales were measured on plain keys)
-        self.turned_parts = set(codec.ROTATED_PARTS.get(kv_format, ()))
-        self.plain_parts: set = set()  # the parts the format would store turned that this pool stores plain
+        # the parts the format would store turned that this pool stores plain: fp8 keys with a checkpoint's scales
+        # (load_scales(keys_turned=False): those scales were measured on plain keys)
+        self.plain_parts: set = set()
         self.k_buffer, self.v_buffer = self.fields["k"], self.fields["v"]
         self.calibrating = False
         self.calibration_amax: Dict[str, torch.Tensor] = {}
         self.scales_source = ("unit (1.0)" if self.is_fp8 else "per token, key multipliers 1.0 (not calibrated)"
                               if "k_smooth" in self.fixed else "per token")
+
+    @property
+    def turned_parts(self) -> set:
+        """The parts the codec stores turned (x @ R) and reads in that basis: the format's
+        (kv_quant_codec.ROTATED_PARTS) less plain_parts."""
+        return set(codec.ROTATED_PARTS.get(self.kv_format, ())) - self.plain_parts
+
+    def key_turn(self, layer_id: int) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(R, w) the stored keys of a layer were turned by, for a kernel that attends them as stored: int4's are
+        (k * w) @ R always (the codec reads them back plain, so rotation("k") is None for it), int8 / fp8's k @ R
+        unless plain; (None, None) for plain keys."""
+        if self.kv_format == "int4":
+            return codec.rotation(self.head_dim, self.device), self.fixed["k_smooth"][layer_id]
+        return self.rotation("k"), None
 
     # ------------------------------------------------------------------ sizes
     def mem_usage_bytes(self) -> int:
@@ -174,7 +187,6 @@ class QuantizedKVPool(KVCache):
         """fp8 scales given per layer [layer_num] or per (layer, KV head) [layer_num, head_num]: a checkpoint's
         (keys_turned=False: measured on plain keys, so the keys are stored plain), or the calibrated ones per layer."""
         if not keys_turned:
-            self.turned_parts.discard("k")
             self.plain_parts.add("k")
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             s = s.to(torch.float32).reshape(self.layer_num, -1).expand(self.layer_num, self.head_num)

@@ -131,7 +131,6 @@ class TorchNativeAttnBackend(AttentionBackend):
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
         self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
-        self._r_t = None  # (R, R^T) of a pool storing its values turned
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
 
@@ -231,27 +230,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: [layers, KV] fp32; int8: [layers, rows, KV, 1] fp16
         # keys stored turned (k @ R; int4's (k * w) @ R): the kernel turns each query row (q / w) by R in its fp32
         # scratch (q.k unchanged); values stored turned (int4): it turns each output row back by R^T
-        k_turn, k_smooth = self._key_turn(lid)
-        r_v = pool.rotation("v")
+        k_turn, k_smooth = pool.key_turn(lid)
+        v_back = kv_quant_codec.rotation_t(pool.v_head_dim, pool.device) if "v" in pool.turned_parts else None
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            k_turn, k_smooth, None if r_v is None else self._transposed(r_v),
+            k_turn, k_smooth, v_back,
         )
-
-    def _key_turn(self, layer_id: int):
-        """(R, w) the stored keys were turned by: int4's are (k * w) @ R always (the codec reads them back plain, so
-        pool.rotation("k") is None), int8 / fp8's k @ R where the pool turns them; (None, None) for plain keys."""
-        pool = self.token_to_kv_pool
-        if pool.kv_format == "int4":
-            return kv_quant_codec.rotation(pool.head_dim, pool.device), pool.fixed["k_smooth"][layer_id]
-        return pool.rotation("k"), None
-
-    def _transposed(self, r: torch.Tensor) -> torch.Tensor:
-        """R^T, contiguous, made once per R."""
-        if self._r_t is None or self._r_t[0] is not r:
-            self._r_t = (r, r.T.contiguous())
-        return self._r_t[1]
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
@@ -263,7 +248,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; int8 / int4: written per row fp16
-        k_turn, k_smooth = self._key_turn(lid)
+        k_turn, k_smooth = pool.key_turn(lid)
         self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
                              k_smooth)
         self.cpu_quant_write(v.contiguous(), pool.fields["v"][lid], scales["v_scale"][lid], loc, pool.kv_format,
