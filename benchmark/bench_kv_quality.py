@@ -41,7 +41,9 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server's scheduler: no OpenMP spinning on shared cores
 import torch  # noqa: E402
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention.torch_native_backend import QUANT_KERNEL_FORMATS
 from sglang.srt.model_executor.kv_calibration import KV_CALIBRATION_SEED, KV_CALIBRATION_TOKENS, recording_queries
 from sglang.srt.model_loader import load_model, resolve_model_path
 from sglang.srt.server_args import ServerArgs
@@ -80,11 +82,18 @@ def topics_text() -> str:
     return "\n\n".join(t.topics[k] for k in sorted(t.topics))
 
 
+KERNELS = False  # --kernels: the quantized rows read through the CPU kernel (extend_attention_quant)
+
+
 def make_driver(model, config, fmt, max_reqs, max_tokens):
     d = PagedForwardDriver(model, config, max_reqs=max_reqs + 1, max_tokens=max_tokens + KV_CALIBRATION_TOKENS,
                            kv_format=fmt)
     # every row reads K/V through the same torch gather + SDPA path (no fused kernel), so only the storage differs
     d.attn_backend.cpu_decode_ops = d.attn_backend.cpu_extend_ops = None
+    d.attn_backend.cpu_quant_ops = d.attn_backend.cpu_quant_write = None
+    if KERNELS and fmt in QUANT_KERNEL_FORMATS:  # fp32 rows through the kernel module as a bf16 server's (its fp32 path)
+        ops = get_cpu_ops()
+        d.attn_backend.cpu_quant_ops, d.attn_backend.cpu_quant_write = ops, ops.kv_quant_write
     pool = d.kv_pool
     if getattr(pool, "needs_calibration", False):  # fp8 scales, int4 means: as a server start (kv_calibration.py)
         gen = torch.Generator().manual_seed(KV_CALIBRATION_SEED)
@@ -180,7 +189,11 @@ def main():
     ap.add_argument("--ref-cache", default=None, help="keep the reference's decode (tokens, log-probs) and figures in "
                     "this torch file, so runs of separate --formats compute it once (~0.4 GB at 16 x 128)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the figures do not depend on it)")
+    ap.add_argument("--kernels", action="store_true", help="read the quantized rows through the CPU kernel "
+                    "(extend_attention_quant: int8, int4, fp8) as a server does, not the shared gather path")
     a = ap.parse_args()
+    global KERNELS
+    KERNELS = a.kernels
     torch.set_num_threads(a.threads)
     if a.quick:
         a.prompts, a.decode_tokens, a.ppl_tokens, a.needle_lengths = 8, 48, 1024, ""

@@ -305,11 +305,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from avx2)");
   m.def("extend_attention_quant", &sgl_cpu::extend_attention_quant,
         "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, fp8_e4m3, fp8_e5m2), codes read "
-        "in place through req_to_token: q [N, H, D] -> [N, H * D]; q_turn: R [D, D] where the keys are stored turned",
+        "in place through req_to_token: q [N, H, D] -> [N, H * D]; q_turn: R [D, D] where the keys are stored turned; "
+        "fresh_k / fresh_v: the new tokens' K/V [N, KV, D] fp32 in the stored basis, attended instead of their codes",
         py::arg("q"), py::arg("k_codes"), py::arg("v_codes"), py::arg("k_scale"), py::arg("v_scale"),
         py::arg("kv_format"), py::arg("req_to_token"), py::arg("req_pool_indices"), py::arg("prefix_lens"),
         py::arg("extend_lens"), py::arg("scale"), py::arg("q_turn") = py::none(), py::arg("q_smooth") = py::none(),
-        py::arg("out_turn") = py::none());
+        py::arg("out_turn") = py::none(), py::arg("fresh_k") = py::none(), py::arg("fresh_v") = py::none());
   m.def("kv_quant_write", &sgl_cpu::kv_quant_write,
         "new K or V rows [N, KV, D] -> an int8 / int4 / fp8 pool's codes at the slots loc (the codec's rule; int8 and "
         "int4 write their per-row fp16 scales, fp8 reads the per-head fp32 ones), times smooth then turned by R first "

@@ -28,6 +28,16 @@
 
 namespace sgl_cpu {
 
+// A forward's own new keys and values, attended as computed instead of read back as codes: keys [n_codes, seq_len)
+// of a task are fp32 rows k + (j - n_codes) * stride (v likewise), already in the pool's stored basis; k == null:
+// every key is read as codes. k_mul multiplies their q.k (the softmax scale alone: no code scale applies).
+struct FreshRows {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t stride = 0, n_codes = 0;
+  float k_mul = 0.0f;
+};
+
 enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3 };
 
 constexpr bool kv_quant_per_token(KvQuant f) { return f == KvQuant::kInt8 || f == KvQuant::kInt4; }
@@ -74,7 +84,7 @@ template <KvQuant F, int D, int G>
 SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uint8_t* k, const uint8_t* v,
                                                   const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
                                                   const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
-                                                  float* scores, float* out) {
+                                                  float* scores, float* out, const FreshRows& fresh) {
   static_assert(D % 16 == 0 && G >= 1 && G <= kHeadsPerPass, "head_dim: a multiple of 16");
   constexpr int kQ = D / 16;
   constexpr bool kPerToken = kv_quant_per_token(F);
@@ -94,11 +104,13 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     }
   }
   const __m128 qsum4 = _mm_load_ps(qsum);
+  // keys [0, n_codes) are read as codes through tokens, [n_codes, seq_len) from the fresh fp32 rows (this forward's)
+  const int64_t n_codes = fresh.k == nullptr ? seq_len : fresh.n_codes;
   // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j] (int4: + k_mul m_k[j] sum(q_g))
-  for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * row);
-  for (int64_t j = 0; j < seq_len; ++j) {
+  for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * row);
+  for (int64_t j = 0; j < n_codes; ++j) {
     const uint8_t* kr = k + tokens[j] * row;
-    if (j + kPrefetchKeys < seq_len) {
+    if (j + kPrefetchKeys < n_codes) {
       prefetch_bytes<kRowBytes>(k + tokens[j + kPrefetchKeys] * row);
       if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(ks + tokens[j + kPrefetchKeys] * srow),
                                             _MM_HINT_T0);
@@ -117,11 +129,25 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
     _mm_storeu_ps(scores + 4 * j, sc);
   }
+  // 1b. the fresh keys: scores[j][g] = fresh.k_mul * q_g . k_j (no code scales)
+  for (int64_t j = n_codes; j < seq_len; ++j) {
+    const float* kr = fresh.k + (j - n_codes) * fresh.stride;
+    __m512 acc[kHeadsPerPass];
+#pragma GCC unroll 4
+    for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < kQ; ++i) {
+      const __m512 kv = _mm512_loadu_ps(kr + 16 * i);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
+    }
+    _mm_storeu_ps(scores + 4 * j, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(fresh.k_mul)));
+  }
   alignas(16) float inv[4];
   softmax_columns_4(scores, seq_len, inv);
   float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4: sum_j p[j][g] m_v[j], added to every element of out_g
   if constexpr (kMin) {
-    for (int64_t j = 0; j < seq_len; ++j) {
+    for (int64_t j = 0; j < n_codes; ++j) {
       const float mv = half_bits_to_float(vs[tokens[j] * srow + 1]);
       for (int g = 0; g < G; ++g) pmin[g] += scores[4 * j + g] * mv;
     }
@@ -135,10 +161,10 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < std::min(kPrefetchKeys, seq_len); ++j) prefetch_bytes<kChunk * kB16>(v + tokens[j] * row + kB16 * c);
-    for (int64_t j = 0; j < seq_len; ++j) {
+    for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kChunk * kB16>(v + tokens[j] * row + kB16 * c);
+    for (int64_t j = 0; j < n_codes; ++j) {
       const uint8_t* vr = v + tokens[j] * row + kB16 * c;
-      if (j + kPrefetchKeys < seq_len) {
+      if (j + kPrefetchKeys < n_codes) {
         prefetch_bytes<kChunk * kB16>(v + tokens[j + kPrefetchKeys] * row + kB16 * c);
         if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(vs + tokens[j + kPrefetchKeys] * srow),
                                               _MM_HINT_T0);
@@ -150,6 +176,18 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         const __m512 p = _mm512_set1_ps(scores[4 * j + g] * sv);
+#pragma GCC unroll 4
+        for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
+      }
+    }
+    for (int64_t j = n_codes; j < seq_len; ++j) {  // the fresh values, weighted by p / v_mul (v_mul scales the sum)
+      const float* vr = fresh.v + (j - n_codes) * fresh.stride + 16 * c;
+      __m512 vv[kChunk];
+#pragma GCC unroll 4
+      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? _mm512_loadu_ps(vr + 16 * d) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[4 * j + g] / v_mul);
 #pragma GCC unroll 4
         for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
       }
@@ -168,12 +206,12 @@ template <KvQuant F, int D>
 SGL_AVX512_BF16_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
                                                    const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
                                                    const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
-                                                   float* scores, float* out) {
+                                                   float* scores, float* out, const FreshRows& fresh) {
   switch (heads) {
-    case 1: quant_attention_heads<F, D, 1>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
-    case 2: quant_attention_heads<F, D, 2>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
-    case 3: quant_attention_heads<F, D, 3>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); break;
-    default: quant_attention_heads<F, D, 4>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out);
+    case 1: quant_attention_heads<F, D, 1>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
+    case 2: quant_attention_heads<F, D, 2>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
+    case 3: quant_attention_heads<F, D, 3>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
+    default: quant_attention_heads<F, D, 4>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh);
   }
 }
 
@@ -182,11 +220,11 @@ template <KvQuant F>
 inline bool quant_attention_pass(int64_t head_dim, int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
                                  const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
                                  const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul, float* scores,
-                                 float* out) {
+                                 float* out, const FreshRows& fresh) {
   switch (head_dim) {
 #define SGL_CASE(D)                                                                                                    \
   case D:                                                                                                              \
-    quant_attention_pass_d<F, D>(heads, q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out); \
+    quant_attention_pass_d<F, D>(heads, q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); \
     return true;
     SGL_DECODE_HEAD_DIMS(SGL_CASE)
 #undef SGL_CASE

@@ -1,10 +1,12 @@
 // The extend_attention_quant binding (included by bindings.cpp only): attention over a quantized KV pool (int8,
-// fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token. One op for both
+// int4, fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token. One op for both
 // forward modes, as extend_attention_op.h: row r of request b attends to the request's first prefix + i + 1 tokens;
 // a decode step is an extend of one token per request (prefix_lens = seq_lens - 1, extend_lens = 1). The caller has
 // written the new tokens' codes to the pool (the pool's own quantize on write, or kv_quant_write_int8). A pool that
 // stores its keys turned (k @ R) passes R as q_turn: each query row is turned in the task's fp32 scratch
-// (quant_kv_write.h turn_rows), so q.k is the plain one and no turned copy of q exists outside the kernel.
+// (quant_kv_write.h turn_rows), so q.k is the plain one and no turned copy of q exists outside the kernel. Given
+// fresh_k / fresh_v (the batch's new K/V in the stored basis), a row attends its request's new tokens as those rows and
+// only the cached prefix as codes: a forward's own tokens are attended exactly as computed, as every backend does.
 #pragma once
 
 #include <torch/extension.h>
@@ -37,7 +39,7 @@ template <typename T>
 at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::Tensor& k_codes,
                                     const at::Tensor& v_codes, const at::Tensor& k_scale, const at::Tensor& v_scale,
                                     const ExtendRows& e, double scale, const float* turn, const float* smooth,
-                                    const float* out_turn) {
+                                    const float* out_turn, const float* fresh_k, const float* fresh_v) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
@@ -73,18 +75,23 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
       const uint16_t* vsh = per_token ? vs + kv_head * sr : nullptr;
       const int64_t* tokens = e.tokens(r);
       const int64_t len = e.len(r);
+      FreshRows fresh;  // the request's new tokens: q rows [q_start, ...) of fresh_k / fresh_v
+      if (fresh_k != nullptr) {
+        const int64_t b = e.row_req[r], first = (e.q_start[b] * KV + kv_head) * D;
+        fresh = FreshRows{fresh_k + first, fresh_v + first, KV * D, e.pp[b], (float)scale};
+      }
       switch (fmt) {
         case KvQuant::kInt8:
-          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
           break;
         case KvQuant::kFp8E4m3:
-          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
           break;
         case KvQuant::kFp8E5m2:
-          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
           break;
         case KvQuant::kInt4:
-          quant_attention_pass<KvQuant::kInt4>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of);
+          quant_attention_pass<KvQuant::kInt4>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
           break;
       }
       if (out_turn != nullptr) turn_rows(of, heads, D, out_turn, tmp);  // values stored turned: out @ R^T
@@ -110,6 +117,9 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 //   q_turn    R [D, D]: the keys are stored turned (q is turned in the scratch; int4 after dividing by q_smooth)
 //   q_smooth  int4's key multipliers w [KV, D] of this layer (the keys are stored (k * w) @ R)
 //   out_turn  R^T [D, D]: the values are stored turned (each output row is turned back before it is stored)
+//   fresh_k, fresh_v  [N, KV, D] fp32, the batch's new K/V in the pool's stored basis (keys (k * w) @ R / k @ R as
+//             stored, values @ R where turned): a request's new tokens are attended as these rows, its cached prefix
+//             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
 inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
@@ -117,7 +127,9 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& extend_lens, double scale,
                                          const c10::optional<at::Tensor>& q_turn,
                                          const c10::optional<at::Tensor>& q_smooth,
-                                         const c10::optional<at::Tensor>& out_turn) {
+                                         const c10::optional<at::Tensor>& out_turn,
+                                         const c10::optional<at::Tensor>& fresh_k,
+                                         const c10::optional<at::Tensor>& fresh_v) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
@@ -147,11 +159,24 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   const float* turn = optional_matrix(op, "q_turn", q_turn, D, D);
   const float* smooth = optional_matrix(op, "q_smooth", q_smooth, KV, D);
   const float* back = optional_matrix(op, "out_turn", out_turn, D, D);
+  const bool has_fresh = fresh_k.has_value() && fresh_k->defined();
+  TORCH_CHECK(has_fresh == (fresh_v.has_value() && fresh_v->defined()), op, ": fresh_k and fresh_v come together");
+  const float* fk = nullptr;
+  const float* fv = nullptr;
+  if (has_fresh) {
+    for (const at::Tensor* f : {&*fresh_k, &*fresh_v})
+      TORCH_CHECK(f->scalar_type() == at::kFloat && f->is_contiguous() && f->device().is_cpu() && f->dim() == 3 &&
+                      f->size(0) == N && f->size(1) == KV && f->size(2) == D,
+                  op, ": fresh_k / fresh_v must be contiguous float32 CPU [", N, ", ", KV, ", ", D, "] tensors");
+    fk = fresh_k->data_ptr<float>();
+    fv = fresh_v->data_ptr<float>();
+  }
   const ExtendRows e = extend_rows(op, N, slots, req_to_token, req_pool_indices, prefix_lens, extend_lens);
   if (q.scalar_type() == at::kBFloat16)
     return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
-                                                  back);
-  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back);
+                                                  back, fk, fv);
+  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back,
+                                         fk, fv);
 }
 
 }  // namespace sgl_cpu

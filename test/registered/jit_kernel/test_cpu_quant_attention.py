@@ -1,6 +1,6 @@
 """extend_attention_quant (sgl-kernel/csrc/cpu/decode_attention_quant.h, quant_attention_op.h): attention that reads a
-quantized KV pool's codes in place (int8, fp8_e4m3, fp8_e5m2), for extend (cached prefixes) and decode (an extend of
-one token per request).
+quantized KV pool's codes in place (int8, int4, fp8_e4m3, fp8_e5m2), for extend (cached prefixes) and decode (an extend
+of one token per request), and with fresh_k / fresh_v the new tokens' own K/V instead of their codes.
 
 Reference: the real pool (mem_cache/quantized_kv_pool.py) quantizes the K/V on write; its own gather_kv dequantizes
 each request's rows, and attention over them is computed in fp64 with the causal mask (query i at position prefix + i
@@ -77,14 +77,20 @@ def turned_query(pool, q):
     return q if r_k is None else q.double() @ r_k.double()
 
 
-def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d):
+def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d, fresh=None):
     """fp64 causal attention over the pool's own dequantization of each request's rows, in the basis they are stored
-    in (turned keys: the query as turned_query gives it to the kernel)."""
+    in (turned keys: the query as turned_query gives it to the kernel). fresh = (k, v) [N, KV, D]: the new tokens'
+    rows are those (plain, turned here as the keys are), only the prefix is dequantized."""
     outs, q0 = [], 0
     q = turned_query(pool, q)
+    r_k = pool.rotation("k")
     for r, p, e in zip(rows.tolist(), prefix, extend):
         k = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64, rotated=True)[0]  # [p + e, KV, D]
         v = pool.gather_kv(layer, req_to_token[r, : p + e], torch.float64)[1]  # plain values
+        if fresh is not None:
+            k_new, v_new = fresh[0][q0 : q0 + e].double(), fresh[1][q0 : q0 + e].double()
+            k = torch.cat([k[:p], k_new if r_k is None else k_new @ r_k.double()])
+            v = torch.cat([v[:p], v_new])
         qq = q[q0 : q0 + e].double().view(e, kv, heads // kv, d)
         s = torch.einsum("ekgd,jkd->ekgj", qq, k) * d**-0.5
         mask = torch.arange(p + e)[None, :] <= (p + torch.arange(e))[:, None]  # [e, p + e]
@@ -94,14 +100,18 @@ def reference(pool, layer, q, req_to_token, rows, prefix, extend, heads, kv, d):
     return torch.cat(outs)
 
 
-def run_kernel(ops, pool, layer, q, req_to_token, rows, prefix, extend, d):
-    """The kernel as torch_native calls it: the pool's key rotation (or None) as q_turn."""
+def run_kernel(ops, pool, layer, q, req_to_token, rows, prefix, extend, d, fresh=None):
+    """The kernel as torch_native calls it: the pool's key rotation (or None) as q_turn; fresh (k, v) plain rows
+    passed in the pool's stored basis (QuantizedKVPool.stored_basis)."""
     scales = pool.fixed if pool.is_fp8 else pool.fields
     q_turn, q_smooth, out_turn = kernel_turns(pool, layer)
+    fk = fv = None
+    if fresh is not None:
+        fk, fv = pool.stored_basis(layer, "k", fresh[0]), pool.stored_basis(layer, "v", fresh[1])
     return ops.extend_attention_quant(
         q, pool.fields["k"][layer], pool.fields["v"][layer], scales["k_scale"][layer], scales["v_scale"][layer],
         pool.kv_format, req_to_token, rows, torch.tensor(prefix), torch.tensor(extend), d**-0.5, q_turn, q_smooth,
-        out_turn)
+        out_turn, fk, fv)
 
 
 def kernel_turns(pool, layer):
@@ -120,14 +130,18 @@ class TestQuantAttentionKernel(unittest.TestCase):
         cls.ops = get_cpu_ops()
         assert cls.ops is not None and hasattr(cls.ops, "extend_attention_quant"), "the kernels did not load"
 
-    def check(self, fmt, page, prefix, extend, heads, kv, d, q_dtype=BF16, tol=1e-2):
+    def check(self, fmt, page, prefix, extend, heads, kv, d, q_dtype=BF16, tol=1e-2, fresh=False):
         g = torch.Generator().manual_seed(zlib.crc32(repr((fmt, page, d, len(prefix))).encode()))
         pool, table, rows = make_pool(fmt, page, kv, d, g, [p + e for p, e in zip(prefix, extend)])
         q = (torch.randn(sum(extend), heads, d, generator=g) * 2).to(q_dtype)
+        # fresh: the new tokens' own K/V, other values than the codes the pool holds for them (so reading those
+        # codes instead fails the comparison)
+        new_kv = (wide_range((sum(extend), kv, d), g).to(q_dtype), wide_range((sum(extend), kv, d), g).to(q_dtype))
+        new_kv = new_kv if fresh else None
         for layer in (0, 1):
-            out = run_kernel(self.ops, pool, layer, q, table, rows, prefix, extend, d)
+            out = run_kernel(self.ops, pool, layer, q, table, rows, prefix, extend, d, new_kv)
             self.assertEqual(out.dtype, q_dtype)
-            ref = reference(pool, layer, q, table, rows, prefix, extend, heads, kv, d)
+            ref = reference(pool, layer, q, table, rows, prefix, extend, heads, kv, d, new_kv)
             torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol,
                                        msg=lambda m: f"{fmt} page {page} {prefix}/{extend} layer {layer}: {m}")
 
@@ -144,6 +158,21 @@ class TestQuantAttentionKernel(unittest.TestCase):
                 for seqs, heads, kv, d in DECODE_CASES:
                     with self.subTest(fmt=fmt, page=page, seqs=seqs):
                         self.check(fmt, page, [n - 1 for n in seqs], [1] * len(seqs), heads, kv, d)
+
+    def test_fresh_new_tokens(self):
+        """fresh_k / fresh_v (as torch_native passes them): each request's new tokens are attended as those rows, in
+        the pool's stored basis (int4 keys (k * w) @ R, values @ R), and only the cached prefix as codes -- extend
+        with and without prefixes, and decode."""
+        for fmt in FORMATS:
+            for page in (1, 16):
+                for case in EXTEND_CASES[:2]:
+                    with self.subTest(fmt=fmt, page=page, case=case):
+                        self.check(fmt, page, *case, fresh=True)
+                seqs, heads, kv, d = DECODE_CASES[0]
+                with self.subTest(fmt=fmt, page=page, seqs=seqs):
+                    self.check(fmt, page, [n - 1 for n in seqs], [1] * len(seqs), heads, kv, d, fresh=True)
+            with self.subTest(fmt=fmt, q="fp32"):
+                self.check(fmt, 16, [30, 0], [4, 9], 9, 3, 64, q_dtype=torch.float32, tol=2e-5, fresh=True)
 
     def test_fp32_query(self):
         for fmt in FORMATS:

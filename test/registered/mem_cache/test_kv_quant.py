@@ -7,7 +7,8 @@ references:
   calibration sets w = (E[q^2] / E[k^2])^(1/8) per channel (mean 1) from exactly the rows and queries it saw; rows written at scattered slots and read back
   through gather_kv, at page sizes 1 and 16, equal the codec's round trip of exactly those rows;
 - torch_native attention (decode, and extend with a cached prefix) over a quantized pool equals an fp64 softmax
-  attention over the dequantized K/V, GQA 3:1, ragged lengths, page sizes 1 and 16, every format;
+  attention over the dequantized K/V of the cached tokens and the forward's own new K/V as computed (not their
+  codes), GQA 3:1, ragged lengths, page sizes 1 and 16, every format;
 - the plan: at the same --max-total-memory-gb the pool holds fp8 >= 1.95x, int8 >= 1.9x, int4 >= 3.5x and
   int2_hadamard >= 8x the bf16 tokens, every scale byte charged (the default model's geometry, `sglang plan` inputs).
 """
@@ -255,6 +256,8 @@ class TestTorchNativeOverQuantizedPool(unittest.TestCase):
                 q, k, v = (torch.randn(7, hh, 64, generator=g) for hh in (6, 2, 2))
                 out = h.backend.forward(q, k, v, layer, fb)
                 ks, vs = self._stored(h, layer.layer_id, rows[0], 26)
+                # the cached 19 tokens as the pool holds them, this forward's 7 as computed (not their codes)
+                ks, vs = torch.cat([ks[:19], k]), torch.cat([vs[:19], v])
                 visible = torch.arange(26)[None, :] <= torch.arange(19, 26)[:, None]
                 ref = _reference_attention(q, ks, vs, layer.scaling, visible)
                 self.assertLess(float((out.double() - ref).abs().max()), 1e-4, f"extend {fmt} page {page}")
@@ -265,10 +268,11 @@ class TestTorchNativeOverQuantizedPool(unittest.TestCase):
                 out = h.backend.forward(q, k, v, layer, fb)
                 for b, (row, length) in enumerate(zip(rows, (27, 34, 6))):
                     ks, vs = self._stored(h, layer.layer_id, row, length)
+                    ks, vs = torch.cat([ks[:-1], k[b : b + 1]]), torch.cat([vs[:-1], v[b : b + 1]])  # its own K/V exact
                     ref = _reference_attention(q[b : b + 1], ks, vs, layer.scaling, torch.ones(1, length, dtype=torch.bool))
                     self.assertLess(float((out[b : b + 1].double() - ref).abs().max()), 1e-4,
                                     f"decode {fmt} page {page} row {b}")
-                # the quantized reads are not the exact K/V: the new token's own K/V came back quantized
+                # the pool holds the new token's K/V quantized (for later forwards), not exactly
                 self.assertFalse(torch.equal(self._stored(h, layer.layer_id, rows[2], 6)[0][-1], k[2]))
 
 

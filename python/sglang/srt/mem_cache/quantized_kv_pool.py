@@ -85,6 +85,18 @@ class QuantizedKVPool(KVCache):
             return codec.rotation(self.head_dim, self.device), self.fixed["k_smooth"][layer_id]
         return self.rotation("k"), None
 
+    def stored_basis(self, layer_id: int, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Rows x [N, H, D] -> fp32 in the basis the part's codes are stored in (the kernels' basis: int4 keys
+        (x * w) @ R, other turned parts x @ R, plain ones x): a forward's own new K/V, which the kernels attend as
+        computed instead of reading their codes back."""
+        x = x.float()
+        if part == "k":
+            turn, smooth = self.key_turn(layer_id)
+            x = x if smooth is None else x * smooth[None]
+        else:
+            turn = self.rotation("v")
+        return (x if turn is None else x @ turn).contiguous()
+
     # ------------------------------------------------------------------ sizes
     def mem_usage_bytes(self) -> int:
         """Every buffer, the dummy page and the fixed scales included (= the plan's kv_cache term)."""
