@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers.attention.torch_native_backend import QUANT_KERNEL_FORMATS
+from sglang.srt.layers.attention.cpu_kernel_ops import QUANT_KERNEL_FORMATS
 from sglang.srt.model_executor.kv_calibration import KV_CALIBRATION_SEED, KV_CALIBRATION_TOKENS, recording_queries
 from sglang.srt.model_loader import load_model, resolve_model_path
 from sglang.srt.server_args import ServerArgs

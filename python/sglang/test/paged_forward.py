@@ -32,7 +32,10 @@ class PagedForwardDriver:
         self.kv_pool = create_kv_pool(
             kv_format or kv_format_of(model_config), max_tokens, page_size, model_config.kv_cache_dtype,
             model_config.num_key_value_heads, model_config.head_dim, model_config.num_hidden_layers, device=device,
+            window_rows=max_reqs + 1,  # a format's recent window (int4) as a server has it: a ring per request row
         )
+        if getattr(self.kv_pool, "window", None) is not None:
+            self.req_to_token_pool.on_alloc.append(self.kv_pool.window.forget)
         self.attn_backend = create_attention_backend(
             backend, model_config=model_config, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.kv_pool, device=device,

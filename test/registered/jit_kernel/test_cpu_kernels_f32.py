@@ -157,7 +157,7 @@ class TestCpuKernelsF32Levels(unittest.TestCase):
         """The default model dense in fp32 at each level: the kernels (attention through the backend, the norms,
         the activation, rotary) give the torch path's logits within fp32 rounding, and did run (not bit-equal)."""
         from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available
+        from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_available
         from sglang.srt.model_loader import load_model
         from sglang.srt.server_args import ServerArgs
         from sglang.test.engine_fixtures import default_model_dir

@@ -100,7 +100,7 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
     workspace): the bf16 / fp32 kernels over a plain pool, the kernel over the codes of an int8 / fp8 pool (the other
     quantized formats take the dequantizing gather). The server asks its device, `sglang plan --device cpu` this
     machine."""
-    from sglang.srt.layers.attention.torch_native_backend import fused_cpu_decode_available, fused_cpu_quant_ops
+    from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_available, fused_cpu_quant_ops
     from sglang.srt.mem_plan.dtypes import torch_dtype
 
     from sglang.srt.mem_plan.kv_quant import is_quantized

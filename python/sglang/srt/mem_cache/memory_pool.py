@@ -45,6 +45,7 @@ class ReqToTokenPool:
         self._pending_cols: List[int] = []
         self._pending_slots: List[int] = []
         self.free_slots: List[int] = list(range(1, size + 1))
+        self.on_alloc: List = []  # callbacks(row) when a row is handed out (a KV pool's recent window forgets it)
 
     @property
     def mirrored(self) -> bool:
@@ -63,6 +64,8 @@ class ReqToTokenPool:
         self.req_to_token[slot].zero_()  # a device kernel, no wait
         if self.mirrored:
             self.req_to_token_host[slot].zero_()
+        for forget in self.on_alloc:
+            forget(slot)
         return slot
 
     def free(self, slot: int) -> None:

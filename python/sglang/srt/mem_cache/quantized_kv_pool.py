@@ -30,14 +30,16 @@ import torch
 from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang.srt.mem_plan.dtypes import torch_dtype
+from sglang.srt.mem_cache.recent_window import RecentWindow
 from sglang.srt.mem_plan.kv_quant import (FP8_FORMATS, FP8_SCALE_HEADROOM, INT4_KEY_SMOOTH_EXPONENT, fixed_fields,
-                                          rotated_parts, token_fields)
+                                          recent_window, rotated_parts, token_fields)
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
 class QuantizedKVPool(KVCache):
     def __init__(self, size: int, page_size: int, kv_format: str, compute_dtype: torch.dtype, head_num: int,
-                 head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None):
+                 head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None,
+                 window_rows: int = 0):
         self.size = size
         self.page_size = page_size
         self.kv_format = kv_format
@@ -70,6 +72,9 @@ class QuantizedKVPool(KVCache):
         self.calibration_amax: Dict[str, torch.Tensor] = {}
         self.scales_source = ("unit (1.0)" if self.is_fp8 else "per token, key multipliers 1.0 (not calibrated)"
                               if "k_smooth" in self.fixed else "per token")
+        # the recent window (kv_quant.RECENT_WINDOW_TOKENS): one ring per req_to_token row (window_rows of them)
+        self.window = RecentWindow(window_rows, recent_window(kv_format), layer_num, head_num, head_dim,
+                                   self.v_head_dim, compute_dtype, device) if window_rows and recent_window(kv_format) else None
 
     @property
     def turned_parts(self) -> set:
@@ -218,13 +223,15 @@ class QuantizedKVPool(KVCache):
 
 
 def create_kv_pool(kv_format: str, size: int, page_size: int, compute_dtype: torch.dtype, head_num: int,
-                   head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None) -> KVCache:
+                   head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None,
+                   window_rows: int = 0) -> KVCache:
     """The pool for a --kv-cache-dtype format name (mem_plan/dtypes.resolve_kv_cache_dtype): the quantized pool for
-    fp8 and the int formats, MHATokenToKVPool for a plain dtype."""
+    fp8 and the int formats, MHATokenToKVPool for a plain dtype. window_rows: the req_to_token rows (slots + 1) a
+    format with a recent window (int4) keeps a ring for; 0 = no window."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_plan.kv_quant import is_quantized
 
     if is_quantized(kv_format):
         return QuantizedKVPool(size, page_size, kv_format, compute_dtype, head_num, head_dim, layer_num, device,
-                               v_head_dim)
+                               v_head_dim, window_rows)
     return MHATokenToKVPool(size, page_size, torch_dtype(kv_format), head_num, head_dim, layer_num, device, v_head_dim)

@@ -23,7 +23,7 @@ from sglang.srt.mem_plan.encoder import encoder_reservation_bytes
 from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.kv_quant import describe as describe_kv
-from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes, rotated_parts
+from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes, rotated_parts, window_bytes_per_slot
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
     CAPTURABLE,
@@ -278,6 +278,9 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         weight_bytes=measured.weight_bytes,
         kv_cell_bytes=cell.cell_bytes,
         kv_fixed_bytes=cell.fixed_bytes,
+        kv_window_per_req_bytes=(0 if cell.is_mla or not cell.kv_format else window_bytes_per_slot(
+            model.kv_cache_dtype, cell.num_layers, cell.num_kv_heads_per_rank, cell.head_dim,
+            cell.v_head_dim or cell.head_dim, model.dtype)),
         kv_detail=(describe_kv(model.kv_cache_dtype, cell.head_dim, cell.v_head_dim or cell.head_dim)
                    if cell.kv_format and not cell.is_mla else ""),
         context_len=model.context_len,

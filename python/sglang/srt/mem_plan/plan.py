@@ -87,6 +87,9 @@ class MemoryPlan:
         raise KeyError(name)
 
     def bytes_of(self, name: str) -> int:
+        """A term's bytes; 0 for an optional term this plan does not have (kv_window without a recent window)."""
+        if name == "kv_window" and all(t.name != name for t in self.terms):
+            return 0
         return self.term(name).num_bytes
 
     # ---- views ----

@@ -45,6 +45,7 @@ class _Resolved:
         else:
             graph_bs = 0
         row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
+        row_bytes += x.kv_window_per_req_bytes  # a quantized KV's recent-window ring has a row per req_to_token row
         slot_cost = SlotCost(
             fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
             per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes + x.grammar_per_req_bytes,
@@ -82,6 +83,9 @@ class _Resolved:
                        src("kv_cache"), f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
                        + (f" + {x.kv_fixed_bytes:,} B of scales" if x.kv_fixed_bytes else "")
                        + (f"; {x.kv_detail}" if x.kv_detail else "")),
+            *((MemoryTerm("kv_window", (num_reqs + 1) * x.kv_window_per_req_bytes, src("kv_window"),
+                          f"{num_reqs + 1:,} rows x {x.kv_window_per_req_bytes:,} B: each slot's recent tokens "
+                          "uncompressed"),) if x.kv_window_per_req_bytes else ()),
             MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
                        f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -61,11 +62,17 @@ class ModelRunnerKVCacheMixin:
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
 
-    def _kv_pool(self, num_tokens: int) -> MHATokenToKVPool:
+    def _kv_pool(self, num_tokens: int, r2t: Optional[ReqToTokenPool] = None) -> MHATokenToKVPool:
+        """The KV pool; with r2t, a format's recent window (int4) gets a ring per req_to_token row, emptied when the
+        row is handed to a new request."""
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
-        return create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
-                              cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device)
+        pool = create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
+                              cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device,
+                              window_rows=0 if r2t is None else r2t.req_to_token.shape[0])
+        if getattr(pool, "window", None) is not None:
+            r2t.on_alloc.append(pool.window.forget)
+        return pool
 
     def _attention_backend(self, r2t, kv, num_reqs: int, cuda_graph_max_bs: int):
         from sglang.srt.layers.attention.attention_registry import create_attention_backend
@@ -205,7 +212,7 @@ class ModelRunnerKVCacheMixin:
         self.chunked_prefill_size = plan.chunked_prefill_size or chunk
         self.req_to_token_pool = ReqToTokenPool(plan.max_running_requests, req_to_token_row_len(self.context_len),
                                                 self.device)
-        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens)
+        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool)
         self.calibrate_kv_scales()
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(plan.max_total_num_tokens, sa.page_size)
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
@@ -268,6 +275,8 @@ class ModelRunnerKVCacheMixin:
         return {
             "req_to_token": r2t.numel() * r2t.element_size(),
             "kv_cache": self.token_to_kv_pool.mem_usage_bytes(),  # the dummy page included, as the plan charges it
+            "kv_window": (self.token_to_kv_pool.window.mem_usage_bytes()
+                          if getattr(self.token_to_kv_pool, "window", None) is not None else 0),
             "attention_workspace_persistent": self.attn_backend.allocated_bytes(),
             "moe_workspace": self.moe_workspace.allocated_bytes() if self.moe_workspace is not None else 0,
         }
@@ -278,6 +287,7 @@ class ModelRunnerKVCacheMixin:
         declared = self.attn_backend.declared_persistent_bytes()
         assert got["req_to_token"] == plan.bytes_of("req_to_token"), (got, plan.bytes_of("req_to_token"))
         assert got["kv_cache"] == plan.bytes_of("kv_cache"), (got, plan.bytes_of("kv_cache"))
+        assert got["kv_window"] == plan.bytes_of("kv_window"), (got, plan.bytes_of("kv_window"))
         assert got["moe_workspace"] == plan.bytes_of("moe_workspace"), (got, plan.bytes_of("moe_workspace"))
         assert got["attention_workspace_persistent"] == declared <= plan.bytes_of("attention_workspace"), (
             got, declared, plan.bytes_of("attention_workspace"))

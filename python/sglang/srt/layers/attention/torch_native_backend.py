@@ -24,7 +24,7 @@ values in place through req_to_token: no gathered copy, no padding, no mask. A b
 writes the new K/V to the pool and calls extend_attention (extend_attention_op.h): every new token attends through
 req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
 
-A quantized pool whose codes the CPU kernel reads (int8, int4, fp8_e4m3, fp8_e5m2: QUANT_KERNEL_FORMATS, level
+A quantized pool whose codes the CPU kernel reads (int8, int4, fp8_e4m3, fp8_e5m2: cpu_kernel_ops.QUANT_KERNEL_FORMATS, level
 avx512_bf16, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes extend_attention_quant for decode and extend alike:
 the module quantizes the new rows on write (kv_quant_write, the codec's rule), then every new token attends over the
 codes in place (a decode step is an extend of one token), the query turned into the keys' stored basis and (int4)
@@ -47,51 +47,15 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
+from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
 from sglang.srt.mem_cache import kv_quant_codec
+from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, is_quantized
 
-# the quantized formats the CPU kernel reads in place (their storage layouts are fixed: mem_plan/kv_quant.py)
-QUANT_KERNEL_FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
-
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
-
-def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
-    """Whether decode runs through the fused CPU kernel (and so needs no gather workspace): `sglang plan` asks this
-    too. bf16 model and pool from level avx512_bf16, fp32 ones from avx2."""
-    ops = fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim, v_head_dim)
-    return ops is not None
-
-
-def fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim):
-    """The compiled module whose decode_attention serves this pool at this process's CPU level, or None."""
-    if not (
-        str(device).startswith("cpu")
-        and model_dtype == kv_dtype == kv_store_dtype
-        and model_dtype in (torch.bfloat16, torch.float32)
-        and v_head_dim == head_dim
-    ):
-        return None
-    ops = get_ops_for_dtype(model_dtype)
-    return ops if ops is not None and head_dim in ops.decode_attention_head_dims() else None
-
-
-def fused_cpu_quant_ops(device, model_dtype, kv_format: str, head_dim: int, v_head_dim):
-    """The compiled module whose extend_attention_quant reads this quantized pool's codes (decode and extend), or
-    None: a CPU, a format of QUANT_KERNEL_FORMATS, level avx512_bf16 (the bf16 kernels load), a bf16 model (or fp32
-    where the fp32 kernels serve: set_fp32_kernels), a compiled head_dim."""
-    from sglang.jit_kernel.cpu_ops import get_cpu_ops
-
-    if not (str(device).startswith("cpu") and kv_format in QUANT_KERNEL_FORMATS and v_head_dim == head_dim):
-        return None
-    ops = get_cpu_ops() if get_ops_for_dtype(model_dtype) is not None else None
-    if ops is None or not hasattr(ops, "extend_attention_quant"):
-        return None
-    return ops if head_dim in ops.decode_attention_head_dims() else None
 
 
 @dataclass
@@ -115,6 +79,11 @@ class TorchNativeMetadata:
     # extend over a quantized pool, no request with a cached prefix: (row table, rows, prefix_lens, extend_lens) that
     # make extend_attention read the batch's own fresh k/v [N, KV, D]
     fresh_rows: Optional[tuple] = None
+    # a pool with a recent window: the forward's tail layout (mem_cache/recent_window.py), its (fresh_start,
+    # fresh_from) as host lists for the gather path, and the tail rows of the layer last built
+    tail: Optional[WindowTail] = None
+    tail_lists: Optional[tuple] = None
+    tail_kv: Optional[tuple] = None
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -144,6 +113,18 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        self._init_metadata(forward_batch)
+        window, fb = getattr(self.token_to_kv_pool, "window", None), forward_batch
+        if window is not None:  # the tail: each request's recent window rows, then its new tokens
+            if fb.forward_mode.is_extend():
+                ext = torch.tensor(fb.extend_seq_lens_cpu or fb.extend_seq_lens.tolist(), dtype=torch.int64)
+                pre, most = fb.seq_lens.cpu().to(torch.int64) - ext, int(ext.max())
+            else:
+                pre, ext, most = fb.seq_lens - 1, torch.ones_like(fb.seq_lens), 1
+            self.forward_metadata.tail = window.tail(fb.req_pool_indices, pre, ext, fb.out_cache_loc,
+                                                     self.req_to_token_pool.req_to_token, most)
+
+    def _init_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         seq_lens_cpu: List[int] = fb.seq_lens_cpu or fb.seq_lens.tolist()
         device = fb.seq_lens.device
@@ -235,6 +216,31 @@ class TorchNativeAttnBackend(AttentionBackend):
             out = (out.float() @ r_v.T).to(out.dtype)
         return out
 
+    def _tail_kv(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor):
+        """This layer's tail rows (recent window, then new tokens), built once per layer."""
+        md = self.forward_metadata
+        if md.tail_kv is None or md.tail_kv[0] != layer.layer_id:
+            md.tail_kv = (layer.layer_id, *self.token_to_kv_pool.window.tail_kv(layer.layer_id, k, v, md.tail))
+        return md.tail_kv[1], md.tail_kv[2]
+
+    def _fresh(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor, reqs) -> tuple:
+        """The rows the gather path attends uncompressed, as (k, v, gathered row, position) for _rotated_attention.
+        reqs = [(gathered row, request b, its length, its first new token's q row, new tokens)]: a request's new
+        tokens, or with a recent window its tail rows over [fresh_from, length) (mem_cache/recent_window.py)."""
+        md = self.forward_metadata
+        if md.tail is not None:
+            k, v = self._tail_kv(layer, k, v)
+            if md.tail_lists is None:
+                md.tail_lists = (md.tail.fresh_start.tolist(), md.tail.fresh_from.tolist())
+        src, rows, cols = [], [], []
+        for row, b, length, q_first, n_new in reqs:
+            start, first = (md.tail_lists[0][b], md.tail_lists[1][b]) if md.tail is not None else (q_first, length - n_new)
+            src += range(start, start + length - first)
+            rows += [row] * (length - first)
+            cols += range(first, length)
+        idx = lambda x: torch.tensor(x, dtype=torch.int64, device=k.device)  # noqa: E731
+        return k[idx(src)], v[idx(src)], idx(rows), idx(cols)
+
     def _quant_attention(self, q: torch.Tensor, layer: AttentionLayer, save_kv_cache: bool, k: torch.Tensor,
                          v: torch.Tensor) -> torch.Tensor:
         """Every row of q over the quantized pool's codes, in place (extend_attention_quant); q [N, H, D]."""
@@ -250,8 +256,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            k_turn, k_smooth, v_back, pool.stored_basis(lid, "k", k), pool.stored_basis(lid, "v", v),
+            k_turn, k_smooth, v_back, *self._kernel_fresh(layer, k, v),
         )
+
+    def _kernel_fresh(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """The kernel's uncompressed rows in the stored basis (fresh_k, fresh_v, fresh_start, fresh_from): the new
+        tokens, or with a recent window the forward's tail rows and where each request's begin."""
+        pool, md = self.token_to_kv_pool, self.forward_metadata
+        if md.tail is None:
+            return pool.stored_basis(layer.layer_id, "k", k), pool.stored_basis(layer.layer_id, "v", v), None, None
+        tk, tv = self._tail_kv(layer, k, v)
+        return (pool.stored_basis(layer.layer_id, "k", tk), pool.stored_basis(layer.layer_id, "v", tv),
+                md.tail.fresh_start, md.tail.fresh_from)
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
@@ -270,6 +286,22 @@ class TorchNativeAttnBackend(AttentionBackend):
                              pool.rotation("v"))
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        out = self._forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        self._remember(layer, k, v)
+        return out
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        out = self._forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        self._remember(layer, k, v)
+        return out
+
+    def _remember(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A recent window: the new tokens into their ring entries, after the layer's attention read the old ones."""
+        tail = self.forward_metadata.tail
+        if tail is not None:
+            self.token_to_kv_pool.window.write(layer.layer_id, k, v, tail)
+
+    def _forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self._write_kv(layer, forward_batch.out_cache_loc, k, v)
@@ -288,7 +320,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
         num_heads = q.shape[1]
         outs = []
-        for req in md.extend_reqs:
+        for b, req in enumerate(md.extend_reqs):
             rows = slice(req.q_start, req.q_start + req.q_len)
             q_b = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
             if req.kv_indices is None:  # no cached prefix: causal attention over the new tokens only
@@ -297,15 +329,13 @@ class TorchNativeAttnBackend(AttentionBackend):
                     is_causal=True, scale=layer.scaling, enable_gqa=True,
                 )
             else:
-                seq_len = req.kv_indices.shape[1]  # the new tokens are its last q_len positions
-                cols = torch.arange(seq_len - req.q_len, seq_len, device=q.device)
-                fresh = (k[rows], v[rows], torch.zeros_like(cols), cols)
+                fresh = self._fresh(layer, k, v, [(0, b, req.kv_indices.shape[1], req.q_start, req.q_len)])
                 out = self._rotated_attention(q_b, layer, req.kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
                     qq, kk, vv, attn_mask=req.attn_mask, scale=layer.scaling, enable_gqa=True), fresh)  # [1, KV, seq_len, D]
             outs.append(out[0].transpose(0, 1).reshape(req.q_len, num_heads * layer.v_head_dim))  # [1, H, q, Dv] -> [q, H * Dv]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+    def _forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
         md = self.forward_metadata
         if md.fused_decode:
@@ -326,8 +356,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         # mask and gathered K/V never exceed the workspace declared for this backend, whatever the batch and context.
         rows = max(1, self.decode_gather_tokens // md.max_len)
         outs = [self._decode_rows(q[s : s + rows], layer, forward_batch.req_pool_indices[s : s + rows],
-                                  forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged,
-                                  (k[s : s + rows], v[s : s + rows]))
+                                  forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged, (k, v, s))
                 for s in range(0, bs, rows)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -343,7 +372,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         q_grouped = q.view(bs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, KV, G, D]
         out = self._rotated_attention(q_grouped, layer, kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
             qq, kk, vv, attn_mask=attn_mask, scale=layer.scaling),  # k, v gathered [b, KV, Lk, D]
-            (*new_kv, torch.arange(bs, device=q.device), seq_lens - 1))  # each row's new token: position seq_len - 1
+            self._fresh(layer, new_kv[0], new_kv[1],  # row i = request s + i, its new token at seq_len - 1
+                        [(i, new_kv[2] + i, n, new_kv[2] + i, 1) for i, n in enumerate(seq_lens.tolist())])
+            if self.fresh_reads else None)
         return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
 
 

@@ -1,0 +1,157 @@
+"""The recent window of an int4 KV pool (mem_cache/recent_window.py): each request slot's last 16 tokens are attended
+uncompressed, older ones through their codes, a forward's own new tokens as computed.
+
+Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the exact K/V
+this test fed (for the request's own 16 newest cached tokens and the new ones) and the pool's dequantization of the
+codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
+fresh_start / fresh_from), at page sizes 1 and 16:
+  - a prefill, then an extend of 7 and a decode step (the ring covers the 16 positions before each);
+  - an extend of 40 (> 16: only its last 16 enter the ring) then a decode step;
+  - a request that takes another's tokens as its cached prefix reads them through the codes (its ring is empty), and
+    a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget);
+  - the plan charges the ring as the kv_window term, (slots + 1) x window_bytes_per_slot, and the pool allocates
+    exactly that.
+"""
+
+import unittest
+from types import SimpleNamespace
+
+import torch
+
+from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.srt.layers.attention.attention_registry import create_attention_backend
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
+from sglang.srt.mem_plan.kv_quant import recent_window, window_bytes_per_slot
+from sglang.test.attention_harness import BackendHarness
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="cpu")
+
+W = recent_window("int4")
+H, KV, D = 6, 2, 64
+
+
+def reference(q, k_rows, v_rows, scale):
+    """fp64 attention of q [n, H, D] over rows [L, KV, D], query i at position L - n + i (causal)."""
+    q, k, v = q.double(), k_rows.double(), v_rows.double()
+    n, length = q.shape[0], k.shape[0]
+    kx, vx = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+    s = torch.einsum("nhd,lhd->nhl", q, kx) * scale
+    visible = torch.arange(length)[None, :] <= (length - n + torch.arange(n))[:, None]
+    s = s.masked_fill(~visible[:, None, :], float("-inf"))
+    return torch.einsum("nhl,lhd->nhd", s.softmax(-1), vx).reshape(n, -1)
+
+
+class Harness:
+    """torch_native over an int4 pool with its window, one layer; remembers every K/V it was fed, by pool slot."""
+
+    def __init__(self, page, kernel):
+        self.h = BackendHarness("torch_native", page_size=page, num_q_heads=H, num_kv_heads=KV, head_dim=D,
+                                dtype=torch.float32, pool_tokens=1024, num_layers=1)
+        self.r2t = self.h.r2t
+        self.pool = create_kv_pool("int4", 1024, page, torch.float32, KV, D, 1,
+                                   window_rows=self.r2t.req_to_token.shape[0])
+        self.pool.fixed["k_smooth"].copy_(torch.exp(torch.linspace(-0.5, 0.5, D))[None, None])
+        self.r2t.on_alloc.append(self.pool.window.forget)
+        self.h.pool = self.pool
+        self.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
+                                                req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, device="cpu")
+        if kernel:  # the kernel module's fp32 path, as bench_kv_quality --kernels takes it
+            ops = get_cpu_ops()
+            self.backend.cpu_quant_ops, self.backend.cpu_quant_write = ops, ops.kv_quant_write
+        self.exact_k, self.exact_v = {}, {}  # pool slot -> the K/V fed for it
+        self.layer = SimpleNamespace(layer_id=0, scaling=D**-0.5, v_head_dim=D)
+        self.g = torch.Generator().manual_seed(page)
+
+    def step(self, rows, lens):
+        fb = self.h.batch(rows, lens)
+        n = sum(lens)
+        q, k, v = (torch.randn(n, hh, D, generator=self.g) for hh in (H, KV, KV))
+        for i, loc in enumerate(fb.out_cache_loc.tolist()):
+            self.exact_k[loc], self.exact_v[loc] = k[i], v[i]
+        fb.attn_backend = self.backend
+        self.backend.init_forward_metadata(fb)
+        return q, self.backend.forward(q, k, v, self.layer, fb)
+
+    def rows_of(self, row, length, exact_from):
+        """The K/V attention should see for request `row`'s first `length` tokens: exact from position exact_from
+        on, the pool's dequantized codes before."""
+        slots = self.r2t.req_to_token[row, :length]
+        k, v = self.pool.gather_kv(0, slots, torch.float64)
+        for p in range(exact_from, length):
+            k[p], v[p] = self.exact_k[int(slots[p])], self.exact_v[int(slots[p])]
+        return k, v
+
+    def check(self, test, row, q, out, length, exact_from, what):
+        k, v = self.rows_of(row, length, exact_from)
+        ref = reference(q, k, v, self.layer.scaling)
+        test.assertLess(float((out.double() - ref).abs().max()), 1e-4, what)
+        if exact_from == length - q.shape[0]:
+            return
+        # and it is not the attention over the codes alone (the window changes the result)
+        k0, v0 = self.rows_of(row, length, length - q.shape[0])
+        test.assertGreater(float((reference(q, k0, v0, self.layer.scaling) - ref).abs().max()), 1e-3, what)
+
+
+class TestRecentWindow(unittest.TestCase):
+    def paths(self):
+        yield False
+        if cpu_kernels_expected():
+            yield True
+
+    def test_extend_and_decode_read_the_window(self):
+        for kernel in self.paths():
+            for page in (1, 16):
+                h = Harness(page, kernel)
+                a, b = h.h.new_request(), h.h.new_request()
+                h.step([a, b], [19, 5])  # prefill, no prefix
+                q, out = h.step([a], [7])  # cached 19: positions 3..18 from the ring, 19..25 as computed
+                h.check(self, a, q, out, 26, 19 - W, f"extend kernel={kernel} page {page}")
+                q, out = h.step([a, b], [1, 1])  # decode: a's positions 10..25, b's 0..4 from the ring
+                h.check(self, a, q[:1], out[:1], 27, 27 - 1 - W, f"decode kernel={kernel} page {page}")
+                k, v = h.rows_of(b, 6, 0)
+                torch.testing.assert_close(out[1:].double(), reference(q[1:], k, v, h.layer.scaling), atol=1e-4,
+                                           rtol=0)
+                q, out = h.step([b], [40])  # longer than the window: only its last 16 enter the ring
+                h.check(self, b, q, out, 46, 0, f"long extend kernel={kernel} page {page}")  # b's 6 all in its ring
+                q, out = h.step([b], [1])
+                h.check(self, b, q, out, 47, 46 - W, f"decode after a long extend kernel={kernel} page {page}")
+
+    def test_prefix_from_another_request_and_a_reused_row(self):
+        for kernel in self.paths():
+            h = Harness(1, kernel)
+            a = h.h.new_request()
+            h.step([a], [30])
+            h.step([a], [1])
+            # request c takes a's 31 tokens as its cached prefix (as the radix cache hands them out): its ring holds
+            # none of them, so all 31 are read through the codes
+            c = h.h.new_request()
+            h.r2t.req_to_token[c, :31] = h.r2t.req_to_token[a, :31]
+            h.h.lens[c] = 31
+            q, out = h.step([c], [3])
+            h.check(self, c, q, out, 34, 31, f"cached prefix kernel={kernel}")
+            # a's row handed to a new request: the ring entries of a are forgotten
+            h.r2t.free(a)
+            self.assertEqual(h.r2t.alloc(), a)
+            self.assertTrue(bool((h.pool.window.loc[a] == -1).all()))
+
+    def test_plan_charges_the_ring(self):
+        slots = 5
+        r2t = ReqToTokenPool(slots, 64)
+        pool = create_kv_pool("int4", 256, 1, torch.bfloat16, 3, 64, 30, window_rows=r2t.req_to_token.shape[0])
+        per_slot = window_bytes_per_slot("int4", 30, 3, 64, 64, "bfloat16")
+        self.assertEqual(per_slot, W * (30 * 3 * 128 * 2 + 8))
+        self.assertEqual(pool.window.mem_usage_bytes(), (slots + 1) * per_slot)
+        self.assertEqual(window_bytes_per_slot("int8", 30, 3, 64, 64, "bfloat16"), 0)
+        from sglang.cli.plan import run
+
+        status, result, _ = run(["--device", "cpu", "--max-total-memory-gb", "4", "--kv-cache-dtype", "int4",
+                                 "--attention-backend", "torch_native", "--max-running-requests", str(slots), "--json"])
+        self.assertEqual(status, 0)
+        terms = {t["name"]: t["num_bytes"] for t in result["plan"]["terms"]}
+        self.assertEqual(terms["kv_window"], (slots + 1) * per_slot)
+
+
+if __name__ == "__main__":
+    unittest.main()
