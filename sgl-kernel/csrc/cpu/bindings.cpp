@@ -311,7 +311,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kv_format"), py::arg("req_to_token"), py::arg("req_pool_indices"), py::arg("prefix_lens"),
         py::arg("extend_lens"), py::arg("scale"), py::arg("q_turn") = py::none(), py::arg("q_smooth") = py::none(),
         py::arg("out_turn") = py::none(), py::arg("fresh_k") = py::none(), py::arg("fresh_v") = py::none(),
-        py::arg("fresh_start") = py::none(), py::arg("fresh_from") = py::none());
+        py::arg("ring_k") = py::none(), py::arg("ring_v") = py::none(), py::arg("ring_rows") = py::none(),
+        py::arg("ring_counts") = py::none());
   m.def("kv_quant_write", &sgl_cpu::kv_quant_write,
         "new K or V rows [N, KV, D] -> an int8 / int4 / fp8 pool's codes at the slots loc (the codec's rule; int8 and "
         "int4 write their per-row fp16 scales, fp8 reads the per-head fp32 ones), times smooth then turned by R first "

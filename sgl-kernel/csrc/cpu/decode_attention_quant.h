@@ -28,14 +28,21 @@
 
 namespace sgl_cpu {
 
-// A forward's own new keys and values, attended as computed instead of read back as codes: keys [n_codes, seq_len)
-// of a task are fp32 rows k + (j - n_codes) * stride (v likewise), already in the pool's stored basis; k == null:
-// every key is read as codes. k_mul multiplies their q.k (the softmax scale alone: no code scale applies).
+// The keys and values a task attends uncompressed, all in the pool's stored basis; the softmax scale k_mul alone
+// multiplies their q.k (no code scale applies). Of a task's seq_len keys, [0, n_codes) are read as codes,
+// [n_codes, n_codes + n_ring) from the request's recent-window ring (bf16 rows ring_k + ((ring_base + j % window) x
+// stride), mem_cache/recent_window.py), and the rest -- the forward's own new tokens -- as fp32 rows k + i x stride.
+// k == null: every key is read as codes.
 struct FreshRows {
   const float* k = nullptr;
   const float* v = nullptr;
   int64_t stride = 0, n_codes = 0;
   float k_mul = 0.0f;
+  const uint16_t* ring_k = nullptr;
+  const uint16_t* ring_v = nullptr;
+  int64_t ring_base = 0, window = 1, n_ring = 0;
+
+  const uint16_t* ring_row(const uint16_t* ring, int64_t j) const { return ring + (ring_base + j % window) * stride; }
 };
 
 enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3 };
@@ -129,15 +136,18 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
     _mm_storeu_ps(scores + 4 * j, sc);
   }
-  // 1b. the fresh keys: scores[j][g] = fresh.k_mul * q_g . k_j (no code scales)
+  // 1b. the uncompressed keys: scores[j][g] = fresh.k_mul * q_g . k_j (ring rows bf16, new rows fp32)
+  const int64_t n_old = n_codes + fresh.n_ring;
   for (int64_t j = n_codes; j < seq_len; ++j) {
-    const float* kr = fresh.k + (j - n_codes) * fresh.stride;
+    const bool ring = j < n_old;
+    const uint16_t* kb = ring ? fresh.ring_row(fresh.ring_k, j) : nullptr;
+    const float* kr = ring ? nullptr : fresh.k + (j - n_old) * fresh.stride;
     __m512 acc[kHeadsPerPass];
 #pragma GCC unroll 4
     for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int i = 0; i < kQ; ++i) {
-      const __m512 kv = _mm512_loadu_ps(kr + 16 * i);
+      const __m512 kv = ring ? load_bf16x16(kb + 16 * i) : _mm512_loadu_ps(kr + 16 * i);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
     }
@@ -180,11 +190,14 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
         for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
       }
     }
-    for (int64_t j = n_codes; j < seq_len; ++j) {  // the fresh values, weighted by p / v_mul (v_mul scales the sum)
-      const float* vr = fresh.v + (j - n_codes) * fresh.stride + 16 * c;
+    for (int64_t j = n_codes; j < seq_len; ++j) {  // the uncompressed values, weighted by p / v_mul (v_mul scales the sum)
+      const bool ring = j < n_old;
+      const uint16_t* vb = ring ? fresh.ring_row(fresh.ring_v, j) + 16 * c : nullptr;
+      const float* vr = ring ? nullptr : fresh.v + (j - n_old) * fresh.stride + 16 * c;
       __m512 vv[kChunk];
 #pragma GCC unroll 4
-      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? _mm512_loadu_ps(vr + 16 * d) : _mm512_setzero_ps();
+      for (int d = 0; d < kChunk; ++d)
+        vv[d] = c + d >= kQ ? _mm512_setzero_ps() : ring ? load_bf16x16(vb + 16 * d) : _mm512_loadu_ps(vr + 16 * d);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         const __m512 p = _mm512_set1_ps(scores[4 * j + g] / v_mul);

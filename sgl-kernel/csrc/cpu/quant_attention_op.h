@@ -40,7 +40,8 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
                                     const at::Tensor& v_codes, const at::Tensor& k_scale, const at::Tensor& v_scale,
                                     const ExtendRows& e, double scale, const float* turn, const float* smooth,
                                     const float* out_turn, const float* fresh_k, const float* fresh_v,
-                                    const int64_t* fresh_start, const int64_t* fresh_from) {
+                                    const uint16_t* ring_k, const uint16_t* ring_v, const int64_t* ring_rows,
+                                    const int64_t* ring_counts, int64_t window) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
@@ -77,12 +78,17 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
       const int64_t* tokens = e.tokens(r);
       const int64_t len = e.len(r);
       FreshRows fresh;  // the request's new tokens: q rows [q_start, ...) of fresh_k / fresh_v
-      if (fresh_k != nullptr) {  // request b's uncompressed rows start at fresh_start[b] (position fresh_from[b])
-        const int64_t b = e.row_req[r];
-        const int64_t start = fresh_start != nullptr ? fresh_start[b] : e.q_start[b];
-        const int64_t first = (start * KV + kv_head) * D;
-        fresh = FreshRows{fresh_k + first, fresh_v + first, KV * D, fresh_from != nullptr ? fresh_from[b] : e.pp[b],
-                          (float)scale};
+      if (fresh_k != nullptr) {  // request b: codes, then ring_counts[b] ring rows, then its new tokens' rows
+        const int64_t b = e.row_req[r], first = (e.q_start[b] * KV + kv_head) * D;
+        const int64_t n_ring = ring_k != nullptr ? ring_counts[b] : 0;
+        fresh = FreshRows{fresh_k + first, fresh_v + first, KV * D, e.pp[b] - n_ring, (float)scale};
+        if (n_ring > 0) {
+          fresh.ring_k = ring_k + kv_head * D;
+          fresh.ring_v = ring_v + kv_head * D;
+          fresh.ring_base = ring_rows[b] * window;
+          fresh.window = window;
+          fresh.n_ring = n_ring;
+        }
       }
       switch (fmt) {
         case KvQuant::kInt8:
@@ -124,9 +130,9 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 //   fresh_k, fresh_v  [N, KV, D] fp32, the batch's new K/V in the pool's stored basis (keys (k * w) @ R / k @ R as
 //             stored, values @ R where turned): a request's new tokens are attended as these rows, its cached prefix
 //             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
-//   fresh_start, fresh_from  [B] int64 (with fresh_k): request b's positions [fresh_from[b], its length) are fresh
-//             rows fresh_start[b] + (j - fresh_from[b]) (fresh_k then has any number of rows: a recent window's
-//             rows before the new ones, mem_cache/recent_window.py); without them, q_start[b] and prefix_lens[b]
+//   ring_k, ring_v  [ring rows x window, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
+//             (mem_cache/recent_window.py), in the stored basis; request b's last ring_counts[b] cached positions p
+//             are read from ring row ring_rows[b] x window + p % window instead of their codes
 inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
@@ -137,8 +143,10 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const c10::optional<at::Tensor>& out_turn,
                                          const c10::optional<at::Tensor>& fresh_k,
                                          const c10::optional<at::Tensor>& fresh_v,
-                                         const c10::optional<at::Tensor>& fresh_start,
-                                         const c10::optional<at::Tensor>& fresh_from) {
+                                         const c10::optional<at::Tensor>& ring_k,
+                                         const c10::optional<at::Tensor>& ring_v,
+                                         const c10::optional<at::Tensor>& ring_rows,
+                                         const c10::optional<at::Tensor>& ring_counts) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
@@ -172,43 +180,51 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(has_fresh == (fresh_v.has_value() && fresh_v->defined()), op, ": fresh_k and fresh_v come together");
   const float* fk = nullptr;
   const float* fv = nullptr;
-  const bool has_start = fresh_start.has_value() && fresh_start->defined();
-  TORCH_CHECK(has_start == (fresh_from.has_value() && fresh_from->defined()) && (!has_start || has_fresh), op,
-              ": fresh_start and fresh_from come together, with fresh_k / fresh_v");
-  const int64_t fresh_rows = has_fresh ? fresh_k->size(0) : 0;
   if (has_fresh) {
     for (const at::Tensor* f : {&*fresh_k, &*fresh_v})
       TORCH_CHECK(f->scalar_type() == at::kFloat && f->is_contiguous() && f->device().is_cpu() && f->dim() == 3 &&
-                      f->size(0) == fresh_rows && (has_start || fresh_rows == N) && f->size(1) == KV &&
-                      f->size(2) == D,
-                  op, ": fresh_k / fresh_v must be contiguous float32 CPU [rows, ", KV, ", ", D,
-                  "] tensors of one shape (rows = ", N, " without fresh_start)");
+                      f->size(0) == N && f->size(1) == KV && f->size(2) == D,
+                  op, ": fresh_k / fresh_v must be contiguous float32 CPU [", N, ", ", KV, ", ", D, "] tensors");
     fk = fresh_k->data_ptr<float>();
     fv = fresh_v->data_ptr<float>();
   }
   const ExtendRows e = extend_rows(op, N, slots, req_to_token, req_pool_indices, prefix_lens, extend_lens);
-  at::Tensor fs, ff;
-  const int64_t* fsp = nullptr;
-  const int64_t* ffp = nullptr;
-  if (has_start) {
+  const bool has_ring = ring_k.has_value() && ring_k->defined();
+  TORCH_CHECK(!has_ring || (has_fresh && ring_v.has_value() && ring_rows.has_value() && ring_counts.has_value()), op,
+              ": ring_k comes with ring_v, ring_rows, ring_counts and fresh_k / fresh_v");
+  at::Tensor rr, rc;
+  const uint16_t* rk = nullptr;
+  const uint16_t* rv = nullptr;
+  int64_t window = 1;
+  if (has_ring) {
     const int64_t B = (int64_t)e.q_start.size() - 1;
-    fs = fresh_start->contiguous();
-    ff = fresh_from->contiguous();
-    TORCH_CHECK(fs.scalar_type() == at::kLong && ff.scalar_type() == at::kLong && fs.numel() == B && ff.numel() == B &&
-                    fs.device().is_cpu() && ff.device().is_cpu(),
-                op, ": fresh_start / fresh_from must be int64 CPU tensors of one entry per request");
-    fsp = fs.data_ptr<int64_t>();
-    ffp = ff.data_ptr<int64_t>();
-    const int64_t* ep = e.ext.data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; ++b)  // every fresh row a request reads lies inside fresh_k
-      TORCH_CHECK(ffp[b] >= 0 && ffp[b] <= e.pp[b] && fsp[b] >= 0 && fsp[b] + e.pp[b] + ep[b] - ffp[b] <= fresh_rows,
-                  op, ": request ", b, "'s fresh rows fall outside fresh_k");
+    for (const at::Tensor* t : {&*ring_k, &*ring_v})
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->device().is_cpu() && t->dim() == 3 &&
+                      t->sizes() == ring_k->sizes() && t->size(1) == KV && t->size(2) == D,
+                  op, ": ring_k / ring_v must be contiguous bfloat16 CPU [rows x window, ", KV, ", ", D, "] tensors");
+    rr = ring_rows->contiguous();
+    rc = ring_counts->contiguous();
+    TORCH_CHECK(rr.scalar_type() == at::kLong && rc.scalar_type() == at::kLong && rr.numel() == B && rc.numel() == B &&
+                    rr.device().is_cpu() && rc.device().is_cpu(),
+                op, ": ring_rows / ring_counts must be int64 CPU tensors of one entry per request");
+    const int64_t* rrp = rr.data_ptr<int64_t>();
+    const int64_t* rcp = rc.data_ptr<int64_t>();
+    window = ring_k->size(0) / std::max<int64_t>(1, req_to_token.size(0));
+    TORCH_CHECK(window >= 1 && window * req_to_token.size(0) == ring_k->size(0), op,
+                ": ring_k must hold window rows per req_to_token row");
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(rrp[b] >= 0 && rrp[b] < req_to_token.size(0) && rcp[b] >= 0 && rcp[b] <= std::min(window, e.pp[b]),
+                  op, ": request ", b, "'s ring row or count is out of range");
+    rk = reinterpret_cast<const uint16_t*>(ring_k->data_ptr());
+    rv = reinterpret_cast<const uint16_t*>(ring_v->data_ptr());
   }
+  const int64_t* rrp = has_ring ? rr.data_ptr<int64_t>() : nullptr;
+  const int64_t* rcp = has_ring ? rc.data_ptr<int64_t>() : nullptr;
   if (q.scalar_type() == at::kBFloat16)
     return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
-                                                  back, fk, fv, fsp, ffp);
+                                                  back, fk, fv, rk, rv, rrp, rcp, window);
   return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back,
-                                         fk, fv, fsp, ffp);
+                                         fk, fv, rk, rv, rrp, rcp, window);
 }
 
 }  // namespace sgl_cpu

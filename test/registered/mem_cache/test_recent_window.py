@@ -1,9 +1,9 @@
 """The recent window of an int4 KV pool (mem_cache/recent_window.py): each request slot's last 16 tokens are attended
 uncompressed, older ones through their codes, a forward's own new tokens as computed.
 
-Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the exact K/V
-this test fed (for the request's own 16 newest cached tokens and the new ones) and the pool's dequantization of the
-codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
+Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the K/V this
+test fed (the new tokens' as fed, the request's own 16 newest cached tokens' as the ring keeps them: in the pool's
+stored basis rounded to bf16) and the pool's dequantization of the codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
 fresh_start / fresh_from), at page sizes 1 and 16:
   - a prefill, then an extend of 7 and a decode step (the ring covers the 16 positions before each);
   - an extend of 40 (> 16: only its last 16 enter the ring) then a decode step;
@@ -74,17 +74,23 @@ class Harness:
         self.backend.init_forward_metadata(fb)
         return q, self.backend.forward(q, k, v, self.layer, fb)
 
-    def rows_of(self, row, length, exact_from):
-        """The K/V attention should see for request `row`'s first `length` tokens: exact from position exact_from
-        on, the pool's dequantized codes before."""
+    def rows_of(self, row, length, exact_from, new_from=None):
+        """The K/V attention should see for request `row`'s first `length` tokens: the fed rows from position
+        new_from on (the forward's new tokens), the fed rows as the ring keeps them (turned into the stored basis,
+        rounded to bf16) in [exact_from, new_from), the pool's dequantized codes before."""
         slots = self.r2t.req_to_token[row, :length]
         k, v = self.pool.gather_kv(0, slots, torch.float64)
+        new_from = length if new_from is None else new_from
         for p in range(exact_from, length):
-            k[p], v[p] = self.exact_k[int(slots[p])], self.exact_v[int(slots[p])]
+            for rows, exact, part in ((k, self.exact_k, "k"), (v, self.exact_v, "v")):
+                x = exact[int(slots[p])][None]
+                if p < new_from:
+                    x = self.pool.plain_basis(0, part, self.pool.stored_basis(0, part, x).bfloat16())
+                rows[p] = x[0]
         return k, v
 
     def check(self, test, row, q, out, length, exact_from, what):
-        k, v = self.rows_of(row, length, exact_from)
+        k, v = self.rows_of(row, length, exact_from, length - q.shape[0])
         ref = reference(q, k, v, self.layer.scaling)
         test.assertLess(float((out.double() - ref).abs().max()), 1e-4, what)
         if exact_from == length - q.shape[0]:
@@ -110,7 +116,7 @@ class TestRecentWindow(unittest.TestCase):
                 h.check(self, a, q, out, 26, 19 - W, f"extend kernel={kernel} page {page}")
                 q, out = h.step([a, b], [1, 1])  # decode: a's positions 10..25, b's 0..4 from the ring
                 h.check(self, a, q[:1], out[:1], 27, 27 - 1 - W, f"decode kernel={kernel} page {page}")
-                k, v = h.rows_of(b, 6, 0)
+                k, v = h.rows_of(b, 6, 0, 5)
                 torch.testing.assert_close(out[1:].double(), reference(q[1:], k, v, h.layer.scaling), atol=1e-4,
                                            rtol=0)
                 q, out = h.step([b], [40])  # longer than the window: only its last 16 enter the ring
@@ -140,10 +146,10 @@ class TestRecentWindow(unittest.TestCase):
         slots = 5
         r2t = ReqToTokenPool(slots, 64)
         pool = create_kv_pool("int4", 256, 1, torch.bfloat16, 3, 64, 30, window_rows=r2t.req_to_token.shape[0])
-        per_slot = window_bytes_per_slot("int4", 30, 3, 64, 64, "bfloat16")
+        per_slot = window_bytes_per_slot("int4", 30, 3, 64, 64)
         self.assertEqual(per_slot, W * (30 * 3 * 128 * 2 + 8))
         self.assertEqual(pool.window.mem_usage_bytes(), (slots + 1) * per_slot)
-        self.assertEqual(window_bytes_per_slot("int8", 30, 3, 64, 64, "bfloat16"), 0)
+        self.assertEqual(window_bytes_per_slot("int8", 30, 3, 64, 64), 0)
         from sglang.cli.plan import run
 
         status, result, _ = run(["--device", "cpu", "--max-total-memory-gb", "4", "--kv-cache-dtype", "int4",

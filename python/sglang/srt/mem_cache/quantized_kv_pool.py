@@ -74,7 +74,7 @@ class QuantizedKVPool(KVCache):
                               if "k_smooth" in self.fixed else "per token")
         # the recent window (kv_quant.RECENT_WINDOW_TOKENS): one ring per req_to_token row (window_rows of them)
         self.window = RecentWindow(window_rows, recent_window(kv_format), layer_num, head_num, head_dim,
-                                   self.v_head_dim, compute_dtype, device) if window_rows and recent_window(kv_format) else None
+                                   self.v_head_dim, device) if window_rows and recent_window(kv_format) else None
 
     @property
     def turned_parts(self) -> set:
@@ -101,6 +101,16 @@ class QuantizedKVPool(KVCache):
         else:
             turn = self.rotation("v")
         return (x if turn is None else x @ turn).contiguous()
+
+    def plain_basis(self, layer_id: int, part: str, x: torch.Tensor) -> torch.Tensor:
+        """stored_basis undone: rows in the stored basis -> the plain fp32 rows (x @ R^T, int4 keys then / w)."""
+        x = x.float()
+        if part == "k":
+            turn, smooth = self.key_turn(layer_id)
+        else:
+            turn, smooth = self.rotation("v"), None
+        x = x if turn is None else x @ turn.T
+        return x if smooth is None else x / smooth[None]
 
     # ------------------------------------------------------------------ sizes
     def mem_usage_bytes(self) -> int:

@@ -23,9 +23,9 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
                     one log-scale byte per vector (2^(code/16) steps, +-2.2%)                   [31 B, 8.26x]
 
-Per token, every byte the pool holds is above. int4 also keeps each request slot's last 16 tokens in the model's
-dtype (RECENT_WINDOW_TOKENS: a ring per slot, the kv_window term, charged per slot not per token; bf16, the default
-model: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot): attention reads a request's newest cached tokens from there.
+Per token, every byte the pool holds is above. int4 and int2_hadamard also keep each request slot's last 16 tokens in
+bf16 (RECENT_WINDOW_TOKENS: a ring per slot, the kv_window term, charged per slot not per token; the default model:
+16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot): attention reads a request's newest cached tokens there.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs 
     "int2_hadamard": "capacity mode: top-1 53.5%, perplexity +348%, needle recall 0/2",
 }  # int8 passes (top-1 99.7%, perplexity -0.01%)
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
-# recent window: each request slot keeps the K/V of its last RECENT_WINDOW_TOKENS[fmt] tokens in the model's dtype as
-# well as their codes, and attention reads those tokens from there (the query weighs its nearest tokens most): a
+# recent window: each request slot keeps the K/V of its last RECENT_WINDOW_TOKENS[fmt] tokens in bf16 as well as their
+# codes, and attention reads those tokens from there (the query weighs its nearest tokens most): a
 # per-slot ring, planned as the kv_window term (window_bytes_per_slot), not per token
-RECENT_WINDOW_TOKENS = {"int4": 16}
+RECENT_WINDOW_TOKENS = {"int4": 16, "int2_hadamard": 16}
 ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("k", "v"),
                  "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
 # the attention backends that read a quantized format (check_kv_format_backend); AITER's prefill takes no fp8 KV
@@ -138,12 +138,11 @@ def recent_window(fmt: str) -> int:
     return RECENT_WINDOW_TOKENS.get(fmt, 0)
 
 
-def window_bytes_per_slot(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int, v_head_dim: int,
-                          model_dtype: str) -> int:
-    """One request slot's recent-window ring: W x (K and V rows of every layer and KV head in the model's dtype + the
-    int64 pool slot each entry holds, which says whether it is still the request's token)."""
+def window_bytes_per_slot(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int, v_head_dim: int) -> int:
+    """One request slot's recent-window ring: W x (K and V rows of every layer and KV head in bf16 + the int64 pool
+    slot each entry holds, which says whether it is still the request's token)."""
     w = recent_window(fmt)
-    return w * (num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype_bytes(model_dtype) + 8) if w else 0
+    return w * (num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype_bytes("bfloat16") + 8) if w else 0
 
 
 def quality_flag(fmt: str) -> str:

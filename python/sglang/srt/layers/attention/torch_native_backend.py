@@ -79,11 +79,9 @@ class TorchNativeMetadata:
     # extend over a quantized pool, no request with a cached prefix: (row table, rows, prefix_lens, extend_lens) that
     # make extend_attention read the batch's own fresh k/v [N, KV, D]
     fresh_rows: Optional[tuple] = None
-    # a pool with a recent window: the forward's tail layout (mem_cache/recent_window.py), its (fresh_start,
-    # fresh_from) as host lists for the gather path, and the tail rows of the layer last built
+    # a pool with a recent window: the forward's ring bookkeeping (mem_cache/recent_window.py)
     tail: Optional[WindowTail] = None
-    tail_lists: Optional[tuple] = None
-    tail_kv: Optional[tuple] = None
+    stored_kv: Optional[tuple] = None  # (layer id, new k, new v in the stored basis) of the layer last computed
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -216,30 +214,34 @@ class TorchNativeAttnBackend(AttentionBackend):
             out = (out.float() @ r_v.T).to(out.dtype)
         return out
 
-    def _tail_kv(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor):
-        """This layer's tail rows (recent window, then new tokens), built once per layer."""
-        md = self.forward_metadata
-        if md.tail_kv is None or md.tail_kv[0] != layer.layer_id:
-            md.tail_kv = (layer.layer_id, *self.token_to_kv_pool.window.tail_kv(layer.layer_id, k, v, md.tail))
-        return md.tail_kv[1], md.tail_kv[2]
+    def _stored_kv(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor):
+        """The new K/V in the pool's stored basis, fp32 (the kernel's fresh rows, the ring's entries), once a layer."""
+        md, pool = self.forward_metadata, self.token_to_kv_pool
+        if md.stored_kv is None or md.stored_kv[0] != layer.layer_id:
+            md.stored_kv = (layer.layer_id, pool.stored_basis(layer.layer_id, "k", k), pool.stored_basis(layer.layer_id, "v", v))
+        return md.stored_kv[1], md.stored_kv[2]
 
     def _fresh(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor, reqs) -> tuple:
         """The rows the gather path attends uncompressed, as (k, v, gathered row, position) for _rotated_attention.
         reqs = [(gathered row, request b, its length, its first new token's q row, new tokens)]: a request's new
-        tokens, or with a recent window its tail rows over [fresh_from, length) (mem_cache/recent_window.py)."""
-        md = self.forward_metadata
-        if md.tail is not None:
-            k, v = self._tail_kv(layer, k, v)
-            if md.tail_lists is None:
-                md.tail_lists = (md.tail.fresh_start.tolist(), md.tail.fresh_from.tolist())
-        src, rows, cols = [], [], []
-        for row, b, length, q_first, n_new in reqs:
-            start, first = (md.tail_lists[0][b], md.tail_lists[1][b]) if md.tail is not None else (q_first, length - n_new)
-            src += range(start, start + length - first)
-            rows += [row] * (length - first)
-            cols += range(first, length)
+        tokens, and with a recent window its ring's entries before them (mem_cache/recent_window.py)."""
+        md, pool, lid = self.forward_metadata, self.token_to_kv_pool, layer.layer_id
+        counts = md.tail.counts.tolist() if md.tail is not None else None
+        ring_src = md.tail.ring_src.tolist() if md.tail is not None else None
+        ring_k, ring_v = pool.window.ring(lid) if md.tail is not None else (None, None)
         idx = lambda x: torch.tensor(x, dtype=torch.int64, device=k.device)  # noqa: E731
-        return k[idx(src)], v[idx(src)], idx(rows), idx(cols)
+        ks, vs, rows, cols = [], [], [], []
+        for row, b, length, q_first, n_new in reqs:
+            w = counts[b] if counts else 0
+            if w:  # its ring rows (stored basis, bf16) back in the gather basis
+                e = idx(ring_src[b][-w:])
+                ks.append(pool.plain_basis(lid, "k", ring_k[e]).to(k.dtype))
+                vs.append(pool.plain_basis(lid, "v", ring_v[e]).to(v.dtype))
+            ks.append(k[q_first : q_first + n_new])
+            vs.append(v[q_first : q_first + n_new])
+            rows += [row] * (w + n_new)
+            cols += range(length - n_new - w, length)
+        return torch.cat(ks), torch.cat(vs), idx(rows), idx(cols)
 
     def _quant_attention(self, q: torch.Tensor, layer: AttentionLayer, save_kv_cache: bool, k: torch.Tensor,
                          v: torch.Tensor) -> torch.Tensor:
@@ -256,18 +258,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            k_turn, k_smooth, v_back, *self._kernel_fresh(layer, k, v),
+            k_turn, k_smooth, v_back, *self._stored_kv(layer, k, v), *self._ring_args(layer),
         )
 
-    def _kernel_fresh(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """The kernel's uncompressed rows in the stored basis (fresh_k, fresh_v, fresh_start, fresh_from): the new
-        tokens, or with a recent window the forward's tail rows and where each request's begin."""
-        pool, md = self.token_to_kv_pool, self.forward_metadata
-        if md.tail is None:
-            return pool.stored_basis(layer.layer_id, "k", k), pool.stored_basis(layer.layer_id, "v", v), None, None
-        tk, tv = self._tail_kv(layer, k, v)
-        return (pool.stored_basis(layer.layer_id, "k", tk), pool.stored_basis(layer.layer_id, "v", tv),
-                md.tail.fresh_start, md.tail.fresh_from)
+    def _ring_args(self, layer: AttentionLayer) -> tuple:
+        """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts), or Nones."""
+        tail = self.forward_metadata.tail
+        if tail is None:
+            return None, None, None, None
+        return (*self.token_to_kv_pool.window.ring(layer.layer_id), tail.ring_rows, tail.counts)
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
@@ -299,7 +298,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         """A recent window: the new tokens into their ring entries, after the layer's attention read the old ones."""
         tail = self.forward_metadata.tail
         if tail is not None:
-            self.token_to_kv_pool.window.write(layer.layer_id, k, v, tail)
+            self.token_to_kv_pool.window.write(layer.layer_id, *self._stored_kv(layer, k, v), tail)
 
     def _forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
