@@ -88,7 +88,8 @@ def kernel_errors() -> dict:
 
 def kv_quant_kernel_errors() -> dict:
     """Max abs error of the Triton kernels over each quantized pool format, keyed 'kind|tiles|dtype|page_size|fmt',
-    plus runs with a wrong V scale in the pool ('sensitivity|kind|fmt') that must be far off."""
+    plus runs with a wrong V scale in the pool ('sensitivity|kind|fmt') and against a reference that reads the new
+    tokens through their codes ('codes_reference|kind|fmt'), both of which must be far off."""
     import torch
     from kv_quant_triton_cases import DECODE_CASE, EXTEND_CASE, FORMATS, run_quant_decode, run_quant_extend
 
@@ -111,6 +112,10 @@ def kv_quant_kernel_errors() -> dict:
                                                                          **EXTEND_CASE)
         errors[f"sensitivity|decode|{fmt}"] = run_quant_decode(fmt, 1, torch.float32, scale_error=1.5, **DECODE_CASE)
         errors[f"sensitivity|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, scale_error=1.5, **EXTEND_CASE)
+        errors[f"codes_reference|decode|{fmt}"] = run_quant_decode(fmt, 1, torch.float32, codes_reference=True,
+                                                                   **DECODE_CASE)
+        errors[f"codes_reference|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, codes_reference=True,
+                                                                   **EXTEND_CASE)
     return errors
 
 

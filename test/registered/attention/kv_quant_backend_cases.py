@@ -68,6 +68,8 @@ def one_format(fmt: str, keys_turned: bool = True) -> dict:
         "graph_kv_codes_per_layer": [kv.k.data_ptr() == pool.fields["k"][i].data_ptr() for i, kv in enumerate(kv_args)],
         "graph_uses_graph_workspace": all(a[0][7].data_ptr() == graph_ws.data_ptr() for a in log),
         "graph_grid_all_splits": all(a[1]["max_seq_len"] is None for a in log),
+        # the current token's K/V as computed (the merge folds them in), not its codes
+        "graph_fresh_kv": all(a[1]["k_new"] is not None and a[1]["v_new"] is not None for a in log),
         "rotation_parts": sorted(backend.rotations),
         "pool_turned_parts": sorted(pool.turned_parts),
         "rotation_in_planned_buffer": rotation is not None and all(

@@ -1,8 +1,10 @@
 """Shared by the quantized-KV Triton kernel tests: a one-layer quantized pool (the real QuantizedKVPool: its codec
 writes the codes and scales) with shuffled pages, and runners that return the max abs error of the Triton decode /
-extend kernels, reading the pool's codes in place, against a float64 attention over the pool's own dequantized
-K/V (gather_kv, unrotated: the host's rotation of q and of the output is checked too; a format with fixed channel
-means gets non-zero ones). Not a test file."""
+extend kernels, reading the pool's codes in place, against a float64 attention over the cached tokens' dequantized
+K/V (gather_kv, unrotated: the host's rotation of q, k, v and of the output is checked too; a format with fixed
+channel means gets non-zero ones) and the new tokens' K/V exactly as written (the forward's own, attended as
+computed though the pool holds their codes too). codes_reference=True compares against the old rule instead (the
+new tokens through their codes): the kernels must be far from it. Not a test file."""
 
 import torch
 from triton_attention_cases import reference
@@ -55,6 +57,17 @@ class QuantPagedKV:
         """The pool's own dequantized K/V of request b's first n tokens (fp32, unrotated)."""
         return self.pool.gather_kv(0, self.req_to_token[self.rows[b], :n], torch.float32)
 
+    def attended_kv(self, b, cached, dtype, codes_reference=False):
+        """Request b's K/V as a forward must attend them (float64): its first `cached` tokens (earlier forwards')
+        through their codes, the rest (this forward's new tokens) exactly as written in `dtype`;
+        codes_reference: every token through its codes."""
+        n = self.k_written[b].shape[0]
+        if codes_reference:
+            cached = n
+        k, v = self.seq_kv(b, cached)
+        return (torch.cat([k.double(), self.k_written[b][cached:].to(dtype).double()]),
+                torch.cat([v.double(), self.v_written[b][cached:].to(dtype).double()]))
+
 
 def _rotations(pool):
     """The stored basis' rotations (int4 keys and int2_hadamard's K and V; the plan's table, kv_quant.rotated_parts)."""
@@ -66,25 +79,29 @@ def _rotations(pool):
 
 
 def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_lens=None, num_q_heads=4,
-                     num_kv_heads=2, head_dim=32, num_splits=2):
-    """Max abs error of decode_attention_fwd over a `fmt` pool (scale_error multiplies the fp8 per-head scales /
-    the int formats' per-token scales in the pool after writing, to show a wrong scale fails)."""
+                     num_kv_heads=2, head_dim=32, num_splits=2, codes_reference=False):
+    """Max abs error of decode_attention_fwd over a `fmt` pool, the current token (position seq_len - 1, written to
+    the pool too) given as fresh k_new / v_new (scale_error multiplies the fp8 per-head scales / the int formats'
+    per-token scales in the pool after writing, to show a wrong scale fails)."""
     from sglang.srt.layers.attention.triton_ops import decode_attention_fwd
     from sglang.srt.layers.attention.triton_ops.kv_formats import (into_basis, key_smooth, kv_operands, out_of_basis,
                                                                    value_mean)
 
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    refs = [kv.seq_kv(b, n) for b, n in enumerate(seq_lens)]
+    refs = [kv.attended_kv(b, n - 1, dtype, codes_reference) for b, n in enumerate(seq_lens)]
     _break_scales(kv.pool, scale_error)
     bs, scale = len(seq_lens), head_dim**-0.5
     q = torch.randn(bs, num_q_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    k_new = torch.stack([kv.k_written[b][n - 1] for b, n in enumerate(seq_lens)]).to(dtype)
+    v_new = torch.stack([kv.v_written[b][n - 1] for b, n in enumerate(seq_lens)]).to(dtype)
     r_k, r_v = _rotations(kv.pool)
     v_mean = value_mean(kv.pool, 0)
     o = torch.empty(bs, num_q_heads, head_dim, dtype=dtype)
     partial = torch.full((bs + 2, num_q_heads, num_splits, head_dim), float("nan"))
     lse = torch.full((bs + 2, num_q_heads, num_splits), float("nan"))
-    decode_attention_fwd(into_basis(q, None, None, r_k, r_v, v_mean, key_smooth(kv.pool, 0))[0], None, None, o, kv.req_to_token, kv.rows,
-                         torch.tensor(seq_lens), partial, lse, scale, tiles=tiles, kv=kv_operands(kv.pool, 0))
+    q_b, k_b, v_b = into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0))
+    decode_attention_fwd(q_b, None, None, o, kv.req_to_token, kv.rows, torch.tensor(seq_lens), partial, lse, scale,
+                         tiles=tiles, kv=kv_operands(kv.pool, 0), k_new=k_b, v_new=v_b)
     o = out_of_basis(o, r_v, v_mean)
     err = 0.0
     for b, n in enumerate(seq_lens):
@@ -94,17 +111,16 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
 
 
 def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_lens=None, extend_lens=None,
-                     num_q_heads=6, num_kv_heads=2, head_dim=32):
-    """Max abs error of extend_attention_fwd over a `fmt` pool: a request with a cached prefix attends to the pool's
-    dequantized rows (its new tokens included, written before), one without to its fresh K/V (torch_native's rule)."""
+                     num_q_heads=6, num_kv_heads=2, head_dim=32, codes_reference=False):
+    """Max abs error of extend_attention_fwd over a `fmt` pool: every request attends to its cached prefix's
+    dequantized rows and to its new tokens' fresh K/V as given (their codes are in the pool too)."""
     from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
     from sglang.srt.layers.attention.triton_ops.kv_formats import (into_basis, key_smooth, kv_operands, out_of_basis,
                                                                    value_mean)
 
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    refs = [kv.seq_kv(b, n) if p > 0 else (kv.k_written[b].to(dtype), kv.v_written[b].to(dtype))
-            for b, (p, n) in enumerate(zip(prefix_lens, seq_lens))]
+    refs = [kv.attended_kv(b, p, dtype, codes_reference) for b, p in enumerate(prefix_lens)]
     _break_scales(kv.pool, scale_error)
     total, scale = sum(extend_lens), head_dim**-0.5
     q = torch.randn(total, num_q_heads, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -114,9 +130,9 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
     v_mean = value_mean(kv.pool, 0)
     o = torch.full((total, num_q_heads, head_dim), float("nan"), dtype=dtype)
     qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
-    extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0)), o, None, None, kv.req_to_token, kv.rows,
-                         qo_start, torch.tensor(extend_lens), torch.tensor(prefix_lens), max(extend_lens), scale,
-                         tiles=tiles, kv=kv_operands(kv.pool, 0))
+    extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0)), o, None, None,
+                         kv.req_to_token, kv.rows, qo_start, torch.tensor(extend_lens), torch.tensor(prefix_lens),
+                         max(extend_lens), scale, tiles=tiles, kv=kv_operands(kv.pool, 0))
     o = out_of_basis(o, r_v, v_mean)
     err, start = 0.0, 0
     for b, (p, e) in enumerate(zip(prefix_lens, extend_lens)):

@@ -3,7 +3,8 @@
     size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4;
   * CUDA-graph decode: after init_forward_metadata_capture_cuda_graph, every kernel launch gets the pool's own code
     and scale buffers (views of pool.fields / pool.fixed, layer by layer: what a captured graph reads at replay),
-    the planned graph workspace and the full split grid, and the output still equals torch_native's;
+    the planned graph workspace, the full split grid and the current token's fresh K/V, and the output still equals
+    torch_native's (both attend a forward's new tokens as computed, cached ones through their codes);
   * the rotated formats' matrices live in the planned kv_rotation buffer (mem_plan/backends.py declares it from
     kv_quant.rotated_parts, which must agree with the codec) and equal the pool's rotation.
 The kernels' own accuracy per format is test_triton_kv_quant_interpreted.py's."""
@@ -53,6 +54,7 @@ class TestTritonKVQuantBackend(unittest.TestCase):
                 self.assertEqual(r["graph_kv_codes_per_layer"], [True, True])
                 self.assertTrue(r["graph_uses_graph_workspace"])
                 self.assertTrue(r["graph_grid_all_splits"])
+                self.assertTrue(r["graph_fresh_kv"])
 
     def test_rotation_is_planned(self):
         for fmt in FORMATS:

@@ -2,8 +2,9 @@
 interpreted_run.py): through sglang.Engine, a small random-weight Qwen3 (GQA 2:1) in fp32 gives the greedy tokens
 of torch_native reading the same --kv-cache-dtype (both read the same codes: torch_native through its dequantizing
 gather, Triton in-kernel), for a batch of mixed prompt lengths and then requests that extend a cached prefix (radix
-hits: their new tokens are read back from the quantized pool), at page size 16. fp8_e4m3 calibrates its per-head
-scales at startup through the Triton backend's prefill (kv_calibration.py), so both engines hold the same scales."""
+hits: the cached prefix read through its codes, the new tokens attended as computed), at page size 16. fp8_e4m3
+calibrates its per-head scales at startup through the Triton backend's prefill (kv_calibration.py), so both engines
+hold the same scales."""
 
 import json
 

@@ -14,10 +14,13 @@ Planned buffers (mem_plan/backends.py, allocated once by AttentionBackend.__init
       (G = --cuda-graph-max-bs; init_forward_metadata_capture_cuda_graph). No kv-index buffers: the kernels read
       req_to_token and derive the splits from seq_lens.
   kv_rotation fp32 [parts, D, D]: with a rotated --kv-cache-dtype (int4, int2_hadamard) the pool's rotation per
-      rotated part; the query (and a prefill's fresh K/V) turn by it before the kernels, the output back after.
+      rotated part; the query (and a forward's fresh K/V) turn by it before the kernels, the output back after.
 
 A quantized pool (fp8 with per-(layer, head) scales, int8, int4, int2_hadamard) is read in place: each launch gets
-the layer's views of the pool's code and scale buffers (triton_ops/kv_formats.py), also under CUDA graphs.
+the layer's views of the pool's code and scale buffers (triton_ops/kv_formats.py), also under CUDA graphs. A forward
+attends its own new tokens as computed (their fresh K/V in the stored basis: an extend's loop over k/v, a decode's
+current token folded in by the merge) and only the tokens of earlier forwards through their codes; the new K/V are
+written all the same, for later forwards. A plain pool's decode reads the just-written row from the pool.
 """
 
 from __future__ import annotations
@@ -165,19 +168,22 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
-        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; the new token's K/V must be in the pool before attending
+        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; a plain pool's decode reads the new token from the pool
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
         f, pool = self.kv_formats, self.token_to_kv_pool
+        kv = f.kv_operands(pool, layer.layer_id)
         r_v, v_mean = self._turn("v"), f.value_mean(pool, layer.layer_id)
-        q = f.into_basis(q, None, None, self._turn("k"), None, None, f.key_smooth(pool, layer.layer_id))[0]
+        q, k, v = f.into_basis(q, k, v, self._turn("k"), r_v, v_mean, f.key_smooth(pool, layer.layer_id))
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
+        fresh = kv.quantized  # a quantized pool: the current token's K/V as computed, not its codes
         self.ops.decode_attention_fwd(
             q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
-            layer.scaling, max_seq_len=md.max_seq_len, kv=f.kv_operands(pool, layer.layer_id),
+            layer.scaling, max_seq_len=md.max_seq_len, kv=kv, k_new=k if fresh else None,
+            v_new=v if fresh else None,
         )
         return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
 

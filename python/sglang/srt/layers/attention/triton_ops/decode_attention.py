@@ -1,16 +1,22 @@
 """Split-KV paged decode attention: one query token per request against its whole sequence in the KV pool.
 
+With the current token's fresh K/V given (k_new / v_new: a quantized pool, whose codes of that token would only add
+quantization error to the key the query weighs most), the pool is read for the n = seq_len - 1 cached tokens and the
+merge folds the fresh token in as one more softmax term; without them n = seq_len, every token from the pool.
+
 Two kernels per layer:
   1. `_decode_split_kernel`, grid (B, KV heads, num_kv_splits): the program for (b, kv head g, split s) takes the
      G = H_q / KV query heads that share KV head g as the rows of one tile (so GQA reads each K/V token once per
      group) and attends over the token range of split s. Request b uses k_b = min(num_kv_splits,
-     ceil(seq_len / tiles.decode_min_split_tokens)) splits of L = ceil(seq_len / k_b) tokens each: split s covers tokens
-     [s * L, min((s + 1) * L, seq_len)); programs of splits s >= k_b (short sequences) return at once. Token t of
-     request b lives in pool slot req_to_token[req_pool_indices[b], t] (any page size: the table holds one slot per
-     token). A split writes its normalised partial output to partial_out[b, h, s, :] and its log-sum-exp to
-     lse[b, h, s].
+     ceil(n / tiles.decode_min_split_tokens)) splits of L = ceil(n / k_b) tokens each: split s covers tokens
+     [s * L, min((s + 1) * L, n)); programs of splits s >= k_b (short sequences) and of empty splits (n = 0)
+     return at once. Token t of request b lives in pool slot req_to_token[req_pool_indices[b], t] (any page size:
+     the table holds one slot per token). A split writes its normalised partial output to partial_out[b, h, s, :]
+     and its log-sum-exp to lse[b, h, s].
   2. `_decode_merge_kernel`, grid (B,): merges the k_b splits of every head of request b by their log-sum-exp
-     weights (recomputing the same split ranges) and writes o[b, :, :] in the output dtype.
+     weights (recomputing the same split ranges), then the fresh token (score sm_scale * q . k_new, value v_new) when
+     given, and writes o[b, :, :] in the output dtype. Both read only device tensors: the same launch under CUDA
+     graphs.
 
 The pool is read in its stored format (kv_formats.KVOperands; kv_dequant.py folds the scales into q.k and p.v), so a
 quantized pool is never dequantized into a copy.
@@ -42,13 +48,13 @@ def _decode_split_kernel(
     stride_r2t, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr,
+    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr, FRESH: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
 
-    seq_len = tl.load(Seq_lens + b).to(tl.int64)
+    seq_len = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens read from the pool
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
     start = split * split_len
@@ -89,13 +95,15 @@ def _decode_split_kernel(
 
 @lazy_jit
 def _decode_merge_kernel(
-    Partial_out, Lse, Seq_lens, O,
+    Partial_out, Lse, Seq_lens, O, Q, K_new, V_new, sm_scale,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_DV: tl.constexpr, FRESH: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    seq_len = tl.load(Seq_lens + b).to(tl.int64)
+    seq_len = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens the splits read from the pool
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
     offs_h = tl.arange(0, BLOCK_HQ)
@@ -117,6 +125,19 @@ def _decode_merge_kernel(
             acc = acc * rescale[:, None] + w[:, None] * part
             weight_sum = weight_sum * rescale + w
             m_run = m_new
+    if FRESH:  # the current token as computed: one more term, in fp32 (its KV head: h // GROUP)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_qd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+        kv_heads = offs_h // GROUP
+        q = tl.load(Q + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=mask_qd, other=0.0)
+        k = tl.load(K_new + b * stride_knb + kv_heads[:, None] * stride_knh + offs_d[None, :], mask=mask_qd, other=0.0)
+        v = tl.load(V_new + b * stride_vnb + kv_heads[:, None] * stride_vnh + offs_dv[None, :], mask=mask, other=0.0)
+        score = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * sm_scale
+        m_new = tl.maximum(m_run, score)
+        rescale = tl.exp(m_run - m_new)
+        w = tl.exp(score - m_new)
+        acc = acc * rescale[:, None] + w[:, None] * v.to(tl.float32)
+        weight_sum = weight_sum * rescale + w
     tl.store(O + b * stride_ob + offs_h[:, None] * stride_oh + offs_dv[None, :],
              (acc / weight_sum[:, None]).to(O.dtype.element_ty), mask=mask)
 
@@ -125,7 +146,7 @@ def decode_attention_fwd(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, o: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, partial_out: torch.Tensor, lse: torch.Tensor,
     sm_scale: float, tiles: AttentionTiles | None = None, max_seq_len: int | None = None,
-    kv: KVOperands | None = None,
+    kv: KVOperands | None = None, k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """o[b, h] = softmax(q[b, h] . K_b^T * sm_scale) V_b over the first seq_lens[b] tokens of request b.
 
@@ -135,7 +156,10 @@ def decode_attention_fwd(
     partial_out fp32 [>= B, H_q, splits, Dv], lse fp32 [>= B, H_q, splits] (splits = partial_out.shape[2]).
     max_seq_len: max(seq_lens) when the host knows it (eager decode): the grid then has only the splits the longest
     request uses. None (CUDA graphs: a fixed grid) launches all splits; the unused ones return at once.
-    A rotated format (kv.rotated) expects q in its rotated basis and gives o in the V part's (the backend turns them).
+    k_new [B, KV, D], v_new [B, KV, Dv]: this forward's K/V of each request's current token (position seq_len - 1),
+    attended as given instead of the pool's row there (a quantized pool: the backend passes them); None: every token
+    is read from the pool. A rotated format (kv.rotated) expects q (and k_new / v_new) in its stored basis and gives o
+    in the V part's (the backend turns them).
     """
     kv = kv or plain_operands(k_pool, v_pool)
     bs, num_q_heads, head_dim = q.shape
@@ -146,12 +170,20 @@ def decode_attention_fwd(
     assert partial_out.shape[0] >= bs and partial_out.shape[1] == num_q_heads and partial_out.shape[3] == v_dim, (
         f"split-KV workspace {tuple(partial_out.shape)} does not fit batch {bs} x {num_q_heads} heads x {v_dim}")
     assert q.stride(2) == 1 and o.stride(2) == 1
+    fresh = k_new is not None
+    assert fresh == (v_new is not None), "k_new and v_new go together"
+    if fresh:
+        assert k_new.shape == (bs, num_kv_heads, head_dim) and v_new.shape == (bs, num_kv_heads, v_dim), (
+            tuple(k_new.shape), tuple(v_new.shape))
+        assert k_new.stride(2) == 1 and v_new.stride(2) == 1
+    else:
+        k_new, v_new = q, o  # stand-ins, never read (FRESH=0)
     tiles = tiles or default_tiles()
     group = num_q_heads // num_kv_heads
     block_dv = dot_tile(v_dim)
     grid_splits = num_splits
-    if max_seq_len is not None:
-        grid_splits = max(1, min(num_splits, triton.cdiv(max_seq_len, tiles.decode_min_split_tokens)))
+    if max_seq_len is not None:  # the pool tokens of the longest request
+        grid_splits = max(1, min(num_splits, triton.cdiv(max_seq_len - fresh, tiles.decode_min_split_tokens)))
     _decode_split_kernel[(bs, num_kv_heads, grid_splits)](
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token, req_pool_indices,
         seq_lens, partial_out, lse, sm_scale,
@@ -159,13 +191,15 @@ def decode_attention_fwd(
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_H=max(MIN_DOT_TILE, triton.next_power_of_2(group)), BLOCK_D=dot_tile(head_dim), BLOCK_DV=block_dv,
-        BLOCK_N=tiles.decode_block_n, KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales,
+        BLOCK_N=tiles.decode_block_n, KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales, FRESH=int(fresh),
     )
     _decode_merge_kernel[(bs,)](
-        partial_out, lse, seq_lens, o,
+        partial_out, lse, seq_lens, o, q, k_new, v_new, sm_scale,
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
-        o.stride(0), o.stride(1),
+        o.stride(0), o.stride(1), q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
+        v_new.stride(1),
         NUM_HEADS=num_q_heads, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_DV=block_dv,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_DV=block_dv, FRESH=int(fresh), GROUP=group,
+        HEAD_DIM=head_dim, BLOCK_D=dot_tile(head_dim),
     )
     return o

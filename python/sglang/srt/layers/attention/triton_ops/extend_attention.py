@@ -12,10 +12,10 @@ softmax runs over:
      mask j <= i (new token i sits at sequence position prefix_len + i).
 q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
 the extend lengths. Both loops take their softmax steps with online_softmax.attend_key_block (shared with decode).
-A quantized pool (kv_formats.KVOperands: codes and scales read in place, kv_dequant.py) changes loop 1 for a request
-with a cached prefix: it runs over the whole sequence [0, prefix_len + new tokens of this block) from the pool with
-the causal mask t <= prefix_len + i, and loop 2 is skipped -- the new tokens are read back as stored, as torch_native
-reads them; a request without a prefix attends to the fresh k/v (loop 2 only).
+A quantized pool (kv_formats.KVOperands: codes and scales read in place, kv_dequant.py) only changes how loop 1 reads
+the prefix: the new tokens are attended as computed (loop 2 over the fresh k/v, which the backend gives in the pool's
+stored basis), never read back from the codes just written -- a token's own key and its chunk's keys weigh most, and
+their quantization error is what a forward can avoid. Later forwards read them from the codes as cached prefix.
 """
 
 from __future__ import annotations
@@ -72,30 +72,22 @@ def _extend_kernel(
             qk_scale = sm_scale * tl.load(K_head_scale + kv_head)
             v_scale = tl.load(V_head_scale + kv_head)
 
-        # keys up to the last new token of this block
-        keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
-        pool_end = prefix_len
-        fresh_end = keys_end
-        if KV_FORMAT != FMT_PLAIN:  # a request with a cached prefix reads its new tokens back from the pool, too
-            pool_end = tl.where(prefix_len > 0, prefix_len + keys_end, 0)
-            fresh_end = tl.where(prefix_len > 0, 0, keys_end)
-
-        # 1. the pool (the cached prefix), through req_to_token; causal for pool rows that are new tokens
-        for n0 in range(0, pool_end, BLOCK_N):
+        # 1. the pool (the cached prefix), through req_to_token; every query row sees all of it
+        for n0 in range(0, prefix_len, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < pool_end
+            mask_n = offs_n < prefix_len
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-            causal = ((prefix_len + tok)[:, None] >= offs_n[None, :]) & mask_n[None, :]
             acc, m_i, l_i = attend_key_block(
                 q, q_sum, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh,
                 K_scale + kv_head * stride_ksh, V_scale + kv_head * stride_vsh, slots, stride_kt, stride_vt,
-                stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, causal, qk_scale, v_scale,
+                stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], qk_scale, v_scale,
                 KV_FORMAT)
 
-        # 2. the new tokens of this forward (model dtype), causally
-        for n0 in range(0, fresh_end, BLOCK_N):
+        # 2. the new tokens of this forward (model dtype, as computed), causally up to the last one of this block
+        keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
+        for n0 in range(0, keys_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < fresh_end
+            mask_n = offs_n < keys_end
             causal = (tok[:, None] >= offs_n[None, :]) & mask_n[None, :]
             acc, m_i, l_i = attend_key_block(
                 q, q_sum, m_i, l_i, acc, K_new + kv_head * stride_knh, V_new + kv_head * stride_vnh, K_new, V_new,
@@ -116,8 +108,8 @@ def extend_attention_fwd(
 
     q [N, H_q, D], k [N, KV, D], v [N, KV, Dv] (the new tokens, requests concatenated); o [N, H_q, Dv] (written);
     k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of a plain pool; ignored when `kv` is given); kv: one layer of
-    a quantized pool (kv_formats.kv_operands), read in place -- a request with a cached prefix then reads its new
-    tokens from the pool as well (they must be written first), one without attends to k/v as given;
+    a quantized pool (kv_formats.kv_operands), read in place for the cached prefix only (k/v, the new tokens, are
+    attended as given: in the pool's stored basis);
     req_to_token [rows, max_ctx]; req_pool_indices, qo_start, extend_lens, prefix_lens [B];
     max_extend_len = max(extend_lens) (sizes the grid). A rotated format expects q, k (and v when V is rotated) in
     its rotated basis and gives o in the V part's.

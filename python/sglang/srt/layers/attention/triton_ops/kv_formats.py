@@ -38,6 +38,10 @@ class KVOperands:
         return self.k.shape[1]
 
     @property
+    def quantized(self) -> bool:
+        return self.format_id != FORMAT_IDS[""]
+
+    @property
     def head_scales(self) -> bool:
         return self.format_id in FP8_IDS
 
@@ -76,7 +80,7 @@ def kv_operands(pool, layer_id: int) -> KVOperands:
 
 def turn(x: torch.Tensor, r) -> torch.Tensor:
     """x [..., D] @ r [D, D] (fp32 product, back in x's dtype); r None: x itself. The rotated formats are attended
-    in their rotated basis: the query (and a prefill's fresh K/V) turn by R in, the output by R^T out."""
+    in their rotated basis: the query (and a forward's fresh K/V) turn by R in, the output by R^T out."""
     return x if r is None else (x.float() @ r).to(x.dtype)
 
 
@@ -106,7 +110,7 @@ def smooth_query(q: torch.Tensor, w) -> torch.Tensor:
 
 
 def into_basis(q, k, v, r_k, r_v, v_mean, k_smooth=None):
-    """q, and a prefill's fresh k / v, in the basis the pool's codes are attended in: keys times int4's multiplier
+    """q, and a forward's fresh k / v, in the basis the pool's codes are attended in: keys times int4's multiplier
     (the query divided by it), turned by the rotations, V less its mean (so the output, turned back, takes the mean
     once: out_of_basis). In fp32, rounded to the input dtype once."""
     if v is not None and v_mean is not None:
