@@ -2,7 +2,10 @@
 
 Requests grow through real allocator pages (so page_size > 1 gives scattered, partly filled pages), and every step
 runs `init_forward_metadata` + one forward per layer on both backends with the same q/k/v; the K/V each writes are
-identical, so sharing the pools is safe.
+identical, so sharing the pools is safe. A quantized format with a recent window (int4, int2_hadamard) gets its ring
+as a server's pool has it (window=False: none); both backends claim and write ring entries, so `compare` runs the
+backend, keeps the ring it left, puts back the ring from before and runs torch_native: both see the same ring, and
+what the backend wrote can be compared with what torch_native wrote (ring_diffs).
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ class BackendHarness:
     def __init__(self, backend: str, *, page_size: int = 1, num_q_heads: int = 6, num_kv_heads: int = 2,
                  head_dim: int = 32, dtype=torch.bfloat16, num_reqs: int = 4, context_len: int = 512,
                  graph_bs: int = 0, num_layers: int = 2, pool_tokens: int = 2048, seed: int = 0,
-                 device: str = "cpu", kv_format: str = ""):
+                 device: str = "cpu", kv_format: str = "", window: bool = True):
         self.gen = torch.Generator().manual_seed(seed)
         self.dtype, self.num_layers, self.device = dtype, num_layers, device
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.r2t = ReqToTokenPool(num_reqs, req_to_token_row_len(context_len), device)
         if kv_format:  # a quantized pool (mem_cache/quantized_kv_pool.py): both backends read its codes
             self.pool = create_kv_pool(kv_format, pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers,
-                                       device)
+                                       device, window_rows=self.r2t.req_to_token.shape[0] if window else 0)
+            if getattr(self.pool, "window", None) is not None:
+                self.r2t.on_alloc.append(self.pool.window.forget)
         else:
             self.pool = MHATokenToKVPool(pool_tokens, page_size, dtype, num_kv_heads, head_dim, num_layers, device)
         self.allocator = TokenToKVPoolAllocator(pool_tokens, page_size)
@@ -50,6 +55,7 @@ class BackendHarness:
         self.layers = [SimpleNamespace(layer_id=i, scaling=head_dim ** -0.5, v_head_dim=head_dim)
                        for i in range(num_layers)]
         self.lens: dict = {}  # request row -> tokens stored
+        self.ring_diffs: List[float] = []  # per compare: the backend's ring vs torch_native's (inf: other slots)
 
     def new_request(self) -> int:
         row = self.r2t.alloc()
@@ -97,8 +103,26 @@ class BackendHarness:
         """(backend outputs, torch_native outputs) per layer, [N, H * D] each."""
         fb = self.batch(rows, new_lens)
         qkv = self.qkv(sum(new_lens))
-        got = self.run(self.backend, fb, qkv)
+        return self.compare(fb, qkv, lambda: self.run(self.backend, fb, qkv))
+
+    def window_state(self):
+        w = getattr(self.pool, "window", None)
+        return None if w is None else [t.clone() for t in (w.k, w.v, w.loc)]
+
+    def compare(self, fb: ForwardBatch, qkv, run_backend):
+        """run_backend() (the backend's outputs), then torch_native's over the ring as it was before."""
+        before = self.window_state()
+        got = run_backend()
+        if before is not None:
+            w, after = self.pool.window, self.window_state()
+            for t, saved in zip((w.k, w.v, w.loc), before):
+                t.copy_(saved)
         want = self.run(self.reference, fb, qkv)
+        if before is not None:
+            k, v, loc = self.window_state()
+            same = torch.equal(loc, after[2])
+            self.ring_diffs.append(max(float((k.float() - after[0].float()).abs().max()),
+                                       float((v.float() - after[1].float()).abs().max())) if same else float("inf"))
         return got, want
 
 

@@ -4,7 +4,10 @@ extend kernels, reading the pool's codes in place, against a float64 attention o
 K/V (gather_kv, unrotated: the host's rotation of q, k, v and of the output is checked too; a format with fixed
 channel means gets non-zero ones) and the new tokens' K/V exactly as written (the forward's own, attended as
 computed though the pool holds their codes too). codes_reference=True compares against the old rule instead (the
-new tokens through their codes): the kernels must be far from it. Not a test file."""
+new tokens through their codes): the kernels must be far from it. ring_counts: the formats with a recent window
+(int4, int2_hadamard) read request b's last ring_counts[b] cached tokens from a ring (kv_formats.RingOperands: bf16,
+in the pool's stored basis, noise in every other entry), the reference those rows turned back;
+ring_codes_reference=True reads them through their codes instead (a kernel ignoring the ring). Not a test file."""
 
 import torch
 from triton_attention_cases import reference
@@ -15,6 +18,11 @@ FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard")
 DECODE_CASE = dict(seq_lens=[1, 5, 40, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, num_splits=2)
 # no prefix (attends to the fresh K/V), a prefix ending mid-page, a one-token extend after a prefix
 EXTEND_CASE = dict(prefix_lens=[0, 20, 9], extend_lens=[6, 11, 1], num_q_heads=6, num_kv_heads=2, head_dim=32)
+WINDOW_FORMATS = ("int4", "int2_hadamard")  # mem_plan/kv_quant.RECENT_WINDOW_TOKENS
+# ring counts: no cached token, every cached token (no codes read), a full ring that wraps, a partial one; the last
+# decode request has code tokens in two splits with the GPU tiles
+RING_DECODE_CASE = dict(DECODE_CASE, seq_lens=[1, 5, 40, 17, 90], ring_counts=[0, 4, 16, 9, 16])
+RING_EXTEND_CASE = dict(EXTEND_CASE, ring_counts=[0, 16, 9])
 
 
 class QuantPagedKV:
@@ -57,16 +65,42 @@ class QuantPagedKV:
         """The pool's own dequantized K/V of request b's first n tokens (fp32, unrotated)."""
         return self.pool.gather_kv(0, self.req_to_token[self.rows[b], :n], torch.float32)
 
-    def attended_kv(self, b, cached, dtype, codes_reference=False):
+    def attended_kv(self, b, cached, dtype, codes_reference=False, ring=None):
         """Request b's K/V as a forward must attend them (float64): its first `cached` tokens (earlier forwards')
-        through their codes, the rest (this forward's new tokens) exactly as written in `dtype`;
-        codes_reference: every token through its codes."""
+        through their codes (the last ring.counts[b] of them: the ring's rows, turned back), the rest (this forward's
+        new tokens) exactly as written in `dtype`; codes_reference: every token through its codes."""
         n = self.k_written[b].shape[0]
         if codes_reference:
             cached = n
         k, v = self.seq_kv(b, cached)
+        if ring is not None:
+            entries = self._ring_entries(ring, b, cached)
+            k[len(k) - len(entries):] = self.pool.plain_basis(0, "k", ring.k[entries])
+            v[len(v) - len(entries):] = self.pool.plain_basis(0, "v", ring.v[entries])
         return (torch.cat([k.double(), self.k_written[b][cached:].to(dtype).double()]),
                 torch.cat([v.double(), self.v_written[b][cached:].to(dtype).double()]))
+
+    def _ring_entries(self, ring, b, cached):
+        """The ring entries of request b's cached positions [cached - count, cached)."""
+        return self.rows[b] * ring.window + torch.arange(cached - int(ring.counts[b]), cached) % ring.window
+
+    def ring(self, cached_lens, counts):
+        """A ring as a server's holds it: request b's positions [cached - counts[b], cached) in the pool's stored
+        basis (QuantizedKVPool.stored_basis of the written K/V) in bf16 at entry row * W + position % W, noise
+        (8x the K/V's scale) in every other entry."""
+        from sglang.srt.layers.attention.triton_ops.kv_formats import RingOperands
+        from sglang.srt.mem_plan.kv_quant import recent_window
+
+        window, g = recent_window(self.pool.kv_format), torch.Generator().manual_seed(3)
+        shape = (self.req_to_token.shape[0] * window, self.pool.head_num)
+        ring = RingOperands(*(torch.randn(*shape, d, generator=g).mul(8).bfloat16()
+                              for d in (self.pool.head_dim, self.pool.v_head_dim)),
+                            self.rows.clone(), torch.tensor(counts, dtype=torch.int64), window)
+        for b, (p, c) in enumerate(zip(cached_lens, counts)):
+            entries = self._ring_entries(ring, b, p)
+            ring.k[entries] = self.pool.stored_basis(0, "k", self.k_written[b][p - c : p]).bfloat16()
+            ring.v[entries] = self.pool.stored_basis(0, "v", self.v_written[b][p - c : p]).bfloat16()
+        return ring
 
 
 def _rotations(pool):
@@ -79,7 +113,8 @@ def _rotations(pool):
 
 
 def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_lens=None, num_q_heads=4,
-                     num_kv_heads=2, head_dim=32, num_splits=2, codes_reference=False):
+                     num_kv_heads=2, head_dim=32, num_splits=2, codes_reference=False, ring_counts=None,
+                     ring_codes_reference=False):
     """Max abs error of decode_attention_fwd over a `fmt` pool, the current token (position seq_len - 1, written to
     the pool too) given as fresh k_new / v_new (scale_error multiplies the fp8 per-head scales / the int formats'
     per-token scales in the pool after writing, to show a wrong scale fails)."""
@@ -88,7 +123,9 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
                                                                    value_mean)
 
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    refs = [kv.attended_kv(b, n - 1, dtype, codes_reference) for b, n in enumerate(seq_lens)]
+    ring = kv.ring([n - 1 for n in seq_lens], ring_counts) if ring_counts else None
+    ref_ring = None if ring_codes_reference else ring
+    refs = [kv.attended_kv(b, n - 1, dtype, codes_reference, ref_ring) for b, n in enumerate(seq_lens)]
     _break_scales(kv.pool, scale_error)
     bs, scale = len(seq_lens), head_dim**-0.5
     q = torch.randn(bs, num_q_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -101,7 +138,7 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
     lse = torch.full((bs + 2, num_q_heads, num_splits), float("nan"))
     q_b, k_b, v_b = into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0))
     decode_attention_fwd(q_b, None, None, o, kv.req_to_token, kv.rows, torch.tensor(seq_lens), partial, lse, scale,
-                         tiles=tiles, kv=kv_operands(kv.pool, 0), k_new=k_b, v_new=v_b)
+                         tiles=tiles, kv=kv_operands(kv.pool, 0), k_new=k_b, v_new=v_b, ring=ring)
     o = out_of_basis(o, r_v, v_mean)
     err = 0.0
     for b, n in enumerate(seq_lens):
@@ -111,7 +148,8 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
 
 
 def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_lens=None, extend_lens=None,
-                     num_q_heads=6, num_kv_heads=2, head_dim=32, codes_reference=False):
+                     num_q_heads=6, num_kv_heads=2, head_dim=32, codes_reference=False, ring_counts=None,
+                     ring_codes_reference=False):
     """Max abs error of extend_attention_fwd over a `fmt` pool: every request attends to its cached prefix's
     dequantized rows and to its new tokens' fresh K/V as given (their codes are in the pool too)."""
     from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
@@ -120,7 +158,9 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
 
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    refs = [kv.attended_kv(b, p, dtype, codes_reference) for b, p in enumerate(prefix_lens)]
+    ring = kv.ring(prefix_lens, ring_counts) if ring_counts else None
+    ref_ring = None if ring_codes_reference else ring
+    refs = [kv.attended_kv(b, p, dtype, codes_reference, ref_ring) for b, p in enumerate(prefix_lens)]
     _break_scales(kv.pool, scale_error)
     total, scale = sum(extend_lens), head_dim**-0.5
     q = torch.randn(total, num_q_heads, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -132,7 +172,7 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
     qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
     extend_attention_fwd(*into_basis(q, k_new, v_new, r_k, r_v, v_mean, key_smooth(kv.pool, 0)), o, None, None,
                          kv.req_to_token, kv.rows, qo_start, torch.tensor(extend_lens), torch.tensor(prefix_lens),
-                         max(extend_lens), scale, tiles=tiles, kv=kv_operands(kv.pool, 0))
+                         max(extend_lens), scale, tiles=tiles, kv=kv_operands(kv.pool, 0), ring=ring)
     o = out_of_basis(o, r_v, v_mean)
     err, start = 0.0, 0
     for b, (p, e) in enumerate(zip(prefix_lens, extend_lens)):

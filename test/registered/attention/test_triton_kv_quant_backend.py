@@ -1,10 +1,16 @@
 """--attention-backend triton over a quantized KV pool (every --kv-cache-dtype format), in the Triton interpreter:
   * the backend against torch_native on the same pool (BackendHarness: prefill, extend over a cached prefix at page
-    size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4;
-  * CUDA-graph decode: after init_forward_metadata_capture_cuda_graph, every kernel launch gets the pool's own code
-    and scale buffers (views of pool.fields / pool.fixed, layer by layer: what a captured graph reads at replay),
-    the planned graph workspace, the full split grid and the current token's fresh K/V, and the output still equals
-    torch_native's (both attend a forward's new tokens as computed, cached ones through their codes);
+    size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4; int4 and int2_hadamard with their recent window (as
+    a server's pool has it: both backends read a request's newest cached tokens from the ring, each from the same ring
+    state) and int4 without one; after every step the ring the backend wrote equals torch_native's (same slots, same
+    bf16 rows in the stored basis);
+  * CUDA-graph decode: init_forward_metadata_capture_cuda_graph once, then two forwards over the graph's input
+    tensors (as warm-up / capture / replay run them), each the next decode step: every kernel launch gets the pool's
+    own code and scale buffers (views of pool.fields / pool.fixed, layer by layer: what a captured graph reads at
+    replay), the window's own ring buffers, the planned graph workspace, the full split grid and the current token's
+    fresh K/V; the recent window's tail is made by each forward itself (one per forward, shared by its layers: so a
+    graph holds its kernels), without a host sync or a data-dependent shape; the output and the ring still equal
+    torch_native's (both attend a forward's new tokens as computed, cached ones through their codes or the ring);
   * the rotated formats' matrices live in the planned kv_rotation buffer (mem_plan/backends.py declares it from
     kv_quant.rotated_parts, which must agree with the codec) and equal the pool's rotation.
 The kernels' own accuracy per format is test_triton_kv_quant_interpreted.py's."""
@@ -12,7 +18,7 @@ The kernels' own accuracy per format is test_triton_kv_quant_interpreted.py's.""
 import unittest
 
 from interpreted_run import run_in_interpreter
-from kv_quant_triton_cases import FORMATS
+from kv_quant_triton_cases import FORMATS, WINDOW_FORMATS
 
 from sglang.srt.mem_cache import kv_quant_codec
 from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs, declare
@@ -30,11 +36,19 @@ class TestTritonKVQuantBackend(unittest.TestCase):
         cls.results = run_in_interpreter("kv_quant_backend")
 
     def test_matches_torch_native(self):
-        for fmt in FORMATS:
+        for fmt in FORMATS + ("int4 no window",):
             r = self.results[fmt]
             with self.subTest(fmt=fmt):
+                self.assertEqual(r["window"], fmt in WINDOW_FORMATS)
                 self.assertLess(max(r["step_diffs"]), TOL, r["step_diffs"])
                 self.assertLess(r["graph_diff"], TOL)
+
+    def test_writes_the_ring_as_torch_native(self):
+        for fmt in WINDOW_FORMATS:
+            r = self.results[fmt]
+            with self.subTest(fmt=fmt):
+                self.assertEqual(r["step_ring_diffs"], [0.0] * 4)  # prefill, extend, two decode steps
+                self.assertEqual(r["graph_ring_diffs"], [0.0] * 2)
 
     def test_checkpoint_scales_keep_fp8_keys_plain(self):
         """fp8 scales from a checkpoint were measured on plain keys: the pool stores them plain and the backend leaves
@@ -49,9 +63,14 @@ class TestTritonKVQuantBackend(unittest.TestCase):
         for fmt in FORMATS:
             r = self.results[fmt]
             with self.subTest(fmt=fmt):
-                self.assertEqual(r["graph_launches"], 2)  # one per layer
+                self.assertEqual(r["graph_launches"], 4)  # one per layer, two forwards
                 self.assertTrue(r["graph_kv_are_pool_buffers"])
-                self.assertEqual(r["graph_kv_codes_per_layer"], [True, True])
+                self.assertEqual(r["graph_kv_codes_per_layer"], [True] * 4)
+                self.assertTrue(r["graph_ring_is_window"])
+                self.assertEqual(r["graph_host_syncs"], [])
+                if fmt in WINDOW_FORMATS:
+                    self.assertTrue(r["graph_tail_left_to_forward"])
+                    self.assertEqual(r["graph_tail_per_forward"], [[True, True, True]])
                 self.assertTrue(r["graph_uses_graph_workspace"])
                 self.assertTrue(r["graph_grid_all_splits"])
                 self.assertTrue(r["graph_fresh_kv"])

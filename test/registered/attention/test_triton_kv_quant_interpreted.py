@@ -7,14 +7,17 @@ holds their codes too): GQA, ragged lengths (a one-token decode), page sizes 1 a
 cached prefix, fp32 and fp16 queries, the interpreter and GPU tile sets. A pool whose V scales are 1.5x off (fp8: the
 per-head scale; int8 / int4: the per-token scale; int2_hadamard: its log-scale byte, 2x) is far outside the
 tolerance, and so is a reference that reads the new tokens through their codes (a kernel reading them back from the
-pool fails). Cases: kv_quant_triton_cases.py; child process: interpreted_run.py (it sets TRITON_INTERPRET=1), so
-plain `python -m pytest test/registered/attention/test_triton_kv_quant_interpreted.py` runs it."""
+pool fails). The formats with a recent window (int4, int2_hadamard) again with a ring: each request's last w cached
+tokens (none, all, a full wrapping ring, a partial one) read from the ring's bf16 rows in the stored basis, every
+other ring entry noise; a reference reading those tokens through their codes is far off. Cases:
+kv_quant_triton_cases.py; child process: interpreted_run.py (it sets TRITON_INTERPRET=1), so plain `python -m pytest
+test/registered/attention/test_triton_kv_quant_interpreted.py` runs it."""
 
 import unittest
 
 import torch
 from interpreted_run import run_in_interpreter
-from kv_quant_triton_cases import FORMATS, QUANT_TOL
+from kv_quant_triton_cases import FORMATS, QUANT_TOL, WINDOW_FORMATS
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -40,6 +43,21 @@ class TestTritonKVQuantInterpreted(unittest.TestCase):
             print("%-14s max abs error fp32 %.2e, fp16 %.2e" % (
                 fmt, max(v for k, v in cases.items() if k.endswith(fmt) and "float32" in k),
                 max(v for k, v in cases.items() if k.endswith(fmt) and "float16" in k)))
+
+    def test_ring_within_tolerance(self):
+        cases = {k: v for k, v in self.errors.items() if k.startswith("ring|")}
+        self.assertEqual(len(cases), len(WINDOW_FORMATS) * (2 * 2 * 2 + 2))
+        for key, err in cases.items():
+            _, kind, tiles, dtype, page_size, fmt = key.split("|")
+            with self.subTest(kind=kind, tiles=tiles, dtype=dtype, page_size=page_size, fmt=fmt):
+                self.assertLessEqual(err, QUANT_TOL[DTYPES[dtype]], f"{key}: max abs error {err:.3g}")
+
+    def test_ring_tokens_are_not_read_from_codes(self):
+        """Far from an attention that reads the ring's tokens through their codes: a kernel ignoring the ring fails."""
+        for fmt in WINDOW_FORMATS:
+            for kind in ("decode", "extend"):
+                with self.subTest(fmt=fmt, kind=kind):
+                    self.assertGreater(self.errors[f"ring_codes_reference|{kind}|{fmt}"], 20 * QUANT_TOL[torch.float32])
 
     def test_a_wrong_scale_fails(self):
         for fmt in FORMATS:

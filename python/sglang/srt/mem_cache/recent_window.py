@@ -1,10 +1,10 @@
 """The recent window of a quantized KV pool: each request slot's last W tokens kept in the model's dtype.
 
-A format with a window (mem_plan/kv_quant.RECENT_WINDOW_TOKENS, int4) stores every token's codes as usual and also
-keeps, per req_to_token row, a ring of the K/V of the row's W newest tokens (position p at ring entry p % W) with the
-pool slot each entry holds (`loc`). Attention then reads a request's cached tokens [P - w, P) from the ring and only
-[0, P - w) through the codes (P = its cached length, w <= W the ring entries still its own), and the new tokens of the
-forward as computed: the query weighs its nearest tokens most, and those are where 4-bit keys cost the most
+A format with a window (mem_plan/kv_quant.RECENT_WINDOW_TOKENS: int4, int2_hadamard) stores every token's codes as usual
+and also keeps, per req_to_token row, a ring of the K/V of the row's W newest tokens (position p at ring entry p % W)
+with the pool slot each entry holds (`loc`). Attention then reads a request's cached tokens [P - w, P) from the ring and
+only [0, P - w) through the codes (P = its cached length, w <= W the ring entries still its own), and the new tokens of
+the forward as computed: the query weighs its nearest tokens most, and those are where 4-bit keys cost the most
 (docs/kv_quantization.md). The ring's bytes are the plan's kv_window term (kv_quant.window_bytes_per_slot).
 
 Buffers (allocated once, as planned): k [layers, rows, W, KV, D], v [layers, rows, W, KV, Dv] in bf16, in the basis
@@ -14,9 +14,10 @@ slot handed to another request is emptied (`forget`, from ReqToTokenPool.alloc),
 prefix cache are not in its ring, so they are read through the codes.
 
 Per forward, `tail(...)` counts each request's valid ring entries (w_b: the trailing run of positions P_b - W ..
-P_b - 1 whose entry still holds the row's slot) and claims the entries its new tokens will take; it builds only
-device tensors of fixed shapes (no host sync). Attention reads the ring in place (the CPU kernel's ring_k / ring_v,
-ring_rows, ring_counts); each layer writes its new tokens into the ring (`write`) after its attention, so the
+P_b - 1 whose entry still holds the row's slot) and claims the entries its new tokens will take; with max_extend <= W
+(a decode step) it builds only device tensors of fixed shapes (no host sync: a CUDA graph captures it). Attention
+reads the ring in place (the CPU kernel's ring_k / ring_v, ring_rows, ring_counts; the Triton kernels'
+kv_formats.RingOperands); each layer writes its new tokens into the ring (`write`) after its attention, so the
 entries a decode step overwrites were read first.
 """
 

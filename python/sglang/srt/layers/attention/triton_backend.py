@@ -21,17 +21,25 @@ the layer's views of the pool's code and scale buffers (triton_ops/kv_formats.py
 attends its own new tokens as computed (their fresh K/V in the stored basis: an extend's loop over k/v, a decode's
 current token folded in by the merge) and only the tokens of earlier forwards through their codes; the new K/V are
 written all the same, for later forwards. A plain pool's decode reads the just-written row from the pool.
+
+A pool with a recent window (int4, int2_hadamard: mem_cache/recent_window.py) is read as torch_native reads it: each
+forward's WindowTail (RecentWindow.tail, once per forward) says which of a request's newest cached tokens the kernels
+read from the ring's bf16 rows instead of their codes (kv_formats.ring_operands), and after each layer's attention
+the new tokens' K/V in the stored basis (QuantizedKVPool.stored_basis, the same rows the kernels attend as fresh)
+go into the ring (RecentWindow.write). tail() builds only fixed-shape device tensors for a decode step; under a CUDA
+graph it runs inside the captured forward (its first layer), so every replay recomputes it from the graph's inputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
 from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
 from sglang.srt.mem_cache import kv_quant_codec
+from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.kv_quant import rotated_parts
 
 if TYPE_CHECKING:
@@ -55,6 +63,11 @@ class TritonMetadata:
     max_extend_len: int = 0
     max_seq_len: Optional[int] = None  # decode: the longest sequence, when the host knows it (sizes the split grid)
     cuda_graph: bool = False  # decode under a CUDA graph: full split grid, the graph workspace
+    tail: Optional[WindowTail] = None  # a pool with a recent window: this forward's ring bookkeeping
+    # decode under a CUDA graph with a window: the tail is made by the forward itself (its first layer), so the
+    # graph holds its kernels; tail_layers = the layers that used it (one seen again: a new forward)
+    graph_tail: bool = False
+    tail_layers: set = field(default_factory=set)
 
 
 class TritonAttnBackend(PlannedGpuAttnBackend):
@@ -92,6 +105,9 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             use_single_threaded_blas()
         self.forward_metadata: Optional[TritonMetadata] = None
         self.rotations = self._rotations()
+        self.window = getattr(self.token_to_kv_pool, "window", None)
+        if self.window is not None and kv_formats.value_mean(self.token_to_kv_pool, 0) is not None:
+            raise ValueError("triton: a recent window holds V with its mean, the kernels attend V less it")
 
     def _rotations(self) -> dict:
         """A rotated KV format's matrices R [D, D] fp32 per rotated part ("k", "v"), in the planned kv_rotation
@@ -118,7 +134,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
         if fb.forward_mode.is_decode():
-            self.forward_metadata = TritonMetadata(max_seq_len=max(fb.seq_lens_cpu) if fb.seq_lens_cpu else None)
+            self.forward_metadata = TritonMetadata(max_seq_len=max(fb.seq_lens_cpu) if fb.seq_lens_cpu else None,
+                                                   tail=self._decode_tail(fb))
             return
         device = fb.seq_lens.device
         extend_lens_cpu = fb.extend_seq_lens_cpu or fb.extend_seq_lens.tolist()
@@ -133,49 +150,78 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
         qo_start[0] = 0
         qo_start[1:].copy_(torch.cumsum(extend_lens, 0))
         self.forward_metadata = TritonMetadata(qo_start, prefix_lens, extend_lens, max(extend_lens_cpu))
+        if self.window is not None:
+            self.forward_metadata.tail = self.window.tail(fb.req_pool_indices, prefix_lens, extend_lens,
+                                                          fb.out_cache_loc, self.req_to_token_pool.req_to_token,
+                                                          max(extend_lens_cpu))
+
+    def _decode_tail(self, fb) -> Optional[WindowTail]:
+        """A decode step's tail (a request's seq_len - 1 cached tokens, one new): device tensors only, no host sync."""
+        if self.window is None:
+            return None
+        return self.window.tail(fb.req_pool_indices, fb.seq_lens - 1, torch.ones_like(fb.seq_lens), fb.out_cache_loc,
+                                self.req_to_token_pool.req_to_token, 1)
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
                                                  seq_lens_cpu: Sequence[int],
                                                  rows_cpu: Optional[Sequence[int]] = None) -> None:
         """Decode of graph batch bs (<= the planned graph batch): the kernels read req_pool_indices and seq_lens from
         the graph's input tensors at replay, so nothing is planned per batch; the grid launches every split (a
-        captured grid cannot follow the batch's lengths) and the partials go to the planned cuda_graph_* buffers."""
+        captured grid cannot follow the batch's lengths) and the partials go to the planned cuda_graph_* buffers. A
+        recent window's tail is left to the captured forward (its first layer: _layer_tail)."""
         if not 1 <= bs <= self.inputs.graph_bs:
             raise ValueError(f"triton: graph batch {bs} is outside the planned 1..{self.inputs.graph_bs}")
-        self.forward_metadata = TritonMetadata(cuda_graph=True)
+        self.forward_metadata = TritonMetadata(cuda_graph=True, graph_tail=self.window is not None)
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor,
                                                 seq_lens_cpu: Sequence[int],
                                                 rows_cpu: Optional[Sequence[int]] = None) -> None:
-        self.forward_metadata = TritonMetadata(cuda_graph=True)
+        self.forward_metadata = TritonMetadata(cuda_graph=True, graph_tail=self.window is not None)
 
     # ------------------------------------------------------------------ per layer
+    def _layer_tail(self, layer, fb) -> Optional[WindowTail]:
+        """This forward's tail; a graph's decode makes it at its first layer (a layer seen again: the next forward)."""
+        md = self.forward_metadata
+        if md.graph_tail and (md.tail is None or layer.layer_id in md.tail_layers):
+            md.tail, md.tail_layers = self._decode_tail(fb), set()
+        md.tail_layers.add(layer.layer_id)
+        return md.tail
+
+    def _into_basis(self, q, k, v, layer, tail):
+        """q, k, v in the stored basis (kv_formats.into_basis) and, with a window, the fp32 k, v there
+        (QuantizedKVPool.stored_basis: the ring's entries; the fresh k, v are these in the model dtype)."""
+        f, pool, lid = self.kv_formats, self.token_to_kv_pool, layer.layer_id
+        r_k, r_v, v_mean, smooth = self._turn("k"), self._turn("v"), f.value_mean(pool, lid), f.key_smooth(pool, lid)
+        if tail is None:
+            return (*f.into_basis(q, k, v, r_k, r_v, v_mean, smooth), None)
+        stored = pool.stored_basis(lid, "k", k), pool.stored_basis(lid, "v", v)
+        q = f.into_basis(q, None, None, r_k, r_v, v_mean, smooth)[0]
+        return q, stored[0].to(k.dtype), stored[1].to(v.dtype), stored
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        f, pool = self.kv_formats, self.token_to_kv_pool
-        r_k, r_v, v_mean = self._turn("k"), self._turn("v"), f.value_mean(pool, layer.layer_id)
+        f, pool, tail = self.kv_formats, self.token_to_kv_pool, md.tail
         # a rotated / smoothed / centred format: attend in its stored basis
-        q, k, v = f.into_basis(q, k, v, r_k, r_v, v_mean, f.key_smooth(pool, layer.layer_id))
+        q, k, v, stored = self._into_basis(q, k, v, layer, tail)
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         self.ops.extend_attention_fwd(
             q, k, v, o, None, None, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
-            kv=f.kv_operands(pool, layer.layer_id),
+            kv=f.kv_operands(pool, layer.layer_id), ring=f.ring_operands(pool, layer.layer_id, tail),
         )
-        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
+        return self._finish(o, layer, stored, tail)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; a plain pool's decode reads the new token from the pool
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
-        f, pool = self.kv_formats, self.token_to_kv_pool
+        f, pool, tail = self.kv_formats, self.token_to_kv_pool, self._layer_tail(layer, forward_batch)
         kv = f.kv_operands(pool, layer.layer_id)
-        r_v, v_mean = self._turn("v"), f.value_mean(pool, layer.layer_id)
-        q, k, v = f.into_basis(q, k, v, self._turn("k"), r_v, v_mean, f.key_smooth(pool, layer.layer_id))
+        q, k, v, stored = self._into_basis(q, k, v, layer, tail)
         o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
         prefix = "cuda_graph_" if md.cuda_graph else ""
         fresh = kv.quantized  # a quantized pool: the current token's K/V as computed, not its codes
@@ -183,9 +229,17 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
             layer.scaling, max_seq_len=md.max_seq_len, kv=kv, k_new=k if fresh else None,
-            v_new=v if fresh else None,
+            v_new=v if fresh else None, ring=f.ring_operands(pool, layer.layer_id, tail),
         )
-        return f.out_of_basis(o, r_v, v_mean).view(q.shape[0], -1)
+        return self._finish(o, layer, stored, tail)
+
+    def _finish(self, o, layer, stored, tail) -> torch.Tensor:
+        """The kernel's o [N, H_q, Dv] out of the stored basis, [N, H_q * Dv]; a window takes the new tokens' K/V
+        (stored basis, fp32) into the ring now that the layer's attention read the entries they replace."""
+        if tail is not None:
+            self.window.write(layer.layer_id, stored[0], stored[1], tail)
+        f, lid = self.kv_formats, layer.layer_id
+        return f.out_of_basis(o, self._turn("v"), f.value_mean(self.token_to_kv_pool, lid)).view(o.shape[0], -1)
 
 
 BACKEND_CLASS = TritonAttnBackend

@@ -4,6 +4,8 @@
     kv_operands(pool, layer_id) -> KVOperands   a plain pool (MHATokenToKVPool) or a quantized one
                                                 (mem_cache/quantized_kv_pool.py: pool.fields / pool.fixed)
     plain_operands(k, v)        -> KVOperands   K/V tensors of a float dtype [S, KV, D] (the kernel tests)
+    ring_operands(pool, layer_id, tail) -> RingOperands | None   the pool's recent window for one forward
+                                                (mem_cache/recent_window.py), None without one
 
 A format without per-token scales gets its own code tensor in the scale slots (never read: the kernels only load
 what KV_FORMAT names), so every launch has the same argument list and a CUDA graph captures the pool's buffers
@@ -52,6 +54,38 @@ class KVOperands:
 
     def tensors(self) -> tuple:
         return (self.k, self.v, self.k_scale, self.v_scale, self.k_head_scale, self.v_head_scale)
+
+
+@dataclass(frozen=True)
+class RingOperands:
+    """One layer of a recent window: request b's cached positions [P_b - counts[b], P_b) are read from entries
+    rows[b] * window + position % window of k / v (bf16, in the pool's stored basis, as the fresh K/V are given),
+    the positions before them through the codes."""
+
+    k: torch.Tensor  # [ring rows x window, KV, D]
+    v: torch.Tensor  # [ring rows x window, KV, Dv]
+    rows: torch.Tensor  # int64 [B] each request's ring (its req_to_token row)
+    counts: torch.Tensor  # int64 [B] the cached positions read from the ring (<= window)
+    window: int
+
+    def strides(self) -> tuple:
+        assert self.k.stride(2) == 1 and self.v.stride(2) == 1
+        return (self.k.stride(0), self.k.stride(1), self.v.stride(0), self.v.stride(1))
+
+
+def ring_operands(pool, layer_id: int, tail):
+    """The kernels' view of the pool's ring for this forward (tail: its RecentWindow.tail), or None."""
+    if tail is None:
+        return None
+    k, v = pool.window.ring(layer_id)
+    return RingOperands(k, v, tail.ring_rows, tail.counts, pool.window.window)
+
+
+def ring_args(ring, stand_in: torch.Tensor, index_stand_in: torch.Tensor) -> tuple:
+    """(k, v, rows, counts, 4 strides) for a launch; without a ring, stand-ins never read (RING=0)."""
+    if ring is None:
+        return (stand_in, stand_in, index_stand_in, index_stand_in, 0, 0, 0, 0)
+    return (ring.k, ring.v, ring.rows, ring.counts, *ring.strides())
 
 
 def plain_operands(k: torch.Tensor, v: torch.Tensor) -> KVOperands:
