@@ -140,6 +140,9 @@ class TestFlashInferWiring(unittest.TestCase):
                 self.assertEqual(h.pool.rotation("k") is not None, turned)
                 h.backend = create_attention_backend("flashinfer", inputs=h.inputs, model_config=h.reference.model_config,
                                                      req_to_token_pool=h.r2t, token_to_kv_pool=h.pool, device="cpu")
+                # flashinfer's paged API reads a forward's new tokens back from the fp8 pool; torch_native attends
+                # them as computed unless told to read them back too, as here
+                h.reference.fresh_reads = False
                 rows = [h.new_request() for _ in range(3)]
                 # a prefill without a cached prefix: torch_native attends to the fresh K/V, flashinfer to the fp8
                 # pool (it reads only the pool); every later step reads the pool in both

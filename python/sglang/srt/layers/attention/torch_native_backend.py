@@ -106,7 +106,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
-        # a quantized pool: the gather path attends the new tokens' fresh K/V over their gathered codes
+        # a quantized pool: the new tokens' fresh K/V are attended instead of their codes (the kernel and the gather
+        # path); False reads them back through the codes, as FlashInfer's paged API does (its tests compare so)
         self.fresh_reads = is_quantized(getattr(pool, "kv_format", ""))
 
     # ------------------------------------------------------------------ metadata (once per forward)
@@ -258,7 +259,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self.cpu_quant_ops.extend_attention_quant(
             q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
             pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            k_turn, k_smooth, v_back, *self._stored_kv(layer, k, v), *self._ring_args(layer),
+            k_turn, k_smooth, v_back, *(self._stored_kv(layer, k, v) if self.fresh_reads else (None, None)),
+            *self._ring_args(layer),
         )
 
     def _ring_args(self, layer: AttentionLayer) -> tuple:
