@@ -190,7 +190,7 @@ def main():
                     "this torch file, so runs of separate --formats compute it once (~0.4 GB at 16 x 128)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the figures do not depend on it)")
     ap.add_argument("--kernels", action="store_true", help="read the quantized rows through the CPU kernel "
-                    "(extend_attention_quant: int8, int4, fp8) as a server does, not the shared gather path")
+                    "(extend_attention_quant: every quantized format) as a server does, not the shared gather path")
     a = ap.parse_args()
     global KERNELS
     KERNELS = a.kernels

@@ -304,7 +304,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("extend_attention", &sgl_cpu::extend_attention,
         "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from avx2)");
   m.def("extend_attention_quant", &sgl_cpu::extend_attention_quant,
-        "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, fp8_e4m3, fp8_e5m2), codes read "
+        "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, int2_hadamard, fp8_e4m3, "
+        "fp8_e5m2), codes read "
         "in place through req_to_token: q [N, H, D] -> [N, H * D]; q_turn: R [D, D] where the keys are stored turned; "
         "fresh_k / fresh_v: the new tokens' K/V [N, KV, D] fp32 in the stored basis, attended instead of their codes",
         py::arg("q"), py::arg("k_codes"), py::arg("v_codes"), py::arg("k_scale"), py::arg("v_scale"),
@@ -314,8 +315,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("ring_k") = py::none(), py::arg("ring_v") = py::none(), py::arg("ring_rows") = py::none(),
         py::arg("ring_counts") = py::none());
   m.def("kv_quant_write", &sgl_cpu::kv_quant_write,
-        "new K or V rows [N, KV, D] -> an int8 / int4 / fp8 pool's codes at the slots loc (the codec's rule; int8 and "
-        "int4 write their per-row fp16 scales, fp8 reads the per-head fp32 ones), times smooth then turned by R first "
+        "new K or V rows [N, KV, D] -> an int8 / int4 / int2_hadamard / fp8 pool's codes at the slots loc (the codec's "
+        "rule; int8 and int4 write their per-row fp16 scales, int2_hadamard its log-scale bytes, fp8 reads the per-head "
+        "fp32 ones), times smooth then turned by R first "
         "where given", py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("loc"), py::arg("kv_format"),
         py::arg("turn") = py::none(), py::arg("smooth") = py::none());
 }

@@ -3,10 +3,15 @@
 // values through req_to_token, fp32 softmax), with each code row converted to fp32 in registers. Nothing is written
 // back and no dequantized copy of a row exists outside the registers. Level avx512_bf16 (AVX-512 F/BW + F16C).
 //
-// Formats and how their scales are applied (code -> fp32 in one or two instructions per 16 elements):
+// Formats and how their scales are applied (code -> fp32 in a few instructions per 16 elements):
 //   int8      codes int8, one fp16 scale per (token, KV head) for K and for V (s = amax / 127):
 //             score_j = scale * s_k[j] * (q . code_k[j])   (the K scale folded into the dot product)
 //             out     = sum_j (p_j * s_v[j]) code_v[j]     (the V scale folded into the softmax weight)
+//   int4      two codes a byte, fp16 (step, min) per row: as int8 with step for s, plus min x sum(q) per score and
+//             sum_j p_j min_v[j] added to every output element
+//   int2_hadamard  keys 2-bit (4 levels), values trits (kv_quant_int2.h), one log-scale byte per row for K and for
+//             V (a 256-entry table): as int8, the values' -1 (trit - 1) added as int4's min (-s_v[j]); K and V rows
+//             are D / 4 and ceil(D / 5) bytes
 //   fp8_e5m2  one byte = the high byte of an fp16: byte << 8, then VCVTPH2PS (exact, subnormals included)
 //   fp8_e4m3  (FN: 4 exponent bits, bias 7) moved into an fp16's bits: sign to bit 15, the 7 exponent/mantissa bits << 7;
 //             that fp16 is the value x 2^-8 for normals and subnormals alike (fp16 bias 15 = 7 + 8), so VCVTPH2PS
@@ -15,13 +20,16 @@
 //             power of two) multiplies the softmax scale, the V scale the final 1 / sum.
 //
 //   q, out   [group, D] fp32 (the op converts the model's bf16 / fp32 rows)
-//   k, v     [slots, kv_heads, D] 1-byte codes;  ks, vs  [slots, kv_heads] fp16 bits (int8 only, else null)
+//   k, v     [slots, kv_heads, row bytes] codes (krow, vrow: a slot's bytes);  ks, vs  [slots, kv_heads, 1 or 2]
+//            per-row scales (KvScale: fp16 bits, int2_hadamard's one byte; fp8: null)
 //   scores   [seq_len, 4] fp32 scratch
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "decode_attention.h"
+#include "kv_quant_int2.h"
 
 // The bf16 kernels' target plus F16C (every level from avx2 has it: isa.h), for the scalar fp16 scale conversion.
 #define SGL_AVX512_BF16_F16C __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c")))
@@ -45,20 +53,28 @@ struct FreshRows {
   const uint16_t* ring_row(const uint16_t* ring, int64_t j) const { return ring + (ring_base + j % window) * stride; }
 };
 
-enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3 };
+enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3, kInt2 = 4 };
 
-constexpr bool kv_quant_per_token(KvQuant f) { return f == KvQuant::kInt8 || f == KvQuant::kInt4; }
-// Bytes of codes per element pair, and fp16 scale values per (token, KV head): int4 packs two codes a byte and keeps
-// (step, min) per row; the others one byte a code and (int8) one scale.
-constexpr int kv_quant_codes_per_byte(KvQuant f) { return f == KvQuant::kInt4 ? 2 : 1; }
+constexpr bool kv_quant_per_token(KvQuant f) { return f != KvQuant::kFp8E4m3 && f != KvQuant::kFp8E5m2; }
+// Key codes per byte (int4 two, int2_hadamard four, the others one), a row's bytes per part (int2_hadamard's values:
+// five trits a byte), and scale values per (token, KV head): int4 keeps (step, min) per row, int8 / int2 one scale.
+constexpr int kv_quant_codes_per_byte(KvQuant f) { return f == KvQuant::kInt4 ? 2 : f == KvQuant::kInt2 ? 4 : 1; }
+constexpr int64_t kv_quant_row_bytes(KvQuant f, int64_t d, bool value) {
+  return value && f == KvQuant::kInt2 ? (d + 4) / 5 : d / kv_quant_codes_per_byte(f);
+}
 constexpr int kv_quant_scales_per_row(KvQuant f) { return f == KvQuant::kInt4 ? 2 : 1; }
+
+// A per-row scale: fp16 bits, int2_hadamard's log-scale byte.
+template <KvQuant F>
+using KvScale = std::conditional_t<F == KvQuant::kInt2, uint8_t, uint16_t>;
 
 // The factor between a converted code and the format's value (folded into the per-head scales).
 constexpr float kv_quant_code_unit(KvQuant f) { return f == KvQuant::kFp8E4m3 ? 256.0f : 1.0f; }
 
-// 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit); int4 reads 8 bytes.
+// 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit); int4 reads 8 bytes, int2_hadamard's keys 4.
 template <KvQuant F>
 SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
+  if constexpr (F == KvQuant::kInt2) return load_crumbs16(p);
   const __m128i b = F == KvQuant::kInt4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
                                         : _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if constexpr (F == KvQuant::kInt8) {
@@ -86,16 +102,45 @@ SGL_AVX512_BF16 inline void prefetch_bytes(const uint8_t* p) {
 
 SGL_AVX512_BF16_F16C inline float half_bits_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
-// G (<= 4) query heads of head_dim D against one KV head; k, v, ks, vs point at that head's column.
+template <KvQuant F>
+SGL_AVX512_BF16_F16C inline float scale_value(KvScale<F> s) {
+  if constexpr (F == KvQuant::kInt2) return kLogScale[s];
+  else return half_bits_to_float(s);
+}
+
+// Values 16i .. 16i + 15 of a value row (int2_hadamard: the trits 0..2, the -1 applied by the caller).
+template <KvQuant F>
+SGL_AVX512_BF16 inline __m512 load_values16(const uint8_t* row, int i) {
+  if constexpr (F == KvQuant::kInt2) return load_trits16(row, i);
+  else return load_codes16<F>(row + 16 / kv_quant_codes_per_byte(F) * i);
+}
+
+// The value bytes of blocks [c, c + 4) of a row: prefetched from their first and last cache line.
+template <KvQuant F, int D>
+SGL_AVX512_BF16 inline void prefetch_value_chunk(const uint8_t* row, int c) {
+  if constexpr (F == KvQuant::kInt2) {
+    const int first = 16 * c / 5, last = std::min<int>((D + 4) / 5 - 1, (16 * c + 63) / 5);
+    _mm_prefetch(reinterpret_cast<const char*>(row + first), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row + last), _MM_HINT_T0);
+  } else {
+    constexpr int kB16 = 16 / kv_quant_codes_per_byte(F);
+    prefetch_bytes<4 * kB16>(row + kB16 * c);
+  }
+}
+
+// G (<= 4) query heads of head_dim D against one KV head; k, v, ks, vs point at that head's column; krow, vrow, srow:
+// a slot's bytes of K and V codes and its scales.
 template <KvQuant F, int D, int G>
 SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uint8_t* k, const uint8_t* v,
-                                                  const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
-                                                  const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
-                                                  float* scores, float* out, const FreshRows& fresh) {
+                                                  const KvScale<F>* ks, const KvScale<F>* vs, int64_t krow,
+                                                  int64_t vrow, int64_t srow, const int64_t* tokens, int64_t seq_len,
+                                                  float k_mul, float v_mul, float* scores, float* out,
+                                                  const FreshRows& fresh) {
   static_assert(D % 16 == 0 && G >= 1 && G <= kHeadsPerPass, "head_dim: a multiple of 16");
   constexpr int kQ = D / 16;
   constexpr bool kPerToken = kv_quant_per_token(F);
   constexpr bool kMin = F == KvQuant::kInt4;  // an asymmetric row: value = code x step + min
+  constexpr bool kVMin = kMin || F == KvQuant::kInt2;  // a value row with an offset (int2_hadamard: -s_v)
   constexpr int kB16 = 16 / kv_quant_codes_per_byte(F), kRowBytes = D / kv_quant_codes_per_byte(F);
   __m512 qv[G][kQ];  // in registers (q may alias the scores for the compiler: no reload per key)
 #pragma GCC unroll 4
@@ -114,11 +159,11 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   // keys [0, n_codes) are read as codes through tokens, [n_codes, seq_len) from the fresh fp32 rows (this forward's)
   const int64_t n_codes = fresh.k == nullptr ? seq_len : fresh.n_codes;
   // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j] (int4: + k_mul m_k[j] sum(q_g))
-  for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * row);
+  for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * krow);
   for (int64_t j = 0; j < n_codes; ++j) {
-    const uint8_t* kr = k + tokens[j] * row;
+    const uint8_t* kr = k + tokens[j] * krow;
     if (j + kPrefetchKeys < n_codes) {
-      prefetch_bytes<kRowBytes>(k + tokens[j + kPrefetchKeys] * row);
+      prefetch_bytes<kRowBytes>(k + tokens[j + kPrefetchKeys] * krow);
       if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(ks + tokens[j + kPrefetchKeys] * srow),
                                             _MM_HINT_T0);
     }
@@ -131,7 +176,7 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
     }
-    const float m = kPerToken ? k_mul * half_bits_to_float(ks[tokens[j] * srow]) : k_mul;
+    const float m = kPerToken ? k_mul * scale_value<F>(ks[tokens[j] * srow]) : k_mul;
     __m128 sc = _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(m));
     if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
     _mm_storeu_ps(scores + 4 * j, sc);
@@ -155,10 +200,10 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   }
   alignas(16) float inv[4];
   softmax_columns_4(scores, seq_len, inv);
-  float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4: sum_j p[j][g] m_v[j], added to every element of out_g
-  if constexpr (kMin) {
+  float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4 / int2: sum_j p[j][g] m_v[j], added to every element of out_g
+  if constexpr (kVMin) {
     for (int64_t j = 0; j < n_codes; ++j) {
-      const float mv = half_bits_to_float(vs[tokens[j] * srow + 1]);
+      const float mv = kMin ? half_bits_to_float(vs[tokens[j] * srow + 1]) : -scale_value<F>(vs[tokens[j] * srow]);
       for (int g = 0; g < G; ++g) pmin[g] += scores[4 * j + g] * mv;
     }
   }
@@ -171,18 +216,18 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kChunk * kB16>(v + tokens[j] * row + kB16 * c);
+    for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_value_chunk<F, D>(v + tokens[j] * vrow, c);
     for (int64_t j = 0; j < n_codes; ++j) {
-      const uint8_t* vr = v + tokens[j] * row + kB16 * c;
+      const uint8_t* vr = v + tokens[j] * vrow;
       if (j + kPrefetchKeys < n_codes) {
-        prefetch_bytes<kChunk * kB16>(v + tokens[j + kPrefetchKeys] * row + kB16 * c);
+        prefetch_value_chunk<F, D>(v + tokens[j + kPrefetchKeys] * vrow, c);
         if constexpr (kPerToken) _mm_prefetch(reinterpret_cast<const char*>(vs + tokens[j + kPrefetchKeys] * srow),
                                               _MM_HINT_T0);
       }
       __m512 vv[kChunk];
 #pragma GCC unroll 4
-      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? load_codes16<F>(vr + kB16 * d) : _mm512_setzero_ps();
-      const float sv = kPerToken ? half_bits_to_float(vs[tokens[j] * srow]) : 1.0f;
+      for (int d = 0; d < kChunk; ++d) vv[d] = c + d < kQ ? load_values16<F>(vr, c + d) : _mm512_setzero_ps();
+      const float sv = kPerToken ? scale_value<F>(vs[tokens[j] * srow]) : 1.0f;
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         const __m512 p = _mm512_set1_ps(scores[4 * j + g] * sv);
@@ -215,29 +260,41 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   }
 }
 
+// A task's operands: the codes and scales of one KV head's column, a slot's strides (krow, vrow, srow).
+template <KvQuant F>
+struct QuantKv {
+  const uint8_t* k;
+  const uint8_t* v;
+  const KvScale<F>* ks;
+  const KvScale<F>* vs;
+  int64_t krow, vrow, srow;
+};
+
 template <KvQuant F, int D>
-SGL_AVX512_BF16_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
-                                                   const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
+SGL_AVX512_BF16_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const QuantKv<F>& c,
                                                    const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
                                                    float* scores, float* out, const FreshRows& fresh) {
+#define SGL_HEADS(G)                                                                                             \
+  quant_attention_heads<F, D, G>(q, c.k, c.v, c.ks, c.vs, c.krow, c.vrow, c.srow, tokens, seq_len, k_mul, v_mul, \
+                                 scores, out, fresh)
   switch (heads) {
-    case 1: quant_attention_heads<F, D, 1>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
-    case 2: quant_attention_heads<F, D, 2>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
-    case 3: quant_attention_heads<F, D, 3>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); break;
-    default: quant_attention_heads<F, D, 4>(q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh);
+    case 1: SGL_HEADS(1); break;
+    case 2: SGL_HEADS(2); break;
+    case 3: SGL_HEADS(3); break;
+    default: SGL_HEADS(4);
   }
+#undef SGL_HEADS
 }
 
 // One pass (heads <= 4) of a format over head_dim (one of SGL_DECODE_HEAD_DIMS); false for another head_dim.
 template <KvQuant F>
-inline bool quant_attention_pass(int64_t head_dim, int64_t heads, const float* q, const uint8_t* k, const uint8_t* v,
-                                 const uint16_t* ks, const uint16_t* vs, int64_t row, int64_t srow,
+inline bool quant_attention_pass(int64_t head_dim, int64_t heads, const float* q, const QuantKv<F>& c,
                                  const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul, float* scores,
                                  float* out, const FreshRows& fresh) {
   switch (head_dim) {
-#define SGL_CASE(D)                                                                                                    \
-  case D:                                                                                                              \
-    quant_attention_pass_d<F, D>(heads, q, k, v, ks, vs, row, srow, tokens, seq_len, k_mul, v_mul, scores, out, fresh); \
+#define SGL_CASE(D)                                                                                  \
+  case D:                                                                                            \
+    quant_attention_pass_d<F, D>(heads, q, c, tokens, seq_len, k_mul, v_mul, scores, out, fresh); \
     return true;
     SGL_DECODE_HEAD_DIMS(SGL_CASE)
 #undef SGL_CASE

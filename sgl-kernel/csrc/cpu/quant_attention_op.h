@@ -1,10 +1,11 @@
 // The extend_attention_quant binding (included by bindings.cpp only): attention over a quantized KV pool (int8,
-// int4, fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token. One op for both
-// forward modes, as extend_attention_op.h: row r of request b attends to the request's first prefix + i + 1 tokens;
-// a decode step is an extend of one token per request (prefix_lens = seq_lens - 1, extend_lens = 1). The caller has
-// written the new tokens' codes to the pool (the pool's own quantize on write, or kv_quant_write_int8). A pool that
-// stores its keys turned (k @ R) passes R as q_turn: each query row is turned in the task's fp32 scratch
-// (quant_kv_write.h turn_rows), so q.k is the plain one and no turned copy of q exists outside the kernel. Given
+// int4, int2_hadamard, fp8_e4m3, fp8_e5m2: decode_attention_quant.h), the codes read in place through req_to_token.
+// One op for both forward modes, as extend_attention_op.h: row r of request b attends to the request's first
+// prefix + i + 1 tokens; a decode step is an extend of one token per request (prefix_lens = seq_lens - 1,
+// extend_lens = 1). The caller has written the new tokens' codes to the pool (the pool's own quantize on write, or
+// kv_quant_write). A pool that stores its keys turned (k @ R) passes R as q_turn: each query row is turned in the
+// task's fp32 scratch (quant_kv_write.h turn_rows), so q.k is the plain one and no turned copy of q exists outside the
+// kernel. Given
 // fresh_k / fresh_v (the batch's new K/V in the stored basis), a row attends its request's new tokens as those rows and
 // only the cached prefix as codes: a forward's own tokens are attended exactly as computed, as every backend does.
 #pragma once
@@ -24,8 +25,10 @@ namespace sgl_cpu {
 inline KvQuant kv_quant_from_name(const std::string& name) {
   if (name == "int8") return KvQuant::kInt8;
   if (name == "int4") return KvQuant::kInt4;
+  if (name == "int2_hadamard") return KvQuant::kInt2;
   if (name == "fp8_e4m3") return KvQuant::kFp8E4m3;
-  TORCH_CHECK(name == "fp8_e5m2", "extend_attention_quant: kv format int8, int4, fp8_e4m3 or fp8_e5m2, got ", name);
+  TORCH_CHECK(name == "fp8_e5m2",
+              "extend_attention_quant: kv format int8, int4, int2_hadamard, fp8_e4m3 or fp8_e5m2, got ", name);
   return KvQuant::kFp8E5m2;
 }
 
@@ -34,6 +37,24 @@ SGL_AVX512_BF16 inline void rows_from_f32(const float* src, int64_t n, at::BFloa
   for (int64_t i = 0; i < n; i += 16) store_bf16x16(reinterpret_cast<uint16_t*>(dst) + i, _mm512_loadu_ps(src + i));
 }
 inline void rows_from_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
+
+// One pass of format F over KV head kv_head's column (per-token scales: sr a row, of KvScale<F>).
+template <KvQuant F>
+inline void quant_pass(int64_t D, int64_t heads, const float* q, const at::Tensor& k_codes, const at::Tensor& v_codes,
+                       const at::Tensor& k_scale, const at::Tensor& v_scale, int64_t kv_head, const int64_t* tokens,
+                       int64_t len, float k_mul, float v_mul, float* scores, float* out, const FreshRows& fresh) {
+  const int64_t KV = k_codes.size(1), kcb = k_codes.size(2), vcb = v_codes.size(2), sr = kv_quant_scales_per_row(F);
+  const KvScale<F>* ks = nullptr;
+  const KvScale<F>* vs = nullptr;
+  if constexpr (kv_quant_per_token(F)) {
+    ks = reinterpret_cast<const KvScale<F>*>(k_scale.data_ptr()) + kv_head * sr;
+    vs = reinterpret_cast<const KvScale<F>*>(v_scale.data_ptr()) + kv_head * sr;
+  }
+  const QuantKv<F> c{reinterpret_cast<const uint8_t*>(k_codes.data_ptr()) + kv_head * kcb,
+                     reinterpret_cast<const uint8_t*>(v_codes.data_ptr()) + kv_head * vcb, ks, vs, KV * kcb, KV * vcb,
+                     KV * sr};
+  quant_attention_pass<F>(D, heads, q, c, tokens, len, k_mul, v_mul, scores, out, fresh);
+}
 
 template <typename T>
 at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::Tensor& k_codes,
@@ -46,17 +67,12 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
   const T* qp = qc.data_ptr<T>();
-  const uint8_t* kc = reinterpret_cast<const uint8_t*>(k_codes.data_ptr());
-  const uint8_t* vc = reinterpret_cast<const uint8_t*>(v_codes.data_ptr());
-  const uint16_t* ks = per_token ? reinterpret_cast<const uint16_t*>(k_scale.data_ptr()) : nullptr;
-  const uint16_t* vs = per_token ? reinterpret_cast<const uint16_t*>(v_scale.data_ptr()) : nullptr;
   const float* khead = per_token ? nullptr : k_scale.data_ptr<float>();
   const float* vhead = per_token ? nullptr : v_scale.data_ptr<float>();
   const float unit = kv_quant_code_unit(fmt);
   at::Tensor out = at::empty({N, H * D}, q.options());
   T* op = out.data_ptr<T>();
-  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);  // per (token, KV head)
-  const int64_t group = H / KV, row = KV * cb;
+  const int64_t group = H / KV;
   const int64_t max_len = e.max_len;
   parallel_tasks_by_cost(e.task_costs(KV), 4 * max_len + 9 * D, [&](int64_t t, float* scratch) {
     const int64_t r = t / KV, kv_head = t % KV, h0 = r * H + kv_head * group;
@@ -71,10 +87,6 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
       rows_to_f32(qp + (h0 + g0) * D, heads * D, qf);
       if (smooth != nullptr) divide_rows(qf, heads, D, smooth + kv_head * D);  // int4 keys: q / w, then turned
       if (turn != nullptr) turn_rows(qf, heads, D, turn, tmp);
-      const uint8_t* kh = kc + kv_head * cb;
-      const uint8_t* vh = vc + kv_head * cb;
-      const uint16_t* ksh = per_token ? ks + kv_head * sr : nullptr;
-      const uint16_t* vsh = per_token ? vs + kv_head * sr : nullptr;
       const int64_t* tokens = e.tokens(r);
       const int64_t len = e.len(r);
       FreshRows fresh;  // the request's new tokens: q rows [q_start, ...) of fresh_k / fresh_v
@@ -91,18 +103,14 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
         }
       }
       switch (fmt) {
-        case KvQuant::kInt8:
-          quant_attention_pass<KvQuant::kInt8>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
-          break;
-        case KvQuant::kFp8E4m3:
-          quant_attention_pass<KvQuant::kFp8E4m3>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
-          break;
-        case KvQuant::kFp8E5m2:
-          quant_attention_pass<KvQuant::kFp8E5m2>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
-          break;
-        case KvQuant::kInt4:
-          quant_attention_pass<KvQuant::kInt4>(D, heads, qf, kh, vh, ksh, vsh, row, KV * sr, tokens, len, k_mul, v_mul, scores, of, fresh);
-          break;
+#define SGL_PASS(F) \
+  quant_pass<F>(D, heads, qf, k_codes, v_codes, k_scale, v_scale, kv_head, tokens, len, k_mul, v_mul, scores, of, fresh)
+        case KvQuant::kInt8: SGL_PASS(KvQuant::kInt8); break;
+        case KvQuant::kFp8E4m3: SGL_PASS(KvQuant::kFp8E4m3); break;
+        case KvQuant::kFp8E5m2: SGL_PASS(KvQuant::kFp8E5m2); break;
+        case KvQuant::kInt4: SGL_PASS(KvQuant::kInt4); break;
+        case KvQuant::kInt2: SGL_PASS(KvQuant::kInt2); break;
+#undef SGL_PASS
       }
       if (out_turn != nullptr) turn_rows(of, heads, D, out_turn, tmp);  // values stored turned: out @ R^T
       rows_from_f32(of, heads * D, op + (h0 + g0) * D);
@@ -122,11 +130,14 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 }
 
 // q [N, H, D] bf16 or fp32 (the batch's new tokens, request after request) -> [N, H * D] in q's dtype.
-//   k_codes, v_codes  [slots, KV, D] int8 (int8) or uint8 (fp8 bytes); int4: [slots, KV, D / 2] (two codes a byte)
-//   k_scale, v_scale  int8: [slots, KV(, 1)] fp16 per token; int4: [slots, KV, 2] fp16 (step, min); fp8: [KV] fp32
+//   k_codes, v_codes  [slots, KV, D] int8 (int8) or uint8 (fp8 bytes); int4: [slots, KV, D / 2] (two codes a byte);
+//             int2_hadamard: keys [slots, KV, D / 4] (four a byte), values [slots, KV, ceil(D / 5)] (trits)
+//   k_scale, v_scale  int8: [slots, KV(, 1)] fp16 per token; int4: [slots, KV, 2] fp16 (step, min); int2_hadamard:
+//             [slots, KV(, 1)] uint8 log-scale codes; fp8: [KV] fp32
 //   q_turn    R [D, D]: the keys are stored turned (q is turned in the scratch; int4 after dividing by q_smooth)
 //   q_smooth  int4's key multipliers w [KV, D] of this layer (the keys are stored (k * w) @ R)
-//   out_turn  R^T [D, D]: the values are stored turned (each output row is turned back before it is stored)
+//   out_turn  R^T [D, D]: the values are stored turned (int4, int2_hadamard: each output row is turned back before
+//             it is stored)
 //   fresh_k, fresh_v  [N, KV, D] fp32, the batch's new K/V in the pool's stored basis (keys (k * w) @ R / k @ R as
 //             stored, values @ R where turned): a request's new tokens are attended as these rows, its cached prefix
 //             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
@@ -154,19 +165,25 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK(q.dim() == 3 && q.device().is_cpu() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat),
               op, ": q must be a CPU [tokens, heads, D] bfloat16 or float32 tensor");
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2);
-  TORCH_CHECK(k_codes.dim() == 3 && k_codes.is_contiguous() && v_codes.is_contiguous() &&
-                  v_codes.sizes() == k_codes.sizes() && k_codes.element_size() == 1 && v_codes.element_size() == 1 &&
-                  k_codes.device().is_cpu() && v_codes.device().is_cpu(),
-              op, ": codes must be contiguous one-byte CPU tensors [slots, KV, D] (int4: D / 2)");
+  TORCH_CHECK(k_codes.dim() == 3 && v_codes.dim() == 3 && k_codes.is_contiguous() && v_codes.is_contiguous() &&
+                  v_codes.size(0) == k_codes.size(0) && v_codes.size(1) == k_codes.size(1) &&
+                  k_codes.element_size() == 1 && v_codes.element_size() == 1 && k_codes.device().is_cpu() &&
+                  v_codes.device().is_cpu(),
+              op, ": codes must be contiguous one-byte CPU tensors [slots, KV, row bytes]");
   const int64_t slots = k_codes.size(0), KV = k_codes.size(1);
-  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
+  const int64_t sr = kv_quant_scales_per_row(fmt);
   const std::vector<int64_t> dims = decode_attention_head_dims();
-  TORCH_CHECK(k_codes.size(2) == cb && std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0, op,
-              ": head_dim ", D, " is not one of the compiled ", c10::IntArrayRef(dims),
+  TORCH_CHECK(k_codes.size(2) == kv_quant_row_bytes(fmt, D, false) &&
+                  v_codes.size(2) == kv_quant_row_bytes(fmt, D, true) &&
+                  std::find(dims.begin(), dims.end(), D) != dims.end() && H % KV == 0,
+              op, ": head_dim ", D, " is not one of the compiled ", c10::IntArrayRef(dims),
               ", or does not match the codes, or heads ", H, " are not a multiple of kv heads ", KV);
   for (const at::Tensor* s : {&k_scale, &v_scale}) {
     TORCH_CHECK(s->device().is_cpu() && s->is_contiguous(), op, ": scales must be contiguous CPU tensors");
-    if (kv_quant_per_token(fmt)) {
+    if (fmt == KvQuant::kInt2) {
+      TORCH_CHECK(s->scalar_type() == at::kByte && s->numel() == slots * KV && s->size(0) == slots, op,
+                  ": int2_hadamard scales must be uint8 [slots, KV, 1]");
+    } else if (kv_quant_per_token(fmt)) {
       TORCH_CHECK(s->scalar_type() == at::kHalf && s->numel() == slots * KV * sr && s->size(0) == slots, op,
                   ": int8 scales must be float16 [slots, KV, 1], int4's [slots, KV, 2]");
     } else {

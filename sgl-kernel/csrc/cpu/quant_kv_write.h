@@ -1,4 +1,4 @@
-// Turned rows and the int8 KV write (python/sglang/srt/mem_cache/kv_quant_codec.py's rules, in registers):
+// Turned rows and the quantized KV write (python/sglang/srt/mem_cache/kv_quant_codec.py's rules, in registers):
 //   turn_rows    rows [n, D] fp32 -> rows @ R in place (R [D, D] fp32 row-major, the codec's rotation): the query
 //                turn of a pool that stores its keys turned, done inside extend_attention_quant's scratch;
 //   kv_quant_write  new K or V rows [N, KV, D] (bf16 / fp32) -> the pool's codes at the slots loc, optionally turned
@@ -6,8 +6,10 @@
 //                0) written per row, code = round_half_even(r / s) clamped to [-127, 127]; fp8 code =
 //                fp8(clamp(r / scale, +-max)) with the pool's fixed per-head scale, rounded to nearest even as torch's
 //                conversion; int4 (step, min) = fp16((max - min) / 15), fp16(min) per row written, code =
-//                round((r - min) / step) in [0, 15], keys multiplied by w (smooth) before the turn. The turn's sums are ordered differently from torch's matmul, so a turned row's codes can
-//                differ from the codec's by one step where r / s lies within rounding of a half.
+//                round((r - min) / step) in [0, 15], keys multiplied by w (smooth) before the turn; int2_hadamard
+//                (K and V turned) 2-bit keys / ternary values and a log-scale byte per row (kv_quant_int2.h). The
+//                turn's sums are ordered differently from torch's matmul, so a turned row's codes can differ from the
+//                codec's by one step where r / s lies within rounding of a half (int2: r / RMS of a threshold).
 // Level avx512_bf16 (the module's quantized-KV kernels). D: a multiple of 16, at most 256.
 #pragma once
 
@@ -144,8 +146,10 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
   const T* xp = x.data_ptr<T>();
   uint8_t* cp = reinterpret_cast<uint8_t*>(codes.data_ptr());
   const bool per_token = kv_quant_per_token(fmt);
-  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
-  uint16_t* sp = per_token ? reinterpret_cast<uint16_t*>(scales.data_ptr()) : nullptr;
+  const int64_t cb = codes.size(2), sr = kv_quant_scales_per_row(fmt);
+  const bool value = fmt == KvQuant::kInt2 && cb == kv_quant_row_bytes(fmt, D, true);  // int2: trits
+  uint16_t* sp = per_token && fmt != KvQuant::kInt2 ? reinterpret_cast<uint16_t*>(scales.data_ptr()) : nullptr;
+  uint8_t* sp8 = fmt == KvQuant::kInt2 ? reinterpret_cast<uint8_t*>(scales.data_ptr()) : nullptr;
   const float* head_scale = per_token ? nullptr : scales.data_ptr<float>();
   parallel_for(0, N * KV, 32, [&](int64_t lo, int64_t hi) {
     alignas(64) float r[kMaxTurnDim], tmp[kMaxTurnDim];
@@ -160,14 +164,16 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
         case KvQuant::kInt4: quantize_int4_row(r, D, dst, sp + (slot * KV + h) * sr); break;
         case KvQuant::kFp8E4m3: quantize_fp8_row<KvQuant::kFp8E4m3>(r, D, head_scale[h], dst); break;
         case KvQuant::kFp8E5m2: quantize_fp8_row<KvQuant::kFp8E5m2>(r, D, head_scale[h], dst); break;
+        case KvQuant::kInt2: quantize_int2_row(r, D, value, dst, sp8 + slot * KV + h); break;
       }
     }
   });
 }
 
-// x [N, KV, D] bf16 or fp32; codes [slots, KV, D] one-byte; loc [N] int64 slots; scales: int8: [slots, KV, 1] fp16,
-// written (one per row); fp8: [KV] fp32, read (the pool's fixed scales); turn: None, or R [D, D] fp32 (the rows are
-// stored turned).
+// x [N, KV, D] bf16 or fp32; codes [slots, KV, row bytes] one-byte (int2_hadamard: D / 4 for keys, ceil(D / 5) for
+// values, which says the part); loc [N] int64 slots; scales: int8: [slots, KV, 1] fp16, int4 [slots, KV, 2] fp16,
+// int2_hadamard [slots, KV, 1] uint8, written (one per row); fp8: [KV] fp32, read (the pool's fixed scales); turn:
+// None, or R [D, D] fp32 (the rows are stored turned).
 inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor scales, const at::Tensor& loc,
                            const std::string& kv_format, const c10::optional<at::Tensor>& turn,
                            const c10::optional<at::Tensor>& smooth) {
@@ -175,12 +181,14 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
   KvQuant fmt = KvQuant::kInt8;
   if (kv_format == "int4") {
     fmt = KvQuant::kInt4;
+  } else if (kv_format == "int2_hadamard") {
+    fmt = KvQuant::kInt2;
   } else if (kv_format == "fp8_e4m3") {
     fmt = KvQuant::kFp8E4m3;
   } else if (kv_format == "fp8_e5m2") {
     fmt = KvQuant::kFp8E5m2;
   } else {
-    TORCH_CHECK(kv_format == "int8", op, ": kv format int8, int4, fp8_e4m3 or fp8_e5m2, got ", kv_format);
+    TORCH_CHECK(kv_format == "int8", op, ": kv format int8, int4, int2_hadamard, fp8_e4m3 or fp8_e5m2, got ", kv_format);
   }
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
               cpu_isa_name(current_isa()));
@@ -189,12 +197,19 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
               op, ": rows must be a contiguous CPU [N, KV, D] bfloat16 or float32 tensor");
   const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
   TORCH_CHECK(D % 16 == 0 && D <= kMaxTurnDim, op, ": head_dim ", D, " must be a multiple of 16, at most ", kMaxTurnDim);
-  const int64_t cb = D / kv_quant_codes_per_byte(fmt), sr = kv_quant_scales_per_row(fmt);
+  const int64_t cb = kv_quant_row_bytes(fmt, D, false), sr = kv_quant_scales_per_row(fmt);
+  const int64_t vb = kv_quant_row_bytes(fmt, D, true);  // int2_hadamard's values (its keys: cb)
+  TORCH_CHECK(fmt != KvQuant::kInt2 || cb != vb, op, ": int2_hadamard head_dim ", D, ": key and value rows alike");
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && codes.element_size() == 1 && codes.size(1) == KV &&
-                  codes.size(2) == cb,
-              op, ": codes must be a contiguous one-byte [slots, ", KV, ", ", cb, "] tensor");
+                  (codes.size(2) == cb || codes.size(2) == vb),
+              op, ": codes must be a contiguous one-byte [slots, ", KV, ", ", cb, "] tensor",
+              fmt == KvQuant::kInt2 ? " (values: " + std::to_string(vb) + ")" : std::string());
   const int64_t slots = codes.size(0);
-  if (kv_quant_per_token(fmt)) {
+  if (fmt == KvQuant::kInt2) {
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kByte && scales.numel() == slots * KV &&
+                    scales.size(0) == slots,
+                op, ": int2_hadamard scales must be a contiguous uint8 [slots, KV, 1] tensor");
+  } else if (kv_quant_per_token(fmt)) {
     TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.numel() == slots * KV * sr &&
                     scales.size(0) == slots,
                 op, ": scales must be a contiguous float16 [slots, KV, ", sr, "] tensor");

@@ -1,13 +1,15 @@
 """extend_attention_quant (sgl-kernel/csrc/cpu/decode_attention_quant.h, quant_attention_op.h): attention that reads a
-quantized KV pool's codes in place (int8, int4, fp8_e4m3, fp8_e5m2), for extend (cached prefixes) and decode (an extend
-of one token per request), and with fresh_k / fresh_v the new tokens' own K/V instead of their codes.
+quantized KV pool's codes in place (int8, int4, int2_hadamard, fp8_e4m3, fp8_e5m2), for extend (cached prefixes) and
+decode (an extend of one token per request), and with fresh_k / fresh_v the new tokens' own K/V instead of their
+codes.
 
 Reference: the real pool (mem_cache/quantized_kv_pool.py) quantizes the K/V on write; its own gather_kv dequantizes
 each request's rows, and attention over them is computed in fp64 with the causal mask (query i at position prefix + i
 sees keys j <= prefix + i). Page sizes 1 and 16 (slots scattered page by page), GQA groups of 1, 3, 4, 5 and 8, ragged
 lengths, K/V with a wide dynamic range (fp8 subnormal codes occur) and non-unit fp8 scales per KV head. The model-level
 check (greedy tokens through sglang.Engine, kernel vs torch gather path) is test/registered/engine/
-test_kv_quant_kernel_engine.py.
+test_kv_quant_kernel_engine.py; int2_hadamard's code conversions, every byte at every position, and its write:
+test_cpu_quant_int2.py.
 """
 
 import unittest
@@ -23,7 +25,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=60, suite="cpu")
 
 BF16 = torch.bfloat16
-FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
+FORMATS = ("int8", "int4", "int2_hadamard", "fp8_e4m3", "fp8_e5m2")
 BYTE_FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")  # one code a byte
 # (prefix lens, extend lens, heads, kv heads, head dim): prefill without prefix, cached prefixes, single-token rows
 EXTEND_CASES = [
@@ -116,11 +118,12 @@ def run_kernel(ops, pool, layer, q, req_to_token, rows, prefix, extend, d, fresh
 
 def kernel_turns(pool, layer):
     """What the kernel is told about the stored basis (the format's rule, kv_quant_codec): int8 / fp8 keys turned by
-    R; int4 keys turned as (k * w) @ R (q_smooth w of the layer) and its values by R (out_turn R^T)."""
+    R; int4 keys turned as (k * w) @ R (q_smooth w of the layer) and its values by R (out_turn R^T); int2_hadamard
+    keys and values by R."""
     if pool.kv_format == "int4":
         r = codec.rotation(pool.head_dim)
         return r, pool.fixed["k_smooth"][layer], r.T.contiguous()
-    return pool.rotation("k"), None, None
+    return pool.rotation("k"), None, codec.rotation_t(pool.v_head_dim) if "v" in pool.turned_parts else None
 
 
 @unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
@@ -215,11 +218,13 @@ class TestQuantAttentionKernel(unittest.TestCase):
         all-zero row, values over ~6 octaves so fp8 subnormals occur, fp8 per-head scales): plain rows (V) give exactly
         the codec's codes (and int8's fp16 scales); turned rows (K, R given) differ from it only where the two orders
         of the turn's sums round r / s to the other side of a half: a code one step away, in under 0.5% of the
-        elements, int8 scales within one fp16 step."""
+        elements, int8 scales within one fp16 step. (int2_hadamard: test_cpu_quant_int2.py.)"""
         from sglang.srt.mem_cache import kv_quant_codec as codec
 
         g = torch.Generator().manual_seed(11)
         for fmt in FORMATS:
+            if fmt == "int2_hadamard":
+                continue
             for dtype in (BF16, torch.float32):
                 for d in (32, 64, 128, 256):
                     with self.subTest(fmt=fmt, dtype=dtype, d=d):
@@ -300,6 +305,10 @@ class TestQuantAttentionKernel(unittest.TestCase):
         pool, table, rows = make_pool("int8", 1, 3, 64, g, [5])
         q = torch.randn(1, 9, 64).to(BF16)
         with self.assertRaisesRegex(RuntimeError, "kv format"):
+            self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], pool.fields["k_scale"][0],
+                                            pool.fields["v_scale"][0], "int3", table, rows, torch.tensor([4]),
+                                            torch.tensor([1]), 0.125)
+        with self.assertRaisesRegex(RuntimeError, "does not match the codes"):  # int8's rows read as int2_hadamard's
             self.ops.extend_attention_quant(q, pool.fields["k"][0], pool.fields["v"][0], pool.fields["k_scale"][0],
                                             pool.fields["v_scale"][0], "int2_hadamard", table, rows, torch.tensor([4]),
                                             torch.tensor([1]), 0.125)

@@ -1,11 +1,11 @@
-"""The recent window of an int4 KV pool (mem_cache/recent_window.py): each request slot's last 16 tokens are attended
-uncompressed, older ones through their codes, a forward's own new tokens as computed.
+"""The recent window of an int4 / int2_hadamard KV pool (mem_cache/recent_window.py): each request slot's last 16 tokens
+are attended uncompressed, older ones through their codes, a forward's own new tokens as computed.
 
 Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the K/V this
 test fed (the new tokens' as fed, the request's own 16 newest cached tokens' as the ring keeps them: in the pool's
 stored basis rounded to bf16) and the pool's dequantization of the codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
 fresh_start / fresh_from), at page sizes 1 and 16:
-  - a prefill, then an extend of 7 and a decode step (the ring covers the 16 positions before each);
+  - a prefill, then an extend of 7 and a decode step (the ring covers the 16 positions before each), both formats;
   - an extend of 40 (> 16: only its last 16 enter the ring) then a decode step;
   - a request that takes another's tokens as its cached prefix reads them through the codes (its ring is empty), and
     a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget);
@@ -44,15 +44,16 @@ def reference(q, k_rows, v_rows, scale):
 
 
 class Harness:
-    """torch_native over an int4 pool with its window, one layer; remembers every K/V it was fed, by pool slot."""
+    """torch_native over an int4 (or int2_hadamard) pool with its window, one layer; remembers every K/V it was fed,
+    by pool slot."""
 
-    def __init__(self, page, kernel):
+    def __init__(self, page, kernel, fmt="int4"):
         self.h = BackendHarness("torch_native", page_size=page, num_q_heads=H, num_kv_heads=KV, head_dim=D,
                                 dtype=torch.float32, pool_tokens=1024, num_layers=1)
         self.r2t = self.h.r2t
-        self.pool = create_kv_pool("int4", 1024, page, torch.float32, KV, D, 1,
-                                   window_rows=self.r2t.req_to_token.shape[0])
-        self.pool.fixed["k_smooth"].copy_(torch.exp(torch.linspace(-0.5, 0.5, D))[None, None])
+        self.pool = create_kv_pool(fmt, 1024, page, torch.float32, KV, D, 1, window_rows=self.r2t.req_to_token.shape[0])
+        if "k_smooth" in self.pool.fixed:
+            self.pool.fixed["k_smooth"].copy_(torch.exp(torch.linspace(-0.5, 0.5, D))[None, None])
         self.r2t.on_alloc.append(self.pool.window.forget)
         self.h.pool = self.pool
         self.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
@@ -107,22 +108,22 @@ class TestRecentWindow(unittest.TestCase):
             yield True
 
     def test_extend_and_decode_read_the_window(self):
-        for kernel in self.paths():
+        for fmt, kernel in ((f, k) for f in ("int4", "int2_hadamard") for k in self.paths()):
             for page in (1, 16):
-                h = Harness(page, kernel)
+                h = Harness(page, kernel, fmt)
                 a, b = h.h.new_request(), h.h.new_request()
                 h.step([a, b], [19, 5])  # prefill, no prefix
                 q, out = h.step([a], [7])  # cached 19: positions 3..18 from the ring, 19..25 as computed
-                h.check(self, a, q, out, 26, 19 - W, f"extend kernel={kernel} page {page}")
+                h.check(self, a, q, out, 26, 19 - W, f"{fmt} extend kernel={kernel} page {page}")
                 q, out = h.step([a, b], [1, 1])  # decode: a's positions 10..25, b's 0..4 from the ring
-                h.check(self, a, q[:1], out[:1], 27, 27 - 1 - W, f"decode kernel={kernel} page {page}")
+                h.check(self, a, q[:1], out[:1], 27, 27 - 1 - W, f"{fmt} decode kernel={kernel} page {page}")
                 k, v = h.rows_of(b, 6, 0, 5)
                 torch.testing.assert_close(out[1:].double(), reference(q[1:], k, v, h.layer.scaling), atol=1e-4,
                                            rtol=0)
                 q, out = h.step([b], [40])  # longer than the window: only its last 16 enter the ring
-                h.check(self, b, q, out, 46, 0, f"long extend kernel={kernel} page {page}")  # b's 6 all in its ring
+                h.check(self, b, q, out, 46, 0, f"{fmt} long extend kernel={kernel} page {page}")  # b's 6 all in its ring
                 q, out = h.step([b], [1])
-                h.check(self, b, q, out, 47, 46 - W, f"decode after a long extend kernel={kernel} page {page}")
+                h.check(self, b, q, out, 47, 46 - W, f"{fmt} decode after a long extend kernel={kernel} page {page}")
 
     def test_prefix_from_another_request_and_a_reused_row(self):
         for kernel in self.paths():

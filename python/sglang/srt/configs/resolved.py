@@ -97,9 +97,9 @@ def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype
 
 def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
     """Whether torch_native decodes this model through a fused CPU kernel on `device` (then it declares no gather
-    workspace): the bf16 / fp32 kernels over a plain pool, the kernel over the codes of an int8 / fp8 pool (the other
-    quantized formats take the dequantizing gather). The server asks its device, `sglang plan --device cpu` this
-    machine."""
+    workspace): the bf16 / fp32 kernels over a plain pool, the kernel over the codes of a quantized pool (every format:
+    cpu_kernel_ops.QUANT_KERNEL_FORMATS; below level avx512_bf16 they take the dequantizing gather). The server asks
+    its device, `sglang plan --device cpu` this machine."""
     from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_available, fused_cpu_quant_ops
     from sglang.srt.mem_plan.dtypes import torch_dtype
 

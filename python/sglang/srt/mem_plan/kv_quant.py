@@ -21,7 +21,7 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     a fixed orthonormal (randomised Hadamard) rotation (mem_cache/kv_quant_codec.py) [72 B, 3.56x]
   int2_hadamard     the >= 8x mode: K and V turned by the rotation (their coordinates ~ Gaussian), keys 2-bit
                     (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
-                    one log-scale byte per vector (2^(code/16) steps, +-2.2%)                   [31 B, 8.26x]
+                    one log-scale byte per vector (2^(1/12) steps, +-2.9%)                      [31 B, 8.26x]
 
 Per token, every byte the pool holds is above. int4 and int2_hadamard also keep each request slot's last 16 tokens in
 bf16 (RECENT_WINDOW_TOKENS: a ring per slot, the kv_window term, charged per slot not per token; the default model:
@@ -157,8 +157,9 @@ def gather_elem_bytes(fmt: str, model_dtype: str) -> int:
 
 
 def check_kv_format_backend(fmt: str, backend: str) -> None:
-    """ValueError when the attention backend cannot read this KV format: the int formats are read by torch_native's
-    dequantizing gather and the Triton kernels (in-kernel); FlashInfer reads fp8, AITER none (no fp8 prefill)."""
+    """ValueError when the attention backend cannot read this KV format: the int formats are read by torch_native
+    (its CPU kernel over the codes, else its dequantizing gather) and the Triton kernels (in-kernel); FlashInfer reads
+    fp8, AITER none (no fp8 prefill)."""
     readers = KV_FORMAT_BACKENDS.get(fmt)
     if readers is not None and backend not in readers:
         raise ValueError(f"--kv-cache-dtype {fmt} is read by --attention-backend {' / '.join(readers)}, not by "

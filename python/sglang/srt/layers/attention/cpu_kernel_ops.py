@@ -8,7 +8,7 @@ import torch
 from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 
 # the quantized formats the CPU kernel reads in place (their storage layouts are fixed: mem_plan/kv_quant.py)
-QUANT_KERNEL_FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
+QUANT_KERNEL_FORMATS = ("int8", "int4", "int2_hadamard", "fp8_e4m3", "fp8_e5m2")
 
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:

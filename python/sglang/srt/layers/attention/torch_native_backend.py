@@ -24,11 +24,12 @@ values in place through req_to_token: no gathered copy, no padding, no mask. A b
 writes the new K/V to the pool and calls extend_attention (extend_attention_op.h): every new token attends through
 req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
 
-A quantized pool whose codes the CPU kernel reads (int8, int4, fp8_e4m3, fp8_e5m2: cpu_kernel_ops.QUANT_KERNEL_FORMATS, level
-avx512_bf16, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes extend_attention_quant for decode and extend alike:
-the module quantizes the new rows on write (kv_quant_write, the codec's rule), then every new token attends over the
-codes in place (a decode step is an extend of one token), the query turned into the keys' stored basis and (int4)
-the output turned back out of the values', inside the kernel; no row is dequantized outside its registers. As on the torch path, a prefill
+A quantized pool whose codes the CPU kernel reads (int8, int4, int2_hadamard, fp8_e4m3, fp8_e5m2: every format,
+cpu_kernel_ops.QUANT_KERNEL_FORMATS, from level avx512_bf16, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes
+extend_attention_quant for decode and extend alike: the module quantizes the new rows on write (kv_quant_write, the
+codec's rule), then every new token attends over the codes in place (a decode step is an extend of one token), the
+query turned into the keys' stored basis and (int4, int2_hadamard) the output turned back out of the values', inside
+the kernel; no row is dequantized outside its registers. As on the torch path, a prefill
 batch without any cached prefix attends to its own fresh K/V instead (extend_attention over k/v themselves, a table
 of their row numbers as req_to_token).
 
@@ -251,9 +252,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             raise NotImplementedError("torch_native CPU attention over a quantized pool reads the new K/V from the "
                                       "pool (save_kv_cache=True).")
         pool, lid = self.token_to_kv_pool, layer.layer_id
-        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: [layers, KV] fp32; int8: [layers, rows, KV, 1] fp16
+        # fp8: [layers, KV] fp32; int8 / int4: [layers, rows, KV, 1 / 2] fp16; int2_hadamard [layers, rows, KV, 1] u8
+        scales = pool.fixed if pool.is_fp8 else pool.fields
         # keys stored turned (k @ R; int4's (k * w) @ R): the kernel turns each query row (q / w) by R in its fp32
-        # scratch (q.k unchanged); values stored turned (int4): it turns each output row back by R^T
+        # scratch (q.k unchanged); values stored turned (int4, int2_hadamard): it turns each output row back by R^T
         k_turn, k_smooth = pool.key_turn(lid)
         v_back = kv_quant_codec.rotation_t(pool.v_head_dim, pool.device) if "v" in pool.turned_parts else None
         return self.cpu_quant_ops.extend_attention_quant(
@@ -271,15 +273,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         return (*self.token_to_kv_pool.window.ring(layer.layer_id), tail.ring_rows, tail.counts)
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The new K/V into the pool: an int8 / fp8 pool the kernels read is written by the kernel module too (the
-        codec's rule in registers, keys turned; kv_quant_write), every other pool (and a calibrating one, which records
-        what it is given) by its own set_kv_buffer."""
+        """The new K/V into the pool: a pool the kernels read is written by the kernel module too (the codec's rule in
+        registers, the stored-turned parts turned; kv_quant_write), every other pool (and a calibrating one, which
+        records what it is given) by its own set_kv_buffer."""
         pool = self.token_to_kv_pool
         if self.cpu_quant_write is None or pool.calibrating:
             pool.set_kv_buffer(layer.layer_id, loc, k, v)
             return
         lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
-        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; int8 / int4: written per row fp16
+        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; the int formats: written per row
         k_turn, k_smooth = pool.key_turn(lid)
         self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
                              k_smooth)
