@@ -313,11 +313,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("extend_lens"), py::arg("scale"), py::arg("q_turn") = py::none(), py::arg("q_smooth") = py::none(),
         py::arg("out_turn") = py::none(), py::arg("fresh_k") = py::none(), py::arg("fresh_v") = py::none(),
         py::arg("ring_k") = py::none(), py::arg("ring_v") = py::none(), py::arg("ring_rows") = py::none(),
-        py::arg("ring_counts") = py::none());
+        py::arg("ring_counts") = py::none(), py::arg("ring_write") = py::none());
   m.def("kv_quant_write", &sgl_cpu::kv_quant_write,
         "new K or V rows [N, KV, D] -> an int8 / int4 / int2_hadamard / fp8 pool's codes at the slots loc (the codec's "
         "rule; int8 and int4 write their per-row fp16 scales, int2_hadamard its log-scale bytes, fp8 reads the per-head "
         "fp32 ones), times smooth then turned by R first "
         "where given", py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("loc"), py::arg("kv_format"),
-        py::arg("turn") = py::none(), py::arg("smooth") = py::none());
+        py::arg("turn") = py::none(), py::arg("smooth") = py::none(), py::arg("turned_out") = py::none());
 }

@@ -119,6 +119,25 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
   return out;
 }
 
+// fresh rows t [N, KV, D] fp32 -> bf16 ring entries entry[t] (entry < 0: not kept), K and V.
+SGL_AVX512_BF16 inline void write_ring_rows(const char* op, const at::Tensor& entry, const float* fk, const float* fv,
+                                            int64_t N, int64_t KV, int64_t D, const at::Tensor& ring_k,
+                                            const at::Tensor& ring_v) {
+  TORCH_CHECK(entry.scalar_type() == at::kLong && entry.is_contiguous() && entry.numel() == N && entry.device().is_cpu(),
+              op, ": ring_write must be a contiguous int64 CPU [N] tensor");
+  const int64_t* ep = entry.data_ptr<int64_t>();
+  uint16_t* rk = reinterpret_cast<uint16_t*>(ring_k.data_ptr());
+  uint16_t* rv = reinterpret_cast<uint16_t*>(ring_v.data_ptr());
+  for (int64_t t = 0; t < N; ++t) {
+    if (ep[t] < 0) continue;
+    TORCH_CHECK(ep[t] < ring_k.size(0), op, ": ring entry ", ep[t], " is outside the ring");
+    for (int64_t j = 0; j < KV * D; j += 16) {
+      store_bf16x16(rk + ep[t] * KV * D + j, _mm512_loadu_ps(fk + t * KV * D + j));
+      store_bf16x16(rv + ep[t] * KV * D + j, _mm512_loadu_ps(fv + t * KV * D + j));
+    }
+  }
+}
+
 // An optional [rows, D] fp32 matrix argument's data, or null.
 inline const float* optional_matrix(const char* op, const char* name, const c10::optional<at::Tensor>& m,
                                     int64_t rows, int64_t D) {
@@ -143,7 +162,9 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 //             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
 //   ring_k, ring_v  [ring rows x window, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
 //             (mem_cache/recent_window.py), in the stored basis; request b's last ring_counts[b] cached positions p
-//             are read from ring row ring_rows[b] x window + p % window instead of their codes
+//             are read from ring row ring_rows[b] x window + p % window instead of their codes; ring_write [N]
+//             int64, optional: after the attention, new row t (fresh_k / fresh_v) goes to ring entry ring_write[t]
+//             (< 0: not kept), in bf16 -- the reads above saw the entries it replaces
 inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
@@ -157,7 +178,8 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const c10::optional<at::Tensor>& ring_k,
                                          const c10::optional<at::Tensor>& ring_v,
                                          const c10::optional<at::Tensor>& ring_rows,
-                                         const c10::optional<at::Tensor>& ring_counts) {
+                                         const c10::optional<at::Tensor>& ring_counts,
+                                         const c10::optional<at::Tensor>& ring_write) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
@@ -237,11 +259,14 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   }
   const int64_t* rrp = has_ring ? rr.data_ptr<int64_t>() : nullptr;
   const int64_t* rcp = has_ring ? rc.data_ptr<int64_t>() : nullptr;
-  if (q.scalar_type() == at::kBFloat16)
-    return extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
-                                                  back, fk, fv, rk, rv, rrp, rcp, window);
-  return extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back,
-                                         fk, fv, rk, rv, rrp, rcp, window);
+  at::Tensor out = q.scalar_type() == at::kBFloat16
+      ? extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
+                                               back, fk, fv, rk, rv, rrp, rcp, window)
+      : extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back,
+                                        fk, fv, rk, rv, rrp, rcp, window);
+  if (has_ring && ring_write.has_value() && ring_write->defined())  // after every read: the new rows into the ring
+    write_ring_rows(op, *ring_write, fk, fv, N, KV, D, *ring_k, *ring_v);
+  return out;
 }
 
 }  // namespace sgl_cpu

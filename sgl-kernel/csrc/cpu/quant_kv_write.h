@@ -141,7 +141,7 @@ SGL_AVX512_BF16 inline void quantize_fp8_row(const float* r, int64_t D, float sc
 
 template <typename T>
 void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::Tensor& scales, const int64_t* loc,
-                      const float* R, const float* smooth) {
+                      const float* R, const float* smooth, float* turned_out) {
   const int64_t N = x.size(0), KV = x.size(1), D = x.size(2);
   const T* xp = x.data_ptr<T>();
   uint8_t* cp = reinterpret_cast<uint8_t*>(codes.data_ptr());
@@ -159,6 +159,7 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
       rows_to_f32(xp + i * D, D, r);
       if (smooth != nullptr) multiply_row(r, D, smooth + h * D);
       if (R != nullptr) turn_row(r, D, R, tmp);
+      if (turned_out != nullptr) std::copy(r, r + D, turned_out + i * D);  // the row in the stored basis, fp32
       switch (fmt) {
         case KvQuant::kInt8: quantize_int8_row(r, D, reinterpret_cast<int8_t*>(dst), sp + slot * KV + h); break;
         case KvQuant::kInt4: quantize_int4_row(r, D, dst, sp + (slot * KV + h) * sr); break;
@@ -173,10 +174,11 @@ void kv_quant_write_t(KvQuant fmt, const at::Tensor& x, at::Tensor& codes, at::T
 // x [N, KV, D] bf16 or fp32; codes [slots, KV, row bytes] one-byte (int2_hadamard: D / 4 for keys, ceil(D / 5) for
 // values, which says the part); loc [N] int64 slots; scales: int8: [slots, KV, 1] fp16, int4 [slots, KV, 2] fp16,
 // int2_hadamard [slots, KV, 1] uint8, written (one per row); fp8: [KV] fp32, read (the pool's fixed scales); turn:
-// None, or R [D, D] fp32 (the rows are stored turned).
+// None, or R [D, D] fp32 (the rows are stored turned). turned_out [N, KV, D] fp32, optional, gets each row as stored
+// (times smooth, turned): what extend_attention_quant takes as fresh_k / fresh_v.
 inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor scales, const at::Tensor& loc,
                            const std::string& kv_format, const c10::optional<at::Tensor>& turn,
-                           const c10::optional<at::Tensor>& smooth) {
+                           const c10::optional<at::Tensor>& smooth, const c10::optional<at::Tensor>& turned_out) {
   const char* op = "kv_quant_write";
   KvQuant fmt = KvQuant::kInt8;
   if (kv_format == "int4") {
@@ -234,8 +236,16 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
                 ": smooth must be a contiguous float32 [KV, D] tensor");
     w = smooth->data_ptr<float>();
   }
-  if (x.scalar_type() == at::kBFloat16) return kv_quant_write_t<at::BFloat16>(fmt, x, codes, scales, lp, R, w);
-  kv_quant_write_t<float>(fmt, x, codes, scales, lp, R, w);
+  float* out = nullptr;
+  if (turned_out.has_value() && turned_out->defined()) {
+    TORCH_CHECK(turned_out->scalar_type() == at::kFloat && turned_out->is_contiguous() &&
+                    turned_out->sizes() == x.sizes(),
+                op, ": turned_out must be a contiguous float32 tensor shaped like the rows");
+    out = turned_out->data_ptr<float>();
+  }
+  if (x.scalar_type() == at::kBFloat16)
+    return kv_quant_write_t<at::BFloat16>(fmt, x, codes, scales, lp, R, w, out);
+  kv_quant_write_t<float>(fmt, x, codes, scales, lp, R, w, out);
 }
 
 }  // namespace sgl_cpu

@@ -37,6 +37,7 @@ class WindowTail:
     ring_src: torch.Tensor  # [B, W] the ring entries of positions P_b - W + i
     write_src: torch.Tensor  # new-token rows whose K/V go into the ring (the last W of each request)
     write_dst: torch.Tensor  # their ring entries
+    write_entry: torch.Tensor  # [N] each new token's ring entry, -1 where it does not enter the ring
 
 
 class RecentWindow:
@@ -85,7 +86,8 @@ class RecentWindow:
             write_src = token_idx[new_pos >= (pre + ext)[req_of_token] - w]
         write_dst = rows[req_of_token[write_src]] * w + new_pos[write_src].remainder(w)
         self.loc.view(-1)[write_dst] = out_cache_loc.to(torch.int64)[write_src]
-        return WindowTail(rows, counts, ring_src, write_src, write_dst)
+        write_entry = torch.full((n,), -1, dtype=torch.int64, device=dev).index_copy_(0, write_src, write_dst)
+        return WindowTail(rows, counts, ring_src, write_src, write_dst, write_entry)
 
     def write(self, layer_id: int, k_stored: torch.Tensor, v_stored: torch.Tensor, t: WindowTail) -> None:
         """The new tokens' K/V (in the stored basis) into their ring entries, after this layer's attention."""

@@ -83,6 +83,7 @@ class TorchNativeMetadata:
     # a pool with a recent window: the forward's ring bookkeeping (mem_cache/recent_window.py)
     tail: Optional[WindowTail] = None
     stored_kv: Optional[tuple] = None  # (layer id, new k, new v in the stored basis) of the layer last computed
+    ring_written: Optional[int] = None  # the layer whose new tokens the kernel already put into the ring
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -266,11 +267,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         )
 
     def _ring_args(self, layer: AttentionLayer) -> tuple:
-        """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts), or Nones."""
-        tail = self.forward_metadata.tail
-        if tail is None:
-            return None, None, None, None
-        return (*self.token_to_kv_pool.window.ring(layer.layer_id), tail.ring_rows, tail.counts)
+        """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts, ring_write), or Nones: it reads
+        the ring, then writes the new tokens into it (so _remember has nothing left to do for this layer)."""
+        md = self.forward_metadata
+        if md.tail is None or not self.fresh_reads:
+            return None, None, None, None, None
+        md.ring_written = layer.layer_id
+        return (*self.token_to_kv_pool.window.ring(layer.layer_id), md.tail.ring_rows, md.tail.counts,
+                md.tail.write_entry)
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: a pool the kernels read is written by the kernel module too (the codec's rule in
@@ -283,10 +287,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; the int formats: written per row
         k_turn, k_smooth = pool.key_turn(lid)
+        # the rows as stored (fp32, turned) come back too: the kernel attends them as the forward's new tokens
+        sk = torch.empty(k.shape, dtype=torch.float32, device=k.device)
+        sv = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
-                             k_smooth)
+                             k_smooth, sk)
         self.cpu_quant_write(v.contiguous(), pool.fields["v"][lid], scales["v_scale"][lid], loc, pool.kv_format,
-                             pool.rotation("v"))
+                             pool.rotation("v"), None, sv)
+        self.forward_metadata.stored_kv = (lid, sk, sv)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         out = self._forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -300,9 +308,9 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _remember(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor) -> None:
         """A recent window: the new tokens into their ring entries, after the layer's attention read the old ones."""
-        tail = self.forward_metadata.tail
-        if tail is not None:
-            self.token_to_kv_pool.window.write(layer.layer_id, *self._stored_kv(layer, k, v), tail)
+        md = self.forward_metadata
+        if md.tail is not None and md.ring_written != layer.layer_id:
+            self.token_to_kv_pool.window.write(layer.layer_id, *self._stored_kv(layer, k, v), md.tail)
 
     def _forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
