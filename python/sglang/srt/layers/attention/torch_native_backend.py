@@ -371,7 +371,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 for s in range(0, bs, rows)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _decode_rows(self, q, layer, req_rows, seq_lens, max_len: int, ragged: bool, new_kv) -> torch.Tensor:
+    def _decode_rows(self, q, layer, req_rows, seq_lens, max_len: int, ragged: bool, new_kv=None) -> torch.Tensor:
         kv_indices = self.req_to_token_pool.req_to_token[req_rows, :max_len]  # [b, max_len], a copy
         attn_mask = None
         if ragged:
@@ -385,7 +385,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             qq, kk, vv, attn_mask=attn_mask, scale=layer.scaling),  # k, v gathered [b, KV, Lk, D]
             self._fresh(layer, new_kv[0], new_kv[1],  # row i = request s + i, its new token at seq_len - 1
                         [(i, new_kv[2] + i, n, new_kv[2] + i, 1) for i, n in enumerate(seq_lens.tolist())])
-            if self.fresh_reads else None)
+            if new_kv is not None and self.fresh_reads else None)
         return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
 
 
