@@ -38,9 +38,8 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
-from sglang.srt.layers.attention.triton_ops.kv_dequant import FMT_PLAIN
 from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, RingOperands, plain_operands, ring_args
-from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
+from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block, attend_ring_block
 from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
 
 
@@ -100,14 +99,10 @@ def _decode_split_kernel(
                 KV_FORMAT)
         if RING:
             if ring_here:  # cached positions [seq_len, cached) at ring entries row * WINDOW + position % WINDOW
-                offs_w = tl.arange(0, RING_N)
-                mask_w = offs_w < count
-                entries = tl.where(mask_w, tl.load(Ring_rows + b).to(tl.int64) * WINDOW + (seq_len + offs_w) % WINDOW,
-                                   0)
-                acc, m_i, l_i = attend_key_block(
-                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh, Ring_k,
-                    Ring_v, entries, stride_rkt, stride_rvt, 0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_w,
-                    mask_w[None, :], sm_scale, 1.0, FMT_PLAIN)
+                acc, m_i, l_i = attend_ring_block(
+                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
+                    tl.load(Ring_rows + b).to(tl.int64), seq_len, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv,
+                    sm_scale, WINDOW, RING_N)
         out_ptrs = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_dv[None, :]
         tl.store(out_ptrs, acc / l_i[:, None], mask=mask_g[:, None] & mask_dv[None, :])
         tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_g)

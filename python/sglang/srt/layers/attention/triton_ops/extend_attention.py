@@ -30,7 +30,7 @@ import triton.language as tl
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
 from sglang.srt.layers.attention.triton_ops.kv_dequant import FMT_PLAIN
 from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, RingOperands, plain_operands, ring_args
-from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block
+from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block, attend_ring_block
 from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
 
 
@@ -94,14 +94,10 @@ def _extend_kernel(
                 KV_FORMAT)
         if RING:
             if count > 0:  # the prefix's newest tokens, from the ring (bf16, stored basis; position p at p % WINDOW)
-                offs_w = tl.arange(0, RING_N)
-                mask_w = offs_w < count
-                entries = tl.where(mask_w, tl.load(Ring_rows + b).to(tl.int64) * WINDOW + (codes_end + offs_w) % WINDOW,
-                                   0)
-                acc, m_i, l_i = attend_key_block(
-                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh, Ring_k,
-                    Ring_v, entries, stride_rkt, stride_rvt, 0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_w,
-                    mask_w[None, :], sm_scale, 1.0, FMT_PLAIN)
+                acc, m_i, l_i = attend_ring_block(
+                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
+                    tl.load(Ring_rows + b).to(tl.int64), codes_end, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv,
+                    sm_scale, WINDOW, RING_N)
 
         # 2. the new tokens of this forward (model dtype, as computed), causally up to the last one of this block
         keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)

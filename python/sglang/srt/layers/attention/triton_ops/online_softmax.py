@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit_helper
-from sglang.srt.layers.attention.triton_ops.kv_dequant import key_block_scores, value_block_product
+from sglang.srt.layers.attention.triton_ops.kv_dequant import FMT_PLAIN, key_block_scores, value_block_product
 
 
 @lazy_jit_helper
@@ -39,3 +39,18 @@ def attend_key_block(
     pv = value_block_product(p, q, V, VS, key_rows, stride_v, stride_vs, offs_dv, mask_dv, mask_n, KV_FORMAT)
     acc = acc * alpha[:, None] + pv * v_scale
     return acc, m_new, l_i
+
+
+@lazy_jit_helper
+def attend_ring_block(
+    q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, ring_row, first, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv,
+    mask_dv, sm_scale, WINDOW: tl.constexpr, RING_N: tl.constexpr,
+):
+    """A request's recent-window ring (mem_cache/recent_window.py) as one key block: its `count` cached positions
+    first .. first + count - 1, position p at entry ring_row * WINDOW + p % WINDOW; Ring_k / Ring_v one KV head's
+    bf16 rows, already in the stored basis (no scales, no turn). Returns the updated (acc, m_i, l_i)."""
+    offs_w = tl.arange(0, RING_N)
+    mask_w = offs_w < count
+    entries = tl.where(mask_w, ring_row * WINDOW + (first + offs_w) % WINDOW, 0)
+    return attend_key_block(q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, Ring_k, Ring_v, entries, stride_rkt, stride_rvt,
+                            0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_w, mask_w[None, :], sm_scale, 1.0, FMT_PLAIN)
