@@ -10,6 +10,7 @@ turn (out_turn None) the kernel's fp32 output is its value row as converted: (tr
 import unittest
 
 import torch
+from test_cpu_quant_attention import wide_range  # the K/V rows of the attention tests (fp8 subnormals, outliers)
 
 from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
 from sglang.srt.mem_cache import kv_quant_codec as codec
@@ -20,12 +21,6 @@ register_cpu_ci(est_time=10, suite="cpu")
 
 FMT = "int2_hadamard"
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)  # decode_attention_head_dims(): every phase of 16 values in 5-trit bytes
-
-
-def wide_range(shape, g):
-    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randn(*shape, generator=g) * 1.5)
-    x[..., :3] *= 4
-    return x
 
 
 @unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
