@@ -287,14 +287,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
         scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; the int formats: written per row
         k_turn, k_smooth = pool.key_turn(lid)
-        # the rows as stored (fp32, turned) come back too: the kernel attends them as the forward's new tokens
-        sk = torch.empty(k.shape, dtype=torch.float32, device=k.device)
-        sv = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        # the rows as stored (fp32, turned) come back too where they are read: the kernel attends them as the
+        # forward's new tokens, the recent window keeps them (a prefill without a cached prefix needs neither)
+        md = self.forward_metadata
+        keep = md.quant_rows is not None or md.tail is not None
+        sk = torch.empty(k.shape, dtype=torch.float32, device=k.device) if keep else None
+        sv = torch.empty(v.shape, dtype=torch.float32, device=v.device) if keep else None
         self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
                              k_smooth, sk)
         self.cpu_quant_write(v.contiguous(), pool.fields["v"][lid], scales["v_scale"][lid], loc, pool.kv_format,
                              pool.rotation("v"), None, sv)
-        self.forward_metadata.stored_kv = (lid, sk, sv)
+        if keep:
+            md.stored_kv = (lid, sk, sv)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         out = self._forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
