@@ -1,11 +1,11 @@
 """A layer-level harness that runs one attention backend and torch_native over the same paged pools (CPU tests).
 
-Requests grow through real allocator pages (so page_size > 1 gives scattered, partly filled pages), and every step
-runs `init_forward_metadata` + one forward per layer on both backends with the same q/k/v; the K/V each writes are
-identical, so sharing the pools is safe. A quantized format with a recent window (int4, int2_hadamard) gets its ring
-as a server's pool has it (window=False: none); both backends claim and write ring entries, so `compare` runs the
-backend, keeps the ring it left, puts back the ring from before and runs torch_native: both see the same ring, and
-what the backend wrote can be compared with what torch_native wrote (ring_diffs).
+Requests grow through real allocator pages (so page_size > 1 gives scattered, partly filled pages), and every step runs
+`init_forward_metadata` + one forward per layer on both backends with the same q/k/v; the K/V each writes are identical,
+so sharing the pools is safe. A quantized format with a recent window (int4, int2_hadamard, fp8) gets its ring as a
+server's pool has it (window=False: none); both backends claim and write ring entries, so `compare` runs the backend,
+keeps the ring it left, puts back the ring from before and runs torch_native: both see the same ring, and what the
+backend wrote can be compared with what torch_native wrote (ring_diffs).
 """
 
 from __future__ import annotations

@@ -49,8 +49,17 @@ struct FreshRows {
   const uint16_t* ring_k = nullptr;
   const uint16_t* ring_v = nullptr;
   int64_t ring_base = 0, window = 1, n_ring = 0;
+};
 
-  const uint16_t* ring_row(const uint16_t* ring, int64_t j) const { return ring + (ring_base + j % window) * stride; }
+// Walks the ring rows of keys j = n_codes, n_codes + 1, ... in order: entry j % window without a division per row.
+struct RingCursor {
+  int64_t entry, window;
+  RingCursor(const FreshRows& f) : entry(f.n_ring > 0 ? f.n_codes % f.window : 0), window(f.window) {}
+  int64_t next() {
+    const int64_t e = entry;
+    entry = entry + 1 == window ? 0 : entry + 1;
+    return e;
+  }
 };
 
 enum class KvQuant : int { kInt8 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2, kInt4 = 3, kInt2 = 4 };
@@ -128,6 +137,39 @@ SGL_AVX512_BF16 inline void prefetch_value_chunk(const uint8_t* row, int c) {
   }
 }
 
+SGL_AVX512_BF16 inline __m512 load_row16(const uint16_t* p) { return load_bf16x16(p); }
+SGL_AVX512_BF16 inline __m512 load_row16(const float* p) { return _mm512_loadu_ps(p); }
+
+// An uncompressed key row (bf16 ring row or fp32 new row) against G query heads: out4[g] = k_mul * q_g . k.
+template <int D, int G, typename T>
+SGL_AVX512_BF16 inline void score_uncompressed(const __m512 (&qv)[G][D / 16], const T* k, float k_mul, float* out4) {
+  __m512 acc[kHeadsPerPass];
+#pragma GCC unroll 4
+  for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int i = 0; i < D / 16; ++i) {
+    const __m512 kv = load_row16(k + 16 * i);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
+  }
+  _mm_storeu_ps(out4, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(k_mul)));
+}
+
+// An uncompressed value row's 16-dim blocks [c, c + kChunk) (v points at block c), weighted by p4[g] / v_mul.
+template <int D, int G, int kChunk, typename T>
+SGL_AVX512_BF16 inline void add_uncompressed(__m512 (&acc)[G][kChunk], const T* v, int c, const float* p4,
+                                             float v_mul) {
+  __m512 vv[kChunk];
+#pragma GCC unroll 4
+  for (int d = 0; d < kChunk; ++d) vv[d] = c + d < D / 16 ? load_row16(v + 16 * d) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const __m512 p = _mm512_set1_ps(p4[g] / v_mul);
+#pragma GCC unroll 4
+    for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
+  }
+}
+
 // G (<= 4) query heads of head_dim D against one KV head; k, v, ks, vs point at that head's column; krow, vrow, srow:
 // a slot's bytes of K and V codes and its scales.
 template <KvQuant F, int D, int G>
@@ -158,6 +200,11 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   const __m128 qsum4 = _mm_load_ps(qsum);
   // keys [0, n_codes) are read as codes through tokens, [n_codes, seq_len) from the fresh fp32 rows (this forward's)
   const int64_t n_codes = fresh.k == nullptr ? seq_len : fresh.n_codes;
+  // the ring's rows (read after the codes): fetched while the codes are read
+  for (int64_t e = 0; e < std::min(fresh.n_ring, fresh.window); ++e) {
+    prefetch_bytes<2 * D>(reinterpret_cast<const uint8_t*>(fresh.ring_k + (fresh.ring_base + e) * fresh.stride));
+    prefetch_bytes<2 * D>(reinterpret_cast<const uint8_t*>(fresh.ring_v + (fresh.ring_base + e) * fresh.stride));
+  }
   // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j] (int4: + k_mul m_k[j] sum(q_g))
   for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * krow);
   for (int64_t j = 0; j < n_codes; ++j) {
@@ -181,23 +228,15 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
     if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
     _mm_storeu_ps(scores + 4 * j, sc);
   }
-  // 1b. the uncompressed keys: scores[j][g] = fresh.k_mul * q_g . k_j (ring rows bf16, new rows fp32)
+  // 1b. the uncompressed keys: scores[j][g] = fresh.k_mul * q_g . k_j (ring rows bf16, then the new rows fp32; two
+  // loops, so neither tests which a row is)
   const int64_t n_old = n_codes + fresh.n_ring;
-  for (int64_t j = n_codes; j < seq_len; ++j) {
-    const bool ring = j < n_old;
-    const uint16_t* kb = ring ? fresh.ring_row(fresh.ring_k, j) : nullptr;
-    const float* kr = ring ? nullptr : fresh.k + (j - n_old) * fresh.stride;
-    __m512 acc[kHeadsPerPass];
-#pragma GCC unroll 4
-    for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int i = 0; i < kQ; ++i) {
-      const __m512 kv = ring ? load_bf16x16(kb + 16 * i) : _mm512_loadu_ps(kr + 16 * i);
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][i], kv, acc[g]);
-    }
-    _mm_storeu_ps(scores + 4 * j, _mm_mul_ps(reduce_add_4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(fresh.k_mul)));
-  }
+  RingCursor kcur(fresh);
+  for (int64_t j = n_codes; j < n_old; ++j)
+    score_uncompressed<D, G>(qv, fresh.ring_k + (fresh.ring_base + kcur.next()) * fresh.stride, fresh.k_mul,
+                             scores + 4 * j);
+  for (int64_t j = n_old; j < seq_len; ++j)
+    score_uncompressed<D, G>(qv, fresh.k + (j - n_old) * fresh.stride, fresh.k_mul, scores + 4 * j);
   alignas(16) float inv[4];
   softmax_columns_4(scores, seq_len, inv);
   float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4 / int2: sum_j p[j][g] m_v[j], added to every element of out_g
@@ -235,21 +274,13 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
         for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
       }
     }
-    for (int64_t j = n_codes; j < seq_len; ++j) {  // the uncompressed values, weighted by p / v_mul (v_mul scales the sum)
-      const bool ring = j < n_old;
-      const uint16_t* vb = ring ? fresh.ring_row(fresh.ring_v, j) + 16 * c : nullptr;
-      const float* vr = ring ? nullptr : fresh.v + (j - n_old) * fresh.stride + 16 * c;
-      __m512 vv[kChunk];
-#pragma GCC unroll 4
-      for (int d = 0; d < kChunk; ++d)
-        vv[d] = c + d >= kQ ? _mm512_setzero_ps() : ring ? load_bf16x16(vb + 16 * d) : _mm512_loadu_ps(vr + 16 * d);
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(scores[4 * j + g] / v_mul);
-#pragma GCC unroll 4
-        for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
-      }
-    }
+    // the uncompressed values (ring rows, then the new rows), weighted by p / v_mul (v_mul scales the sum)
+    RingCursor vcur(fresh);
+    for (int64_t j = n_codes; j < n_old; ++j)
+      add_uncompressed<D, G, kChunk>(acc, fresh.ring_v + (fresh.ring_base + vcur.next()) * fresh.stride + 16 * c, c,
+                                     scores + 4 * j, v_mul);
+    for (int64_t j = n_old; j < seq_len; ++j)
+      add_uncompressed<D, G, kChunk>(acc, fresh.v + (j - n_old) * fresh.stride + 16 * c, c, scores + 4 * j, v_mul);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m512 vinv = _mm512_set1_ps(inv[g] * v_mul), vmin = _mm512_set1_ps(pmin[g]);

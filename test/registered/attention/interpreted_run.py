@@ -93,8 +93,8 @@ def kv_quant_kernel_errors() -> dict:
     ('ring|kind|tiles|dtype|page_size|fmt') and against a reference that reads the ring's tokens through their codes
     ('ring_codes_reference|kind|fmt': far off)."""
     import torch
-    from kv_quant_triton_cases import (DECODE_CASE, EXTEND_CASE, FORMATS, RING_DECODE_CASE, RING_EXTEND_CASE,
-                                       WINDOW_FORMATS, run_quant_decode, run_quant_extend)
+    from kv_quant_triton_cases import (DECODE_CASE, EXTEND_CASE, FORMATS, WINDOW_FORMATS, ring_decode_case,
+                                       ring_extend_case, run_quant_decode, run_quant_extend)
 
     from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
     from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES
@@ -120,20 +120,21 @@ def kv_quant_kernel_errors() -> dict:
         errors[f"codes_reference|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, codes_reference=True,
                                                                    **EXTEND_CASE)
     for fmt in WINDOW_FORMATS:
+        ring_decode, ring_extend = ring_decode_case(fmt), ring_extend_case(fmt)
         for dtype in (torch.float32, torch.float16):
             for page_size in (1, 16):
                 errors[f"ring|decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
-                    fmt, page_size, dtype, **RING_DECODE_CASE)
+                    fmt, page_size, dtype, **ring_decode)
                 errors[f"ring|extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
-                    fmt, page_size, dtype, **RING_EXTEND_CASE)
+                    fmt, page_size, dtype, **ring_extend)
         errors[f"ring|decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(
-            fmt, 16, torch.float32, tiles=GPU_TILES, **RING_DECODE_CASE)
+            fmt, 16, torch.float32, tiles=GPU_TILES, **ring_decode)
         errors[f"ring|extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, tiles=GPU_TILES, **RING_EXTEND_CASE)
+            fmt, 1, torch.float32, tiles=GPU_TILES, **ring_extend)
         errors[f"ring_codes_reference|decode|{fmt}"] = run_quant_decode(
-            fmt, 1, torch.float32, ring_codes_reference=True, **RING_DECODE_CASE)
+            fmt, 1, torch.float32, ring_codes_reference=True, **ring_decode)
         errors[f"ring_codes_reference|extend|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, ring_codes_reference=True, **RING_EXTEND_CASE)
+            fmt, 1, torch.float32, ring_codes_reference=True, **ring_extend)
     return errors
 
 

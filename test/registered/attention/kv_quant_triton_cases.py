@@ -1,16 +1,18 @@
 """Shared by the quantized-KV Triton kernel tests: a one-layer quantized pool (the real QuantizedKVPool: its codec
 writes the codes and scales) with shuffled pages, and runners that return the max abs error of the Triton decode /
-extend kernels, reading the pool's codes in place, against a float64 attention over the cached tokens' dequantized
-K/V (gather_kv, unrotated: the host's rotation of q, k, v and of the output is checked too; a format with fixed
-channel means gets non-zero ones) and the new tokens' K/V exactly as written (the forward's own, attended as
-computed though the pool holds their codes too). codes_reference=True compares against the old rule instead (the
-new tokens through their codes): the kernels must be far from it. ring_counts: the formats with a recent window
-(int4, int2_hadamard) read request b's last ring_counts[b] cached tokens from a ring (kv_formats.RingOperands: bf16,
-in the pool's stored basis, noise in every other entry), the reference those rows turned back;
-ring_codes_reference=True reads them through their codes instead (a kernel ignoring the ring). Not a test file."""
+extend kernels, reading the pool's codes in place, against a float64 attention over the cached tokens' dequantized K/V
+(gather_kv, unrotated: the host's rotation of q, k, v and of the output is checked too; a format with fixed channel
+means gets non-zero ones) and the new tokens' K/V exactly as written (the forward's own, attended as computed though the
+pool holds their codes too). codes_reference=True compares against the old rule instead (the new tokens through their
+codes): the kernels must be far from it. ring_counts: the formats with a recent window (int4, int2_hadamard, fp8) read
+request b's last ring_counts[b] cached tokens from a ring (kv_formats.RingOperands: bf16, in the pool's stored basis,
+noise in every other entry), the reference those rows turned back; ring_codes_reference=True reads them through their
+codes instead (a kernel ignoring the ring). Not a test file."""
 
 import torch
 from triton_attention_cases import reference
+
+from sglang.srt.mem_plan.kv_quant import RECENT_WINDOW_TOKENS, recent_window
 
 # max abs error of the kernels against the float64 attention over the dequantized rows (outputs are O(1))
 QUANT_TOL = {torch.float32: 4e-5, torch.float16: 1e-2}  # fp16: the query, p and the turned q in fp16
@@ -18,11 +20,19 @@ FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard")
 DECODE_CASE = dict(seq_lens=[1, 5, 40, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, num_splits=2)
 # no prefix (attends to the fresh K/V), a prefix ending mid-page, a one-token extend after a prefix
 EXTEND_CASE = dict(prefix_lens=[0, 20, 9], extend_lens=[6, 11, 1], num_q_heads=6, num_kv_heads=2, head_dim=32)
-WINDOW_FORMATS = ("int4", "int2_hadamard")  # mem_plan/kv_quant.RECENT_WINDOW_TOKENS
-# ring counts: no cached token, every cached token (no codes read), a full ring that wraps, a partial one; the last
-# decode request has code tokens in two splits with the GPU tiles
-RING_DECODE_CASE = dict(DECODE_CASE, seq_lens=[1, 5, 40, 17, 90], ring_counts=[0, 4, 16, 9, 16])
-RING_EXTEND_CASE = dict(EXTEND_CASE, ring_counts=[0, 16, 9])
+WINDOW_FORMATS = tuple(RECENT_WINDOW_TOKENS)  # int4, int2_hadamard (W = 16), fp8 (W = 48)
+
+
+def ring_decode_case(fmt):
+    """Ring counts (cached = seq_len - 1): none, every cached token (no codes read), as many as the window or every
+    cached one, a partial ring, a full ring that wraps; the last request has code tokens in two splits with the GPU
+    tiles."""
+    w = recent_window(fmt)
+    return dict(DECODE_CASE, seq_lens=[1, 5, 40, 17, 90], ring_counts=[0, 4, min(39, w), 9, w])
+
+
+def ring_extend_case(fmt):
+    return dict(EXTEND_CASE, ring_counts=[0, min(20, recent_window(fmt)), 9])
 
 
 class QuantPagedKV:

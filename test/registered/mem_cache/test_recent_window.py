@@ -1,16 +1,17 @@
-"""The recent window of an int4 / int2_hadamard KV pool (mem_cache/recent_window.py): each request slot's last 16 tokens
-are attended uncompressed, older ones through their codes, a forward's own new tokens as computed.
+"""The recent window of a quantized KV pool (mem_cache/recent_window.py; int4 / int2_hadamard 16 tokens, fp8 48): each
+request slot's last W tokens are attended uncompressed, older ones through their codes, a forward's own new tokens as
+computed.
 
 Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the K/V this
 test fed (the new tokens' as fed, the request's own 16 newest cached tokens' as the ring keeps them: in the pool's
 stored basis rounded to bf16) and the pool's dequantization of the codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
 fresh_start / fresh_from), at page sizes 1 and 16:
-  - a prefill, then an extend of 7 and a decode step (the ring covers the 16 positions before each), both formats;
-  - an extend of 40 (> 16: only its last 16 enter the ring) then a decode step;
+  - a prefill, then an extend of 7 and a decode step (the ring covers the W positions before each), every format;
+  - an extend of 3 x W (> W: only its last W enter the ring) then a decode step;
   - a request that takes another's tokens as its cached prefix reads them through the codes (its ring is empty), and
     a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget);
   - the plan charges the ring as the kv_window term, (slots + 1) x window_bytes_per_slot, and the pool allocates
-    exactly that.
+    exactly that; fp8 on FlashInfer (whose kernel reads codes only) has no window, none planned or allocated.
 """
 
 import unittest
@@ -22,7 +23,7 @@ from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
-from sglang.srt.mem_plan.kv_quant import recent_window, window_bytes_per_slot
+from sglang.srt.mem_plan.kv_quant import RECENT_WINDOW_TOKENS, quality_flag, recent_window, window_bytes_per_slot
 from sglang.test.attention_harness import BackendHarness
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -54,6 +55,9 @@ class Harness:
         self.pool = create_kv_pool(fmt, 1024, page, torch.float32, KV, D, 1, window_rows=self.r2t.req_to_token.shape[0])
         if "k_smooth" in self.pool.fixed:
             self.pool.fixed["k_smooth"].copy_(torch.exp(torch.linspace(-0.5, 0.5, D))[None, None])
+        if self.pool.is_fp8:  # a calibrated scale for N(0, 1) rows: amax ~4.5 x headroom 2 / fp8 max
+            for part in ("k", "v"):
+                self.pool.fixed[part + "_scale"].fill_(9.0 / torch.finfo(self.pool.dtype).max)
         self.r2t.on_alloc.append(self.pool.window.forget)
         self.h.pool = self.pool
         self.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
@@ -108,22 +112,25 @@ class TestRecentWindow(unittest.TestCase):
             yield True
 
     def test_extend_and_decode_read_the_window(self):
-        for fmt, kernel in ((f, k) for f in ("int4", "int2_hadamard") for k in self.paths()):
+        for fmt, kernel in ((f, k) for f in RECENT_WINDOW_TOKENS for k in self.paths()):
+            w = recent_window(fmt)
             for page in (1, 16):
                 h = Harness(page, kernel, fmt)
                 a, b = h.h.new_request(), h.h.new_request()
-                h.step([a, b], [19, 5])  # prefill, no prefix
-                q, out = h.step([a], [7])  # cached 19: positions 3..18 from the ring, 19..25 as computed
-                h.check(self, a, q, out, 26, 19 - W, f"{fmt} extend kernel={kernel} page {page}")
-                q, out = h.step([a, b], [1, 1])  # decode: a's positions 10..25, b's 0..4 from the ring
-                h.check(self, a, q[:1], out[:1], 27, 27 - 1 - W, f"{fmt} decode kernel={kernel} page {page}")
+                n = w + 3
+                h.step([a, b], [n, 5])  # prefill, no prefix
+                q, out = h.step([a], [7])  # cached n: positions 3..n-1 from the ring, n..n+6 as computed
+                h.check(self, a, q, out, n + 7, n - w, f"{fmt} extend kernel={kernel} page {page}")
+                q, out = h.step([a, b], [1, 1])  # decode: a's last w positions, b's 0..4 from the ring
+                h.check(self, a, q[:1], out[:1], n + 8, n + 7 - w, f"{fmt} decode kernel={kernel} page {page}")
                 k, v = h.rows_of(b, 6, 0, 5)
                 torch.testing.assert_close(out[1:].double(), reference(q[1:], k, v, h.layer.scaling), atol=1e-4,
                                            rtol=0)
-                q, out = h.step([b], [40])  # longer than the window: only its last 16 enter the ring
-                h.check(self, b, q, out, 46, 0, f"{fmt} long extend kernel={kernel} page {page}")  # b's 6 all in its ring
+                q, out = h.step([b], [3 * w])  # longer than the window: only its last w enter the ring
+                h.check(self, b, q, out, 6 + 3 * w, 0, f"{fmt} long extend kernel={kernel} page {page}")  # b's 6 in its ring
                 q, out = h.step([b], [1])
-                h.check(self, b, q, out, 47, 46 - W, f"{fmt} decode after a long extend kernel={kernel} page {page}")
+                h.check(self, b, q, out, 7 + 3 * w, 6 + 3 * w - w,
+                        f"{fmt} decode after a long extend kernel={kernel} page {page}")
 
     def test_prefix_from_another_request_and_a_reused_row(self):
         for kernel in self.paths():
@@ -158,6 +165,26 @@ class TestRecentWindow(unittest.TestCase):
         self.assertEqual(status, 0)
         terms = {t["name"]: t["num_bytes"] for t in result["plan"]["terms"]}
         self.assertEqual(terms["kv_window"], (slots + 1) * per_slot)
+
+    def test_fp8_window_only_where_the_backend_reads_it(self):
+        from sglang.cli.plan import run
+
+        def window_term(backend, device):
+            status, result, _ = run([*device, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", backend,
+                                     "--max-running-requests", "8", "--json"])
+            self.assertEqual(status, 0)
+            return {t["name"]: t["num_bytes"] for t in result["plan"]["terms"]}.get("kv_window", 0)
+
+        per_slot = window_bytes_per_slot("fp8_e4m3", 30, 3, 64, 64)
+        self.assertEqual(per_slot, 48 * (30 * 3 * 128 * 2 + 8))
+        self.assertEqual(window_term("torch_native", ["--device", "cpu", "--max-total-memory-gb", "4"]), 9 * per_slot)
+        self.assertEqual(window_term("triton", ["--gpu", "h100-80gb"]), 9 * per_slot)
+        self.assertEqual(window_term("flashinfer", ["--gpu", "h100-80gb"]), 0)
+        self.assertEqual(recent_window("fp8_e4m3", "flashinfer"), 0)
+        # and its quality flag says so: e4m3 passes its gate with the window, not without it
+        self.assertEqual(quality_flag("fp8_e4m3", "triton"), "")
+        self.assertIn("without its window", quality_flag("fp8_e4m3", "flashinfer"))
+        self.assertEqual(quality_flag("int4", "flashinfer"), quality_flag("int4"))
 
 
 if __name__ == "__main__":

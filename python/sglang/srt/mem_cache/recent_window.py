@@ -1,11 +1,12 @@
 """The recent window of a quantized KV pool: each request slot's last W tokens kept in the model's dtype.
 
-A format with a window (mem_plan/kv_quant.RECENT_WINDOW_TOKENS: int4, int2_hadamard) stores every token's codes as usual
-and also keeps, per req_to_token row, a ring of the K/V of the row's W newest tokens (position p at ring entry p % W)
-with the pool slot each entry holds (`loc`). Attention then reads a request's cached tokens [P - w, P) from the ring and
-only [0, P - w) through the codes (P = its cached length, w <= W the ring entries still its own), and the new tokens of
-the forward as computed: the query weighs its nearest tokens most, and those are where 4-bit keys cost the most
-(docs/kv_quantization.md). The ring's bytes are the plan's kv_window term (kv_quant.window_bytes_per_slot).
+A format with a window (mem_plan/kv_quant.RECENT_WINDOW_TOKENS: int4, int2_hadamard; fp8 where the backend reads rings)
+stores every token's codes as usual and also keeps, per req_to_token row, a ring of the K/V of the row's W newest tokens
+(position p at ring entry p % W) with the pool slot each entry holds (`loc`). Attention then reads a request's cached
+tokens [P - w, P) from the ring and only [0, P - w) through the codes (P = its cached length, w <= W the ring entries
+still its own), and the new tokens of the forward as computed: the query weighs its nearest tokens most, and those are
+where 4-bit keys cost the most (docs/kv_quantization.md). The ring's bytes are the plan's kv_window term
+(kv_quant.window_bytes_per_slot).
 
 Buffers (allocated once, as planned): k [layers, rows, W, KV, D], v [layers, rows, W, KV, Dv] in bf16, in the basis
 the pool stores its codes in (QuantizedKVPool.stored_basis: turned once, on write, so the kernels read them as they

@@ -280,7 +280,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         kv_fixed_bytes=cell.fixed_bytes,
         kv_window_per_req_bytes=(0 if cell.is_mla or not cell.kv_format else window_bytes_per_slot(
             model.kv_cache_dtype, cell.num_layers, cell.num_kv_heads_per_rank, cell.head_dim,
-            cell.v_head_dim or cell.head_dim)),
+            cell.v_head_dim or cell.head_dim, planned_attention_backend(sa))),
         kv_detail=(describe_kv(model.kv_cache_dtype, cell.head_dim, cell.v_head_dim or cell.head_dim)
                    if cell.kv_format and not cell.is_mla else ""),
         context_len=model.context_len,

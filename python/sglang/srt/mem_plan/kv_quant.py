@@ -23,9 +23,11 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     (4-level Lloyd-Max levels, four codes a byte), values ternary (3 levels, five trits a byte),
                     one log-scale byte per vector (2^(1/12) steps, +-2.9%)                      [31 B, 8.26x]
 
-Per token, every byte the pool holds is above. int4 and int2_hadamard also keep each request slot's last 16 tokens in
-bf16 (RECENT_WINDOW_TOKENS: a ring per slot, the kv_window term, charged per slot not per token; the default model:
-16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot): attention reads a request's newest cached tokens there.
+Per token, every byte the pool holds is above. Each request slot also keeps its last W tokens in bf16
+(RECENT_WINDOW_TOKENS: int4 and int2_hadamard 16, fp8 48; a ring per slot, the kv_window term, charged per slot not
+per token; the default model at W = 16: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot): attention reads a
+request's newest cached tokens there. fp8's window exists where the backend reads rings (RING_BACKENDS: not
+FlashInfer, whose kernel reads fp8 codes only; with it fp8 has no window and none is planned).
 """
 
 from __future__ import annotations
@@ -42,15 +44,18 @@ QUANTIZED_KV_FORMATS = FP8_FORMATS + INT_FORMATS
 # a quantized format's quality gate (benchmark/bench_kv_quality.py, docs/kv_quantization.md): None = passes; a text =
 # the measured failure, shown in --help and /server_info
 KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs a bf16 KV (floor: fp32 KV 99.80%)
-    "fp8_e4m3": "fails top-1 (97.4% < 99%), perplexity +0.1% passes",
-    "fp8_e5m2": "fails top-1 (94.8% < 99%), perplexity +0.3% passes",
+    "fp8_e5m2": "fails top-1 (98.1% < 99%, with its 48-token window), perplexity +0.2% passes",
     "int2_hadamard": "capacity mode: top-1 80.0%, perplexity +19%, needle recall 0/6",
-}  # int8 passes (top-1 99.6%, perplexity -0.05%); int4 passes (top-1 96.3%, perplexity +0.8%)
+}  # int8 passes (top-1 99.6%, perplexity -0.05%); int4 passes (top-1 96.3%, perplexity +0.8%); fp8_e4m3 passes with
+# its window (top-1 99.2%, perplexity +0.1%; without one, on FlashInfer: 97.4%)
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
 # recent window: each request slot keeps the K/V of its last RECENT_WINDOW_TOKENS[fmt] tokens in bf16 as well as their
 # codes, and attention reads those tokens from there (the query weighs its nearest tokens most): a
 # per-slot ring, planned as the kv_window term (window_bytes_per_slot), not per token
-RECENT_WINDOW_TOKENS = {"int4": 16, "int2_hadamard": 16}
+RECENT_WINDOW_TOKENS = {"fp8_e4m3": 48, "fp8_e5m2": 48, "int4": 16, "int2_hadamard": 16}
+# the backends whose kernels read a window's ring (the CPU kernel, the torch path, Triton). FlashInfer's paged kernel
+# reads the pool's fp8 codes only, so with it fp8 keeps no window: none is planned or allocated (recent_window)
+RING_BACKENDS = ("torch_native", "triton")
 ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("k", "v"),
                  "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
 # the attention backends that read a quantized format (check_kv_format_backend); AITER's prefill takes no fp8 KV
@@ -132,19 +137,31 @@ def capacity_gain_vs_bf16(fmt: str, head_dim: int, v_head_dim: int) -> float:
     return token_bytes_per_head("bfloat16", head_dim, v_head_dim) / token_bytes_per_head(fmt, head_dim, v_head_dim)
 
 
-def recent_window(fmt: str) -> int:
-    """The recent tokens a request slot keeps uncompressed for this format (0: none)."""
+def recent_window(fmt: str, attention_backend: Optional[str] = None) -> int:
+    """The recent tokens a request slot keeps uncompressed for this format (0: none), read by attention_backend
+    (None: a backend that reads rings; one outside RING_BACKENDS gets no window)."""
+    if attention_backend is not None and attention_backend not in RING_BACKENDS:
+        return 0
     return RECENT_WINDOW_TOKENS.get(fmt, 0)
 
 
-def window_bytes_per_slot(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int, v_head_dim: int) -> int:
+def window_bytes_per_slot(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int, v_head_dim: int,
+                          attention_backend: Optional[str] = None) -> int:
     """One request slot's recent-window ring: W x (K and V rows of every layer and KV head in bf16 + the int64 pool
     slot each entry holds, which says whether it is still the request's token)."""
-    w = recent_window(fmt)
+    w = recent_window(fmt, attention_backend)
     return w * (num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype_bytes("bfloat16") + 8) if w else 0
 
 
-def quality_flag(fmt: str) -> str:
+# fp8 read without its window (a backend outside RING_BACKENDS: FlashInfer), same gate, 2026-11-26
+WINDOWLESS_QUALITY_FLAGS = {"fp8_e4m3": "fails top-1 (97.4% < 99%) without its window, perplexity +0.1% passes",
+                            "fp8_e5m2": "fails top-1 (94.8% < 99%) without its window, perplexity +0.3% passes"}
+
+
+def quality_flag(fmt: str, attention_backend: Optional[str] = None) -> str:
+    """The format's quality-gate failure ("" = passes), as attention_backend reads it (None: with its window)."""
+    if recent_window(fmt) and not recent_window(fmt, attention_backend):
+        return WINDOWLESS_QUALITY_FLAGS.get(fmt, KV_QUALITY_FLAGS.get(fmt, ""))
     return KV_QUALITY_FLAGS.get(fmt, "")
 
 
@@ -199,11 +216,13 @@ def kv_scale_name(name: str) -> Optional[Tuple[int, str]]:
 
 def _help() -> str:
     gains = ", ".join(f"{f} {capacity_gain_vs_bf16(f, 64, 64):.2f}x" for f in ("fp8_e4m3", "int8", "int4", "int2_hadamard"))
-    flags = "; ".join(f"{f}: {why}" for f, why in KV_QUALITY_FLAGS.items())
+    flags = "; ".join([f"{f}: {why}" for f, why in KV_QUALITY_FLAGS.items()]
+                      + [f"{f} on flashinfer: {why}" for f, why in WINDOWLESS_QUALITY_FLAGS.items()])
     return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
             "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
             "int8 per token (keys rotated), int4 per token asymmetric (rotated), int2_hadamard (int4 and int2_hadamard "
-            "also keep each request slot's last 16 tokens in bf16, planned per slot); bf16 tokens per byte x "
+            "also keep each request slot's last 16 tokens in bf16, fp8 its last 48 except on flashinfer, planned per "
+            "slot); bf16 tokens per byte x "
             f"(head dim 64): {gains}. int formats need --attention-backend torch_native or triton."
             + (f" Quality gate on the default model: {flags}." if flags else ""))
 

@@ -63,13 +63,16 @@ class ModelRunnerKVCacheMixin:
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
 
     def _kv_pool(self, num_tokens: int, r2t: Optional[ReqToTokenPool] = None) -> MHATokenToKVPool:
-        """The KV pool; with r2t, a format's recent window (int4) gets a ring per req_to_token row, emptied when the
-        row is handed to a new request."""
+        """The KV pool; with r2t, a format's recent window (int4, fp8 where the backend reads rings) gets a ring per
+        req_to_token row, emptied when the row is handed to a new request."""
+        from sglang.srt.mem_plan.kv_quant import recent_window
+
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
+        windowed = r2t is not None and recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend)
         pool = create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
                               cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device,
-                              window_rows=0 if r2t is None else r2t.req_to_token.shape[0])
+                              window_rows=r2t.req_to_token.shape[0] if windowed else 0)
         if getattr(pool, "window", None) is not None:
             r2t.on_alloc.append(pool.window.forget)
         return pool
@@ -243,9 +246,9 @@ class ModelRunnerKVCacheMixin:
                 "fixed_bytes": cell.fixed_bytes, "bf16_bytes_per_token": cell.bf16_cell_bytes,
                 "capacity_gain_vs_bf16": round(cell.bf16_cell_bytes / cell.cell_bytes, 4),
                 "max_total_num_tokens": plan.max_total_num_tokens,
-                "quality_flag": quality_flag(mc.kv_cache_dtype_name) or None,
+                "quality_flag": quality_flag(mc.kv_cache_dtype_name, self.server_args.attention_backend) or None,
                 # the recent window: tokens a request slot keeps in bf16, and the ring's bytes (the kv_window term)
-                "recent_window_tokens": recent_window(mc.kv_cache_dtype_name),
+                "recent_window_tokens": recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend),
                 "window_bytes": self.allocated_bytes()["kv_window"]}
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:
