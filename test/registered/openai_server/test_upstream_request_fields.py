@@ -134,7 +134,8 @@ def test_cache_salt_on_generate(base_url, headers):
 
 
 def test_cache_salt_on_chat_and_completions(client, model_name, base_url, headers):
-    prompt = " ".join(uuid.uuid4().hex for _ in range(6))
+    # its first word is no other test's: after the template, no content token in common with earlier chats
+    prompt = "Zebra " + " ".join(uuid.uuid4().hex for _ in range(6))
 
     def chat(salt, text=prompt):
         extra = {} if salt is None else {"cache_salt": salt}
@@ -146,8 +147,12 @@ def test_cache_salt_on_chat_and_completions(client, model_name, base_url, header
         return cached_tokens_of(base_url, headers, lambda: client.completions.create(
             model=model_name, prompt=prompt, max_tokens=1, extra_body=extra))
 
-    # unsalted chats share the chat template's opening with earlier unsalted chats (other tests'): that much only
-    template_only = chat(None, text=uuid.uuid4().hex)
+    # unsalted chats share the chat template's opening with earlier unsalted chats: that much only. One chat caches
+    # that opening (whatever ran before), the next measures it; their first words differ from the prompt's, so
+    # neither shares a content token with it (a random hex text could: 26 cached, not 24)
+    chat(None, text="Warm " + uuid.uuid4().hex)
+    template_only = chat(None, text="Quokka " + uuid.uuid4().hex)
+    assert template_only > 0
     assert chat("s1") == 0 and chat("s2") == 0  # a new salt shares nothing, not even the template's opening
     salted = chat("s1")
     assert salted > template_only
