@@ -11,11 +11,16 @@
 # is below LOAD_MAX (default 3; after WAIT_MAX_S, default 300 s, it goes ahead and says so). Server start-up is outside
 # the lock. Run from the project checkout with the project importable (installed, or PYTHONPATH=python):
 #   bash benchmark/bench_kv_decode_speed.sh [dtype ...]     (default: bfloat16 int8 int4 fp8_e4m3 fp8_e5m2)
-# Environment: N, C, WORDS, OUT_LEN, OURS_FLAGS, LOCK, LOAD_MAX, WAIT_MAX_S, RESULTS (default a fresh
+# The ratios are to the first dtype listed: bfloat16 by default; at a level without BF16 (SGLANG_CPU_ISA=avx512_vnni,
+# or such a CPU: --dtype auto serves fp32 there) list float32 first, the KV cache a start gives by default.
+# ROUNDS (default 1) measures every dtype that many times, the order turned by one each round (a dtype is not always
+# the one measured after a given other), and prints each round's ratio to that round's first dtype and the median:
+# on a shared 2-core machine one round's bf16 figure alone moves by ~10% between runs.
+# Environment: N, C, WORDS, OUT_LEN, ROUNDS, OURS_FLAGS, LOCK, LOAD_MAX, WAIT_MAX_S, RESULTS (default a fresh
 # /tmp/kv-decode-speed.*), PY (python3).
 set -u
 PY=${PY:-$(command -v python3)}
-N=${N:-64} C=${C:-32} WORDS=${WORDS:-100} OUT_LEN=${OUT_LEN:-64}
+N=${N:-64} C=${C:-32} WORDS=${WORDS:-100} OUT_LEN=${OUT_LEN:-64} ROUNDS=${ROUNDS:-1}
 LOCK=${LOCK:-/tmp/i20/BENCH_LOCK} LOAD_MAX=${LOAD_MAX:-3} WAIT_MAX_S=${WAIT_MAX_S:-300}
 RESULTS=${RESULTS:-$(mktemp -d /tmp/kv-decode-speed.XXXXXX)}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-600}
@@ -54,8 +59,8 @@ bench() {  # seed [flags...]
     --metrics-interval-s 0 "$@"
 }
 
-run_dtype() {
-  local dt=$1 log=$RESULTS/server-$1.log
+run_dtype() {  # dtype round
+  local dt=$1 tag=$1.r$2 log=$RESULTS/server-$1.r$2.log
   setsid $PY -m sglang.cli.main serve --host 127.0.0.1 --port $PORT --kv-cache-dtype "$dt" ${OURS_FLAGS:-} \
     >"$log" 2>&1 & server_pid=$!
   local t0=$SECONDS
@@ -68,27 +73,43 @@ run_dtype() {
   lock_when_quiet
   local t1=$SECONDS
   bench $((SEED + 1)) --num-prompts "$C" >/dev/null 2>&1
-  bench $((SEED + 2)) --output-file "$RESULTS/$dt.jsonl" >"$RESULTS/$dt.txt" 2>&1 \
-    || echo "$dt: bench_serving failed: $(tail -2 "$RESULTS/$dt.txt")" >&2
+  bench $((SEED + 2)) --output-file "$RESULTS/$tag.jsonl" >"$RESULTS/$tag.txt" 2>&1 \
+    || echo "$dt: bench_serving failed: $(tail -2 "$RESULTS/$tag.txt")" >&2
   unlock
-  echo "  $dt measured; lock held $((SECONDS - t1 + 20)) s" >&2
+  echo "  $dt (round $2) measured; lock held $((SECONDS - t1 + 20)) s" >&2
   stop_server
 }
 
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "CPU level: ${SGLANG_CPU_ISA:-native} (SGLANG_CPU_ISA)"
 echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|f16c|avx512[a-z0-9_]*|amx[a-z0-9_]*' | sort -u | xargs)"
 echo "streaming chat: $N requests, concurrency $C, $WORDS-word prompts, $OUT_LEN output tokens; seeds $SEED+; results in $RESULTS"
-DTYPES=${*:-bfloat16 int8 int4 fp8_e4m3 fp8_e5m2}
-for dt in $DTYPES; do run_dtype "$dt"; done
+DTYPES=(${*:-bfloat16 int8 int4 fp8_e4m3 fp8_e5m2})
+for ((r = 0; r < ROUNDS; r++)); do
+  n=${#DTYPES[@]}
+  for ((i = 0; i < n; i++)); do run_dtype "${DTYPES[(i + r) % n]}" "$r"; done
+done
 
-$PY - "$RESULTS" $DTYPES <<'EOF'
-import json, pathlib, sys
-d, dtypes = pathlib.Path(sys.argv[1]), sys.argv[2:]
-rows = {dt: json.loads((d / f"{dt}.jsonl").read_text().splitlines()[-1]) for dt in dtypes if (d / f"{dt}.jsonl").exists()}
-base = rows.get("bfloat16", {}).get("output_throughput")
-print(f"{'kv dtype':<10}{'out tok/s':>10}{'vs bf16':>9}{'ITL p50 ms':>11}{'TTFT p50 ms':>12}{'failed':>7}")
-for dt, r in rows.items():
-    ratio = f"{r['output_throughput'] / base:.3f}" if base else "n/a"
-    print(f"{dt:<10}{r['output_throughput']:>10.1f}{ratio:>9}{r['median_itl_ms']:>11.1f}{r['median_ttft_ms']:>12.1f}"
-          f"{r['failed']:>7}")
+$PY - "$RESULTS" "$ROUNDS" "${DTYPES[@]}" <<'EOF'
+import json, pathlib, statistics, sys
+d, rounds, dtypes = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def load(dt, r):
+    f = d / f"{dt}.r{r}.jsonl"
+    return json.loads(f.read_text().splitlines()[-1]) if f.exists() else None
+runs = {dt: [load(dt, r) for r in range(rounds)] for dt in dtypes}
+first = dtypes[0]
+print(f"{'kv dtype':<14}{'out tok/s':>10}{'vs first':>9}{'ITL p50 ms':>11}{'TTFT p50 ms':>12}{'failed':>7}"
+      + (f"   vs {first} per round" if rounds > 1 else ""))
+for dt, rs in runs.items():
+    ok = [(r, x) for r, x in enumerate(rs) if x]
+    if not ok:
+        continue
+    base = runs[first]
+    ratios = [x["output_throughput"] / base[r]["output_throughput"] for r, x in ok if base[r]]
+    med = lambda key: statistics.median(x[key] for _, x in ok)
+    ratio = f"{statistics.median(ratios):.3f}" if ratios else "n/a"
+    print(f"{dt:<14}{med('output_throughput'):>10.1f}{ratio:>9}{med('median_itl_ms'):>11.1f}{med('median_ttft_ms'):>12.1f}"
+          f"{sum(x['failed'] for _, x in ok):>7}" + ("   " + " ".join(f"{q:.3f}" for q in ratios) if rounds > 1 else ""))
+if rounds > 1:
+    print(f"(medians over {rounds} rounds; vs first: the median of each round's ratio to the same round's {first})")
 EOF

@@ -41,7 +41,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server's scheduler: no OpenMP spinning on shared cores
 import torch  # noqa: E402
 
-from sglang.jit_kernel.cpu_ops import get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_kv_quant_ops
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention.cpu_kernel_ops import QUANT_KERNEL_FORMATS
 from sglang.srt.model_executor.kv_calibration import KV_CALIBRATION_SEED, KV_CALIBRATION_TOKENS, recording_queries
@@ -92,7 +92,7 @@ def make_driver(model, config, fmt, max_reqs, max_tokens):
     d.attn_backend.cpu_decode_ops = d.attn_backend.cpu_extend_ops = None
     d.attn_backend.cpu_quant_ops = d.attn_backend.cpu_quant_write = None
     if KERNELS and fmt in QUANT_KERNEL_FORMATS:  # fp32 rows through the kernel module as a bf16 server's (its fp32 path)
-        ops = get_cpu_ops()
+        ops = get_kv_quant_ops()
         d.attn_backend.cpu_quant_ops, d.attn_backend.cpu_quant_write = ops, ops.kv_quant_write
     pool = d.kv_pool
     if getattr(pool, "needs_calibration", False):  # fp8 scales, int4 means: as a server start (kv_calibration.py)

@@ -4,7 +4,8 @@ Levels, lowest first (each implies the ones below it):
     scalar       no AVX2: no kernel; the plain torch path (fp32)
     avx2         AVX2 + FMA + F16C (Haswell and later, AMD Zen 1-3): quantized GEMM with int8 activations
                  (vpmaddubsw / vpmaddwd); activations fp32
-    avx512_vnni  AVX-512 F/BW/VL/DQ + VNNI (Cascade Lake, Ice Lake): the quantized GEMM on vpdpbusd; activations fp32
+    avx512_vnni  AVX-512 F/BW/VL/DQ + VNNI (Cascade Lake, Ice Lake): the quantized GEMM on vpdpbusd, the quantized
+                 KV cache's attention and write kernels; activations fp32
     avx512_bf16  + AVX-512 BF16 (Cooper Lake, AMD Zen 4/5): every kernel (bf16 GEMV/GEMM, decode attention, norms,
                  rope, fused MoE); activations bf16
     amx          + AMX tiles (Sapphire Rapids and later): the AMX bf16 GEMM too
@@ -37,6 +38,7 @@ LEVEL_FLAGS = {
 }
 BF16_LEVEL = "avx512_bf16"  # the lowest level with bf16 dot products (and the bf16 kernels)
 QUANT_LEVEL = "avx2"  # the lowest level with a quantized GEMM kernel
+KV_QUANT_LEVEL = "avx512_vnni"  # the lowest level with the quantized-KV kernels (AVX-512 F/BW/VL/DQ, no BF16)
 
 
 def read_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> FrozenSet[str]:

@@ -1,7 +1,8 @@
 """CPU kernels: the `sgl_kernel` package, or built on first use; which of them run follows the ISA level (cpu_isa.py).
 
 `get_cpu_ops()` returns the compiled module where its bf16 kernels run (level avx512_bf16 or amx), else None;
-`get_quant_ops()` returns it where the quantized GEMM runs (level avx2 and up); `get_fp32_ops()` where its fp32
+`get_quant_ops()` returns it where the quantized GEMM runs (level avx2 and up); `get_kv_quant_ops()` where the
+quantized KV cache's attention and write kernels run (level avx512_vnni and up); `get_fp32_ops()` where its fp32
 kernels run (decode attention, rmsnorm, silu_and_mul, rotary_embedding_ on fp32 tensors: level avx2 and up). None means the kernels cannot be used
 here (a lower level, no C++ compiler, `SGLANG_CPU_KERNELS=0`); callers then take the plain torch path, which computes
 the same thing. The module's level is set to this process's (`SGLANG_CPU_ISA` forces a lower one) when it loads.
@@ -27,8 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional, Tuple
 
-from sglang.jit_kernel.cpu_isa import (BF16_LEVEL, QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary, level_rank,
-                                      native_cpu_isa)
+from sglang.jit_kernel.cpu_isa import (BF16_LEVEL, KV_QUANT_LEVEL, QUANT_LEVEL, at_least, cpu_isa, cpu_isa_summary,
+                                      level_rank, native_cpu_isa)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ _disabled_depth = 0  # > 0 inside cpu_kernels_disabled()
 _bf16_ok = False  # the loaded module's bf16 kernels run at this level
 _quant_ok = False  # its quantized GEMM runs at this level
 _fp32_ok = False  # its fp32 kernels run at this level
+_kv_quant_ok = False  # its quantized-KV attention / write kernels run at this level
 _fp32_serving = False  # set_fp32_kernels: fp32 layers take them (else the torch reference path)
 _amx: Optional[bool] = None
 _threads: Optional[Tuple[int, int]] = None  # (threads, spin us) the runtime chose; None: torch's thread count
@@ -54,6 +56,12 @@ def cpu_kernels_expected() -> bool:
     """Whether this process should be running the bf16 kernels: its ISA level has AVX-512 BF16 and they are not
     switched off. (Tests assert that the kernels then really load, instead of silently testing the fallback.)"""
     return at_least(cpu_isa(), BF16_LEVEL) and os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def kv_quant_kernels_expected() -> bool:
+    """Whether this process should be running the quantized-KV kernels (extend_attention_quant, kv_quant_write):
+    level avx512_vnni and up, not switched off."""
+    return at_least(cpu_isa(), KV_QUANT_LEVEL) and os.environ.get(ENV_SWITCH, "1") != "0"
 
 
 def quant_kernels_expected() -> bool:
@@ -137,7 +145,7 @@ def _prebuilt() -> Optional[ModuleType]:
 
 def _load() -> Optional[ModuleType]:
     """The compiled module at this process's level, loaded once (None below avx2, or when it cannot be built)."""
-    global _ops, _tried, _reason, _bf16_ok, _quant_ok, _fp32_ok
+    global _ops, _tried, _reason, _bf16_ok, _quant_ok, _fp32_ok, _kv_quant_ok
     if _tried:
         return _ops
     with _lock:
@@ -161,6 +169,7 @@ def _load() -> Optional[ModuleType]:
                 _bf16_ok = at_least(level, BF16_LEVEL) and bool(module.cpu_supported())
                 _quant_ok = bool(module.quant_supported())
                 _fp32_ok = bool(module.f32_supported())
+                _kv_quant_ok = at_least(level, KV_QUANT_LEVEL) and hasattr(module, "extend_attention_quant")
                 _apply_threads()
             except Exception as e:  # no compiler, no ninja, a build error: the torch path still works
                 _reason = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -175,6 +184,15 @@ def get_cpu_ops() -> Optional[ModuleType]:
         return None
     ops = _load()
     return ops if _bf16_ok else None
+
+
+def get_kv_quant_ops() -> Optional[ModuleType]:
+    """The compiled kernels where the quantized KV cache's attention and write kernels run (extend_attention_quant,
+    kv_quant_write: level avx512_vnni and up), else None."""
+    if _disabled_depth:
+        return None
+    ops = _load()
+    return ops if _kv_quant_ok else None
 
 
 def get_quant_ops() -> Optional[ModuleType]:
@@ -266,8 +284,9 @@ def cpu_ops_status() -> str:
 
 def cpu_kernels_summary() -> str:
     """One line for logs and /server_info: 'in use, with AMX', 'in use, without AMX' or 'in use for the quantized GEMM
-    and the fp32 kernels' (or '... only' where fp32 stays the torch path), then where the module came from and the
-    level it runs at; or 'not used: <why>'."""
+    and the fp32 kernels, and the quantized KV cache's attention' (below avx512_bf16: without the fp32 kernels where
+    fp32 stays the torch path, without the KV attention below avx512_vnni, '... only' with neither), then where the
+    module came from and the level it runs at; or 'not used: <why>'."""
     ops = get_cpu_ops()
     quant = get_quant_ops()
     if ops is None and quant is None:
@@ -277,7 +296,9 @@ def cpu_kernels_summary() -> str:
     level = module.get_cpu_isa()  # what the compiled code dispatches on, as set at load
     where = f"({source}), CPU level {level}" + ("" if level == native_cpu_isa() else f" (native {native_cpu_isa()})")
     if ops is None:
-        return f"in use for the quantized GEMM{' and the fp32 kernels' if _fp32_serving and _fp32_ok else ' only'} {where}"
+        fp32 = " and the fp32 kernels" if _fp32_serving and _fp32_ok else ""
+        kv = ", and the quantized KV cache's attention" if _kv_quant_ok else ""
+        return f"in use for the quantized GEMM{fp32}{kv}{'' if fp32 or kv else ' only'} {where}"
     if amx_available():
         return f"in use, with AMX {where}"
     off = f", switched off by {AMX_ENV_SWITCH}=0" if os.environ.get(AMX_ENV_SWITCH, "1") == "0" else ""

@@ -24,13 +24,13 @@ constexpr int kHeadsPerPass = 4;  // query heads served per pass over a request'
 constexpr int64_t kPrefetchKeys = 24;  // keys ahead: the slots of a request need not be adjacent in the pool
 
 template <int D>
-SGL_AVX512_BF16 inline void prefetch_row(const uint16_t* p) {
+SGL_AVX512 inline void prefetch_row(const uint16_t* p) {
 #pragma GCC unroll 8
   for (int i = 0; i < D * 2; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + i, _MM_HINT_T0);
 }
 
 // The sums of a, b, c, d, as elements 0-3 of the result.
-SGL_AVX512_BF16 inline __m128 reduce_add_4(__m512 a, __m512 b, __m512 c, __m512 d) {
+SGL_AVX512 inline __m128 reduce_add_4(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // per 128-bit lane: a b a b
   const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
   __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
@@ -41,17 +41,17 @@ SGL_AVX512_BF16 inline __m128 reduce_add_4(__m512 a, __m512 b, __m512 c, __m512 
 }
 
 // Across the four 128-bit lanes (keys) of v, per head position: max or sum, broadcast to every lane.
-SGL_AVX512_BF16 inline __m512 lanes_max(__m512 v) {
+SGL_AVX512 inline __m512 lanes_max(__m512 v) {
   v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
   return _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
 }
-SGL_AVX512_BF16 inline __m512 lanes_sum(__m512 v) {
+SGL_AVX512 inline __m512 lanes_sum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
   return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
 }
 
 // Softmax of each head's column of scores [seq_len][4] in place (unnormalised exp(s - max)); inv[4] = 1 / sums.
-SGL_AVX512_BF16 inline void softmax_columns_4(float* scores, int64_t seq_len, float* inv) {
+SGL_AVX512 inline void softmax_columns_4(float* scores, int64_t seq_len, float* inv) {
   const int64_t n = seq_len * 4;
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   int64_t i = 0;

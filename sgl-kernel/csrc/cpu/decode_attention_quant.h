@@ -1,7 +1,8 @@
 // Decode attention over a quantized KV pool (python/sglang/srt/mem_plan/kv_quant.py), reading the codes in place:
 // the algorithm of decode_attention.h (one pass over a request's keys for up to 4 query heads of one KV head, keys and
 // values through req_to_token, fp32 softmax), with each code row converted to fp32 in registers. Nothing is written
-// back and no dequantized copy of a row exists outside the registers. Level avx512_bf16 (AVX-512 F/BW + F16C).
+// back and no dequantized copy of a row exists outside the registers. Level avx512_vnni and up (AVX-512 F/BW/VL/DQ +
+// F16C: no BF16 instruction; bf16 rows are read by a shift and written by bf16_round_soft, vec.h).
 //
 // Formats and how their scales are applied (code -> fp32 in a few instructions per 16 elements):
 //   int8      codes int8, one fp16 scale per (token, KV head) for K and for V (s = amax / 127):
@@ -31,8 +32,8 @@
 #include "decode_attention.h"
 #include "kv_quant_int2.h"
 
-// The bf16 kernels' target plus F16C (every level from avx2 has it: isa.h), for the scalar fp16 scale conversion.
-#define SGL_AVX512_BF16_F16C __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c")))
+// AVX-512 without BF16 plus F16C (every level from avx2 has it: isa.h), for the scalar fp16 scale conversion.
+#define SGL_AVX512_F16C __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
 
 namespace sgl_cpu {
 
@@ -82,7 +83,7 @@ constexpr float kv_quant_code_unit(KvQuant f) { return f == KvQuant::kFp8E4m3 ? 
 
 // 16 codes -> 16 fp32 (times 1 / kv_quant_code_unit); int4 reads 8 bytes, int2_hadamard's keys 4.
 template <KvQuant F>
-SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
+SGL_AVX512 inline __m512 load_codes16(const uint8_t* p) {
   if constexpr (F == KvQuant::kInt2) return load_crumbs16(p);
   const __m128i b = F == KvQuant::kInt4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
                                         : _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -104,29 +105,29 @@ SGL_AVX512_BF16 inline __m512 load_codes16(const uint8_t* p) {
 }
 
 template <int kBytes>
-SGL_AVX512_BF16 inline void prefetch_bytes(const uint8_t* p) {
+SGL_AVX512 inline void prefetch_bytes(const uint8_t* p) {
 #pragma GCC unroll 4
   for (int i = 0; i < kBytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + i, _MM_HINT_T0);
 }
 
-SGL_AVX512_BF16_F16C inline float half_bits_to_float(uint16_t h) { return _cvtsh_ss(h); }
+SGL_AVX512_F16C inline float half_bits_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 template <KvQuant F>
-SGL_AVX512_BF16_F16C inline float scale_value(KvScale<F> s) {
+SGL_AVX512_F16C inline float scale_value(KvScale<F> s) {
   if constexpr (F == KvQuant::kInt2) return kLogScale[s];
   else return half_bits_to_float(s);
 }
 
 // Values 16i .. 16i + 15 of a value row (int2_hadamard: the trits 0..2, the -1 applied by the caller).
 template <KvQuant F>
-SGL_AVX512_BF16 inline __m512 load_values16(const uint8_t* row, int i) {
+SGL_AVX512 inline __m512 load_values16(const uint8_t* row, int i) {
   if constexpr (F == KvQuant::kInt2) return load_trits16(row, i);
   else return load_codes16<F>(row + 16 / kv_quant_codes_per_byte(F) * i);
 }
 
 // The value bytes of blocks [c, c + 4) of a row: prefetched from their first and last cache line.
 template <KvQuant F, int D>
-SGL_AVX512_BF16 inline void prefetch_value_chunk(const uint8_t* row, int c) {
+SGL_AVX512 inline void prefetch_value_chunk(const uint8_t* row, int c) {
   if constexpr (F == KvQuant::kInt2) {
     const int first = 16 * c / 5, last = std::min<int>((D + 4) / 5 - 1, (16 * c + 63) / 5);
     _mm_prefetch(reinterpret_cast<const char*>(row + first), _MM_HINT_T0);
@@ -137,12 +138,12 @@ SGL_AVX512_BF16 inline void prefetch_value_chunk(const uint8_t* row, int c) {
   }
 }
 
-SGL_AVX512_BF16 inline __m512 load_row16(const uint16_t* p) { return load_bf16x16(p); }
-SGL_AVX512_BF16 inline __m512 load_row16(const float* p) { return _mm512_loadu_ps(p); }
+SGL_AVX512 inline __m512 load_row16(const uint16_t* p) { return load_bf16x16(p); }
+SGL_AVX512 inline __m512 load_row16(const float* p) { return _mm512_loadu_ps(p); }
 
 // An uncompressed key row (bf16 ring row or fp32 new row) against G query heads: out4[g] = k_mul * q_g . k.
 template <int D, int G, typename T>
-SGL_AVX512_BF16 inline void score_uncompressed(const __m512 (&qv)[G][D / 16], const T* k, float k_mul, float* out4) {
+SGL_AVX512 inline void score_uncompressed(const __m512 (&qv)[G][D / 16], const T* k, float k_mul, float* out4) {
   __m512 acc[kHeadsPerPass];
 #pragma GCC unroll 4
   for (int g = 0; g < kHeadsPerPass; ++g) acc[g] = _mm512_setzero_ps();
@@ -157,7 +158,7 @@ SGL_AVX512_BF16 inline void score_uncompressed(const __m512 (&qv)[G][D / 16], co
 
 // An uncompressed value row's 16-dim blocks [c, c + kChunk) (v points at block c), weighted by p4[g] / v_mul.
 template <int D, int G, int kChunk, typename T>
-SGL_AVX512_BF16 inline void add_uncompressed(__m512 (&acc)[G][kChunk], const T* v, int c, const float* p4,
+SGL_AVX512 inline void add_uncompressed(__m512 (&acc)[G][kChunk], const T* v, int c, const float* p4,
                                              float v_mul) {
   __m512 vv[kChunk];
 #pragma GCC unroll 4
@@ -173,7 +174,7 @@ SGL_AVX512_BF16 inline void add_uncompressed(__m512 (&acc)[G][kChunk], const T* 
 // G (<= 4) query heads of head_dim D against one KV head; k, v, ks, vs point at that head's column; krow, vrow, srow:
 // a slot's bytes of K and V codes and its scales.
 template <KvQuant F, int D, int G>
-SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uint8_t* k, const uint8_t* v,
+SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t* k, const uint8_t* v,
                                                   const KvScale<F>* ks, const KvScale<F>* vs, int64_t krow,
                                                   int64_t vrow, int64_t srow, const int64_t* tokens, int64_t seq_len,
                                                   float k_mul, float v_mul, float* scores, float* out,
@@ -200,8 +201,10 @@ SGL_AVX512_BF16_F16C inline void quant_attention_heads(const float* q, const uin
   const __m128 qsum4 = _mm_load_ps(qsum);
   // keys [0, n_codes) are read as codes through tokens, [n_codes, seq_len) from the fresh fp32 rows (this forward's)
   const int64_t n_codes = fresh.k == nullptr ? seq_len : fresh.n_codes;
-  // the ring's rows (read after the codes): fetched while the codes are read
-  for (int64_t e = 0; e < std::min(fresh.n_ring, fresh.window); ++e) {
+  // the ring's rows (read after the codes, entries n_codes % window onwards): fetched while the codes are read
+  RingCursor pcur(fresh);
+  for (int64_t i = 0; i < std::min(fresh.n_ring, fresh.window); ++i) {
+    const int64_t e = pcur.next();
     prefetch_bytes<2 * D>(reinterpret_cast<const uint8_t*>(fresh.ring_k + (fresh.ring_base + e) * fresh.stride));
     prefetch_bytes<2 * D>(reinterpret_cast<const uint8_t*>(fresh.ring_v + (fresh.ring_base + e) * fresh.stride));
   }
@@ -302,7 +305,7 @@ struct QuantKv {
 };
 
 template <KvQuant F, int D>
-SGL_AVX512_BF16_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const QuantKv<F>& c,
+SGL_AVX512_F16C inline void quant_attention_pass_d(int64_t heads, const float* q, const QuantKv<F>& c,
                                                    const int64_t* tokens, int64_t seq_len, float k_mul, float v_mul,
                                                    float* scores, float* out, const FreshRows& fresh) {
 #define SGL_HEADS(G)                                                                                             \

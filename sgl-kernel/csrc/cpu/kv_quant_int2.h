@@ -4,7 +4,7 @@
 //   values  trits 0, 1, 2 (= -1, 0, +1), five a byte in base 3, least significant first, padded with 1 to a
 //           multiple of 5: a row of D values is ceil(D / 5) bytes
 //   scales  one byte per (token, KV head) and part: 2^((code - 176) / 12), code 0 = 0
-// Level avx512_bf16's instructions only (AVX-512 F/BW/VL/DQ: no VBMI).
+// Level avx512_vnni's instructions only (AVX-512 F/BW/VL/DQ: no VBMI, no BF16).
 #pragma once
 
 #include <algorithm>
@@ -30,7 +30,7 @@ inline const std::array<float, 256> kLogScale = [] {
 
 // 16 key codes (4 bytes) -> their 16 levels: lane e shifted right by 2e, whose low 4 bits index a table of the 4
 // levels repeated 4 times (VPERMPS reads 4 index bits: no mask needed).
-SGL_AVX512_BF16 inline __m512 load_crumbs16(const uint8_t* p) {
+SGL_AVX512 inline __m512 load_crumbs16(const uint8_t* p) {
   uint32_t w;
   std::memcpy(&w, p, 4);
   const __m512i shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -70,7 +70,7 @@ constexpr TritBlock trit_block(int p) {
 constexpr TritBlock kTritBlocks[5] = {trit_block(0), trit_block(1), trit_block(2), trit_block(3), trit_block(4)};
 
 // The trits (0, 1, 2) of values 16i .. 16i + 15 of a row, as fp32 (the value is trit - 1: the caller subtracts the 1).
-SGL_AVX512_BF16 inline __m512 load_trits16(const uint8_t* row, int i) {
+SGL_AVX512 inline __m512 load_trits16(const uint8_t* row, int i) {
   const TritBlock& b = kTritBlocks[i % 5];
   uint32_t w;
   std::memcpy(&w, row + 16 * i / 5, 4);
@@ -89,7 +89,7 @@ inline uint8_t log_scale_code(float s) {
 // One (turned) row r [D] fp32 -> int2_hadamard codes (keys D / 4 bytes, values ceil(D / 5)) and the scale byte, the
 // codec's rule: z = r / RMS(r); keys: code = #{thresholds -0.9816, 0, 0.9816 below z}, values: trit = 1 + (z > 0.612)
 // - (z < -0.612); s = sum(r x level) / sum(level^2) (0 for no nonzero level).
-SGL_AVX512_BF16 inline void quantize_int2_row(const float* r, int64_t D, bool value, uint8_t* code, uint8_t* scale) {
+SGL_AVX512 inline void quantize_int2_row(const float* r, int64_t D, bool value, uint8_t* code, uint8_t* scale) {
   __m512 ss = _mm512_setzero_ps();
   for (int64_t j = 0; j < D; j += 16) {
     const __m512 x = _mm512_loadu_ps(r + j);

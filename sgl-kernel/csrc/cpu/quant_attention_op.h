@@ -33,8 +33,9 @@ inline KvQuant kv_quant_from_name(const std::string& name) {
 }
 
 // `heads` rows of D between fp32 scratch and the model's dtype (rows_to_f32: quant_kv_write.h).
-SGL_AVX512_BF16 inline void rows_from_f32(const float* src, int64_t n, at::BFloat16* dst) {
-  for (int64_t i = 0; i < n; i += 16) store_bf16x16(reinterpret_cast<uint16_t*>(dst) + i, _mm512_loadu_ps(src + i));
+SGL_AVX512 inline void rows_from_f32(const float* src, int64_t n, at::BFloat16* dst) {
+  for (int64_t i = 0; i < n; i += 16)
+    store_bf16x16_soft(reinterpret_cast<uint16_t*>(dst) + i, _mm512_loadu_ps(src + i));
 }
 inline void rows_from_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
 
@@ -120,7 +121,7 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
 }
 
 // fresh rows t [N, KV, D] fp32 -> bf16 ring entries entry[t] (entry < 0: not kept), K and V.
-SGL_AVX512_BF16 inline void write_ring_rows(const char* op, const at::Tensor& entry, const float* fk, const float* fv,
+SGL_AVX512 inline void write_ring_rows(const char* op, const at::Tensor& entry, const float* fk, const float* fv,
                                             int64_t N, int64_t KV, int64_t D, const at::Tensor& ring_k,
                                             const at::Tensor& ring_v) {
   TORCH_CHECK(entry.scalar_type() == at::kLong && entry.is_contiguous() && entry.numel() == N && entry.device().is_cpu(),
@@ -132,8 +133,8 @@ SGL_AVX512_BF16 inline void write_ring_rows(const char* op, const at::Tensor& en
     if (ep[t] < 0) continue;
     TORCH_CHECK(ep[t] < ring_k.size(0), op, ": ring entry ", ep[t], " is outside the ring");
     for (int64_t j = 0; j < KV * D; j += 16) {
-      store_bf16x16(rk + ep[t] * KV * D + j, _mm512_loadu_ps(fk + t * KV * D + j));
-      store_bf16x16(rv + ep[t] * KV * D + j, _mm512_loadu_ps(fv + t * KV * D + j));
+      store_bf16x16_soft(rk + ep[t] * KV * D + j, _mm512_loadu_ps(fk + t * KV * D + j));
+      store_bf16x16_soft(rv + ep[t] * KV * D + j, _mm512_loadu_ps(fv + t * KV * D + j));
     }
   }
 }
@@ -182,7 +183,7 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const c10::optional<at::Tensor>& ring_write) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
-  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
+  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Vnni), op, ": needs CPU level avx512_vnni, this module runs at ",
               cpu_isa_name(current_isa()));
   TORCH_CHECK(q.dim() == 3 && q.device().is_cpu() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat),
               op, ": q must be a CPU [tokens, heads, D] bfloat16 or float32 tensor");

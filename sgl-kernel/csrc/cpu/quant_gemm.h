@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "quant_layout.h"
+#include "vec.h"  // bf16_round_soft
 
 #define SGL_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define SGL_AVX512_VNNI_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma,f16c")))
@@ -25,17 +26,6 @@ constexpr int kQMaxRowGroup = 8;   // input rows whose accumulators stay in regi
 SGL_AVX512_VNNI inline __m512 q_load_bf16(const uint16_t* p, int n) {
   const __m256i h = n == 16 ? _mm256_loadu_si256((const __m256i*)p) : _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// fp32 -> bf16 bits, round to nearest even, NaN -> 0x7FC0: torch's conversion (denormals kept), integer ops only.
-SGL_AVX512_VNNI inline __m256i bf16_round_soft(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
 // rows x n fp32 values (16 apart in buf) -> bf16 rows of y (ldy apart) with VCVTNEPS2BF16. Out of line on purpose:

@@ -10,7 +10,7 @@
 //                (K and V turned) 2-bit keys / ternary values and a log-scale byte per row (kv_quant_int2.h). The
 //                turn's sums are ordered differently from torch's matmul, so a turned row's codes can differ from the
 //                codec's by one step where r / s lies within rounding of a half (int2: r / RMS of a threshold).
-// Level avx512_bf16 (the module's quantized-KV kernels). D: a multiple of 16, at most 256.
+// Level avx512_vnni and up (the module's quantized-KV kernels). D: a multiple of 16, at most 256.
 #pragma once
 
 #include <torch/extension.h>
@@ -26,7 +26,7 @@ namespace sgl_cpu {
 constexpr int64_t kMaxTurnDim = 256;
 
 // row [D] -> row @ R, through tmp [D].
-SGL_AVX512_BF16 inline void turn_row(float* row, int64_t D, const float* R, float* tmp) {
+SGL_AVX512 inline void turn_row(float* row, int64_t D, const float* R, float* tmp) {
   for (int64_t j = 0; j < D; j += 16) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < D; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(row[i]), _mm512_loadu_ps(R + i * D + j), acc);
@@ -35,23 +35,23 @@ SGL_AVX512_BF16 inline void turn_row(float* row, int64_t D, const float* R, floa
   std::copy(tmp, tmp + D, row);
 }
 
-SGL_AVX512_BF16 inline void turn_rows(float* rows, int64_t n, int64_t D, const float* R, float* tmp) {
+SGL_AVX512 inline void turn_rows(float* rows, int64_t n, int64_t D, const float* R, float* tmp) {
   for (int64_t h = 0; h < n; ++h) turn_row(rows + h * D, D, R, tmp);
 }
 
 // rows [n, D] / w [D] (int4's query, whose keys are stored times w), and row [D] * w (int4's keys on write).
-SGL_AVX512_BF16 inline void divide_rows(float* rows, int64_t n, int64_t D, const float* w) {
+SGL_AVX512 inline void divide_rows(float* rows, int64_t n, int64_t D, const float* w) {
   for (int64_t h = 0; h < n; ++h)
     for (int64_t j = 0; j < D; j += 16)
       _mm512_storeu_ps(rows + h * D + j, _mm512_div_ps(_mm512_loadu_ps(rows + h * D + j), _mm512_loadu_ps(w + j)));
 }
-SGL_AVX512_BF16 inline void multiply_row(float* row, int64_t D, const float* w) {
+SGL_AVX512 inline void multiply_row(float* row, int64_t D, const float* w) {
   for (int64_t j = 0; j < D; j += 16)
     _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), _mm512_loadu_ps(w + j)));
 }
 
 // One row r [D] fp32 -> D int8 codes and the fp16 bits of its scale.
-SGL_AVX512_BF16_F16C inline void quantize_int8_row(const float* r, int64_t D, int8_t* code, uint16_t* scale) {
+SGL_AVX512_F16C inline void quantize_int8_row(const float* r, int64_t D, int8_t* code, uint16_t* scale) {
   __m512 amax = _mm512_setzero_ps();
   for (int64_t j = 0; j < D; j += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(r + j)));
   uint16_t h = _cvtss_sh(_mm512_reduce_max_ps(amax) / 127.0f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -71,7 +71,7 @@ SGL_AVX512_BF16_F16C inline void quantize_int8_row(const float* r, int64_t D, in
 }
 
 // n values (a multiple of 16) between the model's dtype and fp32 scratch.
-SGL_AVX512_BF16 inline void rows_to_f32(const at::BFloat16* src, int64_t n, float* dst) {
+SGL_AVX512 inline void rows_to_f32(const at::BFloat16* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(reinterpret_cast<const uint16_t*>(src) + i));
 }
 inline void rows_to_f32(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
@@ -79,7 +79,7 @@ inline void rows_to_f32(const float* src, int64_t n, float* dst) { std::copy(src
 // One row r [D] fp32 -> D / 2 bytes of 4-bit codes (element 2i low nibble, 2i + 1 high) and fp16 (step, min):
 // step = fp16((max - min) / 15), min = fp16(min r), code = round_half_even((r - min) / step) in [0, 15] (step 1
 // where it is 0).
-SGL_AVX512_BF16_F16C inline void quantize_int4_row(const float* r, int64_t D, uint8_t* code, uint16_t* scale) {
+SGL_AVX512_F16C inline void quantize_int4_row(const float* r, int64_t D, uint8_t* code, uint16_t* scale) {
   __m512 lo = _mm512_loadu_ps(r), hi = lo;
   for (int64_t j = 16; j < D; j += 16) {
     const __m512 x = _mm512_loadu_ps(r + j);
@@ -110,7 +110,7 @@ SGL_AVX512_BF16_F16C inline void quantize_int4_row(const float* r, int64_t D, ui
 // float -> float8 conversion rounds: normals by integer rounding of the fp32 bits at the format's mantissa width,
 // subnormals (below the format's smallest normal) as round(|x| / the subnormal step), both with the sign bit on top.
 template <KvQuant F>
-SGL_AVX512_BF16 inline __m128i fp32_to_fp8x16(__m512 x) {
+SGL_AVX512 inline __m128i fp32_to_fp8x16(__m512 x) {
   constexpr int kMant = F == KvQuant::kFp8E4m3 ? 3 : 2, kBias = F == KvQuant::kFp8E4m3 ? 7 : 15;
   constexpr int kShift = 23 - kMant;
   const __m512i bits = _mm512_castps_si512(x);
@@ -130,7 +130,7 @@ SGL_AVX512_BF16 inline __m128i fp32_to_fp8x16(__m512 x) {
 
 // One row r [D] fp32 -> D fp8 bytes of r / scale, saturated to the format's largest finite value.
 template <KvQuant F>
-SGL_AVX512_BF16 inline void quantize_fp8_row(const float* r, int64_t D, float scale, uint8_t* code) {
+SGL_AVX512 inline void quantize_fp8_row(const float* r, int64_t D, float scale, uint8_t* code) {
   const float fmax = F == KvQuant::kFp8E4m3 ? 448.0f : 57344.0f;
   const __m512 vs = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-fmax), hi = _mm512_set1_ps(fmax);
   for (int64_t j = 0; j < D; j += 16) {
@@ -192,7 +192,7 @@ inline void kv_quant_write(const at::Tensor& x, at::Tensor codes, at::Tensor sca
   } else {
     TORCH_CHECK(kv_format == "int8", op, ": kv format int8, int4, int2_hadamard, fp8_e4m3 or fp8_e5m2, got ", kv_format);
   }
-  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Bf16), op, ": needs CPU level avx512_bf16, this module runs at ",
+  TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Vnni), op, ": needs CPU level avx512_vnni, this module runs at ",
               cpu_isa_name(current_isa()));
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu() &&
                   (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),

@@ -9,7 +9,8 @@ sees keys j <= prefix + i). Page sizes 1 and 16 (slots scattered page by page), 
 lengths, K/V with a wide dynamic range (fp8 subnormal codes occur) and non-unit fp8 scales per KV head. The model-level
 check (greedy tokens through sglang.Engine, kernel vs torch gather path) is test/registered/engine/
 test_kv_quant_kernel_engine.py; int2_hadamard's code conversions, every byte at every position, and its write:
-test_cpu_quant_int2.py.
+test_cpu_quant_int2.py. The kernels run from level avx512_vnni (no BF16 instruction): test_kv_quant_kernel_levels.py
+runs this file there too.
 """
 
 import unittest
@@ -17,7 +18,7 @@ import zlib
 
 import torch
 
-from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_kv_quant_ops, kv_quant_kernels_expected
 from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -126,11 +127,11 @@ def kernel_turns(pool, layer):
     return pool.rotation("k"), None, codec.rotation_t(pool.v_head_dim) if "v" in pool.turned_parts else None
 
 
-@unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
+@unittest.skipUnless(kv_quant_kernels_expected(), "the quantized-KV CPU kernels do not run at this CPU level")
 class TestQuantAttentionKernel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.ops = get_cpu_ops()
+        cls.ops = get_kv_quant_ops()
         assert cls.ops is not None and hasattr(cls.ops, "extend_attention_quant"), "the kernels did not load"
 
     def check(self, fmt, page, prefix, extend, heads, kv, d, q_dtype=BF16, tol=1e-2, fresh=False):

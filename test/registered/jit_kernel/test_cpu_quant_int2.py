@@ -12,7 +12,7 @@ import unittest
 import torch
 from test_cpu_quant_attention import wide_range  # the K/V rows of the attention tests (fp8 subnormals, outliers)
 
-from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_kv_quant_ops, kv_quant_kernels_expected
 from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -23,11 +23,11 @@ FMT = "int2_hadamard"
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)  # decode_attention_head_dims(): every phase of 16 values in 5-trit bytes
 
 
-@unittest.skipUnless(cpu_kernels_expected(), "the bf16 CPU kernels do not run at this CPU level")
+@unittest.skipUnless(kv_quant_kernels_expected(), "the quantized-KV CPU kernels do not run at this CPU level")
 class TestInt2Kernels(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.ops = get_cpu_ops()
+        cls.ops = get_kv_quant_ops()
         assert cls.ops is not None and hasattr(cls.ops, "extend_attention_quant"), "the kernels did not load"
 
     def one_token_values(self, pool, n, heads):

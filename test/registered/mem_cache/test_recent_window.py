@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, get_cpu_ops
+from sglang.jit_kernel.cpu_ops import get_kv_quant_ops, kv_quant_kernels_expected
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
@@ -63,7 +63,7 @@ class Harness:
         self.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
                                                 req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, device="cpu")
         if kernel:  # the kernel module's fp32 path, as bench_kv_quality --kernels takes it
-            ops = get_cpu_ops()
+            ops = get_kv_quant_ops()
             self.backend.cpu_quant_ops, self.backend.cpu_quant_write = ops, ops.kv_quant_write
         self.exact_k, self.exact_v = {}, {}  # pool slot -> the K/V fed for it
         self.layer = SimpleNamespace(layer_id=0, scaling=D**-0.5, v_head_dim=D)
@@ -108,7 +108,7 @@ class Harness:
 class TestRecentWindow(unittest.TestCase):
     def paths(self):
         yield False
-        if cpu_kernels_expected():
+        if kv_quant_kernels_expected():
             yield True
 
     def test_extend_and_decode_read_the_window(self):

@@ -33,13 +33,14 @@ def fused_cpu_decode_ops(device, model_dtype, kv_dtype, kv_store_dtype, head_dim
 
 def fused_cpu_quant_ops(device, model_dtype, kv_format: str, head_dim: int, v_head_dim):
     """The compiled module whose extend_attention_quant reads this quantized pool's codes (decode and extend), or
-    None: a CPU, a format of QUANT_KERNEL_FORMATS, level avx512_bf16 (the bf16 kernels load), a bf16 model (or fp32
-    where the fp32 kernels serve: set_fp32_kernels), a compiled head_dim."""
-    from sglang.jit_kernel.cpu_ops import get_cpu_ops
+    None: a CPU, a format of QUANT_KERNEL_FORMATS, level avx512_vnni and up (jit_kernel/cpu_isa.KV_QUANT_LEVEL), a
+    model dtype whose kernels serve here (bf16 from avx512_bf16; fp32 where set_fp32_kernels turned them on, as a start
+    does where --dtype auto resolved to float32), a compiled head_dim."""
+    from sglang.jit_kernel.cpu_ops import get_kv_quant_ops
 
     if not (str(device).startswith("cpu") and kv_format in QUANT_KERNEL_FORMATS and v_head_dim == head_dim):
         return None
-    ops = get_cpu_ops() if get_ops_for_dtype(model_dtype) is not None else None
+    ops = get_kv_quant_ops() if get_ops_for_dtype(model_dtype) is not None else None
     if ops is None or not hasattr(ops, "extend_attention_quant"):
         return None
     return ops if head_dim in ops.decode_attention_head_dims() else None

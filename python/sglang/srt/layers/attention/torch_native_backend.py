@@ -25,7 +25,7 @@ writes the new K/V to the pool and calls extend_attention (extend_attention_op.h
 req_to_token as a decode step would, prefix or not, in one call per layer for the whole batch.
 
 A quantized pool whose codes the CPU kernel reads (int8, int4, int2_hadamard, fp8_e4m3, fp8_e5m2: every format,
-cpu_kernel_ops.QUANT_KERNEL_FORMATS, from level avx512_bf16, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes
+cpu_kernel_ops.QUANT_KERNEL_FORMATS, from level avx512_vnni, sgl-kernel/csrc/cpu/decode_attention_quant.h) takes
 extend_attention_quant for decode and extend alike: the module quantizes the new rows on write (kv_quant_write, the
 codec's rule), then every new token attends over the codes in place (a decode step is an extend of one token), the
 query turned into the keys' stored basis and (int4, int2_hadamard) the output turned back out of the values', inside
