@@ -1,5 +1,6 @@
-// bf16 <-> fp32 vector helpers for AVX-512 (BF16 extension). Every function here is compiled for that target only;
-// callers check the CPU at run time (cpu_supported() in bindings.cpp) before calling any kernel.
+// bf16 <-> fp32 vector helpers for AVX-512. Each is compiled for its own target: SGL_AVX512_BF16 where it uses a BF16
+// instruction (VCVTNEPS2BF16), SGL_AVX512 (the loads, the transpose, bf16_round_soft) where it does not, so that the
+// kernels of level avx512_vnni can call those; callers check the level at run time (bindings.cpp) before any kernel.
 #pragma once
 
 #include <immintrin.h>
