@@ -159,7 +159,7 @@ SGL_AVX512 inline void score_uncompressed(const __m512 (&qv)[G][D / 16], const T
 // An uncompressed value row's 16-dim blocks [c, c + kChunk) (v points at block c), weighted by p4[g] / v_mul.
 template <int D, int G, int kChunk, typename T>
 SGL_AVX512 inline void add_uncompressed(__m512 (&acc)[G][kChunk], const T* v, int c, const float* p4,
-                                             float v_mul) {
+                                        float v_mul) {
   __m512 vv[kChunk];
 #pragma GCC unroll 4
   for (int d = 0; d < kChunk; ++d) vv[d] = c + d < D / 16 ? load_row16(v + 16 * d) : _mm512_setzero_ps();

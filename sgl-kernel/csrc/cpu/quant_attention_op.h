@@ -122,8 +122,8 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
 
 // fresh rows t [N, KV, D] fp32 -> bf16 ring entries entry[t] (entry < 0: not kept), K and V.
 SGL_AVX512 inline void write_ring_rows(const char* op, const at::Tensor& entry, const float* fk, const float* fv,
-                                            int64_t N, int64_t KV, int64_t D, const at::Tensor& ring_k,
-                                            const at::Tensor& ring_v) {
+                                       int64_t N, int64_t KV, int64_t D, const at::Tensor& ring_k,
+                                       const at::Tensor& ring_v) {
   TORCH_CHECK(entry.scalar_type() == at::kLong && entry.is_contiguous() && entry.numel() == N && entry.device().is_cpu(),
               op, ": ring_write must be a contiguous int64 CPU [N] tensor");
   const int64_t* ep = entry.data_ptr<int64_t>();

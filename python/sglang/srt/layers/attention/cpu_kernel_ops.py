@@ -40,8 +40,8 @@ def fused_cpu_quant_ops(device, model_dtype, kv_format: str, head_dim: int, v_he
 
     if not (str(device).startswith("cpu") and kv_format in QUANT_KERNEL_FORMATS and v_head_dim == head_dim):
         return None
-    ops = get_kv_quant_ops() if get_ops_for_dtype(model_dtype) is not None else None
-    if ops is None or not hasattr(ops, "extend_attention_quant"):
+    ops = get_kv_quant_ops() if get_ops_for_dtype(model_dtype) is not None else None  # it has extend_attention_quant
+    if ops is None:
         return None
     return ops if head_dim in ops.decode_attention_head_dims() else None
 
