@@ -313,7 +313,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("extend_lens"), py::arg("scale"), py::arg("q_turn") = py::none(), py::arg("q_smooth") = py::none(),
         py::arg("out_turn") = py::none(), py::arg("fresh_k") = py::none(), py::arg("fresh_v") = py::none(),
         py::arg("ring_k") = py::none(), py::arg("ring_v") = py::none(), py::arg("ring_rows") = py::none(),
-        py::arg("ring_counts") = py::none(), py::arg("ring_write") = py::none());
+        py::arg("ring_counts") = py::none(), py::arg("ring_write") = py::none(), py::arg("sink_counts") = py::none(),
+        py::arg("sink_write") = py::none(), py::arg("ring_window") = 0);
   m.def("kv_quant_write", &sgl_cpu::kv_quant_write,
         "new K or V rows [N, KV, D] -> an int8 / int4 / int2_hadamard / fp8 pool's codes at the slots loc (the codec's "
         "rule; int8 and int4 write their per-row fp16 scales, int2_hadamard its log-scale bytes, fp8 reads the per-head "

@@ -38,9 +38,10 @@
 namespace sgl_cpu {
 
 // The keys and values a task attends uncompressed, all in the pool's stored basis; the softmax scale k_mul alone
-// multiplies their q.k (no code scale applies). Of a task's seq_len keys, [0, n_codes) are read as codes,
-// [n_codes, n_codes + n_ring) from the request's recent-window ring (bf16 rows ring_k + ((ring_base + j % window) x
-// stride), mem_cache/recent_window.py), and the rest -- the forward's own new tokens -- as fp32 rows k + i x stride.
+// multiplies their q.k (no code scale applies). Of a task's seq_len keys, [0, n_sink) are read from the request's
+// sink entries (its first tokens: bf16 rows ring_k + (sink_base + j) x stride), [n_sink, n_codes) as codes,
+// [n_codes, n_codes + n_ring) from its recent-window ring (bf16 rows ring_k + ((ring_base + j % window) x stride),
+// mem_cache/recent_window.py), and the rest -- the forward's own new tokens -- as fp32 rows k + i x stride.
 // k == null: every key is read as codes.
 struct FreshRows {
   const float* k = nullptr;
@@ -50,6 +51,7 @@ struct FreshRows {
   const uint16_t* ring_k = nullptr;
   const uint16_t* ring_v = nullptr;
   int64_t ring_base = 0, window = 1, n_ring = 0;
+  int64_t sink_base = 0, n_sink = 0;
 };
 
 // Walks the ring rows of keys j = n_codes, n_codes + 1, ... in order: entry j % window without a division per row.
@@ -199,8 +201,9 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
     }
   }
   const __m128 qsum4 = _mm_load_ps(qsum);
-  // keys [0, n_codes) are read as codes through tokens, [n_codes, seq_len) from the fresh fp32 rows (this forward's)
+  // keys [n_sink, n_codes) are read as codes through tokens, the rest uncompressed (sinks, ring, this forward's rows)
   const int64_t n_codes = fresh.k == nullptr ? seq_len : fresh.n_codes;
+  const int64_t n_sink = fresh.k == nullptr ? 0 : fresh.n_sink;
   // the ring's rows (read after the codes, entries n_codes % window onwards): fetched while the codes are read
   RingCursor pcur(fresh);
   for (int64_t i = 0; i < std::min(fresh.n_ring, fresh.window); ++i) {
@@ -209,8 +212,9 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
     prefetch_bytes<2 * D>(reinterpret_cast<const uint8_t*>(fresh.ring_v + (fresh.ring_base + e) * fresh.stride));
   }
   // 1. scores[j][g] = k_mul (x s_k[j]) * q_g . code_k[j] (int4: + k_mul m_k[j] sum(q_g))
-  for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_bytes<kRowBytes>(k + tokens[j] * krow);
-  for (int64_t j = 0; j < n_codes; ++j) {
+  for (int64_t j = n_sink; j < std::min(n_sink + kPrefetchKeys, n_codes); ++j)
+    prefetch_bytes<kRowBytes>(k + tokens[j] * krow);
+  for (int64_t j = n_sink; j < n_codes; ++j) {
     const uint8_t* kr = k + tokens[j] * krow;
     if (j + kPrefetchKeys < n_codes) {
       prefetch_bytes<kRowBytes>(k + tokens[j + kPrefetchKeys] * krow);
@@ -231,8 +235,10 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
     if constexpr (kMin) sc = _mm_add_ps(sc, _mm_mul_ps(qsum4, _mm_set1_ps(k_mul * half_bits_to_float(ks[tokens[j] * srow + 1]))));
     _mm_storeu_ps(scores + 4 * j, sc);
   }
-  // 1b. the uncompressed keys: scores[j][g] = fresh.k_mul * q_g . k_j (ring rows bf16, then the new rows fp32; two
-  // loops, so neither tests which a row is)
+  // 1b. the uncompressed keys: scores[j][g] = fresh.k_mul * q_g . k_j (sink and ring rows bf16, then the new rows
+  // fp32; a loop each, so none tests which a row is)
+  for (int64_t j = 0; j < n_sink; ++j)
+    score_uncompressed<D, G>(qv, fresh.ring_k + (fresh.sink_base + j) * fresh.stride, fresh.k_mul, scores + 4 * j);
   const int64_t n_old = n_codes + fresh.n_ring;
   RingCursor kcur(fresh);
   for (int64_t j = n_codes; j < n_old; ++j)
@@ -244,7 +250,7 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
   softmax_columns_4(scores, seq_len, inv);
   float pmin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // int4 / int2: sum_j p[j][g] m_v[j], added to every element of out_g
   if constexpr (kVMin) {
-    for (int64_t j = 0; j < n_codes; ++j) {
+    for (int64_t j = n_sink; j < n_codes; ++j) {
       const float mv = kMin ? half_bits_to_float(vs[tokens[j] * srow + 1]) : -scale_value<F>(vs[tokens[j] * srow]);
       for (int g = 0; g < G; ++g) pmin[g] += scores[4 * j + g] * mv;
     }
@@ -258,8 +264,9 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 4
       for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < std::min(kPrefetchKeys, n_codes); ++j) prefetch_value_chunk<F, D>(v + tokens[j] * vrow, c);
-    for (int64_t j = 0; j < n_codes; ++j) {
+    for (int64_t j = n_sink; j < std::min(n_sink + kPrefetchKeys, n_codes); ++j)
+      prefetch_value_chunk<F, D>(v + tokens[j] * vrow, c);
+    for (int64_t j = n_sink; j < n_codes; ++j) {
       const uint8_t* vr = v + tokens[j] * vrow;
       if (j + kPrefetchKeys < n_codes) {
         prefetch_value_chunk<F, D>(v + tokens[j + kPrefetchKeys] * vrow, c);
@@ -277,7 +284,10 @@ SGL_AVX512_F16C inline void quant_attention_heads(const float* q, const uint8_t*
         for (int d = 0; d < kChunk; ++d) acc[g][d] = _mm512_fmadd_ps(p, vv[d], acc[g][d]);
       }
     }
-    // the uncompressed values (ring rows, then the new rows), weighted by p / v_mul (v_mul scales the sum)
+    // the uncompressed values (sink rows, ring rows, then the new rows), weighted by p / v_mul (v_mul scales the sum)
+    for (int64_t j = 0; j < n_sink; ++j)
+      add_uncompressed<D, G, kChunk>(acc, fresh.ring_v + (fresh.sink_base + j) * fresh.stride + 16 * c, c,
+                                     scores + 4 * j, v_mul);
     RingCursor vcur(fresh);
     for (int64_t j = n_codes; j < n_old; ++j)
       add_uncompressed<D, G, kChunk>(acc, fresh.ring_v + (fresh.ring_base + vcur.next()) * fresh.stride + 16 * c, c,

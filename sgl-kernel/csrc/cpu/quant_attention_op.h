@@ -63,7 +63,8 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
                                     const ExtendRows& e, double scale, const float* turn, const float* smooth,
                                     const float* out_turn, const float* fresh_k, const float* fresh_v,
                                     const uint16_t* ring_k, const uint16_t* ring_v, const int64_t* ring_rows,
-                                    const int64_t* ring_counts, int64_t window) {
+                                    const int64_t* ring_counts, const int64_t* sink_counts, int64_t entries,
+                                    int64_t window) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KV = k_codes.size(1);
   const bool per_token = kv_quant_per_token(fmt);
   at::Tensor qc = q.contiguous();
@@ -91,16 +92,19 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
       const int64_t* tokens = e.tokens(r);
       const int64_t len = e.len(r);
       FreshRows fresh;  // the request's new tokens: q rows [q_start, ...) of fresh_k / fresh_v
-      if (fresh_k != nullptr) {  // request b: codes, then ring_counts[b] ring rows, then its new tokens' rows
+      if (fresh_k != nullptr) {  // request b: sink_counts[b] sink rows, codes, ring_counts[b] ring rows, new rows
         const int64_t b = e.row_req[r], first = (e.q_start[b] * KV + kv_head) * D;
         const int64_t n_ring = ring_k != nullptr ? ring_counts[b] : 0;
+        const int64_t n_sink = ring_k != nullptr && sink_counts != nullptr ? sink_counts[b] : 0;
         fresh = FreshRows{fresh_k + first, fresh_v + first, KV * D, e.pp[b] - n_ring, (float)scale};
-        if (n_ring > 0) {
+        if (n_ring > 0 || n_sink > 0) {
           fresh.ring_k = ring_k + kv_head * D;
           fresh.ring_v = ring_v + kv_head * D;
-          fresh.ring_base = ring_rows[b] * window;
+          fresh.ring_base = ring_rows[b] * entries;
           fresh.window = window;
           fresh.n_ring = n_ring;
+          fresh.sink_base = ring_rows[b] * entries + window;
+          fresh.n_sink = n_sink;
         }
       }
       switch (fmt) {
@@ -161,11 +165,15 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 //   fresh_k, fresh_v  [N, KV, D] fp32, the batch's new K/V in the pool's stored basis (keys (k * w) @ R / k @ R as
 //             stored, values @ R where turned): a request's new tokens are attended as these rows, its cached prefix
 //             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
-//   ring_k, ring_v  [ring rows x window, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
-//             (mem_cache/recent_window.py), in the stored basis; request b's last ring_counts[b] cached positions p
-//             are read from ring row ring_rows[b] x window + p % window instead of their codes; ring_write [N]
-//             int64, optional: after the attention, new row t (fresh_k / fresh_v) goes to ring entry ring_write[t]
-//             (< 0: not kept), in bf16 -- the reads above saw the entries it replaces
+//   ring_k, ring_v  [ring rows x E, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
+//             (mem_cache/recent_window.py), in the stored basis, E entries a req_to_token row: request b's last
+//             ring_counts[b] cached positions p are read from entry ring_rows[b] x E + p % W instead of their codes
+//             (W = ring_window, 0: E); ring_write [N] int64, optional: after the attention, new row t (fresh_k /
+//             fresh_v) goes to ring entry ring_write[t] (< 0: not kept), in bf16 -- the reads above saw the entries it
+//             replaces
+//   sink_counts, sink_write  (with a ring of E > W entries a row: its last E - W are the attention sinks) request b's
+//             first sink_counts[b] positions p are read from entry ring_rows[b] x E + W + p instead of their codes;
+//             sink_write [N] int64, optional: new row t also goes to entry sink_write[t] (< 0: none)
 inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& v_codes,
                                          const at::Tensor& k_scale, const at::Tensor& v_scale,
                                          const std::string& kv_format, const at::Tensor& req_to_token,
@@ -180,7 +188,9 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                                          const c10::optional<at::Tensor>& ring_v,
                                          const c10::optional<at::Tensor>& ring_rows,
                                          const c10::optional<at::Tensor>& ring_counts,
-                                         const c10::optional<at::Tensor>& ring_write) {
+                                         const c10::optional<at::Tensor>& ring_write,
+                                         const c10::optional<at::Tensor>& sink_counts,
+                                         const c10::optional<at::Tensor>& sink_write, int64_t ring_window) {
   const char* op = "extend_attention_quant";
   const KvQuant fmt = kv_quant_from_name(kv_format);
   TORCH_CHECK(isa_at_least(CpuIsa::kAvx512Vnni), op, ": needs CPU level avx512_vnni, this module runs at ",
@@ -232,10 +242,10 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   const bool has_ring = ring_k.has_value() && ring_k->defined();
   TORCH_CHECK(!has_ring || (has_fresh && ring_v.has_value() && ring_rows.has_value() && ring_counts.has_value()), op,
               ": ring_k comes with ring_v, ring_rows, ring_counts and fresh_k / fresh_v");
-  at::Tensor rr, rc;
+  at::Tensor rr, rc, sc;
   const uint16_t* rk = nullptr;
   const uint16_t* rv = nullptr;
-  int64_t window = 1;
+  int64_t entries = 1, window = 1;
   if (has_ring) {
     const int64_t B = (int64_t)e.q_start.size() - 1;
     for (const at::Tensor* t : {&*ring_k, &*ring_v})
@@ -249,24 +259,39 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                 op, ": ring_rows / ring_counts must be int64 CPU tensors of one entry per request");
     const int64_t* rrp = rr.data_ptr<int64_t>();
     const int64_t* rcp = rc.data_ptr<int64_t>();
-    window = ring_k->size(0) / std::max<int64_t>(1, req_to_token.size(0));
-    TORCH_CHECK(window >= 1 && window * req_to_token.size(0) == ring_k->size(0), op,
-                ": ring_k must hold window rows per req_to_token row");
-    for (int64_t b = 0; b < B; ++b)
-      TORCH_CHECK(rrp[b] >= 0 && rrp[b] < req_to_token.size(0) && rcp[b] >= 0 && rcp[b] <= std::min(window, e.pp[b]),
-                  op, ": request ", b, "'s ring row or count is out of range");
+    entries = ring_k->size(0) / std::max<int64_t>(1, req_to_token.size(0));
+    window = ring_window > 0 ? ring_window : entries;
+    TORCH_CHECK(entries >= 1 && entries * req_to_token.size(0) == ring_k->size(0) && window <= entries, op,
+                ": ring_k must hold its entries (ring_window and the sinks) for every req_to_token row");
+    const bool has_sinks = sink_counts.has_value() && sink_counts->defined();
+    TORCH_CHECK(!has_sinks || entries > window, op, ": sink_counts needs a ring with sink entries (ring_window < E)");
+    if (has_sinks) {
+      sc = sink_counts->contiguous();
+      TORCH_CHECK(sc.scalar_type() == at::kLong && sc.numel() == B && sc.device().is_cpu(), op,
+                  ": sink_counts must be an int64 CPU tensor of one entry per request");
+    }
+    const int64_t* scp = has_sinks ? sc.data_ptr<int64_t>() : nullptr;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n_sink = scp != nullptr ? scp[b] : 0;
+      TORCH_CHECK(rrp[b] >= 0 && rrp[b] < req_to_token.size(0) && rcp[b] >= 0 && rcp[b] <= std::min(window, e.pp[b]) &&
+                      n_sink >= 0 && n_sink <= entries - window && n_sink + rcp[b] <= e.pp[b],
+                  op, ": request ", b, "'s ring row or counts are out of range");
+    }
     rk = reinterpret_cast<const uint16_t*>(ring_k->data_ptr());
     rv = reinterpret_cast<const uint16_t*>(ring_v->data_ptr());
   }
   const int64_t* rrp = has_ring ? rr.data_ptr<int64_t>() : nullptr;
   const int64_t* rcp = has_ring ? rc.data_ptr<int64_t>() : nullptr;
+  const int64_t* scp = sc.defined() ? sc.data_ptr<int64_t>() : nullptr;
   at::Tensor out = q.scalar_type() == at::kBFloat16
       ? extend_attention_quant_t<at::BFloat16>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth,
-                                               back, fk, fv, rk, rv, rrp, rcp, window)
+                                               back, fk, fv, rk, rv, rrp, rcp, scp, entries, window)
       : extend_attention_quant_t<float>(fmt, q, k_codes, v_codes, k_scale, v_scale, e, scale, turn, smooth, back,
-                                        fk, fv, rk, rv, rrp, rcp, window);
-  if (has_ring && ring_write.has_value() && ring_write->defined())  // after every read: the new rows into the ring
-    write_ring_rows(op, *ring_write, fk, fv, N, KV, D, *ring_k, *ring_v);
+                                        fk, fv, rk, rv, rrp, rcp, scp, entries, window);
+  if (has_ring) {  // after every read: the new rows into the ring (and the sinks)
+    for (const c10::optional<at::Tensor>* w : {&ring_write, &sink_write})
+      if (w->has_value() && (*w)->defined()) write_ring_rows(op, **w, fk, fv, N, KV, D, *ring_k, *ring_v);
+  }
   return out;
 }
 

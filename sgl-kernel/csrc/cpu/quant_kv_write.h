@@ -25,13 +25,28 @@ namespace sgl_cpu {
 
 constexpr int64_t kMaxTurnDim = 256;
 
-// row [D] -> row @ R, through tmp [D].
-SGL_AVX512 inline void turn_row(float* row, int64_t D, const float* R, float* tmp) {
-  for (int64_t j = 0; j < D; j += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < D; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(row[i]), _mm512_loadu_ps(R + i * D + j), acc);
-    _mm512_storeu_ps(tmp + j, acc);
+// NB 16-column blocks of row @ R, columns [j, j + 16 NB): NB FMA chains side by side (one a block, each summing
+// over i in order, as a block on its own would) instead of one block's chain of D dependent FMAs after another's.
+template <int NB>
+SGL_AVX512 inline void turn_columns(const float* row, int64_t D, const float* R, int64_t j, float* tmp) {
+  __m512 acc[NB];
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b) acc[b] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < D; ++i) {
+    const __m512 x = _mm512_set1_ps(row[i]);
+    const float* r = R + i * D + j;
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) acc[b] = _mm512_fmadd_ps(x, _mm512_loadu_ps(r + 16 * b), acc[b]);
   }
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b) _mm512_storeu_ps(tmp + j + 16 * b, acc[b]);
+}
+
+// row [D] -> row @ R, through tmp [D]: 64 columns at a time, then the 16-column blocks left.
+SGL_AVX512 inline void turn_row(float* row, int64_t D, const float* R, float* tmp) {
+  int64_t j = 0;
+  for (; j + 64 <= D; j += 64) turn_columns<4>(row, D, R, j, tmp);
+  for (; j < D; j += 16) turn_columns<1>(row, D, R, j, tmp);
   std::copy(tmp, tmp + D, row);
 }
 

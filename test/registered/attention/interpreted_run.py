@@ -91,10 +91,13 @@ def kv_quant_kernel_errors() -> dict:
     plus runs with a wrong V scale in the pool ('sensitivity|kind|fmt') and against a reference that reads the new
     tokens through their codes ('codes_reference|kind|fmt'), both of which must be far off; with a recent window
     ('ring|kind|tiles|dtype|page_size|fmt') and against a reference that reads the ring's tokens through their codes
-    ('ring_codes_reference|kind|fmt': far off)."""
+    ('ring_codes_reference|kind|fmt': far off); with a ring that also holds attention sinks
+    ('sinks|kind|tiles|dtype|page_size|fmt') and against a reference that reads the sinks through their codes
+    ('sink_codes_reference|kind|fmt': far off)."""
     import torch
     from kv_quant_triton_cases import (DECODE_CASE, EXTEND_CASE, FORMATS, WINDOW_FORMATS, ring_decode_case,
-                                       ring_extend_case, run_quant_decode, run_quant_extend)
+                                       ring_extend_case, run_quant_decode, run_quant_extend, sink_decode_case,
+                                       sink_extend_case)
 
     from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
     from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES
@@ -135,6 +138,21 @@ def kv_quant_kernel_errors() -> dict:
             fmt, 1, torch.float32, ring_codes_reference=True, **ring_decode)
         errors[f"ring_codes_reference|extend|{fmt}"] = run_quant_extend(
             fmt, 1, torch.float32, ring_codes_reference=True, **ring_extend)
+        sink_decode, sink_extend = sink_decode_case(fmt), sink_extend_case(fmt)
+        for dtype in (torch.float32, torch.float16):
+            for page_size in (1, 16):
+                errors[f"sinks|decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
+                    fmt, page_size, dtype, **sink_decode)
+                errors[f"sinks|extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
+                    fmt, page_size, dtype, **sink_extend)
+        errors[f"sinks|decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(
+            fmt, 16, torch.float32, tiles=GPU_TILES, **sink_decode)
+        errors[f"sinks|extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(
+            fmt, 1, torch.float32, tiles=GPU_TILES, **sink_extend)
+        errors[f"sink_codes_reference|decode|{fmt}"] = run_quant_decode(
+            fmt, 1, torch.float32, sink_codes_reference=True, **sink_decode)
+        errors[f"sink_codes_reference|extend|{fmt}"] = run_quant_extend(
+            fmt, 1, torch.float32, sink_codes_reference=True, **sink_extend)
     return errors
 
 

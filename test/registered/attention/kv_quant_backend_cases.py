@@ -1,8 +1,9 @@
 """The Triton backend over a quantized KV pool, run in the Triton interpreter (interpreted_run.py kv_quant_backend):
 per format, the BackendHarness steps (prefill, extend over a cached prefix, decode) through --attention-backend
-triton and torch_native on the same pool (int4 and int2_hadamard with their recent window, as a server has them, and
-int4 once without), and CUDA-graph decode as the runner drives it (the capture hook once, then forwards over the
-graph's input tensors, the graph workspace), its kernel arguments and any host sync recorded. Not a test file."""
+triton and torch_native on the same pool (the window formats with their recent window and sinks, as a server has
+them: the 60-token prompt reads sinks, codes and ring; int4 once without), and CUDA-graph decode as the runner drives
+it (the capture hook once, then forwards over the graph's input tensors, the graph workspace), its kernel arguments
+and any host sync recorded. Not a test file."""
 
 import torch
 from kv_quant_triton_cases import FORMATS
@@ -11,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from sglang.srt.mem_cache import kv_quant_codec
 from sglang.test.attention_harness import BackendHarness, max_abs_diff
 
-STEPS = [[5, 17, 9], [3, 1, 8], [1, 1, 1], [1, 1, 1]]
+STEPS = [[5, 60, 9], [3, 1, 8], [1, 1, 1], [1, 1, 1]]
 
 
 def _storages(tensors) -> set:

@@ -7,12 +7,15 @@ pool holds their codes too). codes_reference=True compares against the old rule 
 codes): the kernels must be far from it. ring_counts: the formats with a recent window (int4, int2_hadamard, fp8) read
 request b's last ring_counts[b] cached tokens from a ring (kv_formats.RingOperands: bf16, in the pool's stored basis,
 noise in every other entry), the reference those rows turned back; ring_codes_reference=True reads them through their
-codes instead (a kernel ignoring the ring). Not a test file."""
+codes instead (a kernel ignoring the ring). sink_counts: the ring also has S = kv_quant.SINK_TOKENS sink entries per
+row (without it none: the kernels' SINKS=0 path) and request b's first sink_counts[b] cached tokens are read from them,
+the reference substituting their bf16 rows for positions [0, s_b) (computed from the written K/V, not read from the
+ring); sink_codes_reference=True reads those through their codes (a kernel ignoring the sinks). Not a test file."""
 
 import torch
 from triton_attention_cases import reference
 
-from sglang.srt.mem_plan.kv_quant import RECENT_WINDOW_TOKENS, recent_window
+from sglang.srt.mem_plan.kv_quant import RECENT_WINDOW_TOKENS, SINK_TOKENS, recent_window
 
 # max abs error of the kernels against the float64 attention over the dequantized rows (outputs are O(1))
 QUANT_TOL = {torch.float32: 4e-5, torch.float16: 1e-2}  # fp16: the query, p and the turned q in fp16
@@ -20,7 +23,7 @@ FORMATS = ("fp8_e4m3", "fp8_e5m2", "int8", "int4", "int2_hadamard")
 DECODE_CASE = dict(seq_lens=[1, 5, 40, 17], num_q_heads=4, num_kv_heads=2, head_dim=32, num_splits=2)
 # no prefix (attends to the fresh K/V), a prefix ending mid-page, a one-token extend after a prefix
 EXTEND_CASE = dict(prefix_lens=[0, 20, 9], extend_lens=[6, 11, 1], num_q_heads=6, num_kv_heads=2, head_dim=32)
-WINDOW_FORMATS = tuple(RECENT_WINDOW_TOKENS)  # int4, int2_hadamard (W = 16), fp8 (W = 48)
+WINDOW_FORMATS = tuple(RECENT_WINDOW_TOKENS)  # int4, int2_hadamard (W = 16), fp8 (W = 48, e5m2 56)
 
 
 def ring_decode_case(fmt):
@@ -33,6 +36,26 @@ def ring_decode_case(fmt):
 
 def ring_extend_case(fmt):
     return dict(EXTEND_CASE, ring_counts=[0, min(20, recent_window(fmt)), 9])
+
+
+def sink_decode_case(fmt):
+    """Sinks (s_b of S = 4) and ring counts w_b over cached = seq_len - 1 = [0, 3, 39, 16, 89, 29, 12, 49, 59]: nothing
+    cached; fewer cached than S (every one a sink); all sinks with a full ring and codes between; two sinks (some
+    evicted) with a partial ring; all sinks with a full wrapping ring (its codes in two splits with the GPU tiles);
+    sinks and codes, no ring; sinks and ring meeting (no codes); 30 codes after the sinks (with the GPU tiles one
+    split, 34 if a kernel counted the sinks as codes: two); no sinks (s_b = 0) with a ring and two splits of codes."""
+    w = recent_window(fmt)
+    assert SINK_TOKENS == 4, SINK_TOKENS  # the counts below are written for S = 4
+    return dict(DECODE_CASE, seq_lens=[1, 4, 40, 17, 90, 30, 13, 50, 60], sink_counts=[0, 3, 4, 2, 4, 4, 4, 4, 0],
+                ring_counts=[0, 0, min(35, w), 9, w, 0, 8, 15, 5])
+
+
+def sink_extend_case(fmt):
+    """prefix [0, 20, 9, 3, 30, 12]: none; all sinks, a ring meeting them; two sinks, ring, codes; fewer cached than
+    S (all sinks); no sinks with a ring; sinks and ring meeting (no codes)."""
+    assert SINK_TOKENS == 4, SINK_TOKENS
+    return dict(EXTEND_CASE, prefix_lens=[0, 20, 9, 3, 30, 12], extend_lens=[6, 11, 1, 4, 5, 2],
+                sink_counts=[0, 4, 2, 3, 0, 4], ring_counts=[0, min(16, recent_window(fmt)), 5, 0, 10, 8])
 
 
 class QuantPagedKV:
@@ -75,41 +98,47 @@ class QuantPagedKV:
         """The pool's own dequantized K/V of request b's first n tokens (fp32, unrotated)."""
         return self.pool.gather_kv(0, self.req_to_token[self.rows[b], :n], torch.float32)
 
-    def attended_kv(self, b, cached, dtype, codes_reference=False, ring=None):
+    def attended_kv(self, b, cached, dtype, codes_reference=False, recent=0, sinks=0):
         """Request b's K/V as a forward must attend them (float64): its first `cached` tokens (earlier forwards')
-        through their codes (the last ring.counts[b] of them: the ring's rows, turned back), the rest (this forward's
-        new tokens) exactly as written in `dtype`; codes_reference: every token through its codes."""
+        through their codes, but positions [0, sinks) and [cached - recent, cached) as the ring holds them (bf16 in
+        the stored basis, turned back), the rest (this forward's new tokens) exactly as written in `dtype`;
+        codes_reference: every token through its codes."""
         n = self.k_written[b].shape[0]
         if codes_reference:
-            cached = n
+            cached, recent, sinks = n, 0, 0
         k, v = self.seq_kv(b, cached)
-        if ring is not None:
-            entries = self._ring_entries(ring, b, cached)
-            k[len(k) - len(entries):] = self.pool.plain_basis(0, "k", ring.k[entries])
-            v[len(v) - len(entries):] = self.pool.plain_basis(0, "v", ring.v[entries])
+        for part, x in (("k", k), ("v", v)):
+            for positions in (torch.arange(sinks), torch.arange(cached - recent, cached)):
+                x[positions] = self.pool.plain_basis(0, part, self.ring_rows(b, part, positions))
         return (torch.cat([k.double(), self.k_written[b][cached:].to(dtype).double()]),
                 torch.cat([v.double(), self.v_written[b][cached:].to(dtype).double()]))
 
-    def _ring_entries(self, ring, b, cached):
-        """The ring entries of request b's cached positions [cached - count, cached)."""
-        return self.rows[b] * ring.window + torch.arange(cached - int(ring.counts[b]), cached) % ring.window
+    def ring_rows(self, b, part, positions):
+        """What a ring holds of request b's tokens at `positions`: their written K or V in the stored basis, bf16."""
+        written = (self.k_written if part == "k" else self.v_written)[b][positions]
+        return self.pool.stored_basis(0, part, written).bfloat16()
 
-    def ring(self, cached_lens, counts):
-        """A ring as a server's holds it: request b's positions [cached - counts[b], cached) in the pool's stored
-        basis (QuantizedKVPool.stored_basis of the written K/V) in bf16 at entry row * W + position % W, noise
-        (8x the K/V's scale) in every other entry."""
+    def ring(self, cached_lens, counts, sinks=None):
+        """A ring as a server's holds it (mem_cache/recent_window.py), E = W + S entries per row (S = SINK_TOKENS with
+        `sinks`, else 0): request b's positions [cached - counts[b], cached) at entry row * E + position % W, its
+        positions [0, sinks[b]) at entry row * E + W + position, noise (8x the K/V's scale) in every other entry."""
         from sglang.srt.layers.attention.triton_ops.kv_formats import RingOperands
         from sglang.srt.mem_plan.kv_quant import recent_window
 
         window, g = recent_window(self.pool.kv_format), torch.Generator().manual_seed(3)
-        shape = (self.req_to_token.shape[0] * window, self.pool.head_num)
+        entries = window + (SINK_TOKENS if sinks is not None else 0)
+        sinks = [0] * len(counts) if sinks is None else sinks
+        shape = (self.req_to_token.shape[0] * entries, self.pool.head_num)
         ring = RingOperands(*(torch.randn(*shape, d, generator=g).mul(8).bfloat16()
                               for d in (self.pool.head_dim, self.pool.v_head_dim)),
-                            self.rows.clone(), torch.tensor(counts, dtype=torch.int64), window)
-        for b, (p, c) in enumerate(zip(cached_lens, counts)):
-            entries = self._ring_entries(ring, b, p)
-            ring.k[entries] = self.pool.stored_basis(0, "k", self.k_written[b][p - c : p]).bfloat16()
-            ring.v[entries] = self.pool.stored_basis(0, "v", self.v_written[b][p - c : p]).bfloat16()
+                            self.rows.clone(), torch.tensor(counts, dtype=torch.int64),
+                            torch.tensor(sinks, dtype=torch.int64), window, entries)
+        for b, (p, c, s) in enumerate(zip(cached_lens, counts, sinks)):
+            assert s <= entries - window and c <= window and p - c >= s, (b, p, c, s)
+            recent, first = torch.arange(p - c, p), torch.arange(s)
+            for part, buf in (("k", ring.k), ("v", ring.v)):
+                buf[self.rows[b] * entries + recent % window] = self.ring_rows(b, part, recent)
+                buf[self.rows[b] * entries + window + first] = self.ring_rows(b, part, first)
         return ring
 
 
@@ -124,7 +153,7 @@ def _rotations(pool):
 
 def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_lens=None, num_q_heads=4,
                      num_kv_heads=2, head_dim=32, num_splits=2, codes_reference=False, ring_counts=None,
-                     ring_codes_reference=False):
+                     ring_codes_reference=False, sink_counts=None, sink_codes_reference=False):
     """Max abs error of decode_attention_fwd over a `fmt` pool, the current token (position seq_len - 1, written to
     the pool too) given as fresh k_new / v_new (scale_error multiplies the fp8 per-head scales / the int formats'
     per-token scales in the pool after writing, to show a wrong scale fails)."""
@@ -133,9 +162,11 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
                                                                    value_mean)
 
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    ring = kv.ring([n - 1 for n in seq_lens], ring_counts) if ring_counts else None
-    ref_ring = None if ring_codes_reference else ring
-    refs = [kv.attended_kv(b, n - 1, dtype, codes_reference, ref_ring) for b, n in enumerate(seq_lens)]
+    cached = [n - 1 for n in seq_lens]
+    ring = kv.ring(cached, ring_counts, sink_counts) if ring_counts else None
+    refs = [kv.attended_kv(b, p, dtype, codes_reference, *_ref_ring(b, ring_counts, sink_counts, ring_codes_reference,
+                                                                   sink_codes_reference))
+            for b, p in enumerate(cached)]
     _break_scales(kv.pool, scale_error)
     bs, scale = len(seq_lens), head_dim**-0.5
     q = torch.randn(bs, num_q_heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -153,13 +184,13 @@ def run_quant_decode(fmt, page_size, dtype, tiles=None, scale_error=1.0, seq_len
     err = 0.0
     for b, n in enumerate(seq_lens):
         ref = reference(q[b : b + 1], *refs[b], [n - 1], scale)[0]
-        err = max(err, (o[b].double() - ref).abs().max().item())
+        err = max(err, _abs_err(o[b], ref))
     return err
 
 
 def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_lens=None, extend_lens=None,
                      num_q_heads=6, num_kv_heads=2, head_dim=32, codes_reference=False, ring_counts=None,
-                     ring_codes_reference=False):
+                     ring_codes_reference=False, sink_counts=None, sink_codes_reference=False):
     """Max abs error of extend_attention_fwd over a `fmt` pool: every request attends to its cached prefix's
     dequantized rows and to its new tokens' fresh K/V as given (their codes are in the pool too)."""
     from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
@@ -168,9 +199,10 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
 
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kv = QuantPagedKV(fmt, seq_lens, num_kv_heads, head_dim, page_size)
-    ring = kv.ring(prefix_lens, ring_counts) if ring_counts else None
-    ref_ring = None if ring_codes_reference else ring
-    refs = [kv.attended_kv(b, p, dtype, codes_reference, ref_ring) for b, p in enumerate(prefix_lens)]
+    ring = kv.ring(prefix_lens, ring_counts, sink_counts) if ring_counts else None
+    refs = [kv.attended_kv(b, p, dtype, codes_reference, *_ref_ring(b, ring_counts, sink_counts, ring_codes_reference,
+                                                                   sink_codes_reference))
+            for b, p in enumerate(prefix_lens)]
     _break_scales(kv.pool, scale_error)
     total, scale = sum(extend_lens), head_dim**-0.5
     q = torch.randn(total, num_q_heads, head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -187,9 +219,23 @@ def run_quant_extend(fmt, page_size, dtype, tiles=None, scale_error=1.0, prefix_
     err, start = 0.0, 0
     for b, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
         ref = reference(q[start : start + e], *refs[b], list(range(p, p + e)), scale)
-        err = max(err, (o[start : start + e].double() - ref).abs().max().item())
+        err = max(err, _abs_err(o[start : start + e], ref))
         start += e
     return err
+
+
+def _abs_err(o, ref) -> float:
+    """max |o - ref|, inf where o has a NaN (Python's max would drop one: the workspace starts as NaN, so a merge
+    reading a split the split kernel did not write shows as NaN)."""
+    return torch.nan_to_num((o.double() - ref).abs(), nan=float("inf")).max().item()
+
+
+def _ref_ring(b, ring_counts, sink_counts, ring_codes_reference, sink_codes_reference):
+    """(recent, sinks): how many of request b's last / first cached tokens the reference takes as the ring holds them
+    (0 where there is no ring, or where a *_codes_reference reads them through their codes)."""
+    recent = 0 if ring_codes_reference or not ring_counts else ring_counts[b]
+    sinks = 0 if ring_codes_reference or sink_codes_reference or not sink_counts else sink_counts[b]
+    return recent, sinks
 
 
 def _break_scales(pool, factor):

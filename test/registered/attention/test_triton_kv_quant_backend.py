@@ -1,8 +1,9 @@
 """--attention-backend triton over a quantized KV pool (every --kv-cache-dtype format), in the Triton interpreter:
   * the backend against torch_native on the same pool (BackendHarness: prefill, extend over a cached prefix at page
-    size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4; int4 and int2_hadamard with their recent window (as
-    a server's pool has it: both backends read a request's newest cached tokens from the ring, each from the same ring
-    state) and int4 without one; after every step the ring the backend wrote equals torch_native's (same slots, same
+    size 16, decode, GQA 3:1), fp32, max abs difference <= 1e-4; the formats with a recent window (int4,
+    int2_hadamard, fp8) with it, as a server's pool has it (both backends read a request's first S cached tokens from
+    its sink entries and its newest from the ring, each from the same ring state; a 60-token prompt puts codes between
+    them) and int4 without one; after every step the ring the backend wrote equals torch_native's (same slots, same
     bf16 rows in the stored basis);
   * CUDA-graph decode: init_forward_metadata_capture_cuda_graph once, then two forwards over the graph's input
     tensors (as warm-up / capture / replay run them), each the next decode step: every kernel launch gets the pool's

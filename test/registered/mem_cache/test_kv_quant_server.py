@@ -1,8 +1,9 @@
 """Quantized KV cache over HTTP (issue 23): one server per format family (fp8, int8 -- on a CPU with the bf16 kernels
 both written and read by the kernels over the codes --, int4, the >= 8x mode), the real `openai` client. /server_info
 reports the format's bytes per token (every scale byte, by hand here), its fixed bytes (fp8 scales, int4 key
-multipliers), where its scales came from, the parts it stores turned, its gain over bf16, its quality flag and its recent window (int4, int2_hadamard: 16 tokens a
-slot in bf16, fp8 48 on this torch_native server; the plan's kv_window term);
+multipliers), where its scales came from, the parts it stores turned, its gain over bf16, its quality flag and its
+recent window (int4, int2_hadamard: 16 tokens a slot in bf16, fp8 48 on this torch_native server, each with the 4
+attention sinks; the plan's kv_window term);
 completions and streamed chat work and answer the factual prompt; the pool is intact afterwards; an unknown
 --kv-cache-dtype is refused at startup naming the choices."""
 
@@ -39,12 +40,13 @@ def test_server_with_quantized_kv(fmt):
         assert SCALES[fmt] in kv["scales"], kv
         assert kv["turned_parts"] == TURNED[fmt], kv
         assert kv["quality_flag"] == (kv_quant.quality_flag(fmt) or None), kv
-        # int4 / int2_hadamard: each request slot's last 16 tokens in bf16 (fp8: 48), (slots + 1) rings of W x
-        # (30 x 3 x 256 B + an 8 B slot index), the plan's kv_window term
+        # int4 / int2_hadamard: each request slot's last 16 tokens in bf16 (fp8: 48) and its first 4 (the attention
+        # sinks), (slots + 1) rings of (W + 4) x (30 x 3 x 256 B + an 8 B slot index), the plan's kv_window term
         window = {"int4": 16, "int2_hadamard": 16, "fp8_e4m3": 48}.get(fmt, 0)
-        assert kv["recent_window_tokens"] == window, kv
+        sinks = 4 if window else 0
+        assert kv["recent_window_tokens"] == window and kv["sink_tokens"] == sinks, kv
         slots = info["memory_plan"]["max_running_requests"]
-        assert kv["window_bytes"] == (slots + 1) * window * (30 * 3 * 256 + 8), kv
+        assert kv["window_bytes"] == (slots + 1) * (window + sinks) * (30 * 3 * 256 + 8), kv
         terms = {t["name"]: t["num_bytes"] for t in info["memory_plan"]["terms"]}
         assert terms.get("kv_window", 0) == kv["window_bytes"], terms
         client = openai_client(srv.base_url)

@@ -1,15 +1,18 @@
-"""The recent window of a quantized KV pool (mem_cache/recent_window.py; int4 / int2_hadamard 16 tokens, fp8 48): each
-request slot's last W tokens are attended uncompressed, older ones through their codes, a forward's own new tokens as
-computed.
+"""The recent window of a quantized KV pool (mem_cache/recent_window.py; int4 / int2_hadamard 16 tokens, fp8_e4m3
+48, fp8_e5m2 56): each request slot's last W tokens and its first S = SINK_TOKENS (the attention sinks) are attended
+uncompressed, the others through their codes, a forward's own new tokens as computed.
 
 Reference: an fp64 softmax attention whose K/V rows are chosen independently of the code under test -- the K/V this
-test fed (the new tokens' as fed, the request's own 16 newest cached tokens' as the ring keeps them: in the pool's
-stored basis rounded to bf16) and the pool's dequantization of the codes (for the rest) -- through torch_native's gather path and through the CPU kernel (extend_attention_quant with
-fresh_start / fresh_from), at page sizes 1 and 16:
-  - a prefill, then an extend of 7 and a decode step (the ring covers the W positions before each), every format;
+test fed (the new tokens' as fed, the request's own 16 newest and 4 first cached tokens' as the ring keeps them: in
+the pool's stored basis rounded to bf16) and the pool's dequantization of the codes (for the rest) -- through
+torch_native's gather path and through the CPU kernel (extend_attention_quant with fresh_start / fresh_from), at page
+sizes 1 and 16:
+  - a prefill, then an extend of 7 and a decode step (the ring covers the W positions before each, the sinks the
+    first S), every format; a request shorter than S (all of it sinks);
   - an extend of 3 x W (> W: only its last W enter the ring) then a decode step;
   - a request that takes another's tokens as its cached prefix reads them through the codes (its ring is empty), and
-    a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget);
+    a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget); one
+    that extends such a prefix keeps its own new tokens in its ring but has no sinks;
   - the plan charges the ring as the kv_window term, (slots + 1) x window_bytes_per_slot, and the pool allocates
     exactly that; fp8 on FlashInfer (whose kernel reads codes only) has no window, none planned or allocated.
 """
@@ -23,13 +26,15 @@ from sglang.jit_kernel.cpu_ops import get_kv_quant_ops, kv_quant_kernels_expecte
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
-from sglang.srt.mem_plan.kv_quant import RECENT_WINDOW_TOKENS, quality_flag, recent_window, window_bytes_per_slot
+from sglang.srt.mem_plan.kv_quant import (RECENT_WINDOW_TOKENS, SINK_TOKENS, quality_flag, recent_window,
+                                          window_bytes_per_slot)
 from sglang.test.attention_harness import BackendHarness
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="cpu")
 
 W = recent_window("int4")
+S = SINK_TOKENS
 H, KV, D = 6, 2, 64
 
 
@@ -79,14 +84,14 @@ class Harness:
         self.backend.init_forward_metadata(fb)
         return q, self.backend.forward(q, k, v, self.layer, fb)
 
-    def rows_of(self, row, length, exact_from, new_from=None):
+    def rows_of(self, row, length, exact_from, new_from=None, sinks=0):
         """The K/V attention should see for request `row`'s first `length` tokens: the fed rows from position
         new_from on (the forward's new tokens), the fed rows as the ring keeps them (turned into the stored basis,
-        rounded to bf16) in [exact_from, new_from), the pool's dequantized codes before."""
+        rounded to bf16) in [exact_from, new_from) and [0, sinks), the pool's dequantized codes between."""
         slots = self.r2t.req_to_token[row, :length]
         k, v = self.pool.gather_kv(0, slots, torch.float64)
         new_from = length if new_from is None else new_from
-        for p in range(exact_from, length):
+        for p in [*range(min(sinks, exact_from)), *range(exact_from, length)]:
             for rows, exact, part in ((k, self.exact_k, "k"), (v, self.exact_v, "v")):
                 x = exact[int(slots[p])][None]
                 if p < new_from:
@@ -94,15 +99,17 @@ class Harness:
                 rows[p] = x[0]
         return k, v
 
-    def check(self, test, row, q, out, length, exact_from, what):
-        k, v = self.rows_of(row, length, exact_from, length - q.shape[0])
+    def check(self, test, row, q, out, length, exact_from, what, sinks=S):
+        k, v = self.rows_of(row, length, exact_from, length - q.shape[0], sinks)
         ref = reference(q, k, v, self.layer.scaling)
         test.assertLess(float((out.double() - ref).abs().max()), 1e-4, what)
-        if exact_from == length - q.shape[0]:
-            return
-        # and it is not the attention over the codes alone (the window changes the result)
+        # and it is not the attention over the codes alone, nor (with sinks) without them: each part changes it
         k0, v0 = self.rows_of(row, length, length - q.shape[0])
-        test.assertGreater(float((reference(q, k0, v0, self.layer.scaling) - ref).abs().max()), 1e-3, what)
+        if exact_from != length - q.shape[0]:
+            test.assertGreater(float((reference(q, k0, v0, self.layer.scaling) - ref).abs().max()), 1e-3, what)
+        if 0 < sinks < exact_from:
+            k1, v1 = self.rows_of(row, length, exact_from, length - q.shape[0])
+            test.assertGreater(float((reference(q, k1, v1, self.layer.scaling) - ref).abs().max()), 1e-4, what)
 
 
 class TestRecentWindow(unittest.TestCase):
@@ -127,7 +134,8 @@ class TestRecentWindow(unittest.TestCase):
                 torch.testing.assert_close(out[1:].double(), reference(q[1:], k, v, h.layer.scaling), atol=1e-4,
                                            rtol=0)
                 q, out = h.step([b], [3 * w])  # longer than the window: only its last w enter the ring
-                h.check(self, b, q, out, 6 + 3 * w, 0, f"{fmt} long extend kernel={kernel} page {page}")  # b's 6 in its ring
+                # b's 6 cached tokens: in its ring and sinks
+                h.check(self, b, q, out, 6 + 3 * w, 0, f"{fmt} long extend kernel={kernel} page {page}")
                 q, out = h.step([b], [1])
                 h.check(self, b, q, out, 7 + 3 * w, 6 + 3 * w - w,
                         f"{fmt} decode after a long extend kernel={kernel} page {page}")
@@ -144,7 +152,14 @@ class TestRecentWindow(unittest.TestCase):
             h.r2t.req_to_token[c, :31] = h.r2t.req_to_token[a, :31]
             h.h.lens[c] = 31
             q, out = h.step([c], [3])
-            h.check(self, c, q, out, 34, 31, f"cached prefix kernel={kernel}")
+            h.check(self, c, q, out, 34, 31, f"cached prefix kernel={kernel}", sinks=0)
+            q, out = h.step([c], [1])  # its 3 new tokens are in its ring now; the prefix's first ones are no sinks
+            h.check(self, c, q, out, 35, 31, f"decode after a cached prefix kernel={kernel}", sinks=0)
+            # a request of fewer tokens than S: every cached one is read from its sinks
+            d = h.h.new_request()
+            h.step([d], [S - 1])
+            q, out = h.step([d], [2])
+            h.check(self, d, q, out, S + 1, S - 1, f"shorter than the sinks kernel={kernel}", sinks=S - 1)
             # a's row handed to a new request: the ring entries of a are forgotten
             h.r2t.free(a)
             self.assertEqual(h.r2t.alloc(), a)
@@ -155,7 +170,7 @@ class TestRecentWindow(unittest.TestCase):
         r2t = ReqToTokenPool(slots, 64)
         pool = create_kv_pool("int4", 256, 1, torch.bfloat16, 3, 64, 30, window_rows=r2t.req_to_token.shape[0])
         per_slot = window_bytes_per_slot("int4", 30, 3, 64, 64)
-        self.assertEqual(per_slot, W * (30 * 3 * 128 * 2 + 8))
+        self.assertEqual(per_slot, (W + S) * (30 * 3 * 128 * 2 + 8))
         self.assertEqual(pool.window.mem_usage_bytes(), (slots + 1) * per_slot)
         self.assertEqual(window_bytes_per_slot("int8", 30, 3, 64, 64), 0)
         from sglang.cli.plan import run
@@ -176,7 +191,7 @@ class TestRecentWindow(unittest.TestCase):
             return {t["name"]: t["num_bytes"] for t in result["plan"]["terms"]}.get("kv_window", 0)
 
         per_slot = window_bytes_per_slot("fp8_e4m3", 30, 3, 64, 64)
-        self.assertEqual(per_slot, 48 * (30 * 3 * 128 * 2 + 8))
+        self.assertEqual(per_slot, (48 + S) * (30 * 3 * 128 * 2 + 8))
         self.assertEqual(window_term("torch_native", ["--device", "cpu", "--max-total-memory-gb", "4"]), 9 * per_slot)
         self.assertEqual(window_term("triton", ["--gpu", "h100-80gb"]), 9 * per_slot)
         self.assertEqual(window_term("flashinfer", ["--gpu", "h100-80gb"]), 0)

@@ -32,7 +32,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang.srt.mem_plan.dtypes import torch_dtype
 from sglang.srt.mem_cache.recent_window import RecentWindow
 from sglang.srt.mem_plan.kv_quant import (FP8_FORMATS, FP8_SCALE_HEADROOM, INT4_KEY_SMOOTH_EXPONENT, fixed_fields,
-                                          recent_window, rotated_parts, token_fields)
+                                          recent_window, rotated_parts, sink_tokens, token_fields)
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
@@ -72,9 +72,11 @@ class QuantizedKVPool(KVCache):
         self.calibration_amax: Dict[str, torch.Tensor] = {}
         self.scales_source = ("unit (1.0)" if self.is_fp8 else "per token, key multipliers 1.0 (not calibrated)"
                               if "k_smooth" in self.fixed else "per token")
-        # the recent window (kv_quant.RECENT_WINDOW_TOKENS): one ring per req_to_token row (window_rows of them)
+        # the recent window (kv_quant.RECENT_WINDOW_TOKENS) and the attention sinks (SINK_TOKENS): one ring per
+        # req_to_token row (window_rows of them)
         self.window = RecentWindow(window_rows, recent_window(kv_format), layer_num, head_num, head_dim,
-                                   self.v_head_dim, device) if window_rows and recent_window(kv_format) else None
+                                   self.v_head_dim, device, sink_tokens(kv_format)) \
+            if window_rows and recent_window(kv_format) else None
 
     @property
     def turned_parts(self) -> set:

@@ -24,9 +24,11 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     one log-scale byte per vector (2^(1/12) steps, +-2.9%)                      [31 B, 8.26x]
 
 Per token, every byte the pool holds is above. Each request slot also keeps its last W tokens in bf16
-(RECENT_WINDOW_TOKENS: int4 and int2_hadamard 16, fp8 48; a ring per slot, the kv_window term, charged per slot not
-per token; the default model at W = 16: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot): attention reads a
-request's newest cached tokens there. fp8's window exists where the backend reads rings (RING_BACKENDS: not
+(RECENT_WINDOW_TOKENS: int4 and int2_hadamard 16, fp8_e4m3 48, fp8_e5m2 56; a ring per slot, the kv_window term,
+charged per slot not per token; the default model at W = 16: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot):
+attention reads a request's newest cached tokens there. The same ring also keeps the request's first SINK_TOKENS
+tokens (4: attention sinks, the keys most queries weigh, so their error counts most; 4 x 30 x 3 x 256 B + 32 B =
+92,192 B a slot on the default model), read in place of their codes. fp8's window exists where the backend reads rings (RING_BACKENDS: not
 FlashInfer, whose kernel reads fp8 codes only; with it fp8 has no window and none is planned).
 """
 
@@ -44,18 +46,22 @@ QUANTIZED_KV_FORMATS = FP8_FORMATS + INT_FORMATS
 # a quantized format's quality gate (benchmark/bench_kv_quality.py, docs/kv_quantization.md): None = passes; a text =
 # the measured failure, shown in --help and /server_info
 KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs a bf16 KV (floor: fp32 KV 99.80%)
-    "fp8_e5m2": "fails top-1 (98.1% < 99%, with its 48-token window), perplexity +0.2% passes",
-    "int2_hadamard": "capacity mode: top-1 80.0%, perplexity +19%, needle recall 0/6",
-}  # int8 passes (top-1 99.6%, perplexity -0.05%); int4 passes (top-1 96.3%, perplexity +0.8%); fp8_e4m3 passes with
-# its window (top-1 99.2%, perplexity +0.1%; without one, on FlashInfer: 97.4%)
+    "int2_hadamard": "capacity mode: top-1 82.7%, perplexity +17%, needle recall 0/6",
+}  # int8 passes (top-1 99.6%, perplexity -0.05%); with their window and sinks int4 passes (top-1 97.4%, perplexity
+# +0.5%), fp8_e4m3 (99.7%, -0.0%) and fp8_e5m2 (window 56: 99.5%, +0.2%; 48 without sinks: 98.1%); without a window
+# (FlashInfer) fp8 fails top-1 (WINDOWLESS_QUALITY_FLAGS)
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
 # recent window: each request slot keeps the K/V of its last RECENT_WINDOW_TOKENS[fmt] tokens in bf16 as well as their
 # codes, and attention reads those tokens from there (the query weighs its nearest tokens most): a
 # per-slot ring, planned as the kv_window term (window_bytes_per_slot), not per token
-RECENT_WINDOW_TOKENS = {"fp8_e4m3": 48, "fp8_e5m2": 48, "int4": 16, "int2_hadamard": 16}
+RECENT_WINDOW_TOKENS = {"fp8_e4m3": 48, "fp8_e5m2": 56, "int4": 16, "int2_hadamard": 16}
 # the backends whose kernels read a window's ring (the CPU kernel, the torch path, Triton). FlashInfer's paged kernel
 # reads the pool's fp8 codes only, so with it fp8 keeps no window: none is planned or allocated (recent_window)
 RING_BACKENDS = ("torch_native", "triton")
+# attention sinks: every format with a recent window also keeps each request's first SINK_TOKENS tokens in its ring, read
+# in place of their codes (a request's first tokens draw most of the attention; fp8_e5m2's 2-bit mantissa on them cost
+# it the top-1 gate: docs/kv_quantization.md)
+SINK_TOKENS = 4
 ROTATED_PARTS = {"fp8_e4m3": ("k",), "fp8_e5m2": ("k",), "int8": ("k",), "int4": ("k", "v"),
                  "int2_hadamard": ("k", "v")}  # the codec's rotated parts (kv_quant_codec.py)
 # the attention backends that read a quantized format (check_kv_format_backend); AITER's prefill takes no fp8 KV
@@ -145,11 +151,16 @@ def recent_window(fmt: str, attention_backend: Optional[str] = None) -> int:
     return RECENT_WINDOW_TOKENS.get(fmt, 0)
 
 
+def sink_tokens(fmt: str, attention_backend: Optional[str] = None) -> int:
+    """The first tokens of a request its ring keeps uncompressed (attention sinks; 0 where there is no window)."""
+    return SINK_TOKENS if recent_window(fmt, attention_backend) else 0
+
+
 def window_bytes_per_slot(fmt: str, num_layers: int, num_kv_heads: int, head_dim: int, v_head_dim: int,
                           attention_backend: Optional[str] = None) -> int:
-    """One request slot's recent-window ring: W x (K and V rows of every layer and KV head in bf16 + the int64 pool
+    """One request slot's ring: (W + sinks) entries x (K and V rows of every layer and KV head in bf16 + the int64 pool
     slot each entry holds, which says whether it is still the request's token)."""
-    w = recent_window(fmt, attention_backend)
+    w = recent_window(fmt, attention_backend) + sink_tokens(fmt, attention_backend)
     return w * (num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype_bytes("bfloat16") + 8) if w else 0
 
 
@@ -221,8 +232,8 @@ def _help() -> str:
     return ("KV cache dtype; 'auto' follows --dtype. Quantized formats (codes + scales, all planned; "
             "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
             "int8 per token (keys rotated), int4 per token asymmetric (rotated), int2_hadamard (int4 and int2_hadamard "
-            "also keep each request slot's last 16 tokens in bf16, fp8 its last 48 except on flashinfer, planned per "
-            "slot); bf16 tokens per byte x "
+            "also keep each request slot's last 16 tokens and its first 4 in bf16, fp8 its last 48 (e5m2: 56) and "
+            "first 4 except on flashinfer, planned per slot); bf16 tokens per byte x "
             f"(head dim 64): {gains}. int formats need --attention-backend torch_native or triton."
             + (f" Quality gate on the default model: {flags}." if flags else ""))
 

@@ -238,7 +238,7 @@ class ModelRunnerKVCacheMixin:
     def kv_cache_info(self) -> dict:
         """For /server_info: the KV format, its bytes per token on this rank (every scale byte counted), and the
         capacity gain over a bf16 cache of the same budget (mem_plan/kv_quant.py)."""
-        from sglang.srt.mem_plan.kv_quant import quality_flag, recent_window
+        from sglang.srt.mem_plan.kv_quant import quality_flag, recent_window, sink_tokens
 
         mc, plan = self.model_config, self.memory_plan
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
@@ -247,8 +247,10 @@ class ModelRunnerKVCacheMixin:
                 "capacity_gain_vs_bf16": round(cell.bf16_cell_bytes / cell.cell_bytes, 4),
                 "max_total_num_tokens": plan.max_total_num_tokens,
                 "quality_flag": quality_flag(mc.kv_cache_dtype_name, self.server_args.attention_backend) or None,
-                # the recent window: tokens a request slot keeps in bf16, and the ring's bytes (the kv_window term)
+                # the recent window and the sinks: tokens a request slot keeps in bf16 (its newest, its first), and
+                # the ring's bytes (the kv_window term)
                 "recent_window_tokens": recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend),
+                "sink_tokens": sink_tokens(mc.kv_cache_dtype_name, self.server_args.attention_backend),
                 "window_bytes": self.allocated_bytes()["kv_window"]}
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:

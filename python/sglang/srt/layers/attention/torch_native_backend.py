@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
-from sglang.srt.mem_cache import kv_quant_codec
+from sglang.srt.layers.attention.quant_kernel_operands import QuantOperandCache
 from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, is_quantized
@@ -106,6 +106,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
         )
         self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
+        self.quant_operands = QuantOperandCache(pool)  # the kernel path's per-layer operands (made on first use)
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
         self.decode_gather_tokens = decode_gather_tokens(getattr(pool, "kv_format", ""), DECODE_GATHER_TOKENS)
         # a quantized pool: the new tokens' fresh K/V are attended instead of their codes (the kernel and the gather
@@ -227,54 +228,54 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _fresh(self, layer: AttentionLayer, k: torch.Tensor, v: torch.Tensor, reqs) -> tuple:
         """The rows the gather path attends uncompressed, as (k, v, gathered row, position) for _rotated_attention.
         reqs = [(gathered row, request b, its length, its first new token's q row, new tokens)]: a request's new
-        tokens, and with a recent window its ring's entries before them (mem_cache/recent_window.py)."""
+        tokens, and with a recent window its ring's entries before them and its sink entries (its first tokens:
+        mem_cache/recent_window.py)."""
         md, pool, lid = self.forward_metadata, self.token_to_kv_pool, layer.layer_id
-        counts = md.tail.counts.tolist() if md.tail is not None else None
-        ring_src = md.tail.ring_src.tolist() if md.tail is not None else None
-        ring_k, ring_v = pool.window.ring(lid) if md.tail is not None else (None, None)
+        t = md.tail
+        counts, sinks = (t.counts.tolist(), t.sink_counts.tolist()) if t is not None else (None, None)
+        ring_src, ring_rows = (t.ring_src.tolist(), t.ring_rows.tolist()) if t is not None else (None, None)
+        ring_k, ring_v = pool.window.ring(lid) if t is not None else (None, None)
         idx = lambda x: torch.tensor(x, dtype=torch.int64, device=k.device)  # noqa: E731
         ks, vs, rows, cols = [], [], [], []
         for row, b, length, q_first, n_new in reqs:
-            w = counts[b] if counts else 0
-            if w:  # its ring rows (stored basis, bf16) back in the gather basis
-                e = idx(ring_src[b][-w:])
+            w, s = (counts[b], sinks[b]) if counts else (0, 0)
+            first = ring_rows[b] * pool.window.entries + pool.window.window if s else 0
+            entries = [*range(first, first + s), *(ring_src[b][len(ring_src[b]) - w:] if w else [])]
+            if entries:  # its sink and ring rows (stored basis, bf16) back in the gather basis
+                e = idx(entries)
                 ks.append(pool.plain_basis(lid, "k", ring_k[e]).to(k.dtype))
                 vs.append(pool.plain_basis(lid, "v", ring_v[e]).to(v.dtype))
             ks.append(k[q_first : q_first + n_new])
             vs.append(v[q_first : q_first + n_new])
-            rows += [row] * (w + n_new)
-            cols += range(length - n_new - w, length)
+            rows += [row] * (s + w + n_new)
+            cols += [*range(s), *range(length - n_new - w, length)]
         return torch.cat(ks), torch.cat(vs), idx(rows), idx(cols)
 
     def _quant_attention(self, q: torch.Tensor, layer: AttentionLayer, save_kv_cache: bool, k: torch.Tensor,
                          v: torch.Tensor) -> torch.Tensor:
-        """Every row of q over the quantized pool's codes, in place (extend_attention_quant); q [N, H, D]."""
+        """Every row of q over the quantized pool's codes, in place (extend_attention_quant); q [N, H, D]. Keys stored
+        turned (k @ R; int4's (k * w) @ R): the kernel turns each query row (q / w) by R in its fp32 scratch (q.k
+        unchanged); values stored turned (int4, int2_hadamard): it turns each output row back by R^T."""
         if not save_kv_cache:
             raise NotImplementedError("torch_native CPU attention over a quantized pool reads the new K/V from the "
                                       "pool (save_kv_cache=True).")
-        pool, lid = self.token_to_kv_pool, layer.layer_id
-        # fp8: [layers, KV] fp32; int8 / int4: [layers, rows, KV, 1 / 2] fp16; int2_hadamard [layers, rows, KV, 1] u8
-        scales = pool.fixed if pool.is_fp8 else pool.fields
-        # keys stored turned (k @ R; int4's (k * w) @ R): the kernel turns each query row (q / w) by R in its fp32
-        # scratch (q.k unchanged); values stored turned (int4, int2_hadamard): it turns each output row back by R^T
-        k_turn, k_smooth = pool.key_turn(lid)
-        v_back = kv_quant_codec.rotation_t(pool.v_head_dim, pool.device) if "v" in pool.turned_parts else None
+        o = self.quant_operands(layer.layer_id)
         return self.cpu_quant_ops.extend_attention_quant(
-            q, pool.fields["k"][lid], pool.fields["v"][lid], scales["k_scale"][lid], scales["v_scale"][lid],
-            pool.kv_format, self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling,
-            k_turn, k_smooth, v_back, *(self._stored_kv(layer, k, v) if self.fresh_reads else (None, None)),
-            *self._ring_args(layer),
+            q, o.k_codes, o.v_codes, o.k_scale, o.v_scale, self.token_to_kv_pool.kv_format,
+            self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling, o.k_turn, o.k_smooth,
+            o.v_back, *(self._stored_kv(layer, k, v) if self.fresh_reads else (None, None)), *self._ring_args(layer, o),
         )
 
-    def _ring_args(self, layer: AttentionLayer) -> tuple:
-        """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts, ring_write), or Nones: it reads
-        the ring, then writes the new tokens into it (so _remember has nothing left to do for this layer)."""
+    def _ring_args(self, layer: AttentionLayer, o) -> tuple:
+        """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts, ring_write, sink_counts,
+        sink_write, ring_window), or Nones: it reads the ring (and the sinks), then writes the new tokens into it (so
+        _remember has nothing left to do for this layer)."""
         md = self.forward_metadata
         if md.tail is None or not self.fresh_reads:
-            return None, None, None, None, None
-        md.ring_written = layer.layer_id
-        return (*self.token_to_kv_pool.window.ring(layer.layer_id), md.tail.ring_rows, md.tail.counts,
-                md.tail.write_entry)
+            return None, None, None, None, None, None, None, 0
+        md.ring_written, t = layer.layer_id, md.tail
+        return (o.ring_k, o.ring_v, t.ring_rows, t.counts, t.write_entry, t.sink_counts, t.sink_entry,
+                self.token_to_kv_pool.window.window)
 
     def _write_kv(self, layer: AttentionLayer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The new K/V into the pool: a pool the kernels read is written by the kernel module too (the codec's rule in
@@ -284,19 +285,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self.cpu_quant_write is None or pool.calibrating:
             pool.set_kv_buffer(layer.layer_id, loc, k, v)
             return
-        lid, loc = layer.layer_id, loc.to(torch.int64).contiguous()
-        scales = pool.fixed if pool.is_fp8 else pool.fields  # fp8: read [KV] fp32; the int formats: written per row
-        k_turn, k_smooth = pool.key_turn(lid)
+        lid, loc, o = layer.layer_id, loc.to(torch.int64).contiguous(), self.quant_operands(layer.layer_id)
         # the rows as stored (fp32, turned) come back too where they are read: the kernel attends them as the
         # forward's new tokens, the recent window keeps them (a prefill without a cached prefix needs neither)
         md = self.forward_metadata
         keep = md.quant_rows is not None or md.tail is not None
         sk = torch.empty(k.shape, dtype=torch.float32, device=k.device) if keep else None
         sv = torch.empty(v.shape, dtype=torch.float32, device=v.device) if keep else None
-        self.cpu_quant_write(k.contiguous(), pool.fields["k"][lid], scales["k_scale"][lid], loc, pool.kv_format, k_turn,
-                             k_smooth, sk)
-        self.cpu_quant_write(v.contiguous(), pool.fields["v"][lid], scales["v_scale"][lid], loc, pool.kv_format,
-                             pool.rotation("v"), None, sv)
+        self.cpu_quant_write(k.contiguous(), o.k_codes, o.k_scale, loc, pool.kv_format, o.k_turn, o.k_smooth, sk)
+        self.cpu_quant_write(v.contiguous(), o.v_codes, o.v_scale, loc, pool.kv_format, o.v_turn, None, sv)
         if keep:
             md.stored_kv = (lid, sk, sv)
 

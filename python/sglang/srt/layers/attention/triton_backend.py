@@ -23,10 +23,11 @@ current token folded in by the merge) and only the tokens of earlier forwards th
 written all the same, for later forwards. A plain pool's decode reads the just-written row from the pool.
 
 A pool with a recent window (int4, int2_hadamard, fp8: mem_cache/recent_window.py) is read as torch_native reads it:
-each forward's WindowTail (RecentWindow.tail, once per forward) says which of a request's newest cached tokens the
-kernels read from the ring's bf16 rows instead of their codes (kv_formats.ring_operands), and after each layer's
-attention the new tokens' K/V in the stored basis (QuantizedKVPool.stored_basis, the same rows the kernels attend as
-fresh) go into the ring (RecentWindow.write). tail() builds only fixed-shape device tensors for a decode step; under a
+each forward's WindowTail (RecentWindow.tail, once per forward) says which of a request's newest cached tokens (counts)
+and of its first ones (sink_counts: the attention sinks) the kernels read from the ring's bf16 rows instead of their
+codes (kv_formats.ring_operands), and after each layer's attention the new tokens' K/V in the stored basis
+(QuantizedKVPool.stored_basis, the same rows the kernels attend as fresh) go into the ring, a request's first S also
+into its sink entries (RecentWindow.write). tail() builds only fixed-shape device tensors for a decode step; under a
 CUDA graph it runs inside the captured forward (its first layer), so every replay recomputes it from the graph's inputs.
 """
 

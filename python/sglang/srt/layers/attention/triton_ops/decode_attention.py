@@ -3,23 +3,26 @@
 With the current token's fresh K/V given (k_new / v_new: a quantized pool, whose codes of that token would only add
 quantization error to the key the query weighs most), the pool is read for the n = seq_len - 1 cached tokens and the
 merge folds the fresh token in as one more softmax term; without them n = seq_len, every token from the pool. With a
-recent window (ring: kv_formats.RingOperands) the last w_b = ring.counts[b] of them are read from the ring's bf16
-rows (stored basis) instead of the codes; without one w_b = 0. The splits share out the c = n - w_b code tokens.
+recent window (ring: kv_formats.RingOperands) the last w_b = ring.counts[b] of them are read from the ring's recent
+bf16 rows (stored basis) and the first s_b = ring.sinks[b] from its sink rows (attention sinks; S = 0 sink entries:
+s_b = 0) instead of the codes; without a ring w_b = s_b = 0. The splits share out the c = n - s_b - w_b code tokens,
+positions [s_b, n - w_b).
 
 Two kernels per layer:
   1. `_decode_split_kernel`, grid (B, KV heads, num_kv_splits): the program for (b, kv head g, split s) takes the
      G = H_q / KV query heads that share KV head g as the rows of one tile (so GQA reads each K/V token once per
      group) and attends over the token range of split s. Request b uses
      k_b = max(1, min(num_kv_splits, ceil(c / tiles.decode_min_split_tokens))) splits of L = ceil(c / k_b) tokens
-     each: split s covers tokens [s * L, min((s + 1) * L, c)); split 0 also attends the w_b ring rows, in one block
-     of RING_N >= W keys (so the workspace keeps its planned shape; split 0 runs even when c = 0). Programs of splits
-     s >= k_b (short sequences) and of empty splits return at once. Token t of request b lives in pool slot
-     req_to_token[req_pool_indices[b], t] (any page size: the table holds one slot per token). A split writes its
-     normalised partial output to partial_out[b, h, s, :] and its log-sum-exp to lse[b, h, s].
+     each: split s covers positions [s_b + s * L, s_b + min((s + 1) * L, c)); split 0 also attends the w_b ring rows
+     (one block of RING_N >= W keys) and the s_b sink rows (one block of SINK_N >= S keys), so the workspace keeps its
+     planned shape; split 0 runs even when c = 0. Programs of splits s >= k_b (short sequences) and of empty splits
+     return at once. Token t of request b lives in pool slot req_to_token[req_pool_indices[b], t] (any page size: the
+     table holds one slot per token). A split writes its normalised partial output to partial_out[b, h, s, :] and its
+     log-sum-exp to lse[b, h, s].
   2. `_decode_merge_kernel`, grid (B,): merges the k_b splits of every head of request b by their log-sum-exp
-     weights (recomputing the same split ranges from seq_lens and the ring counts), then the fresh token (score
-     sm_scale * q . k_new, value v_new) when given, and writes o[b, :, :] in the output dtype. Both read only device
-     tensors: the same launch under CUDA graphs.
+     weights (recomputing the same split ranges, c from seq_lens and the ring and sink counts), then the fresh token
+     (score sm_scale * q . k_new, value v_new) when given, and writes o[b, :, :] in the output dtype. Both read only
+     device tensors: the same launch under CUDA graphs.
 
 The pool is read in its stored format (kv_formats.KVOperands; kv_dequant.py folds the scales into q.k and p.v), so a
 quantized pool is never dequantized into a copy.
@@ -38,36 +41,42 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
-from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, RingOperands, plain_operands, ring_args
-from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block, attend_ring_block
+from sglang.srt.layers.attention.triton_ops.kv_formats import (KVOperands, RingOperands, plain_operands, ring_args,
+                                                               ring_constexprs)
+from sglang.srt.layers.attention.triton_ops.online_softmax import (attend_key_block, attend_ring_block,
+                                                                   attend_sink_block)
 from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
 
 
 @lazy_jit
 def _decode_split_kernel(
     Q, K_pool, V_pool, K_scale, V_scale, K_head_scale, V_head_scale, Req_to_token, Req_pool_indices, Seq_lens,
-    Partial_out, Lse, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts,
+    Partial_out, Lse, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts, Ring_sinks,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_kst, stride_ksh, stride_vst, stride_vsh,
     stride_r2t, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_rkt, stride_rkh, stride_rvt, stride_rvh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr, FRESH: tl.constexpr,
-    RING: tl.constexpr, WINDOW: tl.constexpr, RING_N: tl.constexpr,
+    RING: tl.constexpr, WINDOW: tl.constexpr, ENTRIES: tl.constexpr, SINKS: tl.constexpr, RING_N: tl.constexpr,
+    SINK_N: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2).to(tl.int64)
 
-    cached = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens read from the pool (codes, then the ring)
-    count = cached * 0
+    cached = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens read from the pool (sinks, codes, ring)
+    count = cached * 0  # w_b: positions [cached - count, cached) from the ring's recent entries
+    sinks = cached * 0  # s_b: positions [0, sinks) from its sink entries
     if RING:
         count = tl.load(Ring_counts + b).to(tl.int64)
-    seq_len = cached - count  # the tokens read through the codes
+        if SINKS:
+            sinks = tl.load(Ring_sinks + b).to(tl.int64)
+    seq_len = cached - count - sinks  # the tokens read through the codes: positions [sinks, cached - count)
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    ring_here = (split == 0) & (count > 0)  # split 0 attends the ring
+    start = sinks + split * split_len  # this split's code positions [start, end)
+    end = tl.minimum(start + split_len, sinks + seq_len)
+    ring_here = (split == 0) & (count + sinks > 0)  # split 0 attends the ring (recent and sink entries)
     if (split < num_splits) & ((end > start) | ring_here):
         row = tl.load(Req_pool_indices + b).to(tl.int64)
         offs_g = tl.arange(0, BLOCK_H)
@@ -98,11 +107,18 @@ def _decode_split_kernel(
                 stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], qk_scale, v_scale,
                 KV_FORMAT)
         if RING:
-            if ring_here:  # cached positions [seq_len, cached) at ring entries row * WINDOW + position % WINDOW
+            ring_row = tl.load(Ring_rows + b).to(tl.int64)
+            if (split == 0) & (count > 0):  # positions [cached - count, cached): entries row * E + position % W
                 acc, m_i, l_i = attend_ring_block(
-                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
-                    tl.load(Ring_rows + b).to(tl.int64), seq_len, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv,
-                    sm_scale, WINDOW, RING_N)
+                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh, ring_row,
+                    cached - count, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv, sm_scale, WINDOW,
+                    ENTRIES, RING_N)
+            if SINKS:
+                if (split == 0) & (sinks > 0):  # positions [0, sinks): entries row * E + W + position
+                    acc, m_i, l_i = attend_sink_block(
+                        q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
+                        ring_row, sinks, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv, sm_scale, WINDOW,
+                        ENTRIES, SINK_N)
         out_ptrs = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_dv[None, :]
         tl.store(out_ptrs, acc / l_i[:, None], mask=mask_g[:, None] & mask_dv[None, :])
         tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_g)
@@ -110,19 +126,22 @@ def _decode_split_kernel(
 
 @lazy_jit
 def _decode_merge_kernel(
-    Partial_out, Lse, Seq_lens, O, Q, K_new, V_new, Ring_counts, sm_scale,
+    Partial_out, Lse, Seq_lens, O, Q, K_new, V_new, Ring_counts, Ring_sinks, sm_scale,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_DV: tl.constexpr, FRESH: tl.constexpr, GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RING: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RING: tl.constexpr, SINKS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens the splits read from the pool
-    count = seq_len * 0
+    count = seq_len * 0  # as the split kernel: w_b recent ring entries, s_b sink entries
+    sinks = seq_len * 0
     if RING:
         count = tl.load(Ring_counts + b).to(tl.int64)
-    seq_len = seq_len - count  # ... through the codes (split 0 read the ring too)
+        if SINKS:
+            sinks = tl.load(Ring_sinks + b).to(tl.int64)
+    seq_len = seq_len - count - sinks  # ... through the codes (split 0 read the ring and the sinks too)
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
     offs_h = tl.arange(0, BLOCK_HQ)
@@ -134,7 +153,7 @@ def _decode_merge_kernel(
     weight_sum = tl.zeros([BLOCK_HQ], tl.float32)
     acc = tl.zeros([BLOCK_HQ, BLOCK_DV], tl.float32)
     for split in range(0, num_splits):
-        if (split * split_len < seq_len) | ((split == 0) & (count > 0)):
+        if (split * split_len < seq_len) | ((split == 0) & (count + sinks > 0)):
             lse = tl.load(Lse + b * stride_lb + offs_h * stride_lh + split, mask=mask_h, other=0.0)
             part = tl.load(Partial_out + b * stride_pb + offs_h[:, None] * stride_ph + split * stride_ps
                            + offs_dv[None, :], mask=mask, other=0.0)
@@ -180,7 +199,8 @@ def decode_attention_fwd(
     attended as given instead of the pool's row there (a quantized pool: the backend passes them); None: every token
     is read from the pool. A rotated format (kv.rotated) expects q (and k_new / v_new) in its stored basis and gives o
     in the V part's (the backend turns them). ring: the pool's recent window (kv_formats.ring_operands): the last
-    ring.counts[b] cached tokens of request b are read from it (in the stored basis), not from the codes.
+    ring.counts[b] cached tokens of request b, and its first ring.sinks[b], are read from it (in the stored basis),
+    not from the codes.
     """
     kv = kv or plain_operands(k_pool, v_pool)
     bs, num_q_heads, head_dim = q.shape
@@ -205,25 +225,24 @@ def decode_attention_fwd(
     grid_splits = num_splits
     if max_seq_len is not None:  # the pool tokens of the longest request
         grid_splits = max(1, min(num_splits, triton.cdiv(max_seq_len - fresh, tiles.decode_min_split_tokens)))
-    rings = ring_args(ring, q, seq_lens)
-    window = ring.window if ring else 1
+    rings, ring_shape = ring_args(ring, q, seq_lens), ring_constexprs(ring)
     _decode_split_kernel[(bs, num_kv_heads, grid_splits)](
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token, req_pool_indices,
-        seq_lens, partial_out, lse, sm_scale, *rings[:4],
+        seq_lens, partial_out, lse, sm_scale, *rings[:5],
         q.stride(0), q.stride(1), *kv.strides(), req_to_token.stride(0),
-        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1), *rings[4:],
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1), *rings[5:],
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_H=max(MIN_DOT_TILE, triton.next_power_of_2(group)), BLOCK_D=dot_tile(head_dim), BLOCK_DV=block_dv,
         BLOCK_N=tiles.decode_block_n, KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales, FRESH=int(fresh),
-        RING=int(ring is not None), WINDOW=window, RING_N=max(MIN_DOT_TILE, triton.next_power_of_2(window)),
+        **ring_shape,
     )
     _decode_merge_kernel[(bs,)](
-        partial_out, lse, seq_lens, o, q, k_new, v_new, rings[3], sm_scale,
+        partial_out, lse, seq_lens, o, q, k_new, v_new, rings[3], rings[4], sm_scale,
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
         o.stride(0), o.stride(1), q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1),
         NUM_HEADS=num_q_heads, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_DV=block_dv, FRESH=int(fresh), GROUP=group,
-        HEAD_DIM=head_dim, BLOCK_D=dot_tile(head_dim), RING=int(ring is not None),
+        HEAD_DIM=head_dim, BLOCK_D=dot_tile(head_dim), RING=ring_shape["RING"], SINKS=ring_shape["SINKS"],
     )
     return o

@@ -6,10 +6,11 @@ BLOCK_M * BLOCK_G query rows are (token i, head) pairs, row r = token r // BLOCK
 of padding heads, r % BLOCK_G >= G, and of tokens past extend_len are computed on zeros and never stored), so each
 K/V block is read once per group. Programs whose first token is past extend_len return at once. One online
 softmax runs over:
-  1. the cached prefix, tokens [0, prefix_len - count) of the sequence, read from the pool through
-     req_to_token[req_pool_indices[b], t] (any page size: the table holds one slot per token) -- no mask;
-     then, with a recent window (kv_formats.RingOperands; count = its counts[b], else 0), tokens
-     [prefix_len - count, prefix_len) from the ring's bf16 rows in one block of RING_N >= W keys -- no mask either;
+  1. the cached prefix, no mask: with a recent window (kv_formats.RingOperands; sinks = its sinks[b], count = its
+     counts[b], else both 0) tokens [0, sinks) from the ring's bf16 sink rows in one block of SINK_N >= S keys;
+     tokens [sinks, prefix_len - count) from the pool through req_to_token[req_pool_indices[b], t] (any page size:
+     the table holds one slot per token); tokens [prefix_len - count, prefix_len) from the ring's bf16 recent rows
+     in one block of RING_N >= W keys;
   2. the new tokens themselves, read from the contiguous k/v of this forward, rows qo_start[b] + j, with the causal
      mask j <= i (new token i sits at sequence position prefix_len + i).
 q/k/v/o rows of request b are [qo_start[b], qo_start[b] + extend_len[b]); qo_start is the exclusive prefix sum of
@@ -18,7 +19,8 @@ A quantized pool (kv_formats.KVOperands: codes and scales read in place, kv_dequ
 the prefix: the new tokens are attended as computed (loop 2 over the fresh k/v, which the backend gives in the pool's
 stored basis), never read back from the codes just written -- a token's own key and its chunk's keys weigh most, and
 their quantization error is what a forward can avoid. Later forwards read them from the codes as cached prefix, the
-newest W of them from the ring (in the same stored basis as the fresh k/v, so nothing is turned between the loops).
+newest W and the first S of them from the ring (in the same stored basis as the fresh k/v, so nothing is turned
+between the loops).
 """
 
 from __future__ import annotations
@@ -29,22 +31,25 @@ import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit
 from sglang.srt.layers.attention.triton_ops.kv_dequant import FMT_PLAIN
-from sglang.srt.layers.attention.triton_ops.kv_formats import KVOperands, RingOperands, plain_operands, ring_args
-from sglang.srt.layers.attention.triton_ops.online_softmax import attend_key_block, attend_ring_block
-from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, AttentionTiles, default_tiles, dot_tile
+from sglang.srt.layers.attention.triton_ops.kv_formats import (KVOperands, RingOperands, plain_operands, ring_args,
+                                                               ring_constexprs)
+from sglang.srt.layers.attention.triton_ops.online_softmax import (attend_key_block, attend_ring_block,
+                                                                   attend_sink_block)
+from sglang.srt.layers.attention.triton_ops.tiles import AttentionTiles, default_tiles, dot_tile
 
 
 @lazy_jit
 def _extend_kernel(
     Q, K_new, V_new, O, K_pool, V_pool, K_scale, V_scale, K_head_scale, V_head_scale, Req_to_token, Req_pool_indices,
-    Qo_start, Extend_lens, Prefix_lens, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts,
+    Qo_start, Extend_lens, Prefix_lens, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts, Ring_sinks,
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_kst, stride_ksh, stride_vst, stride_vsh, stride_r2t,
     stride_rkt, stride_rkh, stride_rvt, stride_rvh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr,
-    RING: tl.constexpr, WINDOW: tl.constexpr, RING_N: tl.constexpr,
+    RING: tl.constexpr, WINDOW: tl.constexpr, ENTRIES: tl.constexpr, SINKS: tl.constexpr, RING_N: tl.constexpr,
+    SINK_N: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -77,13 +82,22 @@ def _extend_kernel(
             qk_scale = sm_scale * tl.load(K_head_scale + kv_head)
             v_scale = tl.load(V_head_scale + kv_head)
 
-        count = prefix_len * 0
+        count = prefix_len * 0  # prefix positions [prefix_len - count, prefix_len) from the ring's recent entries
+        sinks = prefix_len * 0  # prefix positions [0, sinks) from its sink entries
         if RING:
             count = tl.load(Ring_counts + b).to(tl.int64)
-        codes_end = prefix_len - count  # the tokens read through the codes; the ring holds the rest of the prefix
+            if SINKS:
+                sinks = tl.load(Ring_sinks + b).to(tl.int64)
+        codes_end = prefix_len - count  # positions [sinks, codes_end) are read through the codes
 
-        # 1. the pool (the cached prefix), through req_to_token; every query row sees all of it
-        for n0 in range(0, codes_end, BLOCK_N):
+        # 1. the cached prefix, every query row sees all of it: the sinks, the codes through req_to_token, the ring
+        if SINKS:
+            if sinks > 0:  # positions [0, sinks) at entries row * E + W + position (bf16, stored basis)
+                acc, m_i, l_i = attend_sink_block(
+                    q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
+                    tl.load(Ring_rows + b).to(tl.int64), sinks, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv,
+                    mask_dv, sm_scale, WINDOW, ENTRIES, SINK_N)
+        for n0 in range(sinks, codes_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < codes_end
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
@@ -93,11 +107,11 @@ def _extend_kernel(
                 stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], qk_scale, v_scale,
                 KV_FORMAT)
         if RING:
-            if count > 0:  # the prefix's newest tokens, from the ring (bf16, stored basis; position p at p % WINDOW)
+            if count > 0:  # positions [codes_end, prefix_len) at entries row * E + position % W (bf16, stored basis)
                 acc, m_i, l_i = attend_ring_block(
                     q, q_sum, m_i, l_i, acc, Ring_k + kv_head * stride_rkh, Ring_v + kv_head * stride_rvh,
-                    tl.load(Ring_rows + b).to(tl.int64), codes_end, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv, mask_dv,
-                    sm_scale, WINDOW, RING_N)
+                    tl.load(Ring_rows + b).to(tl.int64), codes_end, count, stride_rkt, stride_rvt, offs_d, mask_d,
+                    offs_dv, mask_dv, sm_scale, WINDOW, ENTRIES, RING_N)
 
         # 2. the new tokens of this forward (model dtype, as computed), causally up to the last one of this block
         keys_end = tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
@@ -126,7 +140,7 @@ def extend_attention_fwd(
     k_pool [S, KV, D], v_pool [S, KV, Dv] (one layer of a plain pool; ignored when `kv` is given); kv: one layer of
     a quantized pool (kv_formats.kv_operands), read in place for the cached prefix only (k/v, the new tokens, are
     attended as given: in the pool's stored basis); ring: the pool's recent window (kv_formats.ring_operands): the
-    last ring.counts[b] prefix tokens of request b are read from it, not from the codes;
+    last ring.counts[b] prefix tokens of request b, and its first ring.sinks[b], are read from it, not from the codes;
     req_to_token [rows, max_ctx]; req_pool_indices, qo_start, extend_lens, prefix_lens [B];
     max_extend_len = max(extend_lens) (sizes the grid). A rotated format expects q, k (and v when V is rotated) in
     its rotated basis and gives o in the V part's.
@@ -146,14 +160,13 @@ def extend_attention_fwd(
     block_m = max(1, tiles.extend_rows // block_g)  # tokens per program; rows = block_m * block_g >= 16 for tl.dot
     grid = (bs, num_kv_heads, triton.cdiv(max_extend_len, block_m))
     rings = ring_args(ring, k, req_pool_indices)
-    window = ring.window if ring else 1
     _extend_kernel[grid](
         q, k, v, o, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token,
-        req_pool_indices, qo_start, extend_lens, prefix_lens, sm_scale, *rings[:4],
+        req_pool_indices, qo_start, extend_lens, prefix_lens, sm_scale, *rings[:5],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-        *kv.strides(), req_to_token.stride(0), *rings[4:],
+        *kv.strides(), req_to_token.stride(0), *rings[5:],
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_M=block_m, BLOCK_G=block_g, BLOCK_N=tiles.extend_block_n,
         BLOCK_D=dot_tile(head_dim), BLOCK_DV=dot_tile(v_dim), KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales,
-        RING=int(ring is not None), WINDOW=window, RING_N=max(MIN_DOT_TILE, triton.next_power_of_2(window)),
+        **ring_constexprs(ring),
     )
     return o

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.layers.attention.triton_ops.tiles import dot_tile
+
 FORMAT_IDS = {"": 0, "fp8_e4m3": 1, "fp8_e5m2": 2, "int8": 3, "int4": 4, "int2_hadamard": 5}  # kv_dequant.FMT_*
 FP8_IDS = (FORMAT_IDS["fp8_e4m3"], FORMAT_IDS["fp8_e5m2"])
 
@@ -58,15 +60,25 @@ class KVOperands:
 
 @dataclass(frozen=True)
 class RingOperands:
-    """One layer of a recent window: request b's cached positions [P_b - counts[b], P_b) are read from entries
-    rows[b] * window + position % window of k / v (bf16, in the pool's stored basis, as the fresh K/V are given),
-    the positions before them through the codes."""
+    """One layer of a recent window (mem_cache/recent_window.py): bf16 rows of k / v, in the pool's stored basis (as
+    the fresh K/V are given), E = entries per ring row: W = window recent entries, then S = entries - window sink
+    entries. Request b (ring row rows[b], P_b cached positions) reads
+      [0, sinks[b])                      from its sink entries    rows[b] * E + W + position,
+      [P_b - counts[b], P_b)             from its recent entries  rows[b] * E + position % W,
+      [sinks[b], P_b - counts[b])        through the codes (P_b - counts[b] >= sinks[b])."""
 
-    k: torch.Tensor  # [ring rows x window, KV, D]
-    v: torch.Tensor  # [ring rows x window, KV, Dv]
+    k: torch.Tensor  # [ring rows x entries, KV, D]
+    v: torch.Tensor  # [ring rows x entries, KV, Dv]
     rows: torch.Tensor  # int64 [B] each request's ring (its req_to_token row)
-    counts: torch.Tensor  # int64 [B] the cached positions read from the ring (<= window)
-    window: int
+    counts: torch.Tensor  # int64 [B] the newest cached positions read from the ring (<= window)
+    sinks: torch.Tensor  # int64 [B] the first cached positions read from the sink entries (<= entries - window)
+    window: int  # W
+    entries: int  # E = W + S, the ring row stride
+
+    @property
+    def sink_tokens(self) -> int:
+        """S: the sink entries per ring row (0: no sinks, the kernels' SINKS=0 path)."""
+        return self.entries - self.window
 
     def strides(self) -> tuple:
         assert self.k.stride(2) == 1 and self.v.stride(2) == 1
@@ -78,14 +90,23 @@ def ring_operands(pool, layer_id: int, tail):
     if tail is None:
         return None
     k, v = pool.window.ring(layer_id)
-    return RingOperands(k, v, tail.ring_rows, tail.counts, pool.window.window)
+    return RingOperands(k, v, tail.ring_rows, tail.counts, tail.sink_counts, pool.window.window,
+                        pool.window.entries)
 
 
 def ring_args(ring, stand_in: torch.Tensor, index_stand_in: torch.Tensor) -> tuple:
-    """(k, v, rows, counts, 4 strides) for a launch; without a ring, stand-ins never read (RING=0)."""
+    """(k, v, rows, counts, sinks, 4 strides) for a launch; without a ring, stand-ins never read (RING=0)."""
     if ring is None:
-        return (stand_in, stand_in, index_stand_in, index_stand_in, 0, 0, 0, 0)
-    return (ring.k, ring.v, ring.rows, ring.counts, *ring.strides())
+        return (stand_in, stand_in, index_stand_in, index_stand_in, index_stand_in, 0, 0, 0, 0)
+    return (ring.k, ring.v, ring.rows, ring.counts, ring.sinks, *ring.strides())
+
+
+def ring_constexprs(ring) -> dict:
+    """The kernels' compile-time ring shape: RING, WINDOW (W), ENTRIES (E), SINKS (S), RING_N (a key block holding
+    W entries) and SINK_N (one holding S); without a ring, placeholders never used (RING=0, SINKS=0)."""
+    window, sinks = (ring.window, ring.sink_tokens) if ring is not None else (1, 0)
+    return dict(RING=int(ring is not None), WINDOW=window, ENTRIES=window + sinks, SINKS=sinks,
+                RING_N=dot_tile(window), SINK_N=dot_tile(max(sinks, 1)))
 
 
 def plain_operands(k: torch.Tensor, v: torch.Tensor) -> KVOperands:

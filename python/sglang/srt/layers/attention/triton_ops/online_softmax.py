@@ -44,13 +44,28 @@ def attend_key_block(
 @lazy_jit_helper
 def attend_ring_block(
     q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, ring_row, first, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv,
-    mask_dv, sm_scale, WINDOW: tl.constexpr, RING_N: tl.constexpr,
+    mask_dv, sm_scale, WINDOW: tl.constexpr, ENTRIES: tl.constexpr, RING_N: tl.constexpr,
 ):
     """A request's recent-window ring (mem_cache/recent_window.py) as one key block: its `count` cached positions
-    first .. first + count - 1, position p at entry ring_row * WINDOW + p % WINDOW; Ring_k / Ring_v one KV head's
+    first .. first + count - 1, position p at entry ring_row * ENTRIES + p % WINDOW; Ring_k / Ring_v one KV head's
     bf16 rows, already in the stored basis (no scales, no turn). Returns the updated (acc, m_i, l_i)."""
     offs_w = tl.arange(0, RING_N)
     mask_w = offs_w < count
-    entries = tl.where(mask_w, ring_row * WINDOW + (first + offs_w) % WINDOW, 0)
+    entries = tl.where(mask_w, ring_row * ENTRIES + (first + offs_w) % WINDOW, 0)
     return attend_key_block(q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, Ring_k, Ring_v, entries, stride_rkt, stride_rvt,
                             0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_w, mask_w[None, :], sm_scale, 1.0, FMT_PLAIN)
+
+
+@lazy_jit_helper
+def attend_sink_block(
+    q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, ring_row, count, stride_rkt, stride_rvt, offs_d, mask_d, offs_dv,
+    mask_dv, sm_scale, WINDOW: tl.constexpr, ENTRIES: tl.constexpr, SINK_N: tl.constexpr,
+):
+    """A request's attention sinks (mem_cache/recent_window.py) as one key block: its first `count` cached positions
+    0 .. count - 1, position p at entry ring_row * ENTRIES + WINDOW + p (after the row's WINDOW recent entries); read
+    as attend_ring_block reads the ring (bf16, stored basis). Returns the updated (acc, m_i, l_i)."""
+    offs_s = tl.arange(0, SINK_N)
+    mask_s = offs_s < count
+    entries = tl.where(mask_s, ring_row * ENTRIES + WINDOW + offs_s, 0)
+    return attend_key_block(q, q_sum, m_i, l_i, acc, Ring_k, Ring_v, Ring_k, Ring_v, entries, stride_rkt, stride_rvt,
+                            0, 0, offs_d, mask_d, offs_dv, mask_dv, mask_s, mask_s[None, :], sm_scale, 1.0, FMT_PLAIN)
