@@ -103,56 +103,34 @@ def kv_quant_kernel_errors() -> dict:
     from sglang.srt.layers.attention.triton_ops.tiles import GPU_TILES
 
     use_single_threaded_blas()
+
+    def case_family(tag, fmt, decode_kw, extend_kw, reference_flag):
+        """One family of cases of a format: the interpreter's tiles at fp32 / fp16 and page sizes 1 / 16, the GPU
+        tiles (several key blocks, splits and query blocks per request), and the same case against the reference
+        that reads the family's tokens through their codes (reference_flag: must be far off)."""
+        for dtype in (torch.float32, torch.float16):
+            for page_size in (1, 16):
+                errors[f"{tag}decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
+                    fmt, page_size, dtype, **decode_kw)
+                errors[f"{tag}extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
+                    fmt, page_size, dtype, **extend_kw)
+        errors[f"{tag}decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(
+            fmt, 16, torch.float32, tiles=GPU_TILES, **decode_kw)
+        errors[f"{tag}extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(
+            fmt, 1, torch.float32, tiles=GPU_TILES, **extend_kw)
+        errors[f"{reference_flag}|decode|{fmt}"] = run_quant_decode(
+            fmt, 1, torch.float32, **{reference_flag: True}, **decode_kw)
+        errors[f"{reference_flag}|extend|{fmt}"] = run_quant_extend(
+            fmt, 1, torch.float32, **{reference_flag: True}, **extend_kw)
+
     errors = {}
     for fmt in FORMATS:
-        for dtype in (torch.float32, torch.float16):
-            for page_size in (1, 16):
-                errors[f"decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
-                    fmt, page_size, dtype, **DECODE_CASE)
-                errors[f"extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
-                    fmt, page_size, dtype, **EXTEND_CASE)
-        # the GPU tiles: several key blocks, splits and query blocks per request
-        errors[f"decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(fmt, 16, torch.float32, tiles=GPU_TILES,
-                                                                          **DECODE_CASE)
-        errors[f"extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, tiles=GPU_TILES,
-                                                                         **EXTEND_CASE)
+        case_family("", fmt, DECODE_CASE, EXTEND_CASE, "codes_reference")
         errors[f"sensitivity|decode|{fmt}"] = run_quant_decode(fmt, 1, torch.float32, scale_error=1.5, **DECODE_CASE)
         errors[f"sensitivity|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, scale_error=1.5, **EXTEND_CASE)
-        errors[f"codes_reference|decode|{fmt}"] = run_quant_decode(fmt, 1, torch.float32, codes_reference=True,
-                                                                   **DECODE_CASE)
-        errors[f"codes_reference|extend|{fmt}"] = run_quant_extend(fmt, 1, torch.float32, codes_reference=True,
-                                                                   **EXTEND_CASE)
     for fmt in WINDOW_FORMATS:
-        ring_decode, ring_extend = ring_decode_case(fmt), ring_extend_case(fmt)
-        for dtype in (torch.float32, torch.float16):
-            for page_size in (1, 16):
-                errors[f"ring|decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
-                    fmt, page_size, dtype, **ring_decode)
-                errors[f"ring|extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
-                    fmt, page_size, dtype, **ring_extend)
-        errors[f"ring|decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(
-            fmt, 16, torch.float32, tiles=GPU_TILES, **ring_decode)
-        errors[f"ring|extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, tiles=GPU_TILES, **ring_extend)
-        errors[f"ring_codes_reference|decode|{fmt}"] = run_quant_decode(
-            fmt, 1, torch.float32, ring_codes_reference=True, **ring_decode)
-        errors[f"ring_codes_reference|extend|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, ring_codes_reference=True, **ring_extend)
-        sink_decode, sink_extend = sink_decode_case(fmt), sink_extend_case(fmt)
-        for dtype in (torch.float32, torch.float16):
-            for page_size in (1, 16):
-                errors[f"sinks|decode|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_decode(
-                    fmt, page_size, dtype, **sink_decode)
-                errors[f"sinks|extend|interpreter|{dtype}|{page_size}|{fmt}"] = run_quant_extend(
-                    fmt, page_size, dtype, **sink_extend)
-        errors[f"sinks|decode|gpu|{torch.float32}|16|{fmt}"] = run_quant_decode(
-            fmt, 16, torch.float32, tiles=GPU_TILES, **sink_decode)
-        errors[f"sinks|extend|gpu|{torch.float32}|1|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, tiles=GPU_TILES, **sink_extend)
-        errors[f"sink_codes_reference|decode|{fmt}"] = run_quant_decode(
-            fmt, 1, torch.float32, sink_codes_reference=True, **sink_decode)
-        errors[f"sink_codes_reference|extend|{fmt}"] = run_quant_extend(
-            fmt, 1, torch.float32, sink_codes_reference=True, **sink_extend)
+        case_family("ring|", fmt, ring_decode_case(fmt), ring_extend_case(fmt), "ring_codes_reference")
+        case_family("sinks|", fmt, sink_decode_case(fmt), sink_extend_case(fmt), "sink_codes_reference")
     return errors
 
 

@@ -50,21 +50,20 @@ class TestTritonKVQuantInterpreted(unittest.TestCase):
                 fmt, max(v for k, v in cases.items() if k.endswith(fmt) and "float32" in k),
                 max(v for k, v in cases.items() if k.endswith(fmt) and "float16" in k)))
 
-    def test_ring_within_tolerance(self):
-        cases = {k: v for k, v in self.errors.items() if k.startswith("ring|")}
+    def assert_window_family_within_tolerance(self, family):
+        """Every case of a windowed family ('ring', 'sinks'): 2 kinds x 2 dtypes x 2 page sizes + the GPU tiles."""
+        cases = {k: v for k, v in self.errors.items() if k.startswith(family + "|")}
         self.assertEqual(len(cases), len(WINDOW_FORMATS) * (2 * 2 * 2 + 2))
         for key, err in cases.items():
             _, kind, tiles, dtype, page_size, fmt = key.split("|")
-            with self.subTest(kind=kind, tiles=tiles, dtype=dtype, page_size=page_size, fmt=fmt):
+            with self.subTest(family=family, kind=kind, tiles=tiles, dtype=dtype, page_size=page_size, fmt=fmt):
                 self.assertLessEqual(err, QUANT_TOL[DTYPES[dtype]], f"{key}: max abs error {err:.3g}")
 
+    def test_ring_within_tolerance(self):
+        self.assert_window_family_within_tolerance("ring")
+
     def test_sinks_within_tolerance(self):
-        cases = {k: v for k, v in self.errors.items() if k.startswith("sinks|")}
-        self.assertEqual(len(cases), len(WINDOW_FORMATS) * (2 * 2 * 2 + 2))
-        for key, err in cases.items():
-            _, kind, tiles, dtype, page_size, fmt = key.split("|")
-            with self.subTest(kind=kind, tiles=tiles, dtype=dtype, page_size=page_size, fmt=fmt):
-                self.assertLessEqual(err, QUANT_TOL[DTYPES[dtype]], f"{key}: max abs error {err:.3g}")
+        self.assert_window_family_within_tolerance("sinks")
 
     def test_sink_tokens_are_not_read_from_codes(self):
         """Far from an attention that reads the sinks through their codes (the ring's recent rows still read): a kernel
