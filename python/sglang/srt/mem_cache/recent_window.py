@@ -69,6 +69,11 @@ class RecentWindow:
         k, v = self.k[layer_id], self.v[layer_id]
         return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
 
+    def sink_entries(self, rows, positions):
+        """The ring entries of sink positions (< S) of ring rows (ints or tensors that broadcast): row x (W + S) + W +
+        position."""
+        return rows * self.entries + self.window + positions
+
     def tail(self, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
              out_cache_loc: torch.Tensor, req_to_token: torch.Tensor, max_extend: int) -> WindowTail:
         """The ring bookkeeping of a forward whose request b has prefix_lens[b] cached tokens and extend_lens[b] new
@@ -81,7 +86,7 @@ class RecentWindow:
         # the sinks: the leading run of positions 0 .. S - 1 whose entry still holds the row's slot
         sink_pos = torch.arange(self.sinks, device=dev)[None, :]
         if self.sinks:
-            sink_ent = rows[:, None] * e + w + sink_pos
+            sink_ent = self.sink_entries(rows[:, None], sink_pos)
             table = req_to_token[rows[:, None], sink_pos.expand(b, -1)].to(torch.int64)
             held = held_at(sink_ent)
             sink_valid = (sink_pos < pre[:, None]) & (held == table) & (held >= 0)
@@ -111,7 +116,7 @@ class RecentWindow:
         # where it is a sink -- fixed shapes, one token per row, so no two rows share an entry)
         sink_src = token_idx if max_extend == 1 else token_idx[new_pos < self.sinks]
         sink_keep = new_pos[sink_src] < self.sinks
-        sink_dst = rows[req_of_token[sink_src]] * e + w + new_pos[sink_src].clamp(0, max(self.sinks - 1, 0))
+        sink_dst = self.sink_entries(rows[req_of_token[sink_src]], new_pos[sink_src].clamp(0, max(self.sinks - 1, 0)))
         sink_entry = torch.full((n,), -1, dtype=torch.int64, device=dev)
         if self.sinks:
             self.loc.view(-1)[sink_dst] = torch.where(sink_keep, new_loc[sink_src], held_at(sink_dst))

@@ -239,7 +239,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         ks, vs, rows, cols = [], [], [], []
         for row, b, length, q_first, n_new in reqs:
             w, s = (counts[b], sinks[b]) if counts else (0, 0)
-            first = ring_rows[b] * pool.window.entries + pool.window.window if s else 0
+            first = pool.window.sink_entries(ring_rows[b], 0) if s else 0
             entries = [*range(first, first + s), *(ring_src[b][len(ring_src[b]) - w:] if w else [])]
             if entries:  # its sink and ring rows (stored basis, bf16) back in the gather basis
                 e = idx(entries)
