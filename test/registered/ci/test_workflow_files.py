@@ -109,6 +109,14 @@ def test_base_dependencies_name_no_triton_and_each_stack_has_its_extra():
     assert pins == {re.search(r'XGRAMMAR="([^"]+)"', INSTALL_SH).group(1)}  # the ROCm install's --no-deps pin
 
 
+def test_the_extras_that_name_triton_require_the_kernels_minimum():
+    from sglang.srt.layers.attention.triton_ops.jit_mode import MIN_TRITON_TEXT
+
+    for extra in ("cpu", "cuda"):  # rocm cannot name triton (pytorch-triton-rocm): jit_mode's check guards it
+        specs = [r.split(";")[0].strip() for r in PYPROJECT["optional-dependencies"][extra] if names(r) == "triton"]
+        assert specs == [f"triton>={MIN_TRITON_TEXT}"], (extra, specs)
+
+
 def test_the_cpu_install_takes_the_cpu_extra():
     assert '-e "python[cpu${extras}]"' in INSTALL_SH and 'extras=",test"' in INSTALL_SH
     assert "bash scripts/install.sh --test" in (ROOT / ".ci/run").read_text()

@@ -48,12 +48,15 @@ if TYPE_CHECKING:
 
 
 def triton_interpreter_enabled() -> bool:
-    """Whether triton runs kernels in its CPU interpreter (TRITON_INTERPRET, read the way triton reads it)."""
-    try:
-        from triton import knobs
-    except ImportError:
+    """Whether triton runs kernels in its CPU interpreter (TRITON_INTERPRET, read the way triton reads it). False
+    without triton; a triton too old for the kernels raises ImportError naming its version (triton_ops/jit_mode.py)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
         return False
-    return bool(knobs.runtime.interpret)
+    from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted
+
+    return interpreted()
 
 
 @dataclass
@@ -78,9 +81,13 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
 
     @classmethod
     def device_problem(cls, device: str) -> Optional[str]:
+        try:
+            interpreter = triton_interpreter_enabled()
+        except ImportError as e:  # a triton too old for the kernels: reported at startup, naming both versions
+            return str(e)
         if not str(device).startswith("cpu"):
             return super().device_problem(device)
-        if triton_interpreter_enabled():
+        if interpreter:
             return None
         return (f"it needs {cls.device_kind}; on a CPU it runs only under the Triton interpreter "
                 "(start the process with TRITON_INTERPRET=1 in its environment: slow, for testing)")

@@ -4,6 +4,7 @@ Importing this package imports triton; the backend imports it only when `--atten
 On a CPU they run under the Triton interpreter (TRITON_INTERPRET=1, set before triton is imported).
 """
 
+from sglang.srt.layers.attention.triton_ops import jit_mode  # noqa: F401 (first: it refuses a triton too old)
 from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 

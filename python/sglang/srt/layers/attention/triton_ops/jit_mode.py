@@ -1,16 +1,46 @@
-"""Which mode the kernels run in: compiled for the GPU, or the CPU interpreter (TRITON_INTERPRET=1)."""
+"""Which mode the kernels run in: compiled for the GPU, or the CPU interpreter (TRITON_INTERPRET=1); and the one
+check of the installed triton's version, which every kernel module passes through at import (it imports this first).
+
+MIN_TRITON_VERSION is the oldest triton these kernels run on: `triton.knobs` (where the interpreter switch is read
+at each launch) arrived in 3.4. python/pyproject.toml's cpu and cuda extras require the same version; the rocm extra
+cannot name triton (pytorch-triton-rocm provides the module under another name), so there this check is the guard.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 import types
+from typing import Optional, Tuple
 
 import triton
 
+MIN_TRITON_VERSION: Tuple[int, int] = (3, 4)
+MIN_TRITON_TEXT = ".".join(map(str, MIN_TRITON_VERSION))
+
+
+def triton_version_problem(version: str) -> Optional[str]:
+    """Why a triton of this `__version__` cannot run the project's kernels (naming the version found and the one
+    needed, and what to install), or None. Local and pre-release tails (3.4.0+git1234, 3.5.0rc1) count as their
+    release."""
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    if m and (int(m.group(1)), int(m.group(2))) >= MIN_TRITON_VERSION:
+        return None
+    return (f"triton {version} is installed, and the project's Triton kernels (--attention-backend triton, the "
+            f"fused MoE experts on a GPU) need triton >= {MIN_TRITON_TEXT} (triton.knobs). Install one with its "
+            f"torch: on CUDA torch >= 2.8 (its wheel brings triton >= {MIN_TRITON_TEXT}), on ROCm an image whose "
+            f"pytorch-triton-rocm is >= {MIN_TRITON_TEXT}; or, for a dense model, use --attention-backend "
+            "torch_native.")
+
+
+_PROBLEM = triton_version_problem(getattr(triton, "__version__", "(no __version__)"))
+if _PROBLEM is not None:
+    raise ImportError(_PROBLEM)
+
+from triton import knobs  # noqa: E402 (after the version check: an older triton has none)
+
 
 def interpreted() -> bool:
-    from triton import knobs
-
     return bool(knobs.runtime.interpret)
 
 

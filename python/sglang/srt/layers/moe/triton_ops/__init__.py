@@ -10,6 +10,7 @@ Importing this package imports triton. On a CPU the kernels run under the Triton
 set before triton is imported; the kernels pick the mode at launch, attention/triton_ops/jit_mode.py).
 """
 
+from sglang.srt.layers.attention.triton_ops import jit_mode  # noqa: F401 (first: it refuses a triton too old)
 from sglang.srt.layers.moe.triton_ops.fused_moe import fused_experts_triton
 from sglang.srt.layers.moe.triton_ops.workspace import FusedMoeWorkspace, fused_moe_workspace_bytes
 
