@@ -171,15 +171,31 @@ class TestRecentWindow(unittest.TestCase):
         pool = create_kv_pool("int4", 256, 1, torch.bfloat16, 3, 64, 30, window_rows=r2t.req_to_token.shape[0])
         per_slot = window_bytes_per_slot("int4", 30, 3, 64, 64)
         self.assertEqual(per_slot, (W + S) * (30 * 3 * 128 * 2 + 8))
-        self.assertEqual(pool.window.mem_usage_bytes(), (slots + 1) * per_slot)
+        self.assertEqual(pool.window.mem_usage_bytes(), (slots + 1) * (per_slot + 8))  # a ring per slot + the map
         self.assertEqual(window_bytes_per_slot("int8", 30, 3, 64, 64), 0)
         from sglang.cli.plan import run
 
-        status, result, _ = run(["--device", "cpu", "--max-total-memory-gb", "4", "--kv-cache-dtype", "int4",
-                                 "--attention-backend", "torch_native", "--max-running-requests", str(slots), "--json"])
-        self.assertEqual(status, 0)
-        terms = {t["name"]: t["num_bytes"] for t in result["plan"]["terms"]}
-        self.assertEqual(terms["kv_window"], (slots + 1) * per_slot)
+        def plan(*extra):
+            status, result, _ = run(["--device", "cpu", "--max-total-memory-gb", "4", "--kv-cache-dtype", "int4",
+                                     "--attention-backend", "torch_native", *extra, "--json"])
+            self.assertEqual(status, 0)
+            p = result["plan"]
+            return {t["name"]: t["num_bytes"] for t in p["terms"]}["kv_window"], p["max_running_requests"], p
+
+        # rows follow running requests, not slots: at most one a slot (5 here) + the scratch row, and the int64
+        # slot -> row map; the server's pool holds exactly that
+        term, num_slots, _ = plan("--max-running-requests", str(slots))
+        self.assertEqual(term, (slots + 1) * per_slot + (slots + 1) * 8)
+        windowed = create_kv_pool("int4", 256, 1, torch.bfloat16, 3, 64, 30, window_rows=slots + 1,
+                                  window_req_rows=r2t.req_to_token.shape[0])
+        self.assertEqual(windowed.window.mem_usage_bytes(), term)
+        # with the default slots the rows are what 1% of the budget buys (the scratch row in it), fewer than the slots
+        term, num_slots, p = plan()
+        rows = int(0.01 * p["budget_bytes"]) // per_slot - 1
+        self.assertLess(rows, num_slots)
+        self.assertEqual(term, (rows + 1) * per_slot + (num_slots + 1) * 8)
+        self.assertEqual(p["kv_window_rows"], rows)
+        self.assertLessEqual((rows + 1) * per_slot, 0.01 * p["budget_bytes"])
 
     def test_fp8_window_only_where_the_backend_reads_it(self):
         from sglang.cli.plan import run
@@ -192,8 +208,9 @@ class TestRecentWindow(unittest.TestCase):
 
         per_slot = window_bytes_per_slot("fp8_e4m3", 30, 3, 64, 64)
         self.assertEqual(per_slot, (48 + S) * (30 * 3 * 128 * 2 + 8))
-        self.assertEqual(window_term("torch_native", ["--device", "cpu", "--max-total-memory-gb", "4"]), 9 * per_slot)
-        self.assertEqual(window_term("triton", ["--gpu", "h100-80gb"]), 9 * per_slot)
+        # 8 slots: 8 rows + the scratch row, and the 9-entry slot -> row map
+        self.assertEqual(window_term("torch_native", ["--device", "cpu", "--max-total-memory-gb", "4"]), 9 * per_slot + 72)
+        self.assertEqual(window_term("triton", ["--gpu", "h100-80gb"]), 9 * per_slot + 72)
         self.assertEqual(window_term("flashinfer", ["--gpu", "h100-80gb"]), 0)
         self.assertEqual(recent_window("fp8_e4m3", "flashinfer"), 0)
         # and its quality flag says so: e4m3 passes its gate with the window, not without it

@@ -44,8 +44,27 @@ class ReqToTokenPool:
         self._pending_rows: List[int] = []  # queued device writes: req_to_token[row, col] = slot
         self._pending_cols: List[int] = []
         self._pending_slots: List[int] = []
-        self.free_slots: List[int] = list(range(1, size + 1))
-        self.on_alloc: List = []  # callbacks(row) when a row is handed out (a KV pool's recent window forgets it)
+        self._free_slots: List[int] = list(range(1, size + 1))
+        self.on_alloc: List = []  # callbacks(row) when a row is handed out
+        # a KV pool's recent window whose ring rows follow the running requests (attach_window), or None
+        self.window = None
+
+    def attach_window(self, window) -> None:
+        """A request slot handed out gets a ring row of window (recent_window.RecentWindow.assign), one freed gives
+        it back: the rings cost what running requests hold (mem_plan/kv_window.py)."""
+        self.window = window
+
+    @property
+    def free_slots(self) -> List[int]:
+        return self._free_slots
+
+    @free_slots.setter
+    def free_slots(self, slots: List[int]) -> None:
+        """Replacing the free list (clear, a repair after a fault) frees the ring rows of every slot it frees."""
+        if self.window is not None:
+            for row in set(slots) - set(self._free_slots):
+                self.window.release(row)
+        self._free_slots = slots
 
     @property
     def mirrored(self) -> bool:
@@ -66,11 +85,15 @@ class ReqToTokenPool:
             self.req_to_token_host[slot].zero_()
         for forget in self.on_alloc:
             forget(slot)
+        if self.window is not None:
+            self.window.assign(slot)
         return slot
 
     def free(self, slot: int) -> None:
         assert 1 <= slot <= self.size and slot not in self.free_slots, f"bad request slot free: {slot}"
         self.free_slots.append(slot)
+        if self.window is not None:
+            self.window.release(slot)
 
     def clear(self) -> None:
         self.free_slots = list(range(1, self.size + 1))
@@ -127,6 +150,8 @@ class ReqToTokenPool:
         assert len(self.free_slots) + num_used == self.size, (
             f"request slots leak: free {len(self.free_slots)} + used {num_used} != {self.size}"
         )
+        if self.window is not None:
+            self.window.rows.check_integrity(set(range(1, self.size + 1)) - set(self.free_slots))
 
 
 class KVCache:

@@ -39,7 +39,7 @@ from sglang.srt.mem_plan.sizes import kv_pool_rows
 class QuantizedKVPool(KVCache):
     def __init__(self, size: int, page_size: int, kv_format: str, compute_dtype: torch.dtype, head_num: int,
                  head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None,
-                 window_rows: int = 0):
+                 window_rows: int = 0, window_req_rows: Optional[int] = None):
         self.size = size
         self.page_size = page_size
         self.kv_format = kv_format
@@ -72,10 +72,11 @@ class QuantizedKVPool(KVCache):
         self.calibration_amax: Dict[str, torch.Tensor] = {}
         self.scales_source = ("unit (1.0)" if self.is_fp8 else "per token, key multipliers 1.0 (not calibrated)"
                               if "k_smooth" in self.fixed else "per token")
-        # the recent window (kv_quant.RECENT_WINDOW_TOKENS) and the attention sinks (SINK_TOKENS): one ring per
-        # req_to_token row (window_rows of them)
+        # the recent window (kv_quant.RECENT_WINDOW_TOKENS) and the attention sinks (SINK_TOKENS): window_rows ring
+        # rows, handed to the running requests of window_req_rows request slots (mem_plan/kv_window.py; None: a ring
+        # per request slot, window_rows of them)
         self.window = RecentWindow(window_rows, recent_window(kv_format), layer_num, head_num, head_dim,
-                                   self.v_head_dim, device, sink_tokens(kv_format)) \
+                                   self.v_head_dim, device, sink_tokens(kv_format), window_req_rows) \
             if window_rows and recent_window(kv_format) else None
 
     @property
@@ -236,14 +237,16 @@ class QuantizedKVPool(KVCache):
 
 def create_kv_pool(kv_format: str, size: int, page_size: int, compute_dtype: torch.dtype, head_num: int,
                    head_dim: int, layer_num: int, device: str = "cpu", v_head_dim: Optional[int] = None,
-                   window_rows: int = 0) -> KVCache:
+                   window_rows: int = 0, window_req_rows: Optional[int] = None) -> KVCache:
     """The pool for a --kv-cache-dtype format name (mem_plan/dtypes.resolve_kv_cache_dtype): the quantized pool for
-    fp8 and the int formats, MHATokenToKVPool for a plain dtype. window_rows: the req_to_token rows (slots + 1) a
-    format with a recent window (int4) keeps a ring for; 0 = no window."""
+    fp8 and the int formats, MHATokenToKVPool for a plain dtype. window_rows: the ring rows of a format with a recent
+    window (int4), the scratch row included; 0 = no window. window_req_rows: the req_to_token rows whose running
+    requests the rows are handed to (ReqToTokenPool.attach_window); None = one ring per request slot (window_rows =
+    the req_to_token rows)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_plan.kv_quant import is_quantized
 
     if is_quantized(kv_format):
         return QuantizedKVPool(size, page_size, kv_format, compute_dtype, head_num, head_dim, layer_num, device,
-                               v_head_dim, window_rows)
+                               v_head_dim, window_rows, window_req_rows)
     return MHATokenToKVPool(size, page_size, torch_dtype(kv_format), head_num, head_dim, layer_num, device, v_head_dim)

@@ -26,8 +26,11 @@ its new tokens into the ring (`write`) after its attention, so the entries a dec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
+
+from sglang.srt.mem_cache.window_rows import WindowRows
 
 
 @dataclass
@@ -46,22 +49,61 @@ class WindowTail:
     sink_keep: torch.Tensor  # bool, per sink_src: whether the row is a sink (position < S)
     sink_entry: torch.Tensor  # [N] each new token's sink entry, -1 where it is none
 
+    def host_lists(self) -> tuple:
+        """(counts, sink_counts, ring_rows, ring_src) as host lists, with one device read (a path that walks the
+        requests on the host reads them once a forward, not once a layer)."""
+        b = self.counts.shape[0]
+        host = torch.cat([self.counts[:, None], self.sink_counts[:, None], self.ring_rows[:, None],
+                          self.ring_src.view(b, -1)], 1).tolist()
+        return [h[0] for h in host], [h[1] for h in host], [h[2] for h in host], [h[3:] for h in host]
+
 
 class RecentWindow:
+    """rows ring rows; with req_rows, rows[0] is the scratch row and rows 1..rows - 1 are handed to running requests
+    (assign / release, from ReqToTokenPool: mem_plan/kv_window.py plans them), row_of mapping each of the req_rows
+    request slots to its ring row (0: none). Without req_rows every request slot r < rows has ring row r (a ring per
+    slot, as test harnesses build it; row 0 is then the dummy request row's and unread)."""
+
     def __init__(self, rows: int, window: int, layer_num: int, head_num: int, head_dim: int, v_head_dim: int,
-                 device, sinks: int = 0):
+                 device, sinks: int = 0, req_rows: Optional[int] = None):
         self.window, self.sinks = window, sinks
         self.entries = window + sinks  # a row's ring: W recent entries, then S sink entries
         self.k = torch.zeros((layer_num, rows, self.entries, head_num, head_dim), dtype=torch.bfloat16, device=device)
         self.v = torch.zeros((layer_num, rows, self.entries, head_num, v_head_dim), dtype=torch.bfloat16, device=device)
         self.loc = torch.full((rows, self.entries), -1, dtype=torch.int64, device=device)
+        self.assigned = req_rows is not None
+        self.row_of = (torch.zeros(req_rows, dtype=torch.int64, device=device) if self.assigned
+                       else torch.arange(rows, dtype=torch.int64, device=device))
+        self.rows = WindowRows(rows - 1) if self.assigned else None
 
     def mem_usage_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.loc))
+        """The rings, their loc and the slot -> row map (the plan's kv_window term, mem_plan/kv_window.py)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.loc, self.row_of))
 
     def forget(self, row: int) -> None:
-        """The row was handed to another request: none of its entries are that request's tokens."""
+        """The ring row was handed to another request: none of its entries are that request's tokens."""
         self.loc[row].fill_(-1)
+
+    def assign(self, req_row: int) -> int:
+        """A request starts running in req_row: a free ring row, emptied (0 = none free: it reads through the codes)."""
+        row = self.rows.take(req_row)
+        self.row_of[req_row] = row
+        if row:
+            self.forget(row)
+        return row
+
+    def release(self, req_row: int) -> None:
+        """The request of req_row finished or was retracted: its ring row (if any) is free again."""
+        self.rows.give_back(req_row)
+        self.row_of[req_row] = 0
+
+    def apply(self, req_rows: List[int], rows: List[int], fresh: List[int]) -> None:
+        """A TP follower: the ring rows rank 0 assigned (batch_sync.py), the fresh ones emptied first."""
+        for row in fresh:
+            self.forget(row)
+        if req_rows:
+            dev = self.row_of.device
+            self.row_of[torch.tensor(req_rows, device=dev)] = torch.tensor(rows, dtype=torch.int64, device=dev)
 
     def ring(self, layer_id: int):
         """This layer's rings as [rows x (W + S), KV, D] bf16 views (entry row x (W + S) + position % W; a sink
@@ -80,24 +122,26 @@ class RecentWindow:
         ones (written at out_cache_loc, request after request; max_extend their maximum, known on the host); claims
         the ring entries the new tokens will take."""
         w, e, dev = self.window, self.entries, self.loc.device
-        rows, pre, ext = (t.to(device=dev, dtype=torch.int64) for t in (req_pool_indices, prefix_lens, extend_lens))
-        b = rows.shape[0]
+        req_rows, pre, ext = (t.to(device=dev, dtype=torch.int64) for t in (req_pool_indices, prefix_lens, extend_lens))
+        b = req_rows.shape[0]
+        rows = self.row_of[req_rows]  # each request's ring row; 0 (the scratch row, or the dummy's): nothing read
+        has = (rows > 0)[:, None]
         held_at = lambda entries: self.loc.view(-1)[entries]  # noqa: E731
         # the sinks: the leading run of positions 0 .. S - 1 whose entry still holds the row's slot
         sink_pos = torch.arange(self.sinks, device=dev)[None, :]
         if self.sinks:
             sink_ent = self.sink_entries(rows[:, None], sink_pos)
-            table = req_to_token[rows[:, None], sink_pos.expand(b, -1)].to(torch.int64)
+            table = req_to_token[req_rows[:, None], sink_pos.expand(b, -1)].to(torch.int64)
             held = held_at(sink_ent)
-            sink_valid = (sink_pos < pre[:, None]) & (held == table) & (held >= 0)
+            sink_valid = (sink_pos < pre[:, None]) & (held == table) & (held >= 0) & has
             sink_counts = sink_valid.to(torch.int64).cumprod(1).sum(1)
         else:
             sink_counts = torch.zeros_like(pre)
         pos = pre[:, None] - w + torch.arange(w, device=dev)[None, :]  # [B, W]
         ring_src = rows[:, None] * e + pos.remainder(w)
         held = held_at(ring_src)
-        table = req_to_token[rows[:, None], pos.clamp_min(0)].to(torch.int64)
-        valid = (pos >= sink_counts[:, None]) & (held == table) & (held >= 0)
+        table = req_to_token[req_rows[:, None], pos.clamp_min(0)].to(torch.int64)
+        valid = (pos >= sink_counts[:, None]) & (held == table) & (held >= 0) & has
         # the trailing run of valid entries (a ring holds the newest positions; anything before a gap is not read)
         counts = valid.flip(1).to(torch.int64).cumprod(1).sum(1)  # [B]
         q_start = torch.cumsum(ext, 0) - ext

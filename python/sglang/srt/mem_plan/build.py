@@ -35,6 +35,7 @@ from sglang.srt.mem_plan.moe_sizes import (
 from sglang.srt.mem_plan.quantization_sizes import WeightFormat, quantized_weight_bytes
 from sglang.srt.mem_plan.sizes import (
     REQ_TO_TOKEN_ELEM_BYTES,
+    cuda_graph_logits_bytes,
     grammar_bitmask_bytes_per_slot,
     grammar_cache_budget_bytes,
     pooled_bytes_per_slot,
@@ -53,7 +54,8 @@ CPU_DEFAULT_CHUNKED_PREFILL_SIZE = 2048
 # CPU every slot costs a sampler row of vocab entries (~1.2 MiB for a 49k vocabulary), so 4096 slots would take GiBs
 # of the budget from the KV pool for a batch no CPU decodes efficiently. GPUs keep upstream's rule.
 CPU_DEFAULT_MAX_RUNNING_REQUESTS = 256
-# Declared CUDA-graph term for the dry run: upstream's reserve of 2 MiB per captured decode batch size.
+# Declared CUDA-graph term for the dry run: the graphs' shared logits (sizes.cuda_graph_logits_bytes) plus upstream's
+# reserve of 2 MiB per captured decode batch size for the rest of what the graphs hold.
 CUDA_GRAPH_BYTES_PER_BS = 2 * MiB
 
 
@@ -128,8 +130,11 @@ def planned_attention_backend(sa) -> str:
 
 
 def resolve_cuda_graph_max_bs(sa, device: DeviceFacts) -> int:
-    """G: 0 on a CPU, with --disable-cuda-graph, or with a backend that has no graph decode path."""
+    """G: 0 on a CPU, with --disable-cuda-graph, with a backend that has no graph decode path, or with --tp-size > 1
+    (server_args_checks.CUDA_GRAPHS_WITH_TP says why; an explicit --cuda-graph-max-bs is refused there)."""
     if device.kind == "cpu" or sa.disable_cuda_graph or planned_attention_backend(sa) not in GRAPH_BACKENDS:
+        return 0
+    if sa.tp_size > 1:
         return 0
     if sa.cuda_graph_max_bs is not None:
         return sa.cuda_graph_max_bs
@@ -202,12 +207,16 @@ def formula_terms(sa, model: ModelFacts, device: DeviceFacts) -> MeasuredTerms:
                                              getattr(sa, "ep_size", 1))
                       + (cpu_load_residual_bytes(model.weight_format) if device.kind == "cpu" else 0)),
         activation_bytes=activation_formula_bytes(sa, model, device),
-        cuda_graph_bytes=graph_batch_size(sa, model, device) * CUDA_GRAPH_BYTES_PER_BS,
+        cuda_graph_bytes=formula_cuda_graph_bytes(graph_batch_size(sa, model, device), shape.text.vocab_size),
         encoder_bytes=encoder,
         sources={"weights": "formula", "activations": "formula", "cuda_graphs": "formula", "encoder": "declared"},
         encoder_detail=detail,
         encoder_terms=encoder_terms,
     )
+
+
+def formula_cuda_graph_bytes(graph_bs: int, vocab_size: int) -> int:
+    return graph_bs * CUDA_GRAPH_BYTES_PER_BS + cuda_graph_logits_bytes(graph_bs, vocab_size)
 
 
 def cpu_activation_term(formula_bytes: int, measured_bytes: int) -> tuple[int, str]:
@@ -278,7 +287,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         weight_bytes=measured.weight_bytes,
         kv_cell_bytes=cell.cell_bytes,
         kv_fixed_bytes=cell.fixed_bytes,
-        kv_window_per_req_bytes=(0 if cell.is_mla or not cell.kv_format else window_bytes_per_slot(
+        kv_window_row_bytes=(0 if cell.is_mla or not cell.kv_format else window_bytes_per_slot(
             model.kv_cache_dtype, cell.num_layers, cell.num_kv_heads_per_rank, cell.head_dim,
             cell.v_head_dim or cell.head_dim, planned_attention_backend(sa))),
         kv_detail=(describe_kv(model.kv_cache_dtype, cell.head_dim, cell.v_head_dim or cell.head_dim)

@@ -86,8 +86,9 @@ class PlanInputs:
     encoder_terms: tuple = ()
     kv_fixed_bytes: int = 0
     kv_detail: str = ""  # a quantized KV format's bytes and gain over bf16 (kv_quant.describe), for the table
-    # a quantized format's recent-window ring per req_to_token row (kv_quant.window_bytes_per_slot): the kv_window term
-    kv_window_per_req_bytes: int = 0
+    # a quantized format's recent-window ring, bytes per window row (kv_quant.window_bytes_per_slot); the rows are
+    # planned from the budget (kv_window.py): the kv_window term
+    kv_window_row_bytes: int = 0
 
     @property
     def encoder_total_bytes(self) -> int:
@@ -97,7 +98,7 @@ class PlanInputs:
         for name in ("pre_load_free_bytes", "weight_bytes", "kv_cell_bytes", "activation_bytes", "logits_bytes",
                      "cuda_graph_bytes", "encoder_bytes", "logits_per_req_bytes", "mm_cache_bytes",
                      "grammar_per_req_bytes", "grammar_cache_bytes", "moe_workspace_bytes", "kv_fixed_bytes",
-                     "kv_window_per_req_bytes"):
+                     "kv_window_row_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PlanInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("context_len", "page_size", "req_to_token_elem_bytes", "tp_size"):

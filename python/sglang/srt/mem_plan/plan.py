@@ -46,6 +46,7 @@ class MemoryPlan:
     notes: tuple[str, ...] = field(default=())
     cap_source: str = "--max-total-memory-gb"
     kv_fixed_bytes: int = 0  # fp8's per-(layer, KV head) scales, in the kv_cache term
+    kv_window_rows: int = 0  # a quantized KV's recent-window rows requests can hold (kv_window.py), in kv_window
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):

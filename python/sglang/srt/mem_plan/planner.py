@@ -8,9 +8,11 @@ from typing import Optional
 from sglang.srt.mem_plan import budget as B
 from sglang.srt.mem_plan.errors import MemoryPlanError
 from sglang.srt.mem_plan.inputs import PlanInputs
+from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP_ENTRY_BYTES, KV_WINDOW_SCRATCH_ROWS,
+                                           WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
 from sglang.srt.mem_plan.slots import SlotRule
-from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
+from sglang.srt.mem_plan.solver import solve_max_tokens
 from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import MiB, gib
@@ -29,7 +31,7 @@ class _Resolved:
     margin: int
     graph_bs: int
     rule: SlotRule
-    slot_cost: SlotCost
+    slot_cost: WindowedSlotCost
     fixed_runtime: int  # activations, logits, cuda graphs, encoder, mm cache, grammar cache, MoE workspace, margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
@@ -45,12 +47,13 @@ class _Resolved:
         else:
             graph_bs = 0
         row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
-        row_bytes += x.kv_window_per_req_bytes  # a quantized KV's recent-window ring has a row per req_to_token row
-        slot_cost = SlotCost(
+        slot_cost = WindowedSlotCost(
             fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
             per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes + x.grammar_per_req_bytes,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
+            window_row_bytes=x.kv_window_row_bytes,  # a quantized KV's recent window: rows by budget (kv_window.py)
+            window_cap_rows=planned_window_rows(budget, x.kv_window_row_bytes),
         )
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
                          + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
@@ -83,9 +86,7 @@ class _Resolved:
                        src("kv_cache"), f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
                        + (f" + {x.kv_fixed_bytes:,} B of scales" if x.kv_fixed_bytes else "")
                        + (f"; {x.kv_detail}" if x.kv_detail else "")),
-            *((MemoryTerm("kv_window", (num_reqs + 1) * x.kv_window_per_req_bytes, src("kv_window"),
-                          f"{num_reqs + 1:,} rows x {x.kv_window_per_req_bytes:,} B: each slot's recent tokens "
-                          "uncompressed"),) if x.kv_window_per_req_bytes else ()),
+            *((self.window_term(num_reqs),) if x.kv_window_row_bytes else ()),
             MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
                        f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
@@ -109,6 +110,18 @@ class _Resolved:
                        "stated by caller" if x.safety_margin_bytes is not None else
                        f"{B.SAFETY_MARGIN_FRACTION:.0%} of budget in [64 MiB, 1 GiB]"),
         )
+
+    def window_rows(self, num_tokens: int) -> int:
+        """R_w: the recent-window rows requests can hold (kv_window.py); 0 without a window."""
+        return window_rows_for(self.slot_cost.window_cap_rows, self.rule.slots(num_tokens))
+
+    def window_term(self, num_reqs: int) -> MemoryTerm:
+        x, cap = self.inputs, self.slot_cost.window_cap_rows
+        rows = window_rows_for(cap, num_reqs)
+        return MemoryTerm("kv_window", window_term_bytes(cap, x.kv_window_row_bytes, num_reqs), x.source_of("kv_window"),
+                          f"({rows:,} rows + {KV_WINDOW_SCRATCH_ROWS} scratch) x {x.kv_window_row_bytes:,} B + "
+                          f"{num_reqs + 1:,} x {KV_WINDOW_MAP_ENTRY_BYTES} B map: running requests' recent tokens "
+                          f"uncompressed ({KV_WINDOW_BUDGET_SHARE:.0%} of budget, at most one row a slot)")
 
     # ---- explicit y ----
     def explicit_outcome(self, y: float) -> tuple[str, int]:
@@ -256,6 +269,7 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         context_len=x.context_len,
         kv_cell_bytes=x.kv_cell_bytes,
         kv_fixed_bytes=x.kv_fixed_bytes,
+        kv_window_rows=r.window_rows(num_tokens) if x.kv_window_row_bytes else 0,
         terms=r.terms(num_tokens),
         slot_regime=r.rule.regime(num_tokens),
         limited_by=limited_by,

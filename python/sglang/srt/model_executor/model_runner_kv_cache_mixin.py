@@ -62,19 +62,21 @@ class ModelRunnerKVCacheMixin:
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
 
-    def _kv_pool(self, num_tokens: int, r2t: Optional[ReqToTokenPool] = None) -> MHATokenToKVPool:
-        """The KV pool; with r2t, a format's recent window (int4, fp8 where the backend reads rings) gets a ring per
-        req_to_token row, emptied when the row is handed to a new request."""
+    def _kv_pool(self, num_tokens: int, r2t: ReqToTokenPool, window_rows: int) -> MHATokenToKVPool:
+        """The KV pool; a format's recent window (int4, fp8 where the backend reads rings) gets window_rows ring rows
+        (+ the scratch row, mem_plan/kv_window.py), handed to r2t's requests while they run (attach_window)."""
         from sglang.srt.mem_plan.kv_quant import recent_window
+        from sglang.srt.mem_plan.kv_window import KV_WINDOW_SCRATCH_ROWS
 
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
-        windowed = r2t is not None and recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend)
+        windowed = recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend) and window_rows > 0
         pool = create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
                               cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device,
-                              window_rows=r2t.req_to_token.shape[0] if windowed else 0)
+                              window_rows=window_rows + KV_WINDOW_SCRATCH_ROWS if windowed else 0,
+                              window_req_rows=r2t.req_to_token.shape[0])
         if getattr(pool, "window", None) is not None:
-            r2t.on_alloc.append(pool.window.forget)
+            r2t.attach_window(pool.window)
         return pool
 
     def _attention_backend(self, r2t, kv, num_reqs: int, cuda_graph_max_bs: int):
@@ -91,25 +93,27 @@ class ModelRunnerKVCacheMixin:
     # ------------------------------------------------------------------ measure
     @torch.inference_mode()
     def profile_activation_bytes(self, num_tokens: int) -> int:
-        """Peak extra memory of one prefill forward of num_tokens tokens (a real forward on a scratch pool)."""
+        """Peak extra memory of one prefill forward of num_tokens tokens (a real forward on a scratch pool, with a
+        format's recent window in place: its per-layer copies and temporaries are activations too)."""
         from sglang.srt.mem_plan.measure import measure_peak
 
         mc = self.model_config
         page = self.server_args.page_size
         r2t = ReqToTokenPool(1, req_to_token_row_len(self.context_len), self.device)
-        kv = self._kv_pool(num_tokens)
+        kv = self._kv_pool(num_tokens, r2t, 1)
         # the scratch pool's pages resident before the peak is measured (its torch.empty is backed page by page on a
         # CPU): the K/V the forward writes belong to the kv_cache term, not to the activations
         kv.k_buffer.zero_()
         kv.v_buffer.zero_()
         backend = self._attention_backend(r2t, kv, 1, 0)
         slots = torch.arange(page, page + num_tokens, dtype=torch.int64, device=self.device)
-        r2t.req_to_token[1, :num_tokens] = slots
+        row = r2t.alloc()  # the request's slot, and its ring row (a windowed format)
+        r2t.req_to_token[row, :num_tokens] = slots
         ids = torch.randint(0, mc.vocab_size, (num_tokens,), dtype=torch.int64, device=self.device)
         fb = ForwardBatch(
             forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=ids,
             positions=torch.arange(num_tokens, dtype=torch.int64, device=self.device),
-            req_pool_indices=torch.tensor([1], device=self.device),
+            req_pool_indices=torch.tensor([row], device=self.device),
             seq_lens=torch.tensor([num_tokens], device=self.device), out_cache_loc=slots,
             seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[num_tokens],
             extend_prefix_lens=torch.tensor([0], device=self.device),
@@ -142,7 +146,7 @@ class ModelRunnerKVCacheMixin:
             return 0
         page = self.server_args.page_size
         r2t = ReqToTokenPool(graph_bs, req_to_token_row_len(self.context_len), self.device)
-        kv = self._kv_pool(page)  # every captured row reads and writes the dummy page only
+        kv = self._kv_pool(page, r2t, 1)  # every captured row reads and writes the dummy page only
         backend = self._attention_backend(r2t, kv, graph_bs, graph_bs)
         runner = self._graph_runner(r2t, kv, backend, graph_bs)
         measured = runner.capture().measured_bytes
@@ -215,7 +219,7 @@ class ModelRunnerKVCacheMixin:
         self.chunked_prefill_size = plan.chunked_prefill_size or chunk
         self.req_to_token_pool = ReqToTokenPool(plan.max_running_requests, req_to_token_row_len(self.context_len),
                                                 self.device)
-        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool)
+        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool, plan.kv_window_rows)
         self.calibrate_kv_scales()
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(plan.max_total_num_tokens, sa.page_size)
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
@@ -251,7 +255,12 @@ class ModelRunnerKVCacheMixin:
                 # the ring's bytes (the kv_window term)
                 "recent_window_tokens": recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend),
                 "sink_tokens": sink_tokens(mc.kv_cache_dtype_name, self.server_args.attention_backend),
-                "window_bytes": self.allocated_bytes()["kv_window"]}
+                "window_bytes": self.allocated_bytes()["kv_window"],
+                # the ring rows running requests hold (mem_plan/kv_window.py), and the requests that started with
+                # every row taken (they read their whole history through the codes)
+                "window_rows": plan.kv_window_rows,
+                "requests_without_window_row": (self.token_to_kv_pool.window.rows.num_without_row
+                                                if getattr(self.token_to_kv_pool, "window", None) is not None else 0)}
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:
             info.update(scale_info())

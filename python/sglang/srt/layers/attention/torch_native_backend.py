@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
 from sglang.srt.layers.attention.quant_kernel_operands import QuantOperandCache
+from sglang.srt.layers.attention.quant_ring_groups import call_grouped, ring_groups
 from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, is_quantized
@@ -82,6 +83,8 @@ class TorchNativeMetadata:
     fresh_rows: Optional[tuple] = None
     # a pool with a recent window: the forward's ring bookkeeping (mem_cache/recent_window.py)
     tail: Optional[WindowTail] = None
+    tail_host: Optional[tuple] = None  # the gather path's host copy of the tail (WindowTail.host_lists), once a forward
+    ring_groups: Optional[list] = None  # the CPU kernel's calls over a ring of R_w + 1 rows (quant_ring_groups.py)
     stored_kv: Optional[tuple] = None  # (layer id, new k, new v in the stored basis) of the layer last computed
     ring_written: Optional[int] = None  # the layer whose new tokens the kernel already put into the ring
 
@@ -123,8 +126,12 @@ class TorchNativeAttnBackend(AttentionBackend):
                 pre, most = fb.seq_lens.cpu().to(torch.int64) - ext, int(ext.max())
             else:
                 pre, ext, most = fb.seq_lens - 1, torch.ones_like(fb.seq_lens), 1
-            self.forward_metadata.tail = window.tail(fb.req_pool_indices, pre, ext, fb.out_cache_loc,
-                                                     self.req_to_token_pool.req_to_token, most)
+            md = self.forward_metadata
+            md.tail = t = window.tail(fb.req_pool_indices, pre, ext, fb.out_cache_loc, self.req_to_token_pool.req_to_token, most)
+            if md.quant_rows is not None and self.fresh_reads:  # the kernel reads the ring
+                md.ring_groups = ring_groups(self.req_to_token_pool.req_to_token, md.quant_rows, window.loc.shape[0])
+            elif self.fresh_reads:  # the gather path (_fresh): one host copy a forward, not four a layer
+                md.tail_host = t.host_lists()
 
     def _init_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -232,8 +239,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         mem_cache/recent_window.py)."""
         md, pool, lid = self.forward_metadata, self.token_to_kv_pool, layer.layer_id
         t = md.tail
-        counts, sinks = (t.counts.tolist(), t.sink_counts.tolist()) if t is not None else (None, None)
-        ring_src, ring_rows = (t.ring_src.tolist(), t.ring_rows.tolist()) if t is not None else (None, None)
+        counts, sinks, ring_rows, ring_src = md.tail_host if t is not None else (None, None, None, None)
         ring_k, ring_v = pool.window.ring(lid) if t is not None else (None, None)
         idx = lambda x: torch.tensor(x, dtype=torch.int64, device=k.device)  # noqa: E731
         ks, vs, rows, cols = [], [], [], []
@@ -259,12 +265,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         if not save_kv_cache:
             raise NotImplementedError("torch_native CPU attention over a quantized pool reads the new K/V from the "
                                       "pool (save_kv_cache=True).")
-        o = self.quant_operands(layer.layer_id)
-        return self.cpu_quant_ops.extend_attention_quant(
-            q, o.k_codes, o.v_codes, o.k_scale, o.v_scale, self.token_to_kv_pool.kv_format,
-            self.req_to_token_pool.req_to_token, *self.forward_metadata.quant_rows, layer.scaling, o.k_turn, o.k_smooth,
-            o.v_back, *(self._stored_kv(layer, k, v) if self.fresh_reads else (None, None)), *self._ring_args(layer, o),
-        )
+        o, md = self.quant_operands(layer.layer_id), self.forward_metadata
+        return call_grouped(
+            self.cpu_quant_ops.extend_attention_quant, q,
+            (o.k_codes, o.v_codes, o.k_scale, o.v_scale, self.token_to_kv_pool.kv_format),
+            self.req_to_token_pool.req_to_token, md.quant_rows, (layer.scaling, o.k_turn, o.k_smooth, o.v_back),
+            self._stored_kv(layer, k, v) if self.fresh_reads else (None, None), self._ring_args(layer, o),
+            md.ring_groups)
 
     def _ring_args(self, layer: AttentionLayer, o) -> tuple:
         """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts, ring_write, sink_counts,
