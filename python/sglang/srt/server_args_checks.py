@@ -9,6 +9,14 @@ import dataclasses
 from sglang.srt.mem_plan.inputs import check_mem_fraction_static
 
 MIB_BYTES = 1 << 20
+# Why decode CUDA graphs are off with --tp-size > 1 (mem_plan/build.resolve_cuda_graph_max_bs resolves them to 0
+# there; an explicit --cuda-graph-max-bs is refused with this). The TP collectives inside the forward (the MoE and
+# row-parallel all-reduce, the logits all-gather: distributed/communication_op.py) are plain torch.distributed NCCL
+# calls, and no run has shown them captured and replayed in a graph; upstream SGLang captures instead through its
+# own communicators in graph mode (custom all-reduce, pynccl).
+CUDA_GRAPHS_WITH_TP = ("decode CUDA graphs are not captured with --tp-size > 1: the tensor-parallel collectives in "
+                       "the forward are plain torch.distributed (NCCL) calls, not a communicator shown to be "
+                       "captured and replayed in a graph, so with --tp-size > 1 decode runs eagerly")
 
 
 def request_body_limit(a) -> tuple:
@@ -60,6 +68,10 @@ def check_values(a) -> None:
         raise ValueError("--schedule-conservativeness must be positive.")
     if a.enable_overlap_schedule and a.disable_overlap_schedule:
         raise ValueError("--enable-overlap-schedule and --disable-overlap-schedule contradict; pass one.")
+    if a.tp_size > 1 and a.cuda_graph_max_bs is not None and not a.disable_cuda_graph:
+        raise ValueError(f"--cuda-graph-max-bs {a.cuda_graph_max_bs} with --tp-size {a.tp_size}: {CUDA_GRAPHS_WITH_TP}. "
+                         "Drop --cuda-graph-max-bs (or pass --disable-cuda-graph), or use --tp-size 1 to keep "
+                         "the graphs.")
     if a.enable_overlap_schedule and a.tp_size > 1:
         raise ValueError("--enable-overlap-schedule with --tp-size > 1 is not supported (the TP collectives run "
                          "on the scheduler thread); drop one of the two.")

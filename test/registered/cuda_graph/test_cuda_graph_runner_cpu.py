@@ -102,6 +102,71 @@ def test_which_runs_get_graphs():
     assert runner.cuda_graph_info() == {"enabled": False, "reason": "cpu: no CUDA graphs here, decode runs eagerly"}
 
 
+def test_tensor_parallel_runs_decode_eagerly_and_an_explicit_graph_size_is_refused():
+    """Graph capture with the TP collectives inside (plain torch.distributed NCCL calls) is not shown by any run, so
+    --tp-size > 1 resolves to no graphs in the one rule `sglang plan` and the server share, and asking for graphs
+    with --cuda-graph-max-bs is refused at argument parsing (ServerArgs.validate: serve, Engine and plan alike)."""
+    import contextlib
+    import io
+    import json
+    import os
+
+    from sglang.cli.plan import main as plan_main
+    from sglang.srt.mem_plan.build import DeviceFacts, resolve_cuda_graph_max_bs
+    from sglang.srt.server_args import ServerArgs
+
+    gpu = DeviceFacts("cuda", 70 << 30, 80 << 30)
+    for backend in ("triton", "flashinfer"):
+        assert resolve_cuda_graph_max_bs(ServerArgs(attention_backend=backend, tp_size=2), gpu) == 0
+        assert resolve_cuda_graph_max_bs(ServerArgs(attention_backend=backend, tp_size=1), gpu) > 0
+    with pytest.raises(ValueError) as e:
+        ServerArgs(tp_size=2, cuda_graph_max_bs=8)
+    for needle in ("--cuda-graph-max-bs 8 with --tp-size 2", "torch.distributed", "decode runs eagerly",
+                   "Drop --cuda-graph-max-bs", "--tp-size 1"):
+        assert needle in str(e.value), str(e.value)
+    ServerArgs(tp_size=2, cuda_graph_max_bs=8, disable_cuda_graph=True)  # graphs off: nothing to refuse
+    ServerArgs(tp_size=1, cuda_graph_max_bs=8)
+
+    llama = os.path.join(os.path.dirname(__file__), "..", "mem_plan", "fixtures", "llama-3.1-8b")
+
+    def plan(*extra):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = plan_main(["--model-path", llama, "--gpu", "h100-80gb", "--json", *extra])
+            except SystemExit as exit_:
+                return exit_.code, err.getvalue()
+        return status, json.loads(out.getvalue())
+
+    for tp, graph_bs in (("1", 256), ("2", 0)):
+        status, d = plan("--tp", tp, "--attention-backend", "triton")
+        terms = {t["name"]: t["num_bytes"] for t in d["plan"]["terms"]}
+        assert status == 0 and d["plan"]["cuda_graph_max_bs"] == graph_bs, (tp, d["plan"]["cuda_graph_max_bs"])
+        assert (terms["cuda_graphs"] > 0) == (graph_bs > 0)
+    status, err = plan("--tp", "2", "--cuda-graph-max-bs", "64")
+    assert status == 2 and "--cuda-graph-max-bs 64 with --tp-size 2" in err, err
+
+
+def test_the_dry_run_graph_term_holds_the_shared_logits():
+    """`sglang plan`'s cuda_graphs term (a formula before a server measures it): G x 2 MiB for the graphs' own
+    activations plus the one fp32 [G, V] logits buffer every graph size shares (what the runner holds above)."""
+    from sglang.srt.mem_plan.build import CUDA_GRAPH_BYTES_PER_BS, DeviceFacts, ModelFacts, formula_terms
+    from sglang.srt.mem_plan.model_shapes import model_shape_from_config
+    from sglang.srt.server_args import ServerArgs
+
+    import json
+    import os
+
+    cfg = json.load(open(os.path.join(os.path.dirname(__file__), "..", "mem_plan", "fixtures", "llama-3.1-8b",
+                                      "config.json")))
+    model = ModelFacts(model_shape_from_config(cfg), 8192, "bfloat16", "bfloat16")
+    gpu = DeviceFacts("cuda", 70 << 30, 80 << 30)
+    for graph_bs in (8, 160, 256):
+        sa = ServerArgs(attention_backend="triton", cuda_graph_max_bs=graph_bs)
+        vocab = cfg["vocab_size"]
+        assert formula_terms(sa, model, gpu).cuda_graph_bytes == graph_bs * (CUDA_GRAPH_BYTES_PER_BS + vocab * 4)
+
+
 # ------------------------------------------------------------------ fake model + backend (wiring)
 class FakeBackend:
     """Records the hooks; reads and writes a [slots] 'KV pool' through req_to_token like a real decode kernel."""
@@ -154,6 +219,28 @@ def test_padded_replay_matches_eager_and_writes_only_the_dummy_slot():
     assert changed <= {10, 29, 33, DUMMY_KV_SLOT} and {10, 29, 33} <= changed
     assert torch.equal(kv[1:], kv_eager[1:])  # everything but the dummy slot as after an eager forward
     assert runner.can_run(fb) and not runner.can_run(_decode_batch(*[[1] * 5] * 5))
+
+
+@pytest.mark.parametrize("max_bs", [1, 8, 64, 160])
+def test_graph_outputs_hold_one_logits_buffer_whatever_the_number_of_sizes(max_bs):
+    from sglang.srt.mem_plan.sizes import cuda_graph_logits_bytes
+
+    vocab = 1000
+    weight = torch.randn(vocab, generator=torch.Generator().manual_seed(1))
+    forward = lambda ids, positions, fb: torch.outer((ids * 10 + positions).float(), weight)  # noqa: E731
+    runner = CudaGraphRunner(forward, FakeBackend(), None, None, max_bs=max_bs, device="cpu",
+                             factory=EagerGraphFactory())
+    report = runner.capture()
+    assert sorted(runner.graphs) == capture_batch_sizes(max_bs)
+    # the bytes the captured outputs keep alive, each storage once: G x V x 4, not the sum over sizes of P x V x 4
+    held = {g.output.untyped_storage().data_ptr(): g.output.untyped_storage().nbytes() for g in runner.graphs.values()}
+    assert sum(held.values()) == max_bs * vocab * 4 == cuda_graph_logits_bytes(max_bs, vocab) == report.output_bytes
+    # replays of every size, larger and smaller in turn, each return the eager logits of their live rows
+    for bs in sorted({1, max_bs, (max_bs + 1) // 2, 3 if max_bs >= 3 else 1}, reverse=True) + [1, max_bs]:
+        fb = _decode_batch(list(range(5, 5 + bs)), list(range(bs)), [0] * bs, [1] * bs, [0] * bs)
+        got = runner.replay(fb)
+        torch.testing.assert_close(got, forward(fb.input_ids, fb.positions, fb), rtol=0, atol=0)
+        assert got.data_ptr() == runner.logits.data_ptr()
 
 
 # ------------------------------------------------------------------ end to end (Triton interpreter)

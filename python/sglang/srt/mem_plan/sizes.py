@@ -30,6 +30,10 @@ grammar        structured output (srt/constrained/): the token bitmask's device 
                ceil(vocab / 32)] (one bit per vocabulary entry, allocated once: constrained/token_bitmask.py), plus, on
                a CPU only, the compiled-grammar cache budget (--grammar-cache-mb; on a GPU it and the bitmask's host
                rows are host memory); both 0 with --grammar-backend none.
+graph logits   the captured decode graphs' output (model_executor/cuda_graph_runner.py): one fp32 [G, V] buffer
+               shared by every captured size (G = the largest graph batch), not one [P, V] per size P. Part of the
+               `cuda_graphs` term: the dry run's formula is this plus CUDA_GRAPH_BYTES_PER_BS x G (mem_plan/build.py)
+               for the graphs' own activations; a server measures the capture.
 """
 
 from __future__ import annotations
@@ -96,6 +100,14 @@ def sampler_fixed_bytes(vocab_size: int) -> int:
     """The sampler's scratch that does not grow with the batch: the full-sort fallback rows (module docstring)."""
     return vocab_size * (SAMPLER_SORT_FALLBACK_ROWS * SAMPLER_SORT_BYTES_PER_VOCAB_ENTRY
                          + SAMPLER_RANK_BYTES_PER_VOCAB_ENTRY)
+
+
+CUDA_GRAPH_LOGITS_BYTES_PER_VOCAB_ENTRY = 4  # fp32
+
+
+def cuda_graph_logits_bytes(graph_bs: int, vocab_size: int) -> int:
+    """The decode graphs' shared logits output, fp32 [G, V] (module docstring); 0 without graphs."""
+    return graph_bs * vocab_size * CUDA_GRAPH_LOGITS_BYTES_PER_VOCAB_ENTRY
 
 
 GRAMMAR_BITMASK_DTYPE = "int32"

@@ -8,9 +8,16 @@ padded rows are dummy requests that
   * get token id 0 at position 0; their logits are computed and dropped.
 So a padded replay touches nothing a live request owns, and the live rows' logits equal an eager forward's.
 
-Static buffers (one set, sized by G, allocated once; each graph reads views [:P] of them):
+Static buffers (one set, sized by G, allocated once; each graph reads or writes views [:P] of them):
     input_ids, positions, req_pool_indices, seq_lens, out_cache_loc   int64 [G]
-    logits                                                             fp32 [P, V] per graph, the captured output
+    logits                                                             fp32 [G, V], shared by every graph
+The logits buffer is the largest graph's own output (captured first, so it lies in the graphs' pool); every smaller
+graph P copies its forward's logits into logits[:P] and returns that view, so its own [P, V] result is a temporary
+the pool reuses. The graphs hold G x V x 4 bytes of output whatever the number of sizes, as
+mem_plan/sizes.cuda_graph_logits_bytes plans (one buffer per size held their sum: 2.57 GB for the 35 sizes up to
+256 and a 152k vocabulary, against 0.156 GB).
+A replay overwrites what the previous one returned; a caller consumes its logits before the next step (as with one
+buffer per size, where consecutive batches of one size shared the buffer).
 The attention backend's per-graph buffers (Triton split-KV workspace, FlashInfer fixed page tables) are planned and
 allocated by the backend itself (mem_plan/backends.py, G rows).
 
@@ -233,6 +240,7 @@ class CaptureReport:
     batch_sizes: List[int]
     measured_bytes: int
     events: List[tuple] = field(default_factory=list)
+    output_bytes: int = 0  # what the graphs' outputs hold: the shared fp32 [G, V] logits
 
 
 class CudaGraphRunner:
@@ -255,6 +263,7 @@ class CudaGraphRunner:
         self.batch_sizes = capture_batch_sizes(max_bs)
         self.static = StaticInputs.allocate(max_bs, device)
         self.graphs: Dict[int, object] = {}
+        self.logits: Optional[torch.Tensor] = None  # fp32 [G, V]: the largest graph's output, shared (docstring)
         self.num_replays = 0
 
     def _static_batch(self, bs: int) -> ForwardBatch:
@@ -273,11 +282,29 @@ class CudaGraphRunner:
             self.attn_backend.init_forward_metadata_capture_cuda_graph(bs, fb.req_pool_indices,
                                                                       [DUMMY_SEQ_LEN] * bs,
                                                                       rows_cpu=[DUMMY_REQ_ROW] * bs)
-            self.graphs[bs] = self.factory.capture(lambda fb=fb: self.model_forward(fb.input_ids, fb.positions, fb),
-                                                   bs)
+            self.graphs[bs] = self.factory.capture(lambda fb=fb, bs=bs: self._forward(fb, bs), bs)
+            if bs == self.max_bs:
+                self.logits = self.graphs[bs].output
         measured = max(device_used_bytes(self.device) - before, 0)
-        logger.info("Captured CUDA graphs for decode batch sizes %s: %.1f MiB", self.batch_sizes, measured / 2**20)
-        return CaptureReport(list(self.batch_sizes), measured, list(getattr(self.factory, "events", [])))
+        logger.info("Captured CUDA graphs for decode batch sizes %s: %.1f MiB (their shared logits %.1f MiB)",
+                    self.batch_sizes, measured / 2**20, self.output_bytes() / 2**20)
+        return CaptureReport(list(self.batch_sizes), measured, list(getattr(self.factory, "events", [])),
+                             self.output_bytes())
+
+    def _forward(self, fb: ForwardBatch, bs: int) -> torch.Tensor:
+        """The captured callable of graph bs: its logits, in the shared buffer for every graph but the largest (whose
+        output the buffer is)."""
+        logits = self.model_forward(fb.input_ids, fb.positions, fb)
+        if bs == self.max_bs:
+            return logits
+        out = self.logits[:bs]
+        out.copy_(logits)
+        return out
+
+    def output_bytes(self) -> int:
+        """Bytes the captured graphs' outputs hold, each distinct storage once (what the plan's logits part sizes)."""
+        held = {g.output.untyped_storage().data_ptr(): g.output.untyped_storage().nbytes() for g in self.graphs.values()}
+        return sum(held.values())
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.forward_mode.is_decode() and fb.batch_size <= self.max_bs and fb.mm_inputs is None
