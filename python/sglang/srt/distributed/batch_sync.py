@@ -5,7 +5,10 @@ forward it broadcasts the ForwardBatch's host fields plus what the other ranks c
     EXTEND  the full req_to_token row [0, seq_len) of every request (prefix-cache hits, retraction and chunked
             prefill all rewrite rows, and the row is what attention reads KV slots from)
     DECODE  nothing more: the one new slot per request is out_cache_loc, written at column seq_len - 1
-so each rank's req_to_token holds, for every running request, the same row as rank 0's. Messages:
+so each rank's req_to_token holds, for every running request, the same row as rank 0's. With a quantized KV's recent
+window (mem_cache/recent_window.py) also, in both modes, each request's ring row as rank 0 assigned it and the ring
+rows handed out since the last forward: every rank empties those before the forward reads them (a reused row would
+otherwise hold the previous request's entries on the followers only), so every rank reads the same K/V. Messages:
     ("forward", packed batch)   run the forward (followers discard the logits)
     ("ping", None)              nothing to run: rank 0 checks, while idle, that every rank is still there (a
                                 collective with a dead rank fails), so a rank lost on another node is noticed
@@ -37,8 +40,9 @@ def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach().to("cpu")
 
 
-def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor) -> dict:
-    """Host copy of the batch (before move_to_device) and, for EXTEND, the requests' req_to_token rows."""
+def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor, window=None) -> dict:
+    """Host copy of the batch (before move_to_device) and, for EXTEND, the requests' req_to_token rows; window: rank
+    0's recent window (its ring rows follow the requests: WindowRows), or None."""
     if fb.mm_inputs is not None:
         raise RuntimeError("multimodal batches cannot run with --tp-size > 1")
     msg = {"forward_mode": int(fb.forward_mode), "batch_size": fb.batch_size, "pooling": fb.pooling,
@@ -50,11 +54,15 @@ def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor) -> dict:
     if fb.forward_mode.is_extend():
         rows = fb.req_pool_indices.tolist()
         msg["rows"] = torch.cat([_cpu(req_to_token[row, :n]) for row, n in zip(rows, fb.seq_lens_cpu)])
+    if window is not None and window.rows is not None:
+        rows = fb.req_pool_indices.tolist()
+        msg["window"] = (rows, window.rows.lookup(rows), window.rows.take_fresh())
     return msg
 
 
-def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor) -> ForwardBatch:
-    """The batch rank 0 packed, with this rank's req_to_token rows brought to the same content."""
+def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor, window=None) -> ForwardBatch:
+    """The batch rank 0 packed, with this rank's req_to_token rows (and its recent window's ring rows: window) brought
+    to the same content."""
     mode = ForwardMode(msg["forward_mode"])
     fb = ForwardBatch(forward_mode=mode, batch_size=msg["batch_size"], pooling=msg.get("pooling"),
                       prompt_logprob_block_rows=msg.get("prompt_logprob_block_rows", 0),
@@ -69,6 +77,8 @@ def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor) -> ForwardBatch:
     else:
         cols = torch.tensor([n - 1 for n in fb.seq_lens_cpu], dtype=torch.int64, device=device)
         req_to_token[torch.tensor(rows, device=device), cols] = fb.out_cache_loc.to(device, req_to_token.dtype)
+    if window is not None and "window" in msg:
+        window.apply(*msg["window"])
     return fb
 
 

@@ -43,7 +43,8 @@ def follower_loop(runner) -> None:
         num_forwards += 1
         if num_forwards == fault_at:
             raise RuntimeError(f"injected fault ({FAULT_ENV}) in forward {num_forwards}")
-        fb = unpack_forward_batch(payload, runner.req_to_token_pool.req_to_token)
+        fb = unpack_forward_batch(payload, runner.req_to_token_pool.req_to_token,
+                                  getattr(runner.token_to_kv_pool, "window", None))
         runner.forward_local(fb)
 
 
