@@ -129,6 +129,29 @@ def test_bad_grammars_are_400_naming_the_field_and_the_server_keeps_serving(clie
     assert ok.choices[0].message.content == "ok"
 
 
+EMPTY_LANGUAGE = [("ebnf", "root ::= root"), ("regex", r"[^\s\S]"),
+                  ("json_schema", json.dumps({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}))]
+
+
+def test_a_grammar_no_string_matches_is_a_400_after_its_compile(server):
+    """llguidance's grammars are checked after their compile (the edge reads only xgrammar's): its matcher then
+    allows only the stop token while not accepting. A 400 naming the field, no fault, no ERROR logged."""
+    def faults():
+        info = requests.get(f"{server.base_url}/server_info", timeout=30).json()
+        return (info["scheduler"]["stats"] if "scheduler" in info else info["stats"])["num_faults"]
+
+    before = faults()
+    for kind, text in EMPTY_LANGUAGE:
+        r = requests.post(f"{server.base_url}/generate", timeout=60,
+                          json={"text": "hi", "sampling_params": {"max_new_tokens": 4, kind: text}})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == kind and "matches no string" in r.json()["message"], r.text
+    ok = requests.post(f"{server.base_url}/generate", timeout=60,
+                       json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "regex": "(yes|no)"}})
+    assert ok.status_code == 200 and ok.json()["text"] in ("yes", "no"), ok.text
+    assert faults() == before and " ERROR " not in server.log(), server.log()[-3000:]
+
+
 def test_outlines_is_refused_at_launch_naming_the_backends_that_work():
     """An upstream launch line with --grammar-backend outlines stops with the reason and the two that work."""
     import subprocess

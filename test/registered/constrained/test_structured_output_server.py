@@ -152,3 +152,45 @@ def test_the_requests_llguidance_is_checked_with(client, model, server):
     from structured_requests import check_structured_requests
 
     check_structured_requests(client, server.base_url, model)
+
+
+SELF_REF_SCHEMA = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+EMPTY_LANGUAGE = [("ebnf", "root ::= root"), ("regex", r"[^\s\S]"), ("json_schema", json.dumps(SELF_REF_SCHEMA))]
+
+
+def scheduler_stats(base_url: str) -> dict:
+    info = requests.get(f"{base_url}/server_info", timeout=30).json()
+    return info["scheduler"]["stats"] if "scheduler" in info else info["stats"]
+
+
+@pytest.mark.parametrize("kind, text", EMPTY_LANGUAGE)
+def test_a_grammar_no_string_matches_is_a_400_not_a_fault(client, model, server, kind, text):
+    """Each of these matches no string (checked independently below with xgrammar's own matcher on a byte
+    vocabulary): the client gets a 400 naming its field on /generate, chat (extra_body, or response_format for
+    the schema); nothing reaches the scheduler's fault count or its ERROR log, and valid grammars are still served."""
+    faults = scheduler_stats(server.base_url)["num_faults"]
+    r = requests.post(f"{server.base_url}/generate", timeout=60,
+                      json={"text": "hi", "sampling_params": {"max_new_tokens": 4, kind: text}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == kind and "matches no string" in r.json()["message"], r.text
+    extra = ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SELF_REF_SCHEMA}}}
+             if kind == "json_schema" else {"extra_body": {kind: text}})
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=model, messages=MSG, max_tokens=4, **extra)
+    err = ei.value.body
+    assert err["param"] == ("response_format" if kind == "json_schema" else kind), err
+    assert "matches no string" in err["message"], err
+    ok = requests.post(f"{server.base_url}/generate", timeout=60,
+                       json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "regex": "(yes|no)"}})
+    assert ok.status_code == 200 and ok.json()["text"] in ("yes", "no"), ok.text
+    assert scheduler_stats(server.base_url)["num_faults"] == faults
+    assert " ERROR " not in server.log(), server.log()[-3000:]
+
+    xgr = pytest.importorskip("xgrammar")  # the reference: no byte and no end can start an output
+    info = xgr.TokenizerInfo([bytes([b]) for b in range(256)] + [b"</s>"], xgr.VocabType.RAW, stop_token_ids=[256])
+    compiler = xgr.GrammarCompiler(info)
+    grammar = {"ebnf": compiler.compile_grammar, "regex": compiler.compile_regex,
+               "json_schema": compiler.compile_json_schema}[kind](text)
+    matcher = xgr.GrammarMatcher(grammar)
+    assert not any(matcher.accept_string(bytes([b]).decode("latin-1")) for b in range(128))
+    assert not matcher.is_terminated() and not matcher.accept_token(256)

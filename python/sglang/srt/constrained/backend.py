@@ -22,6 +22,7 @@ import torch
 
 from sglang.srt.constrained.backend_table import NO_BACKEND, engine_class, grammar_backend_refusal
 from sglang.srt.constrained.bitmask_fill import BitmaskFiller
+from sglang.srt.constrained.empty_language import EmptyGrammarError, admits_nothing_from_start
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
 from sglang.srt.constrained.request_grammar import RequestGrammar
@@ -60,7 +61,11 @@ class GrammarBackend:
     def _timed_compile(self, kind: str, text: str):
         start = time.perf_counter()
         try:
-            return self._get_engine().compile(kind, text)
+            engine = self._get_engine()
+            compiled = engine.compile(kind, text)
+            if admits_nothing_from_start(engine.matcher(compiled), self.vocab_size, self.stop_token_ids):  # sampling would have no token
+                raise EmptyGrammarError()
+            return compiled
         finally:
             self.compile_times.observe(time.perf_counter() - start)
 

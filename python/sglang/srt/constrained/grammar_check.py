@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from sglang.srt.constrained.backend_table import NO_BACKEND, WORKING_BACKENDS, engine_class
+from sglang.srt.constrained.empty_language import EMPTY_LANGUAGE_ALLOWED, EmptyGrammarError, admits_nothing_bytewise
 from sglang.srt.function_call.grammar_errors import clean_grammar_error
 from sglang.srt.sampling.validation import ParamError
 
-__all__ = ["NO_BACKEND", "check_request_grammar", "invalid_grammar_error", "parse_grammar", "xgrammar_message"]
+__all__ = ["NO_BACKEND", "EmptyGrammarError", "check_request_grammar", "grammar_refusal", "invalid_grammar_error", "parse_grammar",
+           "xgrammar_message"]
 
 
 def xgrammar_message(err: BaseException) -> str:
@@ -20,12 +22,26 @@ def xgrammar_message(err: BaseException) -> str:
 
 
 def parse_grammar(kind: str, text: str, backend: str = "xgrammar"):
-    """The backend's parse of (kind, text); raises its error (RuntimeError / ValueError) if it does not parse."""
-    return engine_class(backend).check(kind, text)
+    """The backend's parse of (kind, text); raises its error (RuntimeError / ValueError) if it does not parse, and
+    EmptyGrammarError if xgrammar's grammar matches no string (empty_language.py; llguidance's grammars are
+    checked after their compile instead)."""
+    parsed = engine_class(backend).check(kind, text)
+    if backend == "xgrammar" and admits_nothing_bytewise(kind, text):
+        raise EmptyGrammarError()
+    return parsed
+
+
+def grammar_refusal(err: BaseException, backend: str = "xgrammar") -> str:
+    """Why a grammar is refused, as the reason of a ParamError."""
+    if isinstance(err, EmptyGrammarError):
+        return str(err)
+    return f"{backend} could not compile it: {clean_grammar_error(err)}"
 
 
 def invalid_grammar_error(kind: str, text: str, err: BaseException, backend: str = "xgrammar") -> ParamError:
-    return ParamError(kind, f"{backend} could not compile it: {clean_grammar_error(err)}", text,
+    if isinstance(err, EmptyGrammarError):
+        return ParamError(kind, str(err), text, EMPTY_LANGUAGE_ALLOWED)
+    return ParamError(kind, grammar_refusal(err, backend), text,
                       f"a valid {'JSON schema (as a JSON string)' if kind == 'json_schema' else kind}"
                       + (" (a Lark grammar, or GBNF that llguidance can translate)"
                          if kind == "ebnf" and backend == "llguidance" else ""))

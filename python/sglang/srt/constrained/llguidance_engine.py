@@ -62,6 +62,11 @@ class LLGuidanceMatcher:
     def is_terminated(self) -> bool:
         return self._terminated
 
+    def accepting(self) -> bool:
+        """Whether the output may end here. llguidance allows the stop token also where the grammar cannot go on
+        at all (an empty language), so an allowed stop token alone does not say this."""
+        return self._m.is_accepting()
+
     def error(self) -> Optional[str]:
         return self._m.get_error() if self._m.is_error() else None
 

@@ -74,6 +74,7 @@ class GrammarGate:
         self.queues.waiting.extend(ready)
         for req, message in failed:
             req.abort(message, status_code=INVALID_GRAMMAR_STATUS)
+            req.finished_reason["param"] = req.sampling_params.grammar[0]  # the client's 400 names the field
             self.sink.finish(req)
 
     def fill_ahead(self, reqs: Any) -> None:

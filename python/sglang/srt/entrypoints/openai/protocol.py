@@ -32,10 +32,13 @@ CacheSalt = Annotated[str, v.CACHE_SALT.field(...)]
 
 def check_response_format_schema(schema_text: str) -> None:
     """response_format's schema must be one xgrammar accepts (its parser; the vocabulary compile comes later)."""
-    from sglang.srt.constrained.grammar_check import parse_grammar, xgrammar_message
+    from sglang.srt.constrained.grammar_check import EmptyGrammarError, parse_grammar, xgrammar_message
 
     try:
         parse_grammar("json_schema", schema_text)
+    except EmptyGrammarError as e:
+        raise v.ParamError("response_format", f"json_schema.schema: {e}", schema_text,
+                           "a JSON schema that at least one JSON value matches") from None
     except (RuntimeError, ValueError, TypeError) as e:
         raise v.ParamError("response_format", f"xgrammar could not compile json_schema.schema: {xgrammar_message(e)}",
                            schema_text, "a JSON schema xgrammar can compile") from None

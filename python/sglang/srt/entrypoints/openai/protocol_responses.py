@@ -216,13 +216,13 @@ class ResponsesRequest(OpenAIModel):
         v.check_top_k(self.top_k)
         schema = self.format_json_schema()
         if schema is not None:
-            from sglang.srt.constrained.grammar_check import parse_grammar, xgrammar_message
+            from sglang.srt.constrained.grammar_check import grammar_refusal, parse_grammar
 
             try:
                 parse_grammar("json_schema", schema)
             except (RuntimeError, ValueError, TypeError) as e:
-                raise v.ParamError("text.format.schema", f"xgrammar could not compile it: {xgrammar_message(e)}",
-                                   self.text.format.schema_, "a JSON schema xgrammar can compile") from None
+                raise v.ParamError("text.format.schema", grammar_refusal(e), self.text.format.schema_,
+                                   "a JSON schema xgrammar can compile, that at least one JSON value matches") from None
         return self
 
     def format_json_schema(self) -> Optional[str]:

@@ -1,0 +1,91 @@
+"""Grammars that match no string at all (`root ::= root`, the regex `[^\\s\\S]`, a JSON schema whose $ref only
+refers to itself): refused as the client's error, before any token is sampled under them.
+
+The test is the grammar matcher's own, from its start state: if no token can begin an output and the output may
+not end there either (no stop token allowed), then no string is in the grammar's language -- a matcher accepts
+every prefix of a matching string, the empty one included. It runs twice:
+
+    at the edge      admits_nothing_bytewise: against a vocabulary of the 256 single bytes and one stop token, so the
+                     answer holds for every tokenizer (each output is some byte string); ~1 ms, no tokenizer
+    after a compile  admits_nothing_from_start: the compiled grammar's matcher against the served vocabulary -- what
+                     sampling would mask with; covers the llguidance backend (whose Lark grammars xgrammar cannot
+                     read at the edge) and a tokenizer that cannot spell what the grammar wants
+
+It does not see a grammar that can start but never finish (`root ::= "a" root`): generation then runs to its token
+limit (finish_reason "length"), as for any grammar longer than max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import torch
+
+from sglang.srt.mem_plan.sizes import grammar_bitmask_words
+
+EMPTY_LANGUAGE_REASON = (
+    "it matches no string at all: no character can begin an output and an empty output is not allowed either "
+    "(e.g. a rule that only refers to itself, like root ::= root; a $ref cycle with no other choice; an empty "
+    "character class like [^\\s\\S])")
+EMPTY_LANGUAGE_ALLOWED = "a grammar that at least one string matches"
+
+_BYTE_VOCAB_SIZE = 257  # the 256 bytes, then the stop token
+
+
+class EmptyGrammarError(ValueError):
+    """The grammar's language is empty (str: EMPTY_LANGUAGE_REASON)."""
+
+    def __init__(self) -> None:
+        super().__init__(EMPTY_LANGUAGE_REASON)
+
+
+def _allowed_tokens(matcher: Any, vocab_size: int) -> torch.Tensor:
+    row = torch.zeros((1, grammar_bitmask_words(vocab_size)), dtype=torch.int32)
+    matcher.fill_next_token_bitmask(row, 0)
+    bits = (row[0].unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1  # bit t % 32 of word t // 32
+    return torch.nonzero(bits.reshape(-1)[:vocab_size]).flatten()
+
+
+def admits_nothing_from_start(matcher: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> bool:
+    """True when a fresh matcher (xgrammar's, or llguidance_engine.LLGuidanceMatcher) allows no token in its first
+    position, or (llguidance, which then allows the stop token while not accepting) only a stop token where the
+    output may not end."""
+    allowed = set(_allowed_tokens(matcher, vocab_size).tolist())
+    if not allowed:
+        return True
+    accepting = getattr(matcher, "accepting", None)
+    return callable(accepting) and allowed <= set(stop_token_ids) and not accepting()
+
+
+class _ByteCompiler:
+    """An xgrammar compiler over the 256 single-byte tokens + one stop token, built on first use."""
+
+    _lock = threading.Lock()
+    _compiler: Optional[Any] = None
+
+    @classmethod
+    def compile(cls, kind: str, text: str) -> Any:
+        import xgrammar as xgr
+
+        with cls._lock:  # one compile at a time: the compiler is shared by the edge's worker threads
+            if cls._compiler is None:
+                vocab = [bytes([b]) for b in range(256)] + [b"<stop>"]
+                info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[256])
+                cls._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            c = cls._compiler
+            if kind == "json_schema":
+                return c.compile_json_schema(text, any_whitespace=False)
+            if kind == "regex":
+                return c.compile_regex(text)
+            if kind == "ebnf":
+                return c.compile_grammar(text)
+            raise ValueError(f"unknown grammar kind {kind!r}")
+
+
+def admits_nothing_bytewise(kind: str, text: str) -> bool:
+    """True when no byte string matches the (xgrammar-parsable) grammar; raises the backend's error if it does not
+    compile."""
+    import xgrammar as xgr
+
+    return len(_allowed_tokens(xgr.GrammarMatcher(_ByteCompiler.compile(kind, text)), _BYTE_VOCAB_SIZE)) == 0
