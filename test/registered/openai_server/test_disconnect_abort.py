@@ -76,5 +76,36 @@ def test_abort_request_endpoint(base_url, headers):
     assert integrity == "ok" and stats["num_used_tokens"] == 0
 
 
+def request_counters(base_url, headers):
+    """(sglang:num_requests_total, sglang:num_aborted_requests_total), parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{base_url}/metrics", headers=headers, timeout=30).text
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return values["sglang:num_requests_total"], values["sglang:num_aborted_requests_total"]
+
+
+def test_disconnects_are_counted_as_aborted_requests(base_url, headers):
+    """Clients that close their stream after the first chunk (chat, completions, /generate) count once each in
+    upstream's sglang:num_aborted_requests_total and sglang:num_requests_total; a request that completes counts
+    in the total only."""
+    total0, aborted0 = request_counters(base_url, headers)
+    routes = [("/v1/chat/completions", {**LONG, "stream": True}),
+              ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "stream": True}),
+              ("/generate", {"text": "Once upon a time", "stream": True,
+                             "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}})]
+    with httpx.Client(timeout=60) as http:
+        for path, body in routes * 2:
+            with http.stream("POST", f"{base_url}{path}", json=body, headers=headers) as r:
+                assert r.status_code == 200
+                next(line for line in r.iter_lines() if line.startswith("data: "))
+    wait_idle(base_url, headers)
+    done = requests.post(f"{base_url}/generate", headers=headers, timeout=60,
+                         json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert done.status_code == 200
+    total, aborted = request_counters(base_url, headers)
+    assert (total - total0, aborted - aborted0) == (2 * len(routes) + 1, 2 * len(routes))
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))

@@ -22,6 +22,8 @@ class ReqState:
     created_time: float = field(default_factory=time.perf_counter)
     last_time: float = 0.0
     num_output_tokens: int = 0
+    metered: bool = True  # counted in the metrics (health probes are not)
+    counted: bool = False  # its finish is in the metrics (once: a finish output, or its client leaving first)
 
 
 def merge_outputs(outs: List[ReqOutput]) -> ReqOutput:

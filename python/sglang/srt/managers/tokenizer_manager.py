@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_INTERVAL_S = 1.0  # non-streaming requests check for a vanished client this often
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 RPC_TIMEOUT_S = 60.0
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK_"
 
 
 class TokenizerManager:
@@ -216,7 +217,7 @@ class TokenizerManager:
         stream = req.stream if stream is None else stream
         if req.rid in self.rid_to_state:
             raise RequestError(400, f"Duplicate request id {req.rid!r}.", param="rid")
-        state = ReqState()
+        state = ReqState(metered=not req.rid.startswith(HEALTH_CHECK_RID_PREFIX))  # as upstream: probes uncounted
         state.last_time = state.created_time
         self.rid_to_state[req.rid] = state
         if self.server_args.log_requests:
@@ -242,7 +243,7 @@ class TokenizerManager:
                 last = outs[-1]
                 if last.finished and last.finish_reason and last.finish_reason.get("status_code"):
                     fr = last.finish_reason
-                    raise RequestError(fr["status_code"], fr.get("message", "Request failed."))
+                    raise RequestError(fr["status_code"], fr.get("message", "Request failed."), param=fr.get("param"))
                 if stream:
                     yield merge_outputs(outs)
                 else:
@@ -256,6 +257,8 @@ class TokenizerManager:
             self.rid_to_state.pop(req.rid, None)
             if not state.finished:
                 self.abort_request(req.rid)
+                if self.metrics is not None and state.metered:
+                    self.metrics.observe_abandoned(state, len(req.input_ids), time.perf_counter())
 
     async def generate_many(
         self, reqs: List[TokenizedGenerateReqInput], request: Any = None
@@ -326,7 +329,7 @@ class TokenizerManager:
         """True when the scheduler produces a token (or any output) within HEALTH_GENERATE_TIMEOUT_S."""
         start = time.perf_counter()
         req = TokenizedGenerateReqInput(
-            rid=f"HEALTH_CHECK_{new_rid()}",
+            rid=f"{HEALTH_CHECK_RID_PREFIX}{new_rid()}",
             input_text=None, input_ids=[0],
             sampling_params=SamplingParams.from_dict({"max_new_tokens": 1, "temperature": 0.0}),
             is_embedding=self.server_args.is_embedding,
@@ -369,15 +372,8 @@ class TokenizerManager:
             state = self.rid_to_state.get(out.rid)
             if state is None:
                 continue  # aborted by its client; the scheduler's abort confirmation lands here
-            if self.metrics is not None:
-                n = len(out.new_token_ids)
-                self.metrics.observe_tokens(n, is_first=state.num_output_tokens == 0, since_last_s=now - state.last_time)
-                if n:
-                    state.last_time = now
-                    state.num_output_tokens += n
-                if out.finished:
-                    aborted = (out.finish_reason or {}).get("type") == "abort"
-                    self.metrics.observe_finished(out.prompt_tokens, out.cached_tokens, now - state.created_time, aborted)
+            if self.metrics is not None and state.metered:
+                self.metrics.observe_output(state, out, now)
             state.pending.append(out)
             state.event.set()
 

@@ -7,7 +7,7 @@ its own CollectorRegistry, so several servers (or tests) in one process never cl
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -66,6 +66,25 @@ class TokenizerMetricsCollector:
             since_last_s = 0.0
         for _ in range(num_new_tokens):
             self.inter_token_latency.observe(since_last_s / max(num_new_tokens, 1))
+
+    def observe_output(self, state: Any, out: Any, now: float) -> None:
+        """One ReqOutput delta of a request still awaited (state: req_state.ReqState; out: io_struct.ReqOutput)."""
+        n = len(out.new_token_ids)
+        self.observe_tokens(n, is_first=state.num_output_tokens == 0, since_last_s=now - state.last_time)
+        if n:
+            state.last_time = now
+            state.num_output_tokens += n
+        if out.finished:
+            aborted = (out.finish_reason or {}).get("type") == "abort"
+            self.observe_finished(out.prompt_tokens, out.cached_tokens, now - state.created_time, aborted)
+            state.counted = True
+
+    def observe_abandoned(self, state: Any, prompt_tokens: int, now: float) -> None:
+        """A request its client left before it finished (a disconnect, a cancelled task): aborted here, so the
+        scheduler's abort confirmation finds no state to report to -- counted now, once."""
+        if not state.counted:
+            self.observe_finished(prompt_tokens, 0, now - state.created_time, aborted=True)
+            state.counted = True
 
     def observe_finished(self, prompt_tokens: int, cached_tokens: int, e2e_s: float, aborted: bool) -> None:
         self.prompt_tokens.inc(prompt_tokens)
