@@ -44,7 +44,7 @@ def follower_loop(runner) -> None:
         if num_forwards == fault_at:
             raise RuntimeError(f"injected fault ({FAULT_ENV}) in forward {num_forwards}")
         fb = unpack_forward_batch(payload, runner.req_to_token_pool.req_to_token,
-                                  getattr(runner.token_to_kv_pool, "window", None))
+                                  getattr(getattr(runner, "token_to_kv_pool", None), "window", None))
         runner.forward_local(fb)
 
 
