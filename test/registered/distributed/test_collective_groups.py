@@ -192,7 +192,7 @@ class TestTensorCollectives(CollectiveGroupCase):
 
 
 def pool(r2t: torch.Tensor) -> SimpleNamespace:
-    return SimpleNamespace(req_to_token=r2t, req_to_token_host=r2t)  # a CPU pool: the host table is the table
+    return SimpleNamespace(req_to_token=r2t, req_to_token_host=r2t, window=None)  # a CPU pool: the host table is the table; no KV window
 
 
 def decode_batch() -> ForwardBatch:
