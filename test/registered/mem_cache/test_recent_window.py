@@ -18,6 +18,7 @@ sizes 1 and 16:
 """
 
 import unittest
+from unittest import mock
 from types import SimpleNamespace
 
 import torch
@@ -164,6 +165,25 @@ class TestRecentWindow(unittest.TestCase):
             h.r2t.free(a)
             self.assertEqual(h.r2t.alloc(), a)
             self.assertTrue(bool((h.pool.window.loc[a] == -1).all()))
+
+    def test_gather_path_reads_the_tail_once_a_forward(self):
+        """torch_native's gather path (a GPU, or a CPU without the kernels) reads the ring bookkeeping to the host
+        once in init_forward_metadata, not in every layer (each read is a host sync on a GPU)."""
+        h = Harness(1, kernel=False)
+        a = h.h.new_request()
+        h.step([a], [W + S + 4])
+        fb = h.h.batch([a], [3])  # an extend over a cached prefix whose newest and first tokens are in the ring
+        n = 3
+        q, k, v = (torch.randn(n, hh, D) for hh in (H, KV, KV))
+        fb.attn_backend = h.backend
+        reads, real = [], torch.Tensor.tolist
+        with mock.patch.object(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t)):
+            h.backend.init_forward_metadata(fb)
+            at_init = len(reads)
+            for _ in range(4):  # four layers' attention (the one layer, four times)
+                h.backend.forward(q, k, v, h.layer, fb)
+        self.assertEqual(h.backend.forward_metadata.tail_host[0], [W])  # the ring was read
+        self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
 
     def test_plan_charges_the_ring(self):
         slots = 5
