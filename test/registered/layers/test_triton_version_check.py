@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from sglang.srt.layers.attention.triton_ops.jit_mode import MIN_TRITON_TEXT, triton_version_problem
+from sglang.srt.layers.attention.triton_ops.jit_mode import (MIN_TRITON_INTERPRETER_TEXT, MIN_TRITON_TEXT,
+                                                              triton_interpreter_problem, triton_version_problem)
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=3, suite="cpu")
@@ -24,11 +25,13 @@ class _Anything:
         return self
 
 
-@pytest.fixture
-def old_triton(monkeypatch):
-    """sys.modules holds a triton 3.3.1 without knobs and none of the kernel modules (both restored after)."""
+def _put_triton(monkeypatch, version: str, interpret=None):
+    """sys.modules holds a triton of `version` (with `knobs` when interpret is not None) and none of the kernel
+    modules (all restored after)."""
     fake = types.ModuleType("triton")
-    fake.__version__ = OLD
+    fake.__version__ = version
+    if interpret is not None:
+        fake.knobs = types.SimpleNamespace(runtime=types.SimpleNamespace(interpret=interpret))
     fake.__spec__ = importlib.machinery.ModuleSpec("triton", None)
     fake.language = types.ModuleType("triton.language")
     fake.language.__getattr__ = lambda name: _Anything()  # tl.constexpr, tl.float32, ...: present in 3.1-3.3 too
@@ -38,6 +41,11 @@ def old_triton(monkeypatch):
     for name in [n for n in sys.modules if n.startswith(KERNEL_PACKAGES)]:
         monkeypatch.delitem(sys.modules, name)
     return fake
+
+
+@pytest.fixture
+def old_triton(monkeypatch):
+    return _put_triton(monkeypatch, OLD)
 
 
 def _names_both_versions(text: str) -> None:
@@ -82,7 +90,28 @@ def test_the_backend_reports_it_at_startup_and_nothing_swallows_it(old_triton):
         _names_both_versions(problem)
 
 
+@pytest.mark.parametrize("interpret", [True, False])
+def test_an_interpreter_too_old_for_numpy_is_refused_where_it_would_run(monkeypatch, interpret):
+    """triton 3.4-3.6 compile the kernels for a GPU, but their interpreter fails on NumPy 2.4 (jit_mode.py)."""
+    assert MIN_TRITON_INTERPRETER_TEXT == "3.7"
+    assert triton_interpreter_problem("3.7.0") is None and "triton 3.6.0 is installed" in triton_interpreter_problem(
+        "3.6.0")
+    _put_triton(monkeypatch, "3.5.0", interpret=interpret)
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, triton_interpreter_enabled
+    from sglang.srt.layers.attention.triton_ops import jit_mode
+
+    if not interpret:  # the GPU's compiled path: accepted
+        assert not jit_mode.interpreted() and not triton_interpreter_enabled()
+        assert TritonAttnBackend.startup_problem("cuda") is None
+        return
+    with pytest.raises(ImportError, match="triton 3.5.0 is installed.*TRITON_INTERPRET=1.*triton >= 3.7"):
+        jit_mode.interpreted()
+    problem = TritonAttnBackend.startup_problem("cpu")
+    assert "triton 3.5.0 is installed" in problem and "triton >= 3.7" in problem, problem
+
+
 def test_the_installed_triton_passes():
     import triton
 
     assert triton_version_problem(triton.__version__) is None  # the CPU suite's own triton (the cpu extra's pin)
+    assert triton_interpreter_problem(triton.__version__) is None

@@ -2,8 +2,11 @@
 check of the installed triton's version, which every kernel module passes through at import (it imports this first).
 
 MIN_TRITON_VERSION is the oldest triton these kernels run on: `triton.knobs` (where the interpreter switch is read
-at each launch) arrived in 3.4. python/pyproject.toml's cpu and cuda extras require the same version; the rocm extra
-cannot name triton (pytorch-triton-rocm provides the module under another name), so there this check is the guard.
+at each launch) arrived in 3.4. Under the CPU interpreter they need MIN_TRITON_INTERPRETER_VERSION: before 3.7 the
+interpreter makes a loop bound a Python int by int() of a one-element array, which NumPy 2.4 refuses (every kernel
+here loops over KV or K blocks; seen with triton 3.4 and 3.5 and the suite's NumPy 2.4). python/pyproject.toml's
+cuda extra requires the first, its cpu extra (the interpreter's) the second; the rocm extra cannot name triton
+(pytorch-triton-rocm provides the module under another name), so there this check is the guard.
 """
 
 from __future__ import annotations
@@ -17,14 +20,30 @@ import triton
 
 MIN_TRITON_VERSION: Tuple[int, int] = (3, 4)
 MIN_TRITON_TEXT = ".".join(map(str, MIN_TRITON_VERSION))
+MIN_TRITON_INTERPRETER_VERSION: Tuple[int, int] = (3, 7)
+MIN_TRITON_INTERPRETER_TEXT = ".".join(map(str, MIN_TRITON_INTERPRETER_VERSION))
+
+
+def _at_least(version: str, minimum: Tuple[int, int]) -> bool:
+    """Local and pre-release tails (3.4.0+git1234, 3.5.0rc1) count as their release."""
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= minimum
+
+
+def triton_interpreter_problem(version: str) -> Optional[str]:
+    """Why a triton of this `__version__` cannot run the kernels under TRITON_INTERPRET=1 (module docstring), or
+    None."""
+    if _at_least(version, MIN_TRITON_INTERPRETER_VERSION):
+        return None
+    return (f"triton {version} is installed, and the project's Triton kernels under TRITON_INTERPRET=1 (the CPU "
+            f"interpreter) need triton >= {MIN_TRITON_INTERPRETER_TEXT} (older interpreters fail on NumPy >= 2.4): "
+            f"pip install \"triton>={MIN_TRITON_INTERPRETER_TEXT}\".")
 
 
 def triton_version_problem(version: str) -> Optional[str]:
     """Why a triton of this `__version__` cannot run the project's kernels (naming the version found and the one
-    needed, and what to install), or None. Local and pre-release tails (3.4.0+git1234, 3.5.0rc1) count as their
-    release."""
-    m = re.match(r"(\d+)\.(\d+)", str(version))
-    if m and (int(m.group(1)), int(m.group(2))) >= MIN_TRITON_VERSION:
+    needed, and what to install), or None."""
+    if _at_least(version, MIN_TRITON_VERSION):
         return None
     return (f"triton {version} is installed, and the project's Triton kernels (--attention-backend triton, the "
             f"fused MoE experts on a GPU) need triton >= {MIN_TRITON_TEXT} (triton.knobs). Install one with its "
@@ -33,15 +52,22 @@ def triton_version_problem(version: str) -> Optional[str]:
             "torch_native.")
 
 
-_PROBLEM = triton_version_problem(getattr(triton, "__version__", "(no __version__)"))
+_VERSION = getattr(triton, "__version__", "(no __version__)")
+_PROBLEM = triton_version_problem(_VERSION)
 if _PROBLEM is not None:
     raise ImportError(_PROBLEM)
+_INTERPRETER_PROBLEM = triton_interpreter_problem(_VERSION)
 
 from triton import knobs  # noqa: E402 (after the version check: an older triton has none)
 
 
 def interpreted() -> bool:
-    return bool(knobs.runtime.interpret)
+    """Whether launches run in the CPU interpreter; ImportError naming the versions when they would, on a triton
+    whose interpreter cannot run the kernels (asked at every launch and by the backend's startup check)."""
+    on = bool(knobs.runtime.interpret)
+    if on and _INTERPRETER_PROBLEM is not None:
+        raise ImportError(_INTERPRETER_PROBLEM)
+    return on
 
 
 class lazy_jit:  # noqa: N801 (used as a decorator, like triton.jit)
