@@ -24,8 +24,8 @@ Per (token, KV head), head dim d (keys) and dv (values); bytes for d = dv = 64 i
                     one log-scale byte per vector (2^(1/12) steps, +-2.9%)                      [31 B, 8.26x]
 
 Per token, every byte the pool holds is above. Each request slot also keeps its last W tokens in bf16
-(RECENT_WINDOW_TOKENS: int4 and int2_hadamard 16, fp8_e4m3 48, fp8_e5m2 56; a ring per slot, the kv_window term,
-charged per slot not per token; the default model at W = 16: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot):
+(RECENT_WINDOW_TOKENS: int4 and int2_hadamard 16, fp8_e4m3 48, fp8_e5m2 56; a ring per running request, the kv_window term
+(kv_window.py: rows for 1% of the budget); the default model at W = 16: 16 x (30 x 3 x 256 B + 8 B) = 368,768 B a slot):
 attention reads a request's newest cached tokens there. The same ring also keeps the request's first SINK_TOKENS
 tokens (4: attention sinks, the keys most queries weigh, so their error counts most; 4 x 30 x 3 x 256 B + 32 B =
 92,192 B a slot on the default model), read in place of their codes. fp8's window exists where the backend reads rings (RING_BACKENDS: not
@@ -53,7 +53,7 @@ KV_QUALITY_FLAGS = {  # benchmark/bench_kv_quality.py, default model in fp32 vs 
 INT4_BITS, INT2_KEY_BITS, TRITS_PER_BYTE = 4, 2, 5
 # recent window: each request slot keeps the K/V of its last RECENT_WINDOW_TOKENS[fmt] tokens in bf16 as well as their
 # codes, and attention reads those tokens from there (the query weighs its nearest tokens most): a
-# per-slot ring, planned as the kv_window term (window_bytes_per_slot), not per token
+# ring per running request, planned as the kv_window term (window_bytes_per_slot a row; rows: kv_window.py)
 RECENT_WINDOW_TOKENS = {"fp8_e4m3": 48, "fp8_e5m2": 56, "int4": 16, "int2_hadamard": 16}
 # the backends whose kernels read a window's ring (the CPU kernel, the torch path, Triton). FlashInfer's paged kernel
 # reads the pool's fp8 codes only, so with it fp8 keeps no window: none is planned or allocated (recent_window)
@@ -233,7 +233,7 @@ def _help() -> str:
             "docs/kv_quantization.md): fp8_e4m3 / fp8_e5m2 with per-(layer, KV head) scales calibrated at startup, "
             "int8 per token (keys rotated), int4 per token asymmetric (rotated), int2_hadamard (int4 and int2_hadamard "
             "also keep each request slot's last 16 tokens and its first 4 in bf16, fp8 its last 48 (e5m2: 56) and "
-            "first 4 except on flashinfer, planned per slot); bf16 tokens per byte x "
+            "first 4 except on flashinfer, rings for running requests within 1% of the budget); bf16 tokens per byte x "
             f"(head dim 64): {gains}. int formats need --attention-backend torch_native or triton."
             + (f" Quality gate on the default model: {flags}." if flags else ""))
 
