@@ -18,11 +18,33 @@ from typing import Any, Optional
 
 import numpy as np
 
-from sglang.srt.multimodal.image_loader import media_bytes
+from sglang.srt.multimodal.image_loader import decode_error_words, media_bytes
 
 # OpenAI's input_audio "format" values (and common aliases) this loader decodes; libsndfile sniffs the container
-# itself, so the format is only checked for being an audio format at all.
+# itself, so the declared format is checked against the data's magic bytes (container_of) instead.
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "oga", "opus", "aiff", "aif", "au", "webm")
+# the container each format value names
+_CONTAINER_OF_FORMAT = {"wav": "wav", "mp3": "mp3", "flac": "flac", "ogg": "ogg", "oga": "ogg", "opus": "ogg",
+                        "aiff": "aiff", "aif": "aiff", "au": "au", "webm": "webm"}
+
+
+def container_of(data: bytes) -> Optional[str]:
+    """The audio container the bytes start with, by its magic bytes (None: not one of AUDIO_FORMATS')."""
+    if data[:4] in (b"RIFF", b"RF64") and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "ogg"
+    if data[:4] == b"FORM" and data[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
+    if data[:4] == b".snd":
+        return "au"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):  # tag or frame sync
+        return "mp3"
+    return None
 
 
 def _input_audio_bytes(item: dict) -> bytes:
@@ -32,7 +54,13 @@ def _input_audio_bytes(item: dict) -> bytes:
     data = item.get("data")
     if not isinstance(data, str):
         raise ValueError("input_audio.data must be a base64 string of the audio file.")
-    return media_bytes(data, None, "audio")  # base64 only: input_audio carries no URLs or paths
+    raw = media_bytes(data, None, "audio")  # base64 only: input_audio carries no URLs or paths
+    found = container_of(raw) if fmt is not None else None
+    want = _CONTAINER_OF_FORMAT[str(fmt).lower()] if fmt is not None else None
+    if found is not None and found != want:  # unrecognised bytes are the decoder's 400
+        raise ValueError(f"input_audio.format is {fmt!r} but input_audio.data is a {found} file; set "
+                         f"input_audio.format to {found!r} or send {want} data.")
+    return raw
 
 
 def audio_bytes(item: Any, allowed_local_media_path: Optional[str]) -> bytes:
@@ -68,7 +96,7 @@ def decode_audio(data: bytes) -> tuple:
     try:
         samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise ValueError(f"The audio data could not be decoded as audio ({type(e).__name__}: {e}).") from e
+        raise ValueError(f"The audio data could not be decoded as audio ({decode_error_words(e)}).") from e
     return samples, int(rate)
 
 
@@ -79,7 +107,7 @@ def audio_info_seconds(data: bytes) -> Optional[float]:
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise ValueError(f"The audio data could not be decoded as audio ({type(e).__name__}: {e}).") from e
+        raise ValueError(f"The audio data could not be decoded as audio ({decode_error_words(e)}).") from e
     return info.frames / info.samplerate if info.frames > 0 and info.samplerate > 0 else None
 
 

@@ -117,6 +117,14 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+def resized_frame(img: Image.Image, cfg: QwenVLPixelConfig) -> Image.Image:
+    """A frame at its smart_resize size (what normalized_frame would resize it to; smart_resize of that size is
+    itself, so preprocess_frames leaves it as is): lets a video loader shrink each frame as it is decoded."""
+    w, h = img.size
+    rh, rw = smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    return img if (rw, rh) == (w, h) else img.resize((rw, rh), resample=cfg.resample)
+
+
 def normalized_frame(img: Image.Image, size_hw: Tuple[int, int], cfg: QwenVLPixelConfig) -> np.ndarray:
     """RGB PIL frame -> float32 [C, h, w], resized to size_hw, rescaled and normalised."""
     h, w = size_hw

@@ -17,7 +17,13 @@ from sglang.srt.multimodal.image_loader import load_image
 from sglang.srt.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, content_hash, pad_ids
 from sglang.srt.multimodal.mrope_positions import mrope_positions
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor, as_list, item_limits_of
-from sglang.srt.multimodal.qwen_vl_image import largest_grid, load_pixel_configs, num_tokens_of, preprocess_frames
+from sglang.srt.multimodal.qwen_vl_image import (
+    largest_grid,
+    load_pixel_configs,
+    num_tokens_of,
+    preprocess_frames,
+    resized_frame,
+)
 from sglang.srt.multimodal.video_loader import load_video
 
 
@@ -91,7 +97,7 @@ class Qwen2_5_VLProcessor(BaseMultimodalProcessor):
     def _video_item(self, data: Any) -> MultimodalDataItem:
         cfg = self.video_cfg
         video = load_video(data, self.allowed_local_media_path, cfg.fps, cfg.min_frames, self.max_video_frames,
-                           cfg.temporal_patch_size)
+                           cfg.temporal_patch_size, fit=lambda frame: resized_frame(frame, cfg))
         patches, grid = preprocess_frames(video.frames, cfg, repeat_to_temporal_patch=False)
         second_per_grid_t = cfg.temporal_patch_size / video.sampled_fps
         meta = {"grid_thw": grid, "second_per_grid_t": second_per_grid_t, "num_frames": len(video.frames)}
