@@ -15,6 +15,8 @@ from typing import Any, List, Optional
 from sglang.srt.constrained.grammar_check import check_request_grammar
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, new_rid
 from sglang.srt.managers.request_error import RequestError
+from sglang.srt.multimodal.memory_release import MEDIA_MEMORY
+from sglang.srt.multimodal.processors.base_processor import as_list
 from sglang.srt.sampling.custom_logit_processor import check_loadable
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -105,11 +107,14 @@ class RequestTokenizer:
             input_ids = self.encode(text, add_special_tokens=add_special_tokens, param=prompt_param)
         else:
             self.check_token_ids(input_ids, param=prompt_param)
+        if self.mm_processor is not None:
+            self.check_placeholders(input_ids, image_data, video_data, audio_data, prompt_param)
         mm_inputs = None
         if sent:  # image / video / audio decoding and preprocessing: on this (pool) thread too
             try:
                 extra = {"audio_data": audio_data} if audio_data else {}
-                mm_inputs = self.mm_processor.process(input_ids, image_data, video_data, **extra)
+                with MEDIA_MEMORY.job():  # its buffers go back to the OS after a burst (memory_release.py)
+                    mm_inputs = self.mm_processor.process(input_ids, image_data, video_data, **extra)
             except ValueError as e:
                 raise RequestError(400, str(e), param=mm_param) from e
             input_ids = mm_inputs.input_ids
@@ -170,6 +175,22 @@ class RequestTokenizer:
             mm_inputs=mm_inputs,
             custom_logit_processor=self.check_custom_logit_processor(custom_logit_processor),
         )
+
+    def check_placeholders(self, input_ids: List[int], image_data: Any, video_data: Any, audio_data: Any,
+                           param: str) -> None:
+        """A prompt's placeholder tokens for a modality with no items sent are refused, as a count mismatch with
+        items sent is: either way the prompt and the media disagree."""
+        counts = {m: len(as_list(d)) for m, d in (("image", image_data), ("video", video_data), ("audio", audio_data))}
+        stray = self.mm_processor.unmatched_placeholders(input_ids, counts)
+        if not stray:
+            return
+        modality, n = next(iter(stray.items()))
+        token = self.mm_processor.placeholder_ids()[modality]
+        name = self.tokenizer.convert_ids_to_tokens(token) if self.tokenizer is not None else f"token id {token}"
+        where = "message parts" if param == "messages" else f"{modality}_data"
+        raise RequestError(400, f"The {param} has {n} {modality} placeholder token(s) {name} but no {modality} was "
+                           f"sent; send one {modality} per placeholder in {where}, or remove the placeholders.",
+                           param=param)
 
     def check_custom_logit_processor(self, processor: Optional[str]) -> Optional[str]:
         """A client-sent processor only with --enable-custom-logit-processor, and only one that loads."""

@@ -55,6 +55,22 @@ class BaseMultimodalProcessor:
         return tokenizer.convert_ids_to_tokens(self.image_token_id) if modality == "image" else None
 
     # ---- shared ----
+    def placeholder_ids(self) -> Dict[str, int]:
+        """{modality: the prompt token each item of that modality takes} for the modalities this model accepts."""
+        ids = {m: getattr(self, f"{m}_token_id", None) for m in self.supported_modalities}
+        return {m: int(t) for m, t in ids.items() if t is not None and t >= 0}
+
+    def unmatched_placeholders(self, input_ids: List[int], counts: Dict[str, int]) -> Dict[str, int]:
+        """{modality: placeholder tokens in the prompt} for each modality that has such tokens but no items: the
+        model would read those tokens' embeddings as if they were an item's (a mismatch with items sent is the
+        processors' own 400)."""
+        found = {}
+        for modality, token in self.placeholder_ids().items():
+            n = input_ids.count(token) if not counts.get(modality) else 0
+            if n:
+                found[modality] = n
+        return found
+
     def check_counts(self, counts: Dict[str, int]) -> None:
         """Refuse modalities this model does not take, and more items than the limits allow (before decoding)."""
         for modality, n in counts.items():
