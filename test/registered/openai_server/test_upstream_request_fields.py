@@ -200,3 +200,30 @@ def test_context_overflow_uses_upstreams_words(client, model_name, base_url, hea
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=model_name, prompt=PROMPT, max_tokens=fits_alone)
     assert e.value.body["message"].startswith(head) and e.value.body["code"] == "context_length_exceeded"
+
+
+ROUTES_4 = [("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "temperature": 0}),
+            ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}),
+            ("/v1/responses", {"input": PROMPT, "max_output_tokens": 4, "temperature": 0}),
+            ("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})]
+
+
+@pytest.mark.parametrize("path, body", ROUTES_4, ids=[p for p, _ in ROUTES_4])
+def test_stream_null_and_priority_as_sglang_router_sends_them(base_url, headers, path, body):
+    """"stream": null is OpenAI's default (not streamed); upstream's "priority" is accepted and, as upstream without
+    --enable-priority-scheduling, changes nothing: the same JSON answer as the body without both."""
+    plain = post(base_url, headers, path, body)
+    routed = post(base_url, headers, path, {**body, "stream": None, "priority": 7})
+    assert plain.status_code == routed.status_code == 200, routed.text
+    assert routed.headers["content-type"].startswith("application/json")
+
+    def text(r):
+        j = r.json()
+        if "choices" in j:
+            c = j["choices"][0]
+            return c["message"]["content"] if "message" in c else c["text"]
+        return j["text"] if "text" in j and isinstance(j["text"], str) else j["output"][0]["content"][0]["text"]
+
+    assert text(routed) == text(plain)
+    bad = post(base_url, headers, path, {**body, "priority": "high"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority", bad.text

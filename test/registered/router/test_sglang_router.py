@@ -76,8 +76,9 @@ def test_router_discovers_both_servers(router, workers):
     listed = requests.get(f"{router}/workers", timeout=10).json()["workers"]
     assert sorted(w["url"] for w in listed) == sorted(w.base_url for w in workers)
     models = requests.get(f"{router}/v1/models", timeout=10).json()["data"]
-    model_path = requests.get(f"{workers[0].base_url}/model_info", timeout=10).json()["model_path"]
-    assert [m["id"] for m in models] == [model_path]
+    info = requests.get(f"{workers[0].base_url}/model_info", timeout=10).json()
+    assert [m["id"] for m in models] == [info["served_model_name"]]  # the server's name, not its cache path
+    assert info["served_model_name"] != info["model_path"]
 
 
 def test_64_requests_complete_and_both_servers_serve(router, workers):
@@ -113,6 +114,22 @@ def test_native_generate_and_streaming_through_the_router(router):
                                                  max_tokens=4, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert requests.post(f"{router}/flush_cache", timeout=60).status_code == 200
+
+
+def test_responses_api_through_the_router(router, workers):
+    """The router's Responses route re-serializes the body with "stream": null and "priority" set: both accepted,
+    streamed and not, with the same greedy text as the server answers directly."""
+    client = openai_client(router)
+    model = client.models.list().data[0].id
+    kw = dict(model=model, input="Name a colour.", max_output_tokens=6, temperature=0, store=False)
+    reply = client.responses.create(**kw)
+    assert reply.status in ("completed", "incomplete") and reply.output_text, reply
+    assert 1 <= reply.usage.output_tokens <= 6
+    direct = openai_client(workers[0].base_url).responses.create(**kw)
+    assert reply.output_text == direct.output_text
+    events = list(client.responses.create(**kw, stream=True))
+    assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == reply.output_text
 
 
 def test_a_field_we_cannot_honour_is_still_refused_through_the_router(router):

@@ -119,7 +119,9 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     async def server_info():
         info = await tm.get_server_info()
-        return json_response({**server_args.to_dict(), **info, "version": __version__})
+        # the name this server answers to (--served-model-name, else derived from the model): sglang-router lists it
+        return json_response({**server_args.to_dict(), **info, "served_model_name": tm.served_model_name,
+                              "version": __version__})
 
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from sglang.srt.entrypoints.openai.protocol_content import (  # noqa: F401 (re-exported: the request models' parts)
     AudioURL, AudioURLContentPart, ContentPart, ImageContentPart, ImageURL, InputAudio, InputAudioContentPart,
@@ -28,6 +28,16 @@ from sglang.srt.sampling.validation_errors import describe_validation_error
 
 Rid = Annotated[str, v.RID.field(..., pattern=v.RID_PATTERN)]
 CacheSalt = Annotated[str, v.CACHE_SALT.field(...)]
+# OpenAI documents `stream` as a boolean or null (the default, false); sglang-router sends null when unset
+StreamFlag = Annotated[Optional[bool], BeforeValidator(lambda value: False if value is None else value)]
+
+
+def priority_field() -> Any:
+    """Upstream's per-request scheduling priority. Upstream ignores it unless launched with
+    --enable-priority-scheduling (abort_on_priority_when_disabled is off by default); this server has no priority
+    scheduling, so it is accepted and ignored the same way (sglang-router sends it on every request)."""
+    return Field(None, description="Upstream's scheduling priority: accepted and ignored (requests run first come, "
+                                   "first served, as upstream's default without --enable-priority-scheduling).")
 
 
 def check_response_format_schema(schema_text: str) -> None:
@@ -105,7 +115,8 @@ class SamplingFields(OpenAIModel):
     n: int = v.N.field(1)
     seed: Optional[int] = v.SEED.field(None)
     stop: Optional[Union[StopStr, StopList]] = v.STOP.field(None)
-    stream: bool = v.FLAG.field(False)
+    stream: StreamFlag = v.FLAG.field(False)
+    priority: Optional[int] = priority_field()
     stream_options: Optional[StreamOptions] = None
     temperature: Optional[float] = v.TEMPERATURE.field(None)
     top_p: Optional[float] = v.TOP_P.field(None)
@@ -313,7 +324,8 @@ class GenerateRequest(OpenAIModel):
     input_ids: Optional[Union[List[TokenId], List[List[TokenId]]]] = None
     sampling_params: Optional[Union[SamplingParamsModel, List[SamplingParamsModel]]] = None
     rid: Optional[Union[Rid, List[Rid]]] = Field(None, description=v.RID.description)
-    stream: bool = v.FLAG.field(False)
+    stream: StreamFlag = v.FLAG.field(False)
+    priority: Optional[int] = priority_field()
     return_logprob: bool = v.FLAG.field(False)
     top_logprobs_num: int = v.TOP_LOGPROBS.field(0)
     logprob_start_len: int = v.LOGPROB_START_LEN.field(-1)

@@ -25,7 +25,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
-from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIModel, Rid, validate_request_body
+from sglang.srt.entrypoints.openai.protocol import (ChatCompletionRequest, OpenAIModel, Rid, StreamFlag, priority_field,
+                                                   validate_request_body)
 from sglang.srt.function_call.tool_types import FUNCTION_NAME_PATTERN
 from sglang.srt.sampling import validation as v
 from sglang.srt.sampling.sampling_params import StopList, StopStr, TokenId
@@ -176,7 +177,8 @@ class ResponsesRequest(OpenAIModel):
     tool_choice: Optional[Union[Literal["none", "auto", "required"], FunctionChoice]] = None
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
-    stream: bool = v.FLAG.field(False)
+    stream: StreamFlag = v.FLAG.field(False)
+    priority: Optional[int] = priority_field()
     stream_options: Optional[ResponsesStreamOptions] = None
     # accepted, no effect here
     metadata: Optional[Dict[str, str]] = None
