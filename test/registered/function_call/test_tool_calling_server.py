@@ -172,6 +172,10 @@ BAD = [
       "tool_choice": "required"}, "tools[0].function.parameters", "invalid 'parameters' schema"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}}, "$defs": {"Unit": {"enum": units}}}}}
+        for n, units in (("temp", ["C", "F"]), ("dist", ["km", "mi"]))], "tool_choice": "required"},
+     "tools[1].function.parameters.$defs.Unit", "tools[0] ('temp') and tools[1] ('dist') both define $defs 'Unit'"),
 ]
 
 

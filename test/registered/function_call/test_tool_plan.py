@@ -46,6 +46,24 @@ def test_refusals_name_the_field(kwargs, param, words):
     assert e.value.status_code == 400 and e.value.param == param and words in e.value.message
 
 
+def tool_with_defs(name, defs):
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/Item"}}, "required": ["x"], "$defs": defs}}}
+
+
+def test_conflicting_defs_are_refused_with_required_only():
+    """Upstream merges the tools' $defs for tool_choice='required' and refuses one name with two schemas."""
+    a, b = tool_with_defs("a", {"Item": {"type": "string"}}), tool_with_defs("b", {"Item": {"type": "integer"}})
+    with pytest.raises(RequestError) as e:
+        plan("required", tools=(a, b))
+    assert e.value.status_code == 400 and e.value.param == "tools[1].function.parameters.$defs.Item"
+    assert "tools[0] ('a') and tools[1] ('b')" in e.value.message and "'Item'" in e.value.message
+    same = plan("required", tools=(a, tool_with_defs("c", {"Item": {"type": "string"}})))  # identical: one schema
+    assert same.forced and same.function_names == {"a", "c"}
+    assert plan("auto", tools=(a, b)).function_names == {"a", "b"}  # nothing merged: nothing to refuse
+    assert plan({"type": "function", "function": {"name": "b"}}, tools=(a, b)).function_names == {"b"}
+
+
 def test_start_marker_written_only_when_it_is_plain_text():
     assert "[TOOL_CALLS] [" in plan("required", parser="mistral").ebnf
     assert "[TOOL_CALLS]" not in plan("required", parser="mistral", special=("[TOOL_CALLS]",)).ebnf

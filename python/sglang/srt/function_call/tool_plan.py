@@ -84,6 +84,8 @@ def plan_tools(
         raise RequestError(
             400, f"Tool {named!r} not found in tools list: tool_choice names a function that is not among the "
             f"request's tools ({', '.join(sorted(seen))}).", param="tool_choice.function.name")
+    if named is None:
+        check_shared_defs(tools)
     functions: List[Tuple[int, str, Optional[dict]]] = [
         (i, t.function.name, t.function.parameters) for i, t in enumerate(tools)
         if named is None or t.function.name == named
@@ -94,6 +96,24 @@ def plan_tools(
     ebnf = build(detector, functions, one_call, write_marker)
     names = frozenset(name for _, name, _ in functions)
     return ToolPlan(template_tools, detector, names, forced=True, ebnf=ebnf)
+
+
+def check_shared_defs(tools: List[Tool]) -> None:
+    """tool_choice='required': upstream builds one schema over all the tools, their `$defs` merged into one, and
+    answers 400 when two tools define the same name differently. This server compiles each tool's schema on its
+    own, but refuses the same requests so that a client written against either server gets one answer."""
+    first: Dict[str, Tuple[int, Any]] = {}  # $defs name -> (tool index, schema)
+    for i, tool in enumerate(tools):
+        defs = (tool.function.parameters or {}).get("$defs")
+        for name, schema in (defs.items() if isinstance(defs, dict) else ()):
+            if name in first and first[name][1] != schema:
+                j = first[name][0]
+                raise RequestError(
+                    400, f"tools[{j}] ({tools[j].function.name!r}) and tools[{i}] ({tool.function.name!r}) both "
+                    f"define $defs {name!r}, with different schemas; with tool_choice='required' the tools' $defs "
+                    "share one namespace (as upstream): rename one of them, or make the two schemas identical.",
+                    param=f"tools[{i}].function.parameters.$defs.{name}")
+            first.setdefault(name, (i, schema))
 
 
 def template_tool_calls(tool_calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
