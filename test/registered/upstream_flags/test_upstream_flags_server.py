@@ -82,6 +82,8 @@ def test_max_payload_size_is_exact_in_bytes(flags_server):
     assert r.status_code == 413, r.text
     message = r.json()["error"]["message"]
     assert f"at most {PAYLOAD_LIMIT_BYTES} bytes" in message and "--max-payload-size" in message, message
+    # RFC 7231's reason phrase on the status line ("HTTP/1.1 413 Payload Too Large"), which upstream's test reads
+    assert r.reason == "Payload Too Large" and message.startswith("Payload Too Large"), (r.reason, message)
 
 
 # ------------------------------------------------------------------------------------------ --decode-log-interval

@@ -45,10 +45,25 @@ class APIKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
+PAYLOAD_TOO_LARGE = "Payload Too Large"  # RFC 7231's reason phrase for 413, which upstream's tests read
+
+
+def use_payload_too_large_reason() -> None:
+    """Make uvicorn's status line for 413 read "413 Payload Too Large". ASGI gives an app no way to set the reason
+    phrase, and uvicorn takes it from Python's HTTPStatus, whose phrase for 413 is "Request Entity Too Large"
+    (RFC 2616; "Content Too Large" from Python 3.13). Only uvicorn's h11 protocol (the one installed) has the table."""
+    try:
+        from uvicorn.protocols.http import h11_impl
+    except ImportError:  # another server runs the app: its own phrase stands
+        return
+    h11_impl.STATUS_PHRASES[413] = PAYLOAD_TOO_LARGE.encode()
+
+
 class RequestBodyLimitMiddleware:
     """Reads the whole body first (every route parses all of it anyway), counting bytes, then replays its chunks."""
 
     def __init__(self, app, max_body_bytes: int, flag: str = "--max-request-body-mb"):
+        use_payload_too_large_reason()
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.flag = flag  # the flag that set the limit (ServerArgs.request_body_limit), named in the 413
@@ -62,8 +77,8 @@ class RequestBodyLimitMiddleware:
     def too_large(self, size_bytes: int, exact: bool) -> str:
         limit = self._amount(self.max_body_bytes, "g")
         size = self._amount(size_bytes, ".1f") if exact else f"more than {limit}"
-        return (f"The request body is {size}; this server accepts at most {limit} ({self.flag}). Send a smaller "
-                f"request, or raise {self.flag}.")
+        return (f"{PAYLOAD_TOO_LARGE}: the request body is {size}; this server accepts at most {limit} "
+                f"({self.flag}). Send a smaller request, or raise {self.flag}.")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
