@@ -40,9 +40,18 @@ def flags_server():
     srv.kill()
 
 
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: a pool of POOL_TOKENS, and requests asking for HUGE_NEW_TOKENS each. Unclipped
+# (upstream's default clip, 4096, times the initial new-token ratio 0.7) two such reservations leave no room for a
+# third; clipped to CLIP_TOKENS, four run together (upstream's test_large_max_new_tokens.py waits for exactly that).
+POOL_TOKENS, HUGE_NEW_TOKENS, CLIP_TOKENS = 8192, 4000, 256
+START_WITHIN_TOKENS = 64
+
+
 @pytest.fixture(scope="module")
 def plain_server():
-    srv = popen_launch_server(other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--decode-log-interval", "1000000"])
+    srv = popen_launch_server(
+        other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--decode-log-interval", "1000000", "--max-total-tokens",
+                    str(POOL_TOKENS)], env={"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(CLIP_TOKENS)})
     yield srv
     srv.kill()
 
@@ -190,3 +199,48 @@ def test_without_the_flag_the_field_is_refused_naming_it(plain_server, procs):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------------- SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+def test_clip_env_lets_four_huge_requests_run_together(plain_server):
+    """Four requests sent at once all start before the first has streamed START_WITHIN_TOKENS tokens. Unclipped,
+    the third waits until decoding has lowered new_token_ratio enough (hundreds of steps) for its reservation."""
+    import math
+    import threading
+
+    import httpx
+
+    from sglang.srt.managers.prefill_scheduler import CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO
+
+    unclipped = math.ceil(min(HUGE_NEW_TOKENS, CLIP_MAX_NEW_TOKENS) * INIT_NEW_TOKEN_RATIO)
+    assert 3 * unclipped > POOL_TOKENS  # the precondition: without the variable at most two start at once
+    lock, counts, started_at = threading.Lock(), [0] * 4, [None] * 4
+    all_started = threading.Event()
+
+    def stream(i):
+        body = {"text": f"Story {i}: once upon a time", "stream": True,
+                "sampling_params": {"max_new_tokens": HUGE_NEW_TOKENS, "ignore_eos": True}}
+        with httpx.Client(timeout=300) as http, http.stream("POST", f"{plain_server.base_url}/generate",
+                                                            json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                with lock:
+                    counts[i] = len(json.loads(line[6:])["output_ids"])
+                    if started_at[i] is None:
+                        started_at[i] = list(counts)  # every stream's progress when this one started
+                    if all(s is not None for s in started_at):
+                        all_started.set()
+                if all_started.is_set():
+                    return  # closing the stream aborts the request
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    assert all_started.wait(240), counts
+    for t in threads:
+        t.join(60)
+    progress_when_last_started = max(started_at, key=lambda c: sum(1 for n in c if n))
+    print(f"\ntokens streamed per request when the last one started: {progress_when_last_started}")
+    assert max(max(c) for c in started_at) <= START_WITHIN_TOKENS, started_at

@@ -6,7 +6,8 @@ A waiting request is admitted while its uncached prompt plus its own reservation
 the chunk budget (chunked_prefill_size) and the batch budget (max_prefill_tokens) allow, request slots remain,
 the running-request limit allows (lowered for a while after a decode OOM; the caller passes it), and the images its
 chunk must encode fit the encoder reservation of multimodal models.
-A running request will still need up to min(remaining_new_tokens, CLIP) KV slots; we reserve that times
+A running request will still need up to min(remaining_new_tokens, CLIP) KV slots (CLIP: 4096, or upstream's
+SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION when set); we reserve that times
 `new_token_ratio`, an estimate of how much of the budget requests really use. The ratio starts high, decays while
 decode proceeds without trouble and jumps back up after a retraction (decode_memory.py moves it; the planner owns
 it). Every request the planner touches is recorded in `queues.in_step` first, so a fault while preparing fails
@@ -16,6 +17,7 @@ exactly those requests (fault_confinement.py).
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -24,12 +26,27 @@ from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
 
-# Environment-free constants, named after upstream's env vars (values are upstream's defaults).
+# Named after upstream's env vars, with upstream's defaults. Only the one upstream documents is read from the
+# environment (docs/upstream_compatibility.md); the others upstream keeps undocumented, and they stay constants here.
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+CLIP_MAX_NEW_TOKENS = 4096  # default of SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+CLIP_MAX_NEW_TOKENS_ENV = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
+
+
+def clip_max_new_tokens() -> int:
+    """The most new tokens one running request is assumed to still need (before new_token_ratio): upstream's
+    documented SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION when set, else CLIP_MAX_NEW_TOKENS. A bad value stops the
+    scheduler's start with this message."""
+    raw = os.environ.get(CLIP_MAX_NEW_TOKENS_ENV, "").strip()
+    if not raw:
+        return CLIP_MAX_NEW_TOKENS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{CLIP_MAX_NEW_TOKENS_ENV}={raw!r}: expected a positive integer (tokens; upstream's "
+                         f"default is {CLIP_MAX_NEW_TOKENS}), or leave it unset.")
+    return int(raw)
 
 
 @dataclass
@@ -55,8 +72,8 @@ class NewTokenRatio:
             self.value = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(running)) / budget)
 
 
-def reserved_tokens(req: Req, ratio: float) -> int:
-    return math.ceil(min(req.remaining_new_tokens(), CLIP_MAX_NEW_TOKENS) * ratio)
+def reserved_tokens(req: Req, ratio: float, clip: int = CLIP_MAX_NEW_TOKENS) -> int:
+    return math.ceil(min(req.remaining_new_tokens(), clip) * ratio)
 
 
 def order_waiting_queue(queue: List[Req], policy: str, prefix_len_of) -> None:
@@ -85,6 +102,7 @@ class PrefillPlanner:
         self.chunked_prefill_size, self.max_prefill_tokens = chunked_prefill_size, max_prefill_tokens
         self.schedule_policy = schedule_policy
         self.new_token_ratio = NewTokenRatio(conservativeness)
+        self.clip_max_new_tokens = clip_max_new_tokens()
         self.total_prompt_tokens = self.total_cached_tokens = 0
 
     def _admit_encoder(self, req: Req, start: int, n: int, must_progress: bool) -> int:
@@ -108,7 +126,7 @@ class PrefillPlanner:
         ratio = self.new_token_ratio.value
         evictable = mem.evictable_tokens()
         free = mem.allocator.available_size()
-        rem_total = free + evictable - sum(reserved_tokens(r, ratio) for r in queues.running)
+        rem_total = free + evictable - sum(reserved_tokens(r, ratio, self.clip_max_new_tokens) for r in queues.running)
         rem_chunk = self.chunked_prefill_size
         rem_batch = self.max_prefill_tokens
         ps = mem.page_size
@@ -138,7 +156,7 @@ class PrefillPlanner:
             queues.in_step.append(req)
             slots, node = mem.match_prefix(req)
             ext = req.fill_len - len(slots)
-            cost = ext + reserved_tokens(req, ratio)
+            cost = ext + reserved_tokens(req, ratio, self.clip_max_new_tokens)
             nothing_else = not queues.running and not plan.reqs and queues.chunked is None
             if cost > rem_total and not (nothing_else and ext <= free + evictable):
                 queues.in_step.pop()
