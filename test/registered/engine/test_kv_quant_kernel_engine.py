@@ -1,23 +1,28 @@
 """The CPU attention kernel over quantized KV codes (extend_attention_quant) through sglang.Engine, the default model:
 for --kv-cache-dtype int8, int4, int2_hadamard, fp8_e4m3 and fp8_e5m2 the torch_native backend really takes the
 kernels (a prefill without a cached prefix attends to its fresh K/V through extend_attention, as the torch path does;
-every decode step reads the cached tokens' codes through extend_attention_quant and the new token's own K/V as
-computed, as the torch path does), and its greedy tokens follow those of the torch gather path (the pool's own
-dequantization rounded to bf16 + SDPA) on the same engine, pool and weights. The two read the same codes and differ
-only in rounding (the kernel keeps the dequantized values in fp32, the gather path rounds them to bf16), so every
-prompt's first 8 tokens must be equal (the tolerance of test_kv_quant_engine.py against bf16 KV; measured: the first
-10 of 16 or more, later near-ties flip either way; int4, whose 4-bit rows leave more near-ties: 3); a wrong scale,
-code conversion or turn breaks them at once. int2_hadamard's 2-bit / ternary rows leave near-ties everywhere, so its
-tokens are compared up to the first that differs, which must be a tie to the logits' bf16 resolution in both runs
-(TIE_TOLERANCE). The radix cache is off so that both runs prefill from scratch. At level avx512_vnni (no BF16:
---dtype auto serves fp32, and the kernel reads the codes with fp32 queries) test_kv_quant_kernel_levels.py runs this
-file too. (The kernel against an fp64
-reference: test/registered/jit_kernel/test_cpu_quant_attention.py.)
+every later chunk and every decode step reads the cached tokens' codes through extend_attention_quant and the new
+tokens' own K/V as computed, as the torch path does), and what it computes is as close to the bf16-KV model as the
+torch gather path (the pool's own dequantization rounded to bf16 + SDPA) on the same engine, pool and weights.
+
+The comparison is teacher-forced, so it does not hinge on argmax near-ties (which split either way with the CPU's
+rounding: greedy tokens compared token by token failed on an AMD Zen 4). One fixed token sequence per prompt (the
+prompt and the bf16-KV model's greedy continuation) is prefilled in chunks of CHUNK tokens, so every chunk after the
+first attends the earlier ones through their codes, and each position's logprob of its next token is taken
+(input_token_logprobs) three ways: the kernel (K), the torch gather path (T), the bf16-KV model (B, the reference).
+K and T read the same codes; T additionally rounds each dequantized element to bf16 (relative error <= 2^-9), far
+below every format's own code step (int8 2^-7 of a row's range, fp8 2^-4 / 2^-3 relative, int4 2^-4, int2 ~2^-1).
+So the kernel's mean distance to B must be the gather path's within what rounding noise alone moves a mean over
+these positions: mean|K - B| <= RATIO x mean|T - B| + NOISE_NATS. A wrong scale moves the kernel's logprobs by far
+more (checked by breaking it: every format's key scale doubled (int2's log-scale code + 12) puts mean|K - B| at
+0.39-1.50 against bounds of 0.13-0.33; int2's value scale doubled, 0.40 > 0.33; int8's key scale 10% high, 0.167 >
+0.134). Smaller errors hide in the rounding noise here, since the bf16 sink and recent-window tokens take most of
+the attention weight; the kernel's own accuracy is tested against fp64 in test_cpu_quant_attention.py. At level
+avx512_vnni (no BF16: --dtype auto serves fp32, and the kernel reads the codes with fp32 queries)
+test_kv_quant_kernel_levels.py runs this file too; the reference is computed at the same level.
 """
 
 import unittest
-
-import torch
 
 from sglang import Engine
 from sglang.jit_kernel.cpu_ops import kv_quant_kernels_expected
@@ -27,47 +32,58 @@ from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
 register_cpu_ci(est_time=150, suite="cpu")
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
-           "Once upon a time, in a small village,"]
-NEW_TOKENS = 16
-# int4's 4-bit rows leave more near-ties for the two roundings to split (measured: the first 5, 3, 12 and 16 tokens;
-# at "def fibonacci(n):"'s 4th token the gather path's two best tokens are tied to bf16's resolution, -0.958 both,
-# and the kernel's fp32 sums put them 0.25 apart)
-AGREED_PREFIX = {"int4": 3}
-# int2_hadamard: measured (with CONTEXT) the first 10, 7, 5 and 16 tokens agree, and where they part each run's two best
-# tokens are 0, 0.063 or 0.125 apart in logprob (one step of a bf16 logit near 16 is 0.125; the other run's choice is
-# its second best): a fixed agreed prefix would be 5. Instead, at the first differing token each run's choice may lead
-# the other run's by at most TIE_TOLERANCE (three such steps: on an Intel Xeon with avx512_fp16 the two runs already
-# part at the first token, which the prefill's fresh-K/V attention gives -- the kernel's bf16 sums against SDPA's over
-# the ~95-token prompt, no code read -- 0.3125 apart); a wrong level, trit, scale or turn moves logits by far more.
-TIE_TOLERANCE = {"int2_hadamard": 0.375}
-# Below level avx512_bf16 --dtype auto serves fp32 with the GGUF blocks' GEMM on int8-quantized activations
-# (quant_gemm.h): the two attention paths' fp32 roundings can move an activation across an int8 step, so near-ties
-# split for every format there (measured at avx512_vnni, int8 KV: the first prompt's 6th token, whose two best tokens
-# are 0.24 and 0.05 apart in logprob in the two runs, each run's choice the other's second best; with the weights
-# dequantized instead, --dtype float32, the two paths agree on all 16 tokens of every prompt). The tie rule then.
-INT8_ACTIVATION_TIE_TOLERANCE = 0.375
-# int2_hadamard (and int4) keep a request's last 16 tokens in bf16 (the recent window): the prompts above would leave
-# almost every key in the ring. A shared ~90-token context before them puts most of each decode step's keys in codes.
+# int2_hadamard (and int4) keep a request's last 16 tokens in bf16 (the recent window): short prompts would leave
+# almost every key in the ring. A shared ~90-token context before them puts most keys of the later chunks in codes.
 CONTEXT = ("Rivers shape the land they cross. Over thousands of years a river carves a valley, carries sand and silt "
            "downstream, and builds a delta where it meets the sea. Farmers settled along rivers because the floods "
            "left fertile soil behind, and towns grew at the places where a river could be crossed or where boats "
            "could stop. Many of the great cities of the world stand on a river for that reason. ")
+PROMPTS = [CONTEXT + p for p in ("The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+                                 "Once upon a time, in a small village,")]
+NEW_TOKENS = 16
+CHUNK = 16  # chunked_prefill_size: 6-7 chunks a sequence, each after the first reading the codes of the ones before
+# Rounding alone (bf16 activations, or at avx512_vnni fp32 activations on int8-quantized GEMM inputs) moves a
+# teacher-forced logprob by ~0.1 nat on average between two equivalent computations (measured: mean|K - T| 0.11 for
+# int2_hadamard on an Intel Xeon with AMX); these bounds leave that noise room and nothing a wrong scale needs.
+RATIO = 1.25
+NOISE_NATS = 0.05
 
 
-def greedy(engine, prompts=PROMPTS, top=0):
-    """Each prompt's greedy tokens, and (top > 0) each position's top logprobs [(logprob, token, text), ...]."""
-    outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
-                           return_logprob=top > 0, top_logprobs_num=top)
-    return [o["output_ids"] for o in outs], [o["meta_info"]["output_top_logprobs"] if top else None for o in outs]
+def engine_for(kv_cache_dtype: str) -> Engine:
+    # 1.5 GB: at level avx512_vnni the model runs in fp32, and with fp8_e5m2's ring 1 GB does not fit
+    return Engine(max_total_memory_gb=1.5, kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True,
+                  chunked_prefill_size=CHUNK, log_level="warning")
+
+
+def forced_logprobs(engine, seqs):
+    """Each sequence's logprob of its token i + 1 after its first i + 1 tokens, for i >= CHUNK (positions whose
+    chunk reads earlier chunks' codes), prefilled in chunks of CHUNK tokens."""
+    outs = engine.generate(input_ids=seqs, sampling_params={"temperature": 0, "max_new_tokens": 1},
+                           return_logprob=True, logprob_start_len=0)
+    return [[lp for lp, *_ in o["meta_info"]["input_token_logprobs"]][CHUNK + 1:] for o in outs]
+
+
+def mean_distance(a, b) -> float:
+    pairs = [(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys)]
+    return sum(abs(x - y) for x, y in pairs) / len(pairs)
 
 
 @unittest.skipUnless(kv_quant_kernels_expected(), "the quantized-KV CPU kernels do not run at this CPU level")
 class TestQuantKernelEngine(unittest.TestCase):
-    def run_format(self, fmt, prompts=PROMPTS):
-        # 1.5 GB: at level avx512_vnni the model runs in fp32, and with fp8_e5m2's ring (56 + 4 bf16 tokens a slot,
-        # 0.33 GiB for the default 256 slots) 1 GB does not fit
-        engine = Engine(max_total_memory_gb=1.5, kv_cache_dtype=fmt, disable_radix_cache=True, log_level="warning")
+    @classmethod
+    def setUpClass(cls):
+        engine = engine_for("auto")  # the reference: bf16 KV (fp32 at avx512_vnni), nothing quantized
+        try:
+            outs = engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True})
+            prompt_ids = engine.generate(PROMPTS, {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0)
+            cls.seqs = [[t for _, t, *_ in p["meta_info"]["input_token_logprobs"]] + o["output_ids"]
+                        for p, o in zip(prompt_ids, outs)]
+            cls.reference = forced_logprobs(engine, cls.seqs)
+        finally:
+            shutdown(engine)
+
+    def run_format(self, fmt):
+        engine = engine_for(fmt)
         try:
             backend = engine.scheduler.model_runner.attn_backend
             self.assertIsNotNone(backend.cpu_quant_ops, f"{fmt}: the backend did not take the quantized-KV kernel")
@@ -91,35 +107,22 @@ class TestQuantKernelEngine(unittest.TestCase):
                     return ops.extend_attention(q, *args)
 
             backend.cpu_quant_ops = Counting()
-            tie = TIE_TOLERANCE.get(fmt)
-            if engine.scheduler.model_runner.model_config.dtype == torch.float32:
-                tie = tie or INT8_ACTIVATION_TIE_TOLERANCE
-            kernel, kernel_top = greedy(engine, prompts, 5 if tie else 0)
+            engine.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
             self.assertIn(("codes", len(PROMPTS)), calls, "no batched decode step read the codes through the kernel")
-            self.assertTrue(any(k == "fresh" and n > len(PROMPTS) for k, n in calls), "no prefill took the kernel")
+            self.assertIn(("fresh", CHUNK), calls, "no first chunk took the kernel")
+            self.assertIn(("codes", CHUNK), calls, "no later chunk read the codes through the kernel")
+            kernel = forced_logprobs(engine, self.seqs)
             backend.cpu_quant_ops = None  # the torch gather path, same engine and pool
-            torch_path, torch_top = greedy(engine, prompts, 5 if tie else 0)
-            print(f"\n{fmt}: kernel {kernel}\n{fmt}: torch  {torch_path}")
-            if tie:
-                for a, b, top_a, top_b in zip(kernel, torch_path, kernel_top, torch_top):
-                    self.assert_tie(a, b, top_a, top_b, tie)
-            else:
-                n = AGREED_PREFIX.get(fmt, 8)
-                for a, b in zip(kernel, torch_path):
-                    self.assertEqual(a[:n], b[:n], (kernel, torch_path))
+            torch_path = forced_logprobs(engine, self.seqs)
             assert_idle_and_intact(engine)
         finally:
             shutdown(engine)
-
-    def assert_tie(self, a, b, top_a, top_b, tie):
-        """Tokens a and b agree up to their first difference i, where each run's choice leads the other's by <= tie."""
-        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if i is None:
-            return
-        for own, other, top in ((a[i], b[i], top_a[i]), (b[i], a[i], top_b[i])):
-            lp = {tok: logprob for logprob, tok, *_ in top}
-            self.assertIn(other, lp, f"token {i}: {other} not among the other run's top {len(top)}: {top} ({a} / {b})")
-            self.assertLessEqual(lp[own] - lp[other], tie, f"token {i}: no tie, {top} ({a} / {b})")
+        to_ref, torch_to_ref = mean_distance(kernel, self.reference), mean_distance(torch_path, self.reference)
+        between = mean_distance(kernel, torch_path)
+        print(f"\n{fmt}: mean |logprob diff| kernel-bf16 {to_ref:.4f}, torch-bf16 {torch_to_ref:.4f}, "
+              f"kernel-torch {between:.4f} over {sum(map(len, kernel))} positions")
+        self.assertLessEqual(to_ref, RATIO * torch_to_ref + NOISE_NATS, f"{fmt}: the kernel is farther from the "
+                             f"bf16-KV model than the torch gather path reading the same codes")
 
     def test_int8(self):
         self.run_format("int8")
@@ -128,7 +131,7 @@ class TestQuantKernelEngine(unittest.TestCase):
         self.run_format("int4")
 
     def test_int2_hadamard(self):
-        self.run_format("int2_hadamard", [CONTEXT + p for p in PROMPTS])
+        self.run_format("int2_hadamard")
 
     def test_fp8_e4m3(self):
         self.run_format("fp8_e4m3")

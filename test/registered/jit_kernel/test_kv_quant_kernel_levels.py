@@ -7,8 +7,9 @@ torch gather path). Two checks:
     a CPU without BF16 would fault on one. The scan itself is checked on the bf16 decode kernel, where it must find
     them;
   - below the native level (SGLANG_CPU_ISA=avx512_vnni, in a subprocess): the kernel tests against their fp64
-    reference (test_cpu_quant_attention.py, test_cpu_quant_int2.py) and the engine test, kernel against torch gather
-    path with every format (test_kv_quant_kernel_engine.py: fp32 activations there), all run, none skipped.
+    reference (test_cpu_quant_attention.py, test_cpu_quant_int2.py) and the engine test, kernel and torch gather
+    path teacher-forced against the bf16-KV model with every format (test_kv_quant_kernel_engine.py: fp32 activations
+    there), all run, none skipped.
 """
 
 import os
