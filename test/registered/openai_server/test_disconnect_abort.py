@@ -9,7 +9,7 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=15, suite="cpu")
+register_cpu_ci(est_time=22, suite="cpu")
 
 LONG = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 4000, "ignore_eos": True}
 

@@ -15,7 +15,7 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=100, suite="cpu")
 
 pytest.importorskip("sglang_router", reason="sglang-router is a test extra: pip install -e 'python[test]'")
 

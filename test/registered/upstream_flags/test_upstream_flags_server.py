@@ -24,7 +24,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.custom_logit_processors import client_processors
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=70, suite="cpu")
 
 PAYLOAD_LIMIT_BYTES = 50_000  # far under the default 32 MiB: a server ignoring the flag would accept N + 1
 FORCED_ID = 42  # ':' in the default model's vocabulary; any id works, the test compares ids
