@@ -2,7 +2,10 @@
 image_url, an input_audio (a wav made here) and a video_url answers HF transformers' greedy tokens (fp32, HF's own
 Whisper features for the audio) for the same templated prompt, as logprobs' tokens and as a stream. Each
 per-modality limit is a 400 naming it -- more items than --limit-mm-data-per-request for each modality, an audio
-over --max-audio-seconds, corrupt audio, corrupt video -- and the server keeps serving."""
+over --max-audio-seconds, corrupt audio, corrupt video -- and the server keeps serving. Media input errors (issue 45
+item 6): decode errors in words (no Python object reprs), an ftp:// image names the scheme, placeholder tokens
+without their items are a 400 naming the prompt field, /generate's images without placeholders are placed at the
+prompt's start (the same tokens as placeholders written there), and input_audio.format must match the data."""
 
 import os
 import tempfile
@@ -130,6 +133,50 @@ class TestQwen3OmniServer(unittest.TestCase):
         self.assertEqual(requests.get(f"{self.server.base_url}/health", timeout=10).status_code, 200)
         ok = self.chat([img, aud, vid, text_part("all three")])
         self.assertEqual(ok.usage.completion_tokens, MAX_NEW)
+
+
+    def generate(self, body: dict) -> requests.Response:
+        return requests.post(f"{self.server.base_url}/generate", timeout=60,
+                             json={**body, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0,
+                                                               "ignore_eos": True}})
+
+    def test_media_errors_say_what_is_wrong(self):
+        not_media = b64(b"plain text, not a picture or a sound" * 4)
+        self.assert_400([image_part("data:image/png;base64," + not_media)], "could not be decoded as an image",
+                        "PNG, JPEG")
+        self.assert_400([audio_part(b"plain text, not a picture or a sound" * 4)], "could not be decoded as audio")
+        for part in (image_part("data:image/png;base64," + not_media), audio_part(b"RIFF" + bytes(200))):
+            with self.assertRaises(openai.BadRequestError) as ctx:
+                self.chat([part])
+            self.assertNotRegex(str(ctx.exception), r"object at 0x|<_io\.")
+        self.assert_400([image_part("ftp://example.com/a.png")], "scheme 'ftp' is not supported", "data URL",
+                        "file://")
+        flac = audio_file(make_waveform(3, 1.0), fmt="FLAC", subtype="PCM_16")
+        self.assert_400([audio_part(self.wav, "mp3")], "input_audio.format is 'mp3'", "a wav file",
+                        "set input_audio.format to 'wav'")
+        self.assert_400([audio_part(flac, "wav")], "input_audio.format is 'wav'", "a flac file")
+        self.assertEqual(self.chat([audio_part(flac, "flac")]).usage.completion_tokens, MAX_NEW)
+
+    def test_placeholders_and_items_must_agree(self):
+        img = data_url(make_image(4, 64, 64))
+        for text, field in ((f"x {IMG}", "text"), (f"x {AUD} y", "text")):
+            r = self.generate({"text": text})
+            self.assertEqual(r.status_code, 400, r.text)
+            err = r.json()["error"]
+            self.assertEqual(err["param"], field)
+            self.assertIn("placeholder", err["message"])
+            self.assertIn("<|image_pad|>" if "image" in text else "<|audio_pad|>", err["message"])
+        r = self.generate({"text": f"x {IMG} {IMG}", "image_data": [img]})  # two placeholders, one image: as before
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assert_400([text_part(f"describe {IMG}")], "placeholder")  # the same in a chat message
+        # images without placeholders: placed at the start, exactly as placeholders written there
+        implicit, explicit = self.generate({"text": "Describe.", "image_data": [img]}), \
+            self.generate({"text": f"{IMG}Describe.", "image_data": [img]})
+        self.assertEqual(implicit.status_code, 200, implicit.text)
+        plain = self.generate({"text": "Describe."}).json()["meta_info"]["prompt_tokens"]
+        self.assertEqual(implicit.json()["meta_info"]["prompt_tokens"], explicit.json()["meta_info"]["prompt_tokens"])
+        self.assertGreater(implicit.json()["meta_info"]["prompt_tokens"], plain + 2)  # the image's tokens are there
+        self.assertEqual(implicit.json()["output_ids"], explicit.json()["output_ids"])
 
 
 if __name__ == "__main__":
