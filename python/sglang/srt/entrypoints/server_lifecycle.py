@@ -68,7 +68,18 @@ async def serve(app, tm: TokenizerManager, schedulers: ProcessGroup, server_args
         timeout_keep_alive=5,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_TIMEOUT_S,
     )
-    server = uvicorn.Server(config)
+    url = f"http://{server_args.host}:{server_args.port}"
+
+    class AnnouncingServer(uvicorn.Server):
+        def _log_started_message(self, listeners) -> None:
+            # uvicorn calls this right after its listening sockets exist, before the event loop can answer a
+            # request on them: the ready line is written (and flushed) before any /health can return 200, so a
+            # caller that waits for /health and then reads our stdout always finds it
+            super()._log_started_message(listeners)
+            print(f"SGLang server ready at {url} (model: {tm.served_model_name}, "
+                  f"startup {time.perf_counter() - started:.1f} s)", flush=True)
+
+    server = AnnouncingServer(config)
 
     def stop():
         server.should_exit = True
@@ -88,21 +99,11 @@ async def serve(app, tm: TokenizerManager, schedulers: ProcessGroup, server_args
                 return
             await asyncio.sleep(SCHEDULER_WATCH_INTERVAL_S)
 
-    async def announce():
-        while not server.started and not server.should_exit:
-            await asyncio.sleep(0.05)
-        if server.started:
-            url = f"http://{server_args.host}:{server_args.port}"
-            print(f"SGLang server ready at {url} (model: {tm.served_model_name}, "
-                  f"startup {time.perf_counter() - started:.1f} s)", flush=True)
-
     watcher = asyncio.ensure_future(watch())
-    announcer = asyncio.ensure_future(announce())
     try:
         await server.serve()
     finally:
         watcher.cancel()
-        announcer.cancel()
 
 
 def raise_system_exit(signum, frame):
