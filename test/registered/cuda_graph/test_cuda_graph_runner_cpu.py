@@ -126,6 +126,13 @@ def test_tensor_parallel_runs_decode_eagerly_and_an_explicit_graph_size_is_refus
         assert needle in str(e.value), str(e.value)
     ServerArgs(tp_size=2, cuda_graph_max_bs=8, disable_cuda_graph=True)  # graphs off: nothing to refuse
     ServerArgs(tp_size=1, cuda_graph_max_bs=8)
+    from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+
+    runner = ModelRunnerKVCacheMixin()  # what /server_info says on a GPU rank of a TP=2 server
+    runner.device, runner.server_args, runner.moe_workspace = "cuda", ServerArgs(tp_size=2), None
+    runner.graph_factory = lambda: object()  # a device that has graphs
+    reason = runner.cuda_graph_info()["reason"]
+    assert reason.startswith("--tp-size 2: ") and "torch.distributed" in reason, reason
 
     llama = os.path.join(os.path.dirname(__file__), "..", "mem_plan", "fixtures", "llama-3.1-8b")
 

@@ -31,6 +31,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
+from sglang.srt.server_args_checks import CUDA_GRAPHS_WITH_TP
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
@@ -341,6 +342,8 @@ class ModelRunnerKVCacheMixin:
                 reason = f"{self.device}: no CUDA graphs here, decode runs eagerly"
             elif self.server_args.disable_cuda_graph:
                 reason = "--disable-cuda-graph"
+            elif self.server_args.tp_size > 1:
+                reason = f"--tp-size {self.server_args.tp_size}: {CUDA_GRAPHS_WITH_TP}"
             elif self.moe_workspace is not None:
                 reason = "the MoE experts' implementation cannot be captured (mem_plan/moe_sizes.py CAPTURABLE)"
             else:
