@@ -80,6 +80,31 @@ def mjpeg_avi(side: int) -> bytes:
     return buf.getvalue()
 
 
+def mjpeg_avi_growing(small: int, big: int) -> bytes:
+    """An MJPEG AVI whose stream header (and first frame) is small x small and whose second frame is big x big:
+    only that frame's own JPEG header tells its size."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="avi") as c:
+        s = c.add_stream("mjpeg", rate=1)
+        s.width, s.height, s.pix_fmt = small, small, "yuvj420p"
+        packets = list(s.encode(av.VideoFrame.from_ndarray(np.zeros((small, small, 3), np.uint8), format="rgb24")))
+        packets += list(s.encode())
+        enc = av.CodecContext.create("mjpeg", "w")
+        enc.width, enc.height, enc.pix_fmt, enc.time_base = big, big, "yuvj420p", Fraction(1, 1)
+        frame = av.VideoFrame.from_ndarray(np.zeros((big, big, 3), np.uint8), format="rgb24")
+        for i, p in enumerate(list(enc.encode(frame)) + list(enc.encode())):
+            p.stream, p.pts, p.dts = s, 1 + i, 1 + i
+            packets.append(p)
+        for p in packets:
+            c.mux(p)
+    return buf.getvalue()
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
@@ -142,6 +167,12 @@ class TestMediaLoopServer(unittest.TestCase):
         self.assertIn(f"at most {MAX_DECODED_IMAGE_PIXELS:,} pixels per frame", err["message"])
         self.assertIn("stream header", err["message"])
         self.assertLess(refuse_s, decode_s / 3)
+        # a later frame over the limit, by its own JPEG header while demuxing (the stream header says 64x64)
+        grown = "data:video/avi;base64," + base64.b64encode(mjpeg_avi_growing(64, side)).decode()
+        r = self.chat([{"type": "video_url", "video_url": {"url": grown}}, {"type": "text", "text": "x"}])
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertIn(f"{side}x{side} = {side * side:,} pixels (the JPEG header of frame 1)",
+                      r.json()["error"]["message"])
 
     def test_health_fast_during_a_200_stream_disconnect_storm(self):
         import aiohttp
