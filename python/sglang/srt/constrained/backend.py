@@ -22,7 +22,8 @@ import torch
 
 from sglang.srt.constrained.backend_table import NO_BACKEND, engine_class, grammar_backend_refusal
 from sglang.srt.constrained.bitmask_fill import BitmaskFiller
-from sglang.srt.constrained.empty_language import EmptyGrammarError, admits_nothing_from_start
+from sglang.srt.constrained.empty_language import (NEVER_FINISHES_REASON, EmptyGrammarError, admits_nothing_from_start,
+                                                   never_finishes)
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.grammar_check import invalid_grammar_error
 from sglang.srt.constrained.request_grammar import RequestGrammar
@@ -65,6 +66,8 @@ class GrammarBackend:
             compiled = engine.compile(kind, text)
             if admits_nothing_from_start(engine.matcher(compiled), self.vocab_size, self.stop_token_ids):  # sampling would have no token
                 raise EmptyGrammarError()
+            if self.engine_name == "xgrammar" and never_finishes(compiled):  # also for a request that skipped the edge
+                raise EmptyGrammarError(NEVER_FINISHES_REASON)
             return compiled
         finally:
             self.compile_times.observe(time.perf_counter() - start)

@@ -1,9 +1,11 @@
-"""Grammars that match no string at all (`root ::= root`, the regex `[^\\s\\S]`, a JSON schema whose $ref only
-refers to itself): refused as the client's error, before any token is sampled under them.
+"""Grammars that match no string at all, refused as the client's error before any token is sampled under them:
+those whose output cannot even begin (`root ::= root`, the regex `[^\\s\\S]`, a JSON schema whose $ref only refers
+to itself), and those that can begin but never finish (`root ::= "a" rest` / `rest ::= rest`, the regex
+`a[^\\s\\S]`, a required property whose schema is a $ref cycle).
 
-The test is the grammar matcher's own, from its start state: if no token can begin an output and the output may
-not end there either (no stop token allowed), then no string is in the grammar's language -- a matcher accepts
-every prefix of a matching string, the empty one included. It runs twice:
+Cannot begin: the grammar matcher's own test, from its start state: if no token can begin an output and the output
+may not end there either (no stop token allowed), no string is in the language -- a matcher accepts every prefix of
+a matching string, the empty one included. It runs twice:
 
     at the edge      admits_nothing_bytewise: against a vocabulary of the 256 single bytes and one stop token, so the
                      answer holds for every tokenizer (each output is some byte string); ~1 ms, no tokenizer
@@ -11,8 +13,13 @@ every prefix of a matching string, the empty one included. It runs twice:
                      sampling would mask with; covers the llguidance backend (whose Lark grammars xgrammar cannot
                      read at the edge) and a tokenizer that cannot spell what the grammar wants
 
-It does not see a grammar that can start but never finish (`root ::= "a" root`): generation then runs to its token
-limit (finish_reason "length"), as for any grammar longer than max_new_tokens.
+Cannot finish: a matcher's start state says nothing about it, so the test is on the grammar itself: never_finishes
+runs the productive-symbol analysis (grammar_productivity.py) on xgrammar's normalized grammar, at the edge and
+again after the compile; it answers only when sure, so a grammar some string matches is never refused.
+
+What neither test can see: a grammar some byte string matches that the served tokenizer cannot spell past a prefix
+(it lacks a token for a byte the grammar needs next). Sampling finds that one: the request ends with a 400 when its
+mask allows nothing (logits_mask.py, request_grammar.GrammarDeadEnd).
 """
 
 from __future__ import annotations
@@ -22,22 +29,27 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from sglang.srt.constrained.grammar_productivity import root_is_productive
 from sglang.srt.mem_plan.sizes import grammar_bitmask_words
 
 EMPTY_LANGUAGE_REASON = (
     "it matches no string at all: no character can begin an output and an empty output is not allowed either "
     "(e.g. a rule that only refers to itself, like root ::= root; a $ref cycle with no other choice; an empty "
     "character class like [^\\s\\S])")
+NEVER_FINISHES_REASON = (
+    "it matches no string at all: an output can begin, but no continuation of it ever completes the grammar (e.g. a "
+    "rule with no way out of its recursion, like rest ::= rest or root ::= \"a\" root; a required property whose "
+    "schema is a $ref cycle; an empty character class like [^\\s\\S] after a prefix)")
 EMPTY_LANGUAGE_ALLOWED = "a grammar that at least one string matches"
 
 _BYTE_VOCAB_SIZE = 257  # the 256 bytes, then the stop token
 
 
 class EmptyGrammarError(ValueError):
-    """The grammar's language is empty (str: EMPTY_LANGUAGE_REASON)."""
+    """The grammar's language is empty (str: EMPTY_LANGUAGE_REASON, or NEVER_FINISHES_REASON)."""
 
-    def __init__(self) -> None:
-        super().__init__(EMPTY_LANGUAGE_REASON)
+    def __init__(self, reason: str = EMPTY_LANGUAGE_REASON) -> None:
+        super().__init__(reason)
 
 
 def _allowed_tokens(matcher: Any, vocab_size: int) -> torch.Tensor:
@@ -83,9 +95,24 @@ class _ByteCompiler:
             raise ValueError(f"unknown grammar kind {kind!r}")
 
 
+def never_finishes(grammar: Any) -> bool:
+    """True when the xgrammar Grammar (or CompiledGrammar) is sure to match no finite string; False also when the
+    analysis cannot tell (grammar_productivity.py)."""
+    return root_is_productive(str(getattr(grammar, "grammar", grammar))) is False
+
+
 def admits_nothing_bytewise(kind: str, text: str) -> bool:
-    """True when no byte string matches the (xgrammar-parsable) grammar; raises the backend's error if it does not
-    compile."""
+    """True when no byte string can begin an output of the (xgrammar-parsable) grammar; raises the backend's error
+    if it does not compile."""
     import xgrammar as xgr
 
     return len(_allowed_tokens(xgr.GrammarMatcher(_ByteCompiler.compile(kind, text)), _BYTE_VOCAB_SIZE)) == 0
+
+
+def check_not_empty(kind: str, text: str, grammar: Any) -> None:
+    """The edge's test of an xgrammar grammar (`grammar`: its parse of (kind, text)): raises EmptyGrammarError with
+    the reason when no string matches it."""
+    if admits_nothing_bytewise(kind, text):
+        raise EmptyGrammarError()
+    if never_finishes(grammar):
+        raise EmptyGrammarError(NEVER_FINISHES_REASON)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from sglang.srt.constrained.backend_table import NO_BACKEND, WORKING_BACKENDS, engine_class
-from sglang.srt.constrained.empty_language import EMPTY_LANGUAGE_ALLOWED, EmptyGrammarError, admits_nothing_bytewise
+from sglang.srt.constrained.empty_language import EMPTY_LANGUAGE_ALLOWED, EmptyGrammarError, check_not_empty
 from sglang.srt.function_call.grammar_errors import clean_grammar_error
 from sglang.srt.sampling.validation import ParamError
 
@@ -26,8 +26,8 @@ def parse_grammar(kind: str, text: str, backend: str = "xgrammar"):
     EmptyGrammarError if xgrammar's grammar matches no string (empty_language.py; llguidance's grammars are
     checked after their compile instead)."""
     parsed = engine_class(backend).check(kind, text)
-    if backend == "xgrammar" and admits_nothing_bytewise(kind, text):
-        raise EmptyGrammarError()
+    if backend == "xgrammar":
+        check_not_empty(kind, text, parsed)
     return parsed
 
 

@@ -4,8 +4,10 @@ apply_logit_bias_     logits[i, id] += bias for every (id, bias) of row i's logi
 apply_grammar_mask_   one bitmask row per constrained request (its matcher fills the host row, or the BitmaskFiller
                       did during the forward: bitmask_fill.py), one upload of the batch's rows to the logits' device
                       (token_bitmask.py), one masking pass; a constrained row left with no finite allowed logit gets
-                      a uniform choice among its allowed tokens, so the grammar holds even then. Nothing here reads a
-                      device value on the host.
+                      a uniform choice among its allowed tokens, so the grammar holds even then. A row that allows
+                      no token at all (a dead end: request_grammar.py) is marked on its grammar and left unmasked,
+                      so its draw cannot fail the batch; the sink ends that request with a 400 instead of committing
+                      the token. Nothing here reads a device value on the host (the dead-end test reads host rows).
 """
 
 from __future__ import annotations
@@ -49,7 +51,19 @@ def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional
     else:
         for i in stale:
             reqs[i].grammar.fill_bitmask(host, i)
+    _open_dead_ends_(host, reqs, rows)
     _mask_rows_(logits, bitmask.upload(len(reqs)), rows)
+
+
+def _open_dead_ends_(host: torch.Tensor, reqs: List[Any], rows: List[int]) -> None:
+    """Mark each filled row with no bit set as its grammar's dead end, and set all its bits."""
+    words = host[: len(reqs)] if len(rows) == len(reqs) else host[rows]
+    live = words.any(dim=1)
+    if bool(live.all()):
+        return
+    for k in torch.nonzero(~live).flatten().tolist():
+        reqs[rows[k]].grammar.dead_end = True
+        host[rows[k]].fill_(-1)
 
 
 _BYTE_TO_ADDEND = {}  # device -> float32 [256, 8]: 0 where bit j of the byte allows the token, -inf where it bans it

@@ -6,6 +6,11 @@ retraction (which keeps output_ids and re-prefills them) leave it exact; nothing
 request's grammar lives from the end of its compile to its finish or abort (GrammarBackend counts the live ones).
 Its mask may be filled on the backend's BitmaskFiller thread during the forward (bitmask_fill.py): advancing or
 dropping the matcher first waits for that fill.
+
+A dead end: the mask at the matcher's position allows no token and no stop (the served tokenizer cannot spell what
+the grammar needs next; grammars no string matches are refused before they get here: empty_language.py). The
+sampler marks it (logits_mask.py) and the request ends as the client's error, a 400 naming its grammar field
+(dead_end_error), instead of committing a token the grammar rejects.
 """
 
 from __future__ import annotations
@@ -13,6 +18,12 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
+
+from sglang.srt.sampling.validation import ParamError
+
+GRAMMAR_DEAD_END_STATUS = 400  # the client sent a grammar the served tokenizer cannot finish
+DEAD_END_ALLOWED = ("a grammar that this model's tokenizer can spell to its end (the tokenizer may lack tokens for "
+                    "some control characters or bytes)")
 
 
 class GrammarRejectedToken(RuntimeError):
@@ -26,6 +37,7 @@ class RequestGrammar:
         self._on_release: Optional[Callable[[], None]] = on_release
         self.filler = filler  # bitmask_fill.BitmaskFiller whose jobs may read this matcher, or None
         self.num_accepted = 0  # the matcher's position: a mask filled ahead is valid only at the same one
+        self.dead_end = False  # its mask at num_accepted allows nothing: the matcher never moves again
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into bitmask[row] (bit t of word t // 32 set = token t allowed)."""
@@ -39,6 +51,12 @@ class RequestGrammar:
         if not self.matcher.accept_token(token_id):
             raise GrammarRejectedToken(f"the {self.kind} grammar rejected token {token_id}")
         return self.matcher.is_terminated()
+
+    def dead_end_error(self, text: str) -> ParamError:
+        """The client's error for a dead end (text: the request's grammar)."""
+        return ParamError(self.kind, f"the grammar admits no continuation after {self.num_accepted} tokens: no token "
+                          "of this model's vocabulary, nor the end of the output, is allowed next", text,
+                          DEAD_END_ALLOWED)
 
     @property
     def is_terminated(self) -> bool:

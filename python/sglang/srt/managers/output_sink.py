@@ -1,6 +1,7 @@
 """OutputSink: sampled tokens become output deltas here, and requests leave the scheduler here.
 
-    append_token   a committed token (and its logprobs); with the overlap schedule its text half is decoded later
+    append_token   a committed token (and its logprobs); with the overlap schedule its text half is decoded later;
+                   a request whose grammar reached a dead end ends instead, as the client's error (a 400)
     finish         the request's computed tokens enter the prefix cache; its last output is queued
     fail           a fault hit the request: it finishes with a 500 abort, its memory freed without caching
     settle         after an overlapped forward: finish what the text halves stopped, fail what they faulted
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+from sglang.srt.constrained.request_grammar import GRAMMAR_DEAD_END_STATUS
 from sglang.srt.managers.fault_confinement import FAULT_STATUS_CODE, FaultPolicy, StepFault, fault_message, log_fault
 from sglang.srt.managers.io_struct import ReqOutput
 from sglang.srt.managers.prompt_logprob_state import PROMPT_LOGPROB_FIELDS, take_output
@@ -36,6 +38,9 @@ class OutputSink:
 
     def append_token(self, req: Req, out: SampleOutput, row: int) -> None:
         """Record row `row` of a sampling result for `req` (detokenizes; may finish the request)."""
+        if req.grammar is not None and req.grammar.dead_end:  # its grammar allowed no token: the row was a dummy
+            self.end_dead_grammar(req)
+            return
         if req.return_logprob:
             req.output_token_logprobs.append(out.token_logprobs[row])
             if out.top_logprobs is not None and out.top_logprobs[row] is not None:
@@ -50,6 +55,13 @@ class OutputSink:
         self.overlap.defer(req)  # its text is decoded while the next forward runs
         if req.finished():
             self.overlap.flush(req)  # a finished request's output needs its text now
+
+    def end_dead_grammar(self, req: Req) -> None:
+        """The request's grammar allows nothing more (request_grammar.py): it finishes as the client's error, a 400
+        naming the grammar's field, with the output so far; no fault, nothing logged as one."""
+        kind, text = req.sampling_params.grammar
+        req.abort(str(req.grammar.dead_end_error(text)), status_code=GRAMMAR_DEAD_END_STATUS)
+        req.finished_reason["param"] = kind
 
     def decode_text(self, req: Req, n_out: int) -> None:
         """The text half of output token n_out (detokenize, stop strings), then a streamed output if one is due."""
