@@ -307,7 +307,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, int2_hadamard, fp8_e4m3, "
         "fp8_e5m2), codes read "
         "in place through req_to_token: q [N, H, D] -> [N, H * D]; q_turn: R [D, D] where the keys are stored turned; "
-        "fresh_k / fresh_v: the new tokens' K/V [N, KV, D] fp32 in the stored basis, attended instead of their codes",
+        "fresh_k / fresh_v: the new tokens' K/V [N, KV, D] fp32 in the stored basis, attended instead of their codes; "
+        "ring_k / ring_v: the recent-window rings [ring rows, entries, KV, D] bf16, request b's at row ring_rows[b]",
         py::arg("q"), py::arg("k_codes"), py::arg("v_codes"), py::arg("k_scale"), py::arg("v_scale"),
         py::arg("kv_format"), py::arg("req_to_token"), py::arg("req_pool_indices"), py::arg("prefix_lens"),
         py::arg("extend_lens"), py::arg("scale"), py::arg("q_turn") = py::none(), py::arg("q_smooth") = py::none(),

@@ -124,7 +124,7 @@ at::Tensor extend_attention_quant_t(KvQuant fmt, const at::Tensor& q, const at::
   return out;
 }
 
-// fresh rows t [N, KV, D] fp32 -> bf16 ring entries entry[t] (entry < 0: not kept), K and V.
+// fresh rows t [N, KV, D] fp32 -> bf16 ring entries entry[t] (flat over [ring rows, E]; < 0: not kept), K and V.
 SGL_AVX512 inline void write_ring_rows(const char* op, const at::Tensor& entry, const float* fk, const float* fv,
                                        int64_t N, int64_t KV, int64_t D, const at::Tensor& ring_k,
                                        const at::Tensor& ring_v) {
@@ -133,9 +133,10 @@ SGL_AVX512 inline void write_ring_rows(const char* op, const at::Tensor& entry, 
   const int64_t* ep = entry.data_ptr<int64_t>();
   uint16_t* rk = reinterpret_cast<uint16_t*>(ring_k.data_ptr());
   uint16_t* rv = reinterpret_cast<uint16_t*>(ring_v.data_ptr());
+  const int64_t ring_entries = ring_k.size(0) * ring_k.size(1);
   for (int64_t t = 0; t < N; ++t) {
     if (ep[t] < 0) continue;
-    TORCH_CHECK(ep[t] < ring_k.size(0), op, ": ring entry ", ep[t], " is outside the ring");
+    TORCH_CHECK(ep[t] < ring_entries, op, ": ring entry ", ep[t], " is outside the ring");
     for (int64_t j = 0; j < KV * D; j += 16) {
       store_bf16x16_soft(rk + ep[t] * KV * D + j, _mm512_loadu_ps(fk + t * KV * D + j));
       store_bf16x16_soft(rv + ep[t] * KV * D + j, _mm512_loadu_ps(fv + t * KV * D + j));
@@ -165,12 +166,13 @@ inline const float* optional_matrix(const char* op, const char* name, const c10:
 //   fresh_k, fresh_v  [N, KV, D] fp32, the batch's new K/V in the pool's stored basis (keys (k * w) @ R / k @ R as
 //             stored, values @ R where turned): a request's new tokens are attended as these rows, its cached prefix
 //             as codes (the codes of the new tokens, written by the caller for later forwards, are not read)
-//   ring_k, ring_v  [ring rows x E, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
-//             (mem_cache/recent_window.py), in the stored basis, E entries a req_to_token row: request b's last
-//             ring_counts[b] cached positions p are read from entry ring_rows[b] x E + p % W instead of their codes
-//             (W = ring_window, 0: E); ring_write [N] int64, optional: after the attention, new row t (fresh_k /
-//             fresh_v) goes to ring entry ring_write[t] (< 0: not kept), in bf16 -- the reads above saw the entries it
-//             replaces
+//   ring_k, ring_v  [ring rows, E, KV, D] bf16 (with fresh_k): the recent-window rings of this layer
+//             (mem_cache/recent_window.py), in the stored basis, E entries a ring row; the ring rows are their own
+//             count (the window's rows follow running requests: fewer than req_to_token's), request b's ring row is
+//             ring_rows[b]: its last ring_counts[b] cached positions p are read from entry ring_rows[b] x E + p % W
+//             instead of their codes (W = ring_window, 0: E); ring_write [N] int64, optional: after the attention,
+//             new row t (fresh_k / fresh_v) goes to ring entry ring_write[t] (flat, row x E + entry; < 0: not kept),
+//             in bf16 -- the reads above saw the entries it replaces
 //   sink_counts, sink_write  (with a ring of E > W entries a row: its last E - W are the attention sinks) request b's
 //             first sink_counts[b] positions p are read from entry ring_rows[b] x E + W + p instead of their codes;
 //             sink_write [N] int64, optional: new row t also goes to entry sink_write[t] (< 0: none)
@@ -249,9 +251,11 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
   if (has_ring) {
     const int64_t B = (int64_t)e.q_start.size() - 1;
     for (const at::Tensor* t : {&*ring_k, &*ring_v})
-      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->device().is_cpu() && t->dim() == 3 &&
-                      t->sizes() == ring_k->sizes() && t->size(1) == KV && t->size(2) == D,
-                  op, ": ring_k / ring_v must be contiguous bfloat16 CPU [rows x window, ", KV, ", ", D, "] tensors");
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->device().is_cpu() && t->dim() == 4 &&
+                      t->sizes() == ring_k->sizes() && t->size(0) >= 1 && t->size(1) >= 1 && t->size(2) == KV &&
+                      t->size(3) == D,
+                  op, ": ring_k / ring_v must be contiguous bfloat16 CPU [ring rows, entries, ", KV, ", ", D,
+                  "] tensors");
     rr = ring_rows->contiguous();
     rc = ring_counts->contiguous();
     TORCH_CHECK(rr.scalar_type() == at::kLong && rc.scalar_type() == at::kLong && rr.numel() == B && rc.numel() == B &&
@@ -259,10 +263,10 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
                 op, ": ring_rows / ring_counts must be int64 CPU tensors of one entry per request");
     const int64_t* rrp = rr.data_ptr<int64_t>();
     const int64_t* rcp = rc.data_ptr<int64_t>();
-    entries = ring_k->size(0) / std::max<int64_t>(1, req_to_token.size(0));
+    const int64_t ring_count = ring_k->size(0);
+    entries = ring_k->size(1);
     window = ring_window > 0 ? ring_window : entries;
-    TORCH_CHECK(entries >= 1 && entries * req_to_token.size(0) == ring_k->size(0) && window <= entries, op,
-                ": ring_k must hold its entries (ring_window and the sinks) for every req_to_token row");
+    TORCH_CHECK(window <= entries, op, ": ring_window ", window, " exceeds the ring's ", entries, " entries a row");
     const bool has_sinks = sink_counts.has_value() && sink_counts->defined();
     TORCH_CHECK(!has_sinks || entries > window, op, ": sink_counts needs a ring with sink entries (ring_window < E)");
     if (has_sinks) {
@@ -273,7 +277,7 @@ inline at::Tensor extend_attention_quant(const at::Tensor& q, const at::Tensor& 
     const int64_t* scp = has_sinks ? sc.data_ptr<int64_t>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t n_sink = scp != nullptr ? scp[b] : 0;
-      TORCH_CHECK(rrp[b] >= 0 && rrp[b] < req_to_token.size(0) && rcp[b] >= 0 && rcp[b] <= std::min(window, e.pp[b]) &&
+      TORCH_CHECK(rrp[b] >= 0 && rrp[b] < ring_count && rcp[b] >= 0 && rcp[b] <= std::min(window, e.pp[b]) &&
                       n_sink >= 0 && n_sink <= entries - window && n_sink + rcp[b] <= e.pp[b],
                   op, ": request ", b, "'s ring row or counts are out of range");
     }

@@ -7,7 +7,7 @@ torch gather path). Two checks:
     a CPU without BF16 would fault on one. The scan itself is checked on the bf16 decode kernel, where it must find
     them;
   - below the native level (SGLANG_CPU_ISA=avx512_vnni, in a subprocess): the kernel tests against their fp64
-    reference (test_cpu_quant_attention.py, test_cpu_quant_int2.py) and the engine test, kernel and torch gather
+    reference (test_cpu_quant_attention.py, test_cpu_quant_int2.py, test_cpu_quant_ring.py) and the engine test, kernel and torch gather
     path teacher-forced against the bf16-KV model with every format (test_kv_quant_kernel_engine.py: fp32 activations
     there), all run, none skipped.
 """
@@ -31,6 +31,7 @@ QUANT_KV_ROOTS = ("extend_attention_quant", "kv_quant_write", "write_ring_rows",
 REGISTERED = Path(__file__).resolve().parents[1]
 AT_LEVEL = [REGISTERED / "jit_kernel" / "test_cpu_quant_attention.py",
             REGISTERED / "jit_kernel" / "test_cpu_quant_int2.py",
+            REGISTERED / "jit_kernel" / "test_cpu_quant_ring.py",
             REGISTERED / "engine" / "test_kv_quant_kernel_engine.py"]
 
 

@@ -54,17 +54,25 @@ class Harness:
     """torch_native over an int4 (or int2_hadamard) pool with its window, one layer; remembers every K/V it was fed,
     by pool slot."""
 
-    def __init__(self, page, kernel, fmt="int4"):
+    def __init__(self, page, kernel, fmt="int4", ring_rows=None):
+        """ring_rows: the window's rows follow running requests as a server's do (ReqToTokenPool.attach_window:
+        ring_rows rows + the scratch row, fewer than the request slots); None: a ring per request slot."""
         self.h = BackendHarness("torch_native", page_size=page, num_q_heads=H, num_kv_heads=KV, head_dim=D,
                                 dtype=torch.float32, pool_tokens=1024, num_layers=1)
         self.r2t = self.h.r2t
-        self.pool = create_kv_pool(fmt, 1024, page, torch.float32, KV, D, 1, window_rows=self.r2t.req_to_token.shape[0])
+        slots = self.r2t.req_to_token.shape[0]
+        self.pool = create_kv_pool(fmt, 1024, page, torch.float32, KV, D, 1,
+                                   window_rows=slots if ring_rows is None else ring_rows + 1,
+                                   window_req_rows=None if ring_rows is None else slots)
         if "k_smooth" in self.pool.fixed:
             self.pool.fixed["k_smooth"].copy_(torch.exp(torch.linspace(-0.5, 0.5, D))[None, None])
         if self.pool.is_fp8:  # a calibrated scale for N(0, 1) rows: amax ~4.5 x headroom 2 / fp8 max
             for part in ("k", "v"):
                 self.pool.fixed[part + "_scale"].fill_(9.0 / torch.finfo(self.pool.dtype).max)
-        self.r2t.on_alloc.append(self.pool.window.forget)
+        if ring_rows is None:
+            self.r2t.on_alloc.append(self.pool.window.forget)
+        else:
+            self.r2t.attach_window(self.pool.window)
         self.h.pool = self.pool
         self.backend = create_attention_backend("torch_native", model_config=SimpleNamespace(dtype=torch.float32),
                                                 req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, device="cpu")
@@ -166,6 +174,27 @@ class TestRecentWindow(unittest.TestCase):
             self.assertEqual(h.r2t.alloc(), a)
             self.assertTrue(bool((h.pool.window.loc[a] == -1).all()))
 
+    def test_ring_rows_follow_running_requests(self):
+        """As a server keeps them: 2 ring rows (+ the scratch row) for 4 request slots. The first two requests hold a
+        row each and read their window from it; the third finds none and reads everything through the codes -- in
+        one batch, through the kernel (one call a layer, the rings [3, W + S, KV, D]) and the gather path."""
+        for kernel in self.paths():
+            h = Harness(1, kernel, ring_rows=2)
+            a, b, c = (h.h.new_request() for _ in range(3))
+            self.assertEqual(h.pool.window.row_of[[a, b, c]].tolist(), [1, 2, 0])
+            self.assertLess(h.pool.window.k.shape[1], h.r2t.req_to_token.shape[0])
+            h.step([a, b, c], [W + 6, W + 3, W + 5])
+            q, out = h.step([a, b, c], [4, 2, 3])  # extend over cached prefixes
+            for i, (row, n, ext, first) in enumerate(((a, W + 10, 4, 0), (b, W + 5, 2, 4), (c, W + 8, 3, 6))):
+                cached, sl = n - ext, slice(first, first + ext)
+                exact_from, sinks = (cached - W, S) if row != c else (cached, 0)
+                h.check(self, row, q[sl], out[sl], n, exact_from, f"ring rows kernel={kernel} request {i}", sinks)
+            q, out = h.step([a, b, c], [1, 1, 1])  # decode
+            for i, (row, n) in enumerate(((a, W + 11), (b, W + 6), (c, W + 9))):
+                exact_from, sinks = (n - 1 - W, S) if row != c else (n - 1, 0)
+                h.check(self, row, q[i : i + 1], out[i : i + 1], n, exact_from, f"decode kernel={kernel} {i}", sinks)
+            self.assertEqual(h.pool.window.rows.num_without_row, 1)
+
     def test_gather_path_reads_the_tail_once_a_forward(self):
         """torch_native's gather path (a GPU, or a CPU without the kernels) reads the ring bookkeeping to the host
         once in init_forward_metadata, not in every layer (each read is a host sync on a GPU)."""
@@ -183,6 +212,25 @@ class TestRecentWindow(unittest.TestCase):
             for _ in range(4):  # four layers' attention (the one layer, four times)
                 h.backend.forward(q, k, v, h.layer, fb)
         self.assertEqual(h.backend.forward_metadata.tail_host[0], [W])  # the ring was read
+        self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
+
+    def test_gather_decode_reads_the_lengths_once_a_forward(self):
+        """A decode step on the gather path: the batch's lengths (each request's new token position) are read to the
+        host once in init_forward_metadata, not once per row group and layer."""
+        h = Harness(1, kernel=False)
+        a, b = h.h.new_request(), h.h.new_request()
+        h.step([a, b], [W + S + 4, 5])
+        fb = h.h.batch([a, b], [1, 1])
+        q, k, v = (torch.randn(2, hh, D) for hh in (H, KV, KV))
+        fb.attn_backend = h.backend
+        reads, real = [], torch.Tensor.tolist
+        with mock.patch.object(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t)):
+            h.backend.init_forward_metadata(fb)
+            at_init = len(reads)
+            for _ in range(4):  # four layers' attention (the one layer, four times)
+                h.backend.forward(q, k, v, h.layer, fb)
+        md = h.backend.forward_metadata
+        self.assertEqual((md.seq_lens_host, md.tail_host[0]), ([W + S + 5, 6], [W, 5 - S]))  # the ring was read
         self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
 
     def test_plan_charges_the_ring(self):

@@ -19,8 +19,9 @@ Per forward, `tail(...)` counts each request's valid entries (s_b: the leading r
 entry still holds the row's slot; w_b: the trailing run of positions max(P_b - W, s_b) .. P_b - 1 whose ring entry
 does) and claims the entries its new tokens will take; with max_extend == 1 (a decode step) it builds only device
 tensors of fixed shapes (no host sync: a CUDA graph captures it). Attention reads the ring in place (the CPU kernel's
-ring_k / ring_v, ring_rows, ring_counts, sink_counts; the Triton kernels' kv_formats.RingOperands); each layer writes
-its new tokens into the ring (`write`) after its attention, so the entries a decode step overwrites were read first.
+ring_k / ring_v by `rings`, ring_rows, ring_counts, sink_counts; the Triton kernels' kv_formats.RingOperands); each
+layer writes its new tokens into the ring (`write`) after its attention, so the entries a decode step overwrites were
+read first.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ class RecentWindow:
         position p < S also at row x (W + S) + W + p)."""
         k, v = self.k[layer_id], self.v[layer_id]
         return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
+
+    def rings(self, layer_id: int):
+        """This layer's rings as [rows, W + S, KV, D] bf16 (the CPU kernel's ring_k / ring_v: the shape gives it the
+        ring rows and the entries a row, so rows need not match req_to_token's)."""
+        return self.k[layer_id], self.v[layer_id]
 
     def sink_entries(self, rows, positions):
         """The ring entries of sink positions (< S) of ring rows (ints or tensors that broadcast): row x (W + S) + W +

@@ -29,7 +29,7 @@ class QuantLayerOperands:
     k_smooth: Optional[torch.Tensor]  # int4's key multipliers w [KV, D], else None
     v_turn: Optional[torch.Tensor]  # R [Dv, Dv] where the values are stored turned, else None
     v_back: Optional[torch.Tensor]  # R^T of it, contiguous (what turns an output row back), else None
-    ring_k: Optional[torch.Tensor]  # the layer's ring views [rows x (W + S), KV, D] bf16 (recent_window.py), or None
+    ring_k: Optional[torch.Tensor]  # the layer's rings [ring rows, W + S, KV, D] bf16 (recent_window.py), or None
     ring_v: Optional[torch.Tensor]
 
 
@@ -38,7 +38,7 @@ def quant_layer_operands(pool, layer_id: int) -> QuantLayerOperands:
     k_turn, k_smooth = pool.key_turn(layer_id)
     v_turn = pool.rotation("v")
     v_back = kv_quant_codec.rotation_t(pool.v_head_dim, pool.device) if v_turn is not None else None
-    ring_k, ring_v = pool.window.ring(layer_id) if pool.window is not None else (None, None)
+    ring_k, ring_v = pool.window.rings(layer_id) if pool.window is not None else (None, None)
     return QuantLayerOperands(pool.fields["k"][layer_id], pool.fields["v"][layer_id], scales["k_scale"][layer_id],
                               scales["v_scale"][layer_id], k_turn, k_smooth, v_turn, v_back, ring_k, ring_v)
 

@@ -51,7 +51,6 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
 from sglang.srt.layers.attention.quant_kernel_operands import QuantOperandCache
-from sglang.srt.layers.attention.quant_ring_groups import call_grouped, ring_groups
 from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, is_quantized
@@ -71,6 +70,7 @@ class ExtendRequest:
 @dataclass
 class TorchNativeMetadata:
     max_len: int = 0  # decode: the longest sequence of the batch (the padded length of every row group)
+    seq_lens_host: Optional[List[int]] = None  # decode, gather path: the batch's lengths, read to the host once a forward
     ragged: bool = False  # decode: some sequence is shorter than max_len (its padding is masked out)
     extend_reqs: Optional[List[ExtendRequest]] = None  # extend: one entry per request
     # extend through the CPU kernel: (req_pool_indices, prefix_lens, extend_lens), int64
@@ -84,7 +84,6 @@ class TorchNativeMetadata:
     # a pool with a recent window: the forward's ring bookkeeping (mem_cache/recent_window.py)
     tail: Optional[WindowTail] = None
     tail_host: Optional[tuple] = None  # the gather path's host copy of the tail (WindowTail.host_lists), once a forward
-    ring_groups: Optional[list] = None  # the CPU kernel's calls over a ring of R_w + 1 rows (quant_ring_groups.py)
     stored_kv: Optional[tuple] = None  # (layer id, new k, new v in the stored basis) of the layer last computed
     ring_written: Optional[int] = None  # the layer whose new tokens the kernel already put into the ring
 
@@ -128,9 +127,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 pre, ext, most = fb.seq_lens - 1, torch.ones_like(fb.seq_lens), 1
             md = self.forward_metadata
             md.tail = t = window.tail(fb.req_pool_indices, pre, ext, fb.out_cache_loc, self.req_to_token_pool.req_to_token, most)
-            if md.quant_rows is not None and self.fresh_reads:  # the kernel reads the ring
-                md.ring_groups = ring_groups(self.req_to_token_pool.req_to_token, md.quant_rows, window.loc.shape[0])
-            elif self.fresh_reads:  # the gather path (_fresh): one host copy a forward, not four a layer
+            if md.quant_rows is None and self.fresh_reads:  # the gather path (_fresh): one host copy a forward
                 md.tail_host = t.host_lists()
 
     def _init_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -171,7 +168,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         # the slot tables are built per row group in forward_decode: nothing of size B x max_len is held
         max_len = max(seq_lens_cpu)
-        self.forward_metadata = TorchNativeMetadata(max_len=max_len, ragged=min(seq_lens_cpu) != max_len)
+        self.forward_metadata = TorchNativeMetadata(max_len=max_len, ragged=min(seq_lens_cpu) != max_len,
+                                                    seq_lens_host=list(seq_lens_cpu))
 
     @staticmethod
     def _fresh_rows(extend_lens: List[int]) -> tuple:
@@ -266,12 +264,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             raise NotImplementedError("torch_native CPU attention over a quantized pool reads the new K/V from the "
                                       "pool (save_kv_cache=True).")
         o, md = self.quant_operands(layer.layer_id), self.forward_metadata
-        return call_grouped(
-            self.cpu_quant_ops.extend_attention_quant, q,
-            (o.k_codes, o.v_codes, o.k_scale, o.v_scale, self.token_to_kv_pool.kv_format),
-            self.req_to_token_pool.req_to_token, md.quant_rows, (layer.scaling, o.k_turn, o.k_smooth, o.v_back),
-            self._stored_kv(layer, k, v) if self.fresh_reads else (None, None), self._ring_args(layer, o),
-            md.ring_groups)
+        fresh = self._stored_kv(layer, k, v) if self.fresh_reads else (None, None)
+        return self.cpu_quant_ops.extend_attention_quant(
+            q, o.k_codes, o.v_codes, o.k_scale, o.v_scale, self.token_to_kv_pool.kv_format,
+            self.req_to_token_pool.req_to_token, *md.quant_rows, layer.scaling, o.k_turn, o.k_smooth, o.v_back,
+            *fresh, *self._ring_args(layer, o))
 
     def _ring_args(self, layer: AttentionLayer, o) -> tuple:
         """The kernel's recent-window operands (ring_k, ring_v, ring_rows, ring_counts, ring_write, sink_counts,
@@ -375,11 +372,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         # mask and gathered K/V never exceed the workspace declared for this backend, whatever the batch and context.
         rows = max(1, self.decode_gather_tokens // md.max_len)
         outs = [self._decode_rows(q[s : s + rows], layer, forward_batch.req_pool_indices[s : s + rows],
-                                  forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged, (k, v, s))
+                                  forward_batch.seq_lens[s : s + rows], md.max_len, md.ragged,
+                                  (k, v, s, md.seq_lens_host[s : s + rows]))
                 for s in range(0, bs, rows)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _decode_rows(self, q, layer, req_rows, seq_lens, max_len: int, ragged: bool, new_kv=None) -> torch.Tensor:
+        """new_kv = (k, v, first request, its lengths as a host list: the metadata's, never read here)."""
         kv_indices = self.req_to_token_pool.req_to_token[req_rows, :max_len]  # [b, max_len], a copy
         attn_mask = None
         if ragged:
@@ -392,7 +391,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = self._rotated_attention(q_grouped, layer, kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
             qq, kk, vv, attn_mask=attn_mask, scale=layer.scaling),  # k, v gathered [b, KV, Lk, D]
             self._fresh(layer, new_kv[0], new_kv[1],  # row i = request s + i, its new token at seq_len - 1
-                        [(i, new_kv[2] + i, n, new_kv[2] + i, 1) for i, n in enumerate(seq_lens.tolist())])
+                        [(i, new_kv[2] + i, n, new_kv[2] + i, 1) for i, n in enumerate(new_kv[3])])
             if new_kv is not None and self.fresh_reads else None)
         return out.reshape(bs, num_heads * layer.v_head_dim)  # [B, KV, G, Dv] -> [B, H * Dv]
 
