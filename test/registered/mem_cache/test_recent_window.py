@@ -13,6 +13,11 @@ sizes 1 and 16:
   - a request that takes another's tokens as its cached prefix reads them through the codes (its ring is empty), and
     a row handed to a new request forgets the old one's ring (ReqToTokenPool.alloc -> RecentWindow.forget); one
     that extends such a prefix keeps its own new tokens in its ring but has no sinks;
+  - the ring rows follow running requests as a server keeps them (2 rows + the scratch row for 4 slots): the requests
+    holding one read their window from it, the one without reads through the codes, in one batch on both paths;
+  - the gather path reads the ring bookkeeping and the decode lengths to the host once a forward, never per layer;
+  - an int4 Engine's activation profile forward writes every layer's newest tokens into a real ring row (the
+    window's per-layer work is in the measured activations);
   - the plan charges the ring as the kv_window term, (slots + 1) x window_bytes_per_slot, and the pool allocates
     exactly that; fp8 on FlashInfer (whose kernel reads codes only) has no window, none planned or allocated.
 """
@@ -32,7 +37,7 @@ from sglang.srt.mem_plan.kv_quant import (RECENT_WINDOW_TOKENS, SINK_TOKENS, qua
 from sglang.test.attention_harness import BackendHarness
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 W = recent_window("int4")
 S = SINK_TOKENS
@@ -232,6 +237,42 @@ class TestRecentWindow(unittest.TestCase):
         md = h.backend.forward_metadata
         self.assertEqual((md.seq_lens_host, md.tail_host[0]), ([W + S + 5, 6], [W, 5 - S]))  # the ring was read
         self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
+
+    def test_profile_forward_runs_with_the_window(self):
+        """The activation profile (ModelRunner.profile_activation_bytes) measures a prefill with the recent window in
+        place, so the ring's per-layer copies and writes are in the measured activations: during an int4 Engine's
+        startup its forward writes every layer's newest tokens into a ring row that is not the scratch row."""
+        from sglang import Engine
+        from sglang.srt.mem_cache.recent_window import RecentWindow
+        from sglang.srt.model_executor import activation_cache
+        from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+        from sglang.test.engine_fixtures import shutdown
+
+        profiling, writes = [], []
+        real_profile, real_write = ModelRunnerKVCacheMixin.profile_activation_bytes, RecentWindow.write
+
+        def profile(runner, num_tokens):
+            profiling.append(num_tokens)
+            try:
+                return real_profile(runner, num_tokens)
+            finally:
+                profiling.pop()
+
+        def write(window, layer_id, k, v, t):
+            if profiling:
+                writes.append((layer_id, t.ring_rows.tolist(), t.write_dst.numel(), int(window.loc[1].ge(0).sum())))
+            return real_write(window, layer_id, k, v, t)
+
+        # measured now, not taken from an earlier start's stored peak (activation_cache.py)
+        with mock.patch.object(ModelRunnerKVCacheMixin, "profile_activation_bytes", profile), \
+                mock.patch.object(RecentWindow, "write", write), \
+                mock.patch.object(activation_cache, "activation_cache_applies", lambda runner: False):
+            engine = Engine(max_total_memory_gb=1, kv_cache_dtype="int4", chunked_prefill_size=64, log_level="warning")
+            layers = engine.scheduler.model_runner.model_config.num_hidden_layers
+            shutdown(engine)
+        self.assertEqual([w[0] for w in writes], list(range(layers)))
+        # one request, at ring row 1; its newest W tokens enter the ring, and its W + S entries hold its slots
+        self.assertEqual({(tuple(w[1]), w[2], w[3]) for w in writes}, {((1,), W, W + S)})
 
     def test_plan_charges_the_ring(self):
         slots = 5
