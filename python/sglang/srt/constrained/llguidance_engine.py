@@ -67,6 +67,20 @@ class LLGuidanceMatcher:
         at all (an empty language), so an allowed stop token alone does not say this."""
         return self._m.is_accepting()
 
+    def stuck(self, words: Any) -> bool:
+        """Whether this matcher's filled mask row `words` (int32 [W], host) is llguidance's form of a mask that allows
+        nothing: only stop tokens, where the output may not end (sampling would pick one and be refused)."""
+        if self._m.is_accepting():
+            return False
+        stop_bits: dict = {}
+        for t in self._stops:
+            stop_bits[t // 32] = stop_bits.get(t // 32, 0) | (1 << (t % 32))
+        rest = words.clone()
+        rest[list(stop_bits)] = 0
+        if bool(rest.any()):
+            return False
+        return all(int(words[w]) & 0xFFFFFFFF & ~bits == 0 for w, bits in stop_bits.items())
+
     def error(self) -> Optional[str]:
         return self._m.get_error() if self._m.is_error() else None
 

@@ -56,14 +56,15 @@ def apply_grammar_mask_(logits: torch.Tensor, reqs: List[Any], bitmask: Optional
 
 
 def _open_dead_ends_(host: torch.Tensor, reqs: List[Any], rows: List[int]) -> None:
-    """Mark each filled row with no bit set as its grammar's dead end, and set all its bits."""
-    words = host[: len(reqs)] if len(rows) == len(reqs) else host[rows]
-    live = words.any(dim=1)
-    if bool(live.all()):
-        return
-    for k in torch.nonzero(~live).flatten().tolist():
-        reqs[rows[k]].grammar.dead_end = True
-        host[rows[k]].fill_(-1)
+    """Mark each filled row that allows nothing as its grammar's dead end, and set all its bits. A matcher with
+    stuck() (llguidance's, which allows the stop token where it cannot go on) is asked about rows with bits set."""
+    live = (host[: len(reqs)] if len(rows) == len(reqs) else host[rows]).any(dim=1).tolist()
+    for k, i in enumerate(rows):
+        g = reqs[i].grammar
+        if live[k] and (g.stuck is None or not g.stuck(host[i])):
+            continue
+        g.dead_end = True
+        host[i].fill_(-1)
 
 
 _BYTE_TO_ADDEND = {}  # device -> float32 [256, 8]: 0 where bit j of the byte allows the token, -inf where it bans it

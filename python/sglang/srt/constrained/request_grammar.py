@@ -38,6 +38,7 @@ class RequestGrammar:
         self.filler = filler  # bitmask_fill.BitmaskFiller whose jobs may read this matcher, or None
         self.num_accepted = 0  # the matcher's position: a mask filled ahead is valid only at the same one
         self.dead_end = False  # its mask at num_accepted allows nothing: the matcher never moves again
+        self.stuck = getattr(matcher, "stuck", None)  # llguidance's: a stop-only mask where the output may not end
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into bitmask[row] (bit t of word t // 32 set = token t allowed)."""
@@ -69,4 +70,4 @@ class RequestGrammar:
                 self.filler.wait(quiet=True)
             self._on_release()
             self._on_release = None
-            self.matcher = None
+            self.matcher = self.stuck = None
