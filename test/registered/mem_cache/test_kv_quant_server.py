@@ -40,13 +40,18 @@ def test_server_with_quantized_kv(fmt):
         assert SCALES[fmt] in kv["scales"], kv
         assert kv["turned_parts"] == TURNED[fmt], kv
         assert kv["quality_flag"] == (kv_quant.quality_flag(fmt) or None), kv
-        # int4 / int2_hadamard: each request slot's last 16 tokens in bf16 (fp8: 48) and its first 4 (the attention
-        # sinks), (slots + 1) rings of (W + 4) x (30 x 3 x 256 B + an 8 B slot index), the plan's kv_window term
+        # int4 / int2_hadamard: a running request's last 16 tokens in bf16 (fp8: 48) and its first 4 (the attention
+        # sinks), in R_w + 1 rings of (W + 4) x (30 x 3 x 256 B + an 8 B slot index) -- R_w = min(slots, what 1% of
+        # the budget buys less the scratch row: mem_plan/kv_window.py) -- and the (slots + 1)-entry int64 slot -> row
+        # map: the plan's kv_window term
         window = {"int4": 16, "int2_hadamard": 16, "fp8_e4m3": 48}.get(fmt, 0)
         sinks = 4 if window else 0
         assert kv["recent_window_tokens"] == window and kv["sink_tokens"] == sinks, kv
-        slots = info["memory_plan"]["max_running_requests"]
-        assert kv["window_bytes"] == (slots + 1) * (window + sinks) * (30 * 3 * 256 + 8), kv
+        plan = info["memory_plan"]
+        slots, row_bytes = plan["max_running_requests"], (window + sinks) * (30 * 3 * 256 + 8)
+        rows = min(slots, max(1, int(0.01 * plan["budget_bytes"]) // row_bytes - 1)) if window else 0
+        assert kv["window_rows"] == plan["kv_window_rows"] == rows, (kv, plan["kv_window_rows"], rows)
+        assert kv["window_bytes"] == ((rows + 1) * row_bytes + (slots + 1) * 8 if window else 0), kv
         terms = {t["name"]: t["num_bytes"] for t in info["memory_plan"]["terms"]}
         assert terms.get("kv_window", 0) == kv["window_bytes"], terms
         client = openai_client(srv.base_url)
