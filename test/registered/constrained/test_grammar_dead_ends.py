@@ -43,6 +43,9 @@ NEVER_FINISH = [
     ("json_schema", json.dumps(REQUIRED_CYCLE), True),
     ("json_schema", json.dumps({"type": "array", "items": REQUIRED_CYCLE, "minItems": 1, "$defs": REQUIRED_CYCLE["$defs"]}),
      True),
+    ("json_schema", json.dumps({**REQUIRED_CYCLE, "properties": {"e": {"type": "string", "pattern": "^q$"},
+                                                                 **REQUIRED_CYCLE["properties"]},
+                                "required": ["e", "x"]}), True),  # printed with a Regex(...) element
 ]
 # (kind, grammar, a string it matches): the witness the reference matcher must accept to its end
 MATCHING = [
@@ -63,6 +66,8 @@ MATCHING = [
     ("json_schema", json.dumps({**REQUIRED_CYCLE, "required": []}), "{}"),  # the cycle is optional: {} matches
     ("json_schema", json.dumps({"anyOf": [REQUIRED_CYCLE, {"type": "integer"}], "$defs": REQUIRED_CYCLE["$defs"]}),
      "7"),
+    ("json_schema", json.dumps({"type": "object", "properties": {"e": {"type": "string", "pattern": "^[a-z]{1,8}@x$"}},
+                                "required": ["e"]}), '{"e": "ab@x"}'),  # printed with a Regex(...) element
 ]
 
 
@@ -89,12 +94,20 @@ def test_a_grammar_some_string_matches_is_kept(byte_compiler, kind, text, witnes
 
 @pytest.mark.parametrize("printed", [
     "root ::= ((TagDispatch(\n  (\"<a>\", r),\n  loop_after_dispatch=true\n)))\nr ::= ((r))",
-    "root ::= ((Token(1, 2) rest))\nrest ::= ((rest))",
     "root ::= ((missing))",
     "start ::= ((start))",
 ])
 def test_what_the_reader_does_not_know_refuses_nothing(printed):
     assert root_is_productive(printed) is None
+
+
+@pytest.mark.parametrize("printed, productive", [
+    ('root ::= ((Regex("^[a-z](x|\\)", json_string=true) "@"))', True),
+    ("root ::= ((Token(1, 2) rest))\nrest ::= ((rest))", False),  # the unread element cannot save the sequence
+    ('root ::= ((Regex("(") rest) | ("q"))\nrest ::= ((rest))', True),
+])
+def test_elements_whose_text_is_not_read_count_as_productive(printed, productive):
+    assert root_is_productive(printed) is productive
 
 
 @pytest.mark.parametrize("body, empty", [

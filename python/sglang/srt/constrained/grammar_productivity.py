@@ -4,6 +4,7 @@ run on xgrammar's own normalized grammar (str(xgrammar.Grammar): one `name ::= b
 A rule is productive when one of its alternatives is a sequence of productive elements; the productive set is the
 least fixpoint of that rule. Elements:
     "..." (any byte string, "" included), [...]* (zero repetitions)   productive
+    Regex("..."), Token(...) (xgrammar's own elements, e.g. a pattern)  productive (their text is not read)
     [...] / [^...]                                                    productive iff its set of code points is not empty
     name                                                              iff the rule is
     name{m, n}                                                        iff m == 0 or the rule is
@@ -13,8 +14,9 @@ The root's language is empty iff the root is not productive. A grammar that can 
 grammar even though its matcher accepts a prefix -- the check at the start state (empty_language.py) cannot see it.
 
 Only a sure answer refuses anything: every approximation here errs towards "productive" (lookaheads ignored, a
-character class that cannot be read counts as non-empty), and a line or element this reader does not know
-(TagDispatch, Token(...), a format of a later xgrammar) makes the answer None, "unknown", which refuses nothing.
+character class that cannot be read counts as non-empty, so do Regex(...) and Token(...)), and a line or element
+this reader does not know (TagDispatch, a format of a later xgrammar) makes the answer None, "unknown", which refuses
+nothing.
 """
 
 from __future__ import annotations
@@ -151,14 +153,33 @@ class _BodyParser:
             self.i += 1
             return True if lookahead else inner
         m = _NAME.match(t, i)
-        if m is None or t[m.end() : m.end() + 1] == "(":  # Token(...), Regex(...), TagDispatch(...): not read here
+        if m is None:
             raise _Unknown(f"element {t[i:i + 20]!r}")
+        if t[m.end() : m.end() + 1] == "(":  # Regex("..."), Token(...): counted as productive, their text unread
+            self.i = self._call_end(m.end())
+            return True
         self.i = m.end()
         rep = _REPEAT.match(t, self.i)
         if rep is None:
             return ("ref", m.group(0), 1)
         self.i = rep.end()
         return ("ref", m.group(0), int(rep.group(1)))
+
+
+    def _call_end(self, i: int) -> int:
+        """Index after the ')' closing the '(' at text[i] (strings inside skipped)."""
+        depth, t = 0, self.text
+        while i < len(t):
+            if t[i] == '"':
+                i = _string_end(t, i)
+            elif t[i] == "(":
+                depth += 1
+            elif t[i] == ")":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        raise _Unknown("an unclosed call")
 
 
 def _derives(expr: Expr, productive: set, rules: Dict[str, Expr]) -> bool:
