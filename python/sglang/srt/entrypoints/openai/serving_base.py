@@ -98,6 +98,23 @@ def grammar_param_names(req: Any) -> dict:
     return {"json_schema": "response_format"} if rf is not None and rf.constraint_json_schema() is not None else {}
 
 
+async def api_param_errors(gen: AsyncIterator, names: dict) -> AsyncIterator:
+    """gen's items, unchanged; a RequestError it raises (a 400 from the scheduler: a grammar found to admit nothing
+    after its compile, or a dead end mid-generation) names its field as this API calls it (`names`, e.g.
+    {"json_schema": "response_format"}), as the checks at arrival do. Closing this closes gen (aborting its requests)."""
+    try:
+        async for item in gen:
+            yield item
+    except RequestError as e:
+        api = names.get(e.param)
+        if api is not None:
+            e.message = e.message.replace(f"Invalid value for {e.param}", f"Invalid value for {api}")
+            e.param = api
+        raise
+    finally:
+        await gen.aclose()
+
+
 def check_sampling_params(params: dict, vocab_size: int, names: Optional[dict] = None, prefix: str = "",
                           grammar_backend: Optional[str] = None) -> None:
     """Validate the sampling params of a request before it is split into choices (seed + n - 1 is checked here) and

@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
     OpenAIServingBase,
+    api_param_errors,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
@@ -160,7 +161,7 @@ class OpenAIServingChat(OpenAIServingBase):
             t.cache_salt = req.cache_salt
             ids = t.input_ids
             tokenized.append(t)
-        gen = tm.generate_many(tokenized, raw_request)
+        gen = api_param_errors(tm.generate_many(tokenized, raw_request), grammar_param_names(req))
         if req.stream:
             return await self.stream(req, gen, len(ids), plan)
         return await self.complete(req, gen, len(ids), plan)

@@ -16,6 +16,7 @@ from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
     OpenAIServingBase,
+    api_param_errors,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
@@ -100,7 +101,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 if req.echo:
                     echo_texts.append(text if text is not None else await tm.decode(ids))
         prompt_tokens = sum(len(tokenized[p * req.n].input_ids) for p in range(len(prompts)))
-        gen = tm.generate_many(tokenized, raw_request)
+        gen = api_param_errors(tm.generate_many(tokenized, raw_request), grammar_param_names(req))
         if req.stream:
             return await self.stream(req, gen, prompt_tokens, echo_texts, len(tokenized))
         return await self.complete(req, gen, prompt_tokens, echo_texts, len(tokenized))
