@@ -126,6 +126,19 @@ class Harness:
             test.assertGreater(float((reference(q, k1, v1, self.layer.scaling) - ref).abs().max()), 1e-4, what)
 
 
+
+def host_reads_in_layers(h, fb, q, k, v, num_layers: int = 4) -> list:
+    """The shapes of the tensors read to the host (Tensor.tolist) by num_layers layers' attention over fb, after the
+    forward's metadata is built (init_forward_metadata may read; a layer must not)."""
+    fb.attn_backend = h.backend
+    reads, real = [], torch.Tensor.tolist
+    with mock.patch.object(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t)):
+        h.backend.init_forward_metadata(fb)
+        at_init = len(reads)
+        for _ in range(num_layers):  # the one layer, num_layers times
+            h.backend.forward(q, k, v, h.layer, fb)
+    return reads[at_init:]
+
 class TestRecentWindow(unittest.TestCase):
     def paths(self):
         yield False
@@ -209,15 +222,9 @@ class TestRecentWindow(unittest.TestCase):
         fb = h.h.batch([a], [3])  # an extend over a cached prefix whose newest and first tokens are in the ring
         n = 3
         q, k, v = (torch.randn(n, hh, D) for hh in (H, KV, KV))
-        fb.attn_backend = h.backend
-        reads, real = [], torch.Tensor.tolist
-        with mock.patch.object(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t)):
-            h.backend.init_forward_metadata(fb)
-            at_init = len(reads)
-            for _ in range(4):  # four layers' attention (the one layer, four times)
-                h.backend.forward(q, k, v, h.layer, fb)
+        reads = host_reads_in_layers(h, fb, q, k, v)
         self.assertEqual(h.backend.forward_metadata.tail_host[0], [W])  # the ring was read
-        self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
+        self.assertEqual(reads, [])
 
     def test_gather_decode_reads_the_lengths_once_a_forward(self):
         """A decode step on the gather path: the batch's lengths (each request's new token position) are read to the
@@ -227,16 +234,10 @@ class TestRecentWindow(unittest.TestCase):
         h.step([a, b], [W + S + 4, 5])
         fb = h.h.batch([a, b], [1, 1])
         q, k, v = (torch.randn(2, hh, D) for hh in (H, KV, KV))
-        fb.attn_backend = h.backend
-        reads, real = [], torch.Tensor.tolist
-        with mock.patch.object(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t)):
-            h.backend.init_forward_metadata(fb)
-            at_init = len(reads)
-            for _ in range(4):  # four layers' attention (the one layer, four times)
-                h.backend.forward(q, k, v, h.layer, fb)
+        reads = host_reads_in_layers(h, fb, q, k, v)
         md = h.backend.forward_metadata
         self.assertEqual((md.seq_lens_host, md.tail_host[0]), ([W + S + 5, 6], [W, 5 - S]))  # the ring was read
-        self.assertEqual(len(reads) - at_init, 0, reads[at_init:])
+        self.assertEqual(reads, [])
 
     def test_profile_forward_runs_with_the_window(self):
         """The activation profile (ModelRunner.profile_activation_bytes) measures a prefill with the recent window in

@@ -77,23 +77,22 @@ def class_is_empty(body: str) -> bool:
     return covered > MAX_CODEPOINT
 
 
-def _class_end(text: str, i: int) -> int:
-    """Index of the ']' closing the class opened at text[i]."""
+def _closing(text: str, i: int, close: str, what: str) -> int:
+    """Index of the unescaped `close` ending the class ('[', close ']') or string ('"') opened at text[i]."""
     j = i + 1
-    while j < len(text) and text[j] != "]":
+    while j < len(text) and text[j] != close:
         j += 2 if text[j] == "\\" else 1
     if j >= len(text):
-        raise _Unknown("an unclosed character class")
+        raise _Unknown(f"an unclosed {what}")
     return j
+
+
+def _class_end(text: str, i: int) -> int:
+    return _closing(text, i, "]", "character class")
 
 
 def _string_end(text: str, i: int) -> int:
-    j = i + 1
-    while j < len(text) and text[j] != '"':
-        j += 2 if text[j] == "\\" else 1
-    if j >= len(text):
-        raise _Unknown("an unclosed string")
-    return j
+    return _closing(text, i, '"', "string")
 
 
 class _BodyParser:
