@@ -126,7 +126,6 @@ class Harness:
             test.assertGreater(float((reference(q, k1, v1, self.layer.scaling) - ref).abs().max()), 1e-4, what)
 
 
-
 def host_reads_in_layers(h, fb, q, k, v, num_layers: int = 4) -> list:
     """The shapes of the tensors read to the host (Tensor.tolist) by num_layers layers' attention over fb, after the
     forward's metadata is built (init_forward_metadata may read; a layer must not)."""
@@ -138,6 +137,7 @@ def host_reads_in_layers(h, fb, q, k, v, num_layers: int = 4) -> list:
         for _ in range(num_layers):  # the one layer, num_layers times
             h.backend.forward(q, k, v, h.layer, fb)
     return reads[at_init:]
+
 
 class TestRecentWindow(unittest.TestCase):
     def paths(self):
