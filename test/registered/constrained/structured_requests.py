@@ -52,3 +52,9 @@ def check_structured_requests(client, base_url: str, model: str) -> None:
     r = requests.post(f"{base_url}/generate", timeout=60,
                       json={"text": "Is the sky blue?", "sampling_params": {"ebnf": GBNF, "max_new_tokens": 8}})
     assert r.status_code == 200 and r.json()["text"] in ("answer: yes", "answer: no"), r.text
+
+
+def scheduler_stats(base_url: str) -> dict:
+    """The scheduler's stats in /server_info (num_faults, ...), with one scheduler or several."""
+    info = requests.get(f"{base_url}/server_info", timeout=30).json()
+    return info["scheduler"]["stats"] if "scheduler" in info else info["stats"]

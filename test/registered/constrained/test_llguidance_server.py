@@ -22,7 +22,7 @@ register_cpu_ci(est_time=45, suite="cpu")
 
 pytest.importorskip("llguidance")
 
-from structured_requests import MSG, check_structured_requests  # noqa: E402
+from structured_requests import MSG, check_structured_requests, scheduler_stats  # noqa: E402
 
 INTERNAL_LOCATION = re.compile(r"\.(cc|cpp|h|rs):\d+|\[\d+:\d+:\d+\]")
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -136,11 +136,7 @@ EMPTY_LANGUAGE = [("ebnf", "root ::= root"), ("regex", r"[^\s\S]"),
 def test_a_grammar_no_string_matches_is_a_400_after_its_compile(server):
     """llguidance's grammars are checked after their compile (the edge reads only xgrammar's): its matcher then
     allows only the stop token while not accepting. A 400 naming the field, no fault, no ERROR logged."""
-    def faults():
-        info = requests.get(f"{server.base_url}/server_info", timeout=30).json()
-        return (info["scheduler"]["stats"] if "scheduler" in info else info["stats"])["num_faults"]
-
-    before = faults()
+    before = scheduler_stats(server.base_url)["num_faults"]
     for kind, text in EMPTY_LANGUAGE:
         r = requests.post(f"{server.base_url}/generate", timeout=60,
                           json={"text": "hi", "sampling_params": {"max_new_tokens": 4, kind: text}})
@@ -149,7 +145,7 @@ def test_a_grammar_no_string_matches_is_a_400_after_its_compile(server):
     ok = requests.post(f"{server.base_url}/generate", timeout=60,
                        json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "regex": "(yes|no)"}})
     assert ok.status_code == 200 and ok.json()["text"] in ("yes", "no"), ok.text
-    assert faults() == before and " ERROR " not in server.log(), server.log()[-3000:]
+    assert scheduler_stats(server.base_url)["num_faults"] == before and " ERROR " not in server.log(), server.log()[-3000:]
 
 
 # each can begin ("a") but llguidance's matcher then allows only the stop token, where the output may not end: a
@@ -158,11 +154,7 @@ DEAD_AFTER_A = [("ebnf", 'root ::= "a" rest\nrest ::= rest'), ("regex", "a\\x04"
 
 
 def test_a_grammar_that_stalls_after_a_prefix_is_a_400_mid_generation(server):
-    def faults():
-        info = requests.get(f"{server.base_url}/server_info", timeout=30).json()
-        return (info["scheduler"]["stats"] if "scheduler" in info else info["stats"])["num_faults"]
-
-    before = faults()
+    before = scheduler_stats(server.base_url)["num_faults"]
     for kind, text in DEAD_AFTER_A:
         r = requests.post(f"{server.base_url}/generate", timeout=60,
                           json={"text": "hi", "sampling_params": {"max_new_tokens": 8, kind: text}})
@@ -171,7 +163,7 @@ def test_a_grammar_that_stalls_after_a_prefix_is_a_400_mid_generation(server):
     ok = requests.post(f"{server.base_url}/generate", timeout=60,
                        json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "regex": "(yes|no)"}})
     assert ok.status_code == 200 and ok.json()["text"] in ("yes", "no"), ok.text
-    assert faults() == before and " ERROR " not in server.log(), server.log()[-3000:]
+    assert scheduler_stats(server.base_url)["num_faults"] == before and " ERROR " not in server.log(), server.log()[-3000:]
 
 
 def test_outlines_is_refused_at_launch_naming_the_backends_that_work():

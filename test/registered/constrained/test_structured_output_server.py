@@ -19,6 +19,8 @@ from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, pop
 
 register_cpu_ci(est_time=75, suite="cpu")
 
+from structured_requests import scheduler_stats  # noqa: E402
+
 MSG = [{"role": "user", "content": "Give me the weather in a European capital as JSON."}]
 
 
@@ -157,11 +159,6 @@ def test_the_requests_llguidance_is_checked_with(client, model, server):
 
 SELF_REF_SCHEMA = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
 EMPTY_LANGUAGE = [("ebnf", "root ::= root"), ("regex", r"[^\s\S]"), ("json_schema", json.dumps(SELF_REF_SCHEMA))]
-
-
-def scheduler_stats(base_url: str) -> dict:
-    info = requests.get(f"{base_url}/server_info", timeout=30).json()
-    return info["scheduler"]["stats"] if "scheduler" in info else info["stats"]
 
 
 @pytest.mark.parametrize("kind, text", EMPTY_LANGUAGE)
