@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.mem_plan.layer_pools import NO_LAYER_POOLS, LayerPools
 from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_ELEM_BYTES
 from sglang.srt.mem_plan.specs import WorkspaceSpec
 
@@ -13,6 +14,8 @@ DEFAULT_SOURCES = {
     "weights": "measured",
     "kv_cache": "formula",
     "kv_window": "formula",
+    "kv_windowed": "formula",
+    "linear_state": "formula",
     "req_to_token": "formula",
     "attention_workspace": "declared",
     "logits": "declared",
@@ -39,7 +42,8 @@ class PlanInputs:
 
     pre_load_free_bytes  free device memory before weights load, MIN over ranks (measure.py)
     weight_bytes         measured weights (+ LoRA/draft weights) on this rank
-    kv_cell_bytes        KV bytes per token on this rank (specs.KVCellSpec.cell_bytes)
+    kv_cell_bytes        KV bytes per token on this rank (specs.KVCellSpec.cell_bytes) of the "full" layers
+    layer_pools          the sliding / chunked / linear layers' per-slot pools (layer_pools.py); empty: all full
     kv_fixed_bytes       KV bytes that do not grow with the pool: fp8's per-(layer, KV head) scales
                          (specs.KVCellSpec.fixed_bytes); charged in the kv_cache term
     mem_fraction_static  None = auto (solved); a value = honoured exactly or MemoryPlanError
@@ -89,6 +93,7 @@ class PlanInputs:
     # a quantized format's recent-window ring, bytes per window row (kv_quant.window_bytes_per_slot); the rows are
     # planned from the budget (kv_window.py): the kv_window term
     kv_window_row_bytes: int = 0
+    layer_pools: LayerPools = NO_LAYER_POOLS
 
     @property
     def encoder_total_bytes(self) -> int:

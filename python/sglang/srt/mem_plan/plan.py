@@ -47,6 +47,16 @@ class MemoryPlan:
     cap_source: str = "--max-total-memory-gb"
     kv_fixed_bytes: int = 0  # fp8's per-(layer, KV head) scales, in the kv_cache term
     kv_window_rows: int = 0  # a quantized KV's recent-window rows requests can hold (kv_window.py), in kv_window
+    # the pools of layers that do not keep every token (layer_pools.py); all 0 / "" when every layer is full
+    layer_kinds: str = ""  # e.g. "10 full, 52 sliding"
+    windowed_tokens: int = 0  # T_w, in kv_windowed
+    windowed_cell_bytes: int = 0
+    windowed_fixed_bytes: int = 0
+    window_slot_tokens: int = 0  # W + 2 (page - 1): what one request keeps between forwards
+    windowed_forward_tokens: int = 0  # max(chunk, slots): what one forward adds
+    state_slots: int = 0  # slots + 1 dummy, in linear_state
+    state_bytes_per_slot: int = 0
+    has_full_pool: bool = True  # False: no full layer, max_total_num_tokens is slots x context (logical)
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):
@@ -64,8 +74,29 @@ class MemoryPlan:
         if self.term("kv_cache").num_bytes != pool_rows * self.kv_cell_bytes + self.kv_fixed_bytes:
             raise ValueError("kv_cache term disagrees with (max_total_num_tokens + one dummy page) * kv_cell_bytes"
                              " + kv_fixed_bytes")
+        self._check_layer_pools()
         if not 0.0 <= self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static {self.mem_fraction_static} outside [0, 1]")
+
+    def _check_layer_pools(self):
+        names = {t.name for t in self.terms}
+        windowed, state = self.windowed_cell_bytes > 0, self.state_bytes_per_slot > 0
+        if ("kv_windowed" in names) != windowed or ("linear_state" in names) != state:
+            raise ValueError("kv_windowed / linear_state terms disagree with the windowed cell / state bytes")
+        if windowed:
+            if self.windowed_tokens % self.page_size or (self.has_full_pool and
+                                                          self.windowed_tokens > self.max_total_num_tokens):
+                raise ValueError(f"windowed_tokens {self.windowed_tokens} is not a page multiple <= the full pool")
+            rows = kv_pool_rows(self.windowed_tokens, self.page_size)
+            if self.term("kv_windowed").num_bytes != rows * self.windowed_cell_bytes + self.windowed_fixed_bytes:
+                raise ValueError("kv_windowed term disagrees with (windowed_tokens + one dummy page) * "
+                                 "windowed_cell_bytes + windowed_fixed_bytes")
+        if state and (self.state_slots != self.max_running_requests + 1 or
+                      self.term("linear_state").num_bytes != self.state_slots * self.state_bytes_per_slot):
+            raise ValueError("linear_state term disagrees with (max_running_requests + 1 dummy) * state_bytes_per_slot")
+        if not self.has_full_pool and (self.kv_cell_bytes or self.max_total_num_tokens
+                                       < self.max_running_requests * self.context_len):
+            raise ValueError("a plan without full layers has no KV cell and maps slots x context tokens")
 
     # ---- derived ----
     @property
@@ -76,6 +107,17 @@ class MemoryPlan:
     def headroom_bytes(self) -> int:
         """Budget not claimed by any term (explicit y leaves the unused part of the runtime region here)."""
         return self.budget_bytes - self.total_bytes
+
+    @property
+    def full_context_requests(self) -> int:
+        """Requests at the full context that can be held at once: the full pool (T // context), the windowed pool
+        (each keeps window_slot_tokens beside one forward's new tokens) and the slots permitting."""
+        fits = [self.max_running_requests]
+        if self.has_full_pool:
+            fits.append(self.max_total_num_tokens // self.context_len)
+        if self.window_slot_tokens:
+            fits.append(max(self.windowed_tokens - self.windowed_forward_tokens, 0) // self.window_slot_tokens)
+        return min(fits)
 
     @property
     def kv_bytes(self) -> int:
@@ -89,7 +131,7 @@ class MemoryPlan:
 
     def bytes_of(self, name: str) -> int:
         """A term's bytes; 0 for an optional term this plan does not have (kv_window without a recent window)."""
-        if name == "kv_window" and all(t.name != name for t in self.terms):
+        if name in ("kv_window", "kv_windowed", "linear_state") and all(t.name != name for t in self.terms):
             return 0
         return self.term(name).num_bytes
 
@@ -100,6 +142,7 @@ class MemoryPlan:
         d["notes"] = list(self.notes)
         d["total_bytes"] = self.total_bytes
         d["headroom_bytes"] = self.headroom_bytes
+        d["full_context_requests"] = self.full_context_requests
         return d
 
     def to_json(self, **kwargs) -> str:
@@ -122,10 +165,7 @@ class MemoryPlan:
         return "pre-load free memory"
 
     def explain(self) -> str:
-        lines = [
-            f"KV pool: {self.max_total_num_tokens:,} tokens (+ a {self.page_size}-token dummy page) x "
-            f"{self.kv_cell_bytes:,} B = {gib(self.kv_bytes):.2f} GiB "
-            f"({self.max_total_num_tokens / self.context_len:.2f} full-context requests at context {self.context_len:,}).",
+        lines = [self._full_pool_line(), *self._layer_pool_lines(),
             f"Request slots: {self.max_running_requests:,} (slot rule regime: {self.slot_regime}).",
             f"mem_fraction_static: {self.mem_fraction_static:.4f} ({self.mem_fraction_static_source}); "
             f"limited by: {self.limited_by}.",
@@ -134,3 +174,29 @@ class MemoryPlan:
         ]
         lines.extend(self.notes)
         return "\n".join(lines)
+
+    def _full_pool_line(self) -> str:
+        if not self.has_full_pool:
+            return (f"KV pool (full layers): none -- no layer keeps every token; {self.max_total_num_tokens:,} "
+                    f"tokens = {self.max_running_requests:,} slots x context {self.context_len:,} map to the "
+                    f"windowed pool.")
+        name = "KV pool (full layers)" if self.layer_kinds else "KV pool"
+        return (f"{name}: {self.max_total_num_tokens:,} tokens (+ a {self.page_size}-token dummy page) x "
+                f"{self.kv_cell_bytes:,} B = {gib(self.kv_bytes):.2f} GiB "
+                f"({self.max_total_num_tokens / self.context_len:.2f} full-context requests at context "
+                f"{self.context_len:,}).")
+
+    def _layer_pool_lines(self) -> list[str]:
+        if not self.layer_kinds:
+            return []
+        lines = [f"Layers: {self.layer_kinds}."]
+        if self.windowed_cell_bytes:
+            lines.append(f"Windowed pool (sliding/chunked layers): {self.windowed_tokens:,} tokens x "
+                         f"{self.windowed_cell_bytes:,} B = {gib(self.bytes_of('kv_windowed')):.2f} GiB "
+                         f"({self.window_slot_tokens:,} a request + {self.windowed_forward_tokens:,} a forward).")
+        if self.state_bytes_per_slot:
+            lines.append(f"Linear-state pool: {self.state_slots:,} slots (1 dummy) x {self.state_bytes_per_slot:,} B "
+                         f"= {gib(self.bytes_of('linear_state')):.2f} GiB.")
+        lines.append(f"Full-context requests that fit at once: {self.full_context_requests:,} (full pool, windowed "
+                     f"pool and slots permitting).")
+        return lines

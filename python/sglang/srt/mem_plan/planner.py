@@ -8,11 +8,12 @@ from typing import Optional
 from sglang.srt.mem_plan import budget as B
 from sglang.srt.mem_plan.errors import MemoryPlanError
 from sglang.srt.mem_plan.inputs import PlanInputs
+from sglang.srt.mem_plan.layer_pools import PoolCost, forward_tokens, window_tokens_per_slot
 from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP_ENTRY_BYTES, KV_WINDOW_SCRATCH_ROWS,
                                            WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
 from sglang.srt.mem_plan.slots import SlotRule
-from sglang.srt.mem_plan.solver import solve_max_tokens
+from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
 from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import MiB, gib
@@ -35,6 +36,7 @@ class _Resolved:
     fixed_runtime: int  # activations, logits, cuda graphs, encoder, mm cache, grammar cache, MoE workspace, margin
     min_kv_tokens: int
     max_tokens: Optional[int]  # page-aligned user cap on T (or the zero-cell fallback)
+    pools: PoolCost  # windowed KV and linear state (layer_pools.py)
 
     @classmethod
     def of(cls, x: PlanInputs) -> "_Resolved":
@@ -57,20 +59,40 @@ class _Resolved:
         )
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
                          + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
+        pools = x.layer_pools
+        kind = ("upstream" if not pools.per_slot_layers else
+                "first-context" if pools.has_full_pool else "context-per-slot")
+        rule = SlotRule(x.context_len, x.max_running_requests, kind=kind)
         max_tokens = x.max_total_tokens
+        if kind == "context-per-slot" and max_tokens is None:
+            max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no full pool: T = R x context
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
         if max_tokens is not None:
             max_tokens = max_tokens // x.page_size * x.page_size
         chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
         min_kv = x.min_kv_tokens if x.min_kv_tokens is not None else min(x.context_len, chunk)
+        if kind == "context-per-slot":
+            min_kv = x.context_len  # one slot: T = R x context
         min_kv = _align_up(max(min_kv, 2), x.page_size)  # >= 2 so that R(T) <= T // 2 allows one request
-        if max_tokens is not None:
+        if max_tokens is not None and kind != "context-per-slot":
             min_kv = min(min_kv, max(max_tokens, x.page_size))
-        return cls(x, budget, margin, graph_bs, SlotRule(x.context_len, x.max_running_requests), slot_cost,
-                   fixed_runtime, min_kv, max_tokens)
+        return cls(x, budget, margin, graph_bs, rule, slot_cost, fixed_runtime, min_kv, max_tokens,
+                   PoolCost(pools, chunk, x.page_size))
 
     # ---- terms at a given pool size ----
+    def snap(self, num_tokens: int) -> int:
+        """Without a full pool T is logical: the solve's largest T -> exactly the slots' contexts (R x context,
+        page-aligned up; the same R, and no more bytes since nothing is charged per logical token)."""
+        num_slots = self.rule.slots(num_tokens)
+        if self.rule.kind != "context-per-slot" or not num_slots:
+            return num_tokens
+        return _align_up(num_slots * self.inputs.context_len, self.inputs.page_size)
+
+    def pool_bytes(self, num_tokens: int) -> int:
+        """The windowed and state pools at T: static, allocated beside the KV pool."""
+        return self.pools.bytes_for(num_tokens, self.rule.slots(num_tokens))
+
     def runtime_bytes(self, num_tokens: int) -> int:
         return self.slot_cost.bytes_for(self.rule.slots(num_tokens)) + self.fixed_runtime
 
@@ -83,10 +105,13 @@ class _Resolved:
         return (
             MemoryTerm("weights", x.weight_bytes, src("weights")),
             MemoryTerm("kv_cache", kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes + x.kv_fixed_bytes,
-                       src("kv_cache"), f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
+                       src("kv_cache"), "no full-attention layer: no token is kept by every layer"
+                       if not x.layer_pools.has_full_pool else
+                       f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
                        + (f" + {x.kv_fixed_bytes:,} B of scales" if x.kv_fixed_bytes else "")
                        + (f"; {x.kv_detail}" if x.kv_detail else "")),
             *((self.window_term(num_reqs),) if x.kv_window_row_bytes else ()),
+            *self.pool_terms(num_tokens, num_reqs),
             MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
                        f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
@@ -123,13 +148,39 @@ class _Resolved:
                           f"{num_reqs + 1:,} x {KV_WINDOW_MAP_ENTRY_BYTES} B map: running requests' recent tokens "
                           f"uncompressed ({KV_WINDOW_BUDGET_SHARE:.0%} of budget, at most one row a slot)")
 
+    def pool_terms(self, num_tokens: int, num_reqs: int) -> tuple[MemoryTerm, ...]:
+        """kv_windowed and linear_state, for a model that has such layers (none for an all-full model)."""
+        x, pc = self.inputs, self.pools
+        p, out = pc.pools, []
+        if p.windowed_layers:
+            tokens = pc.windowed_tokens(num_tokens, num_reqs)
+            per_slot = window_tokens_per_slot(p.window_tokens, x.page_size)
+            bound = "= the full pool's tokens (never more)" if tokens == num_tokens else \
+                f"{num_reqs:,} slots x {per_slot:,} (window {p.window_tokens:,} + 2 x (page - 1)) + " \
+                f"{forward_tokens(pc.chunk_tokens, num_reqs):,} forward tokens"
+            out.append(MemoryTerm(
+                "kv_windowed", pc.windowed_bytes(num_tokens, num_reqs), x.source_of("kv_windowed"),
+                f"({tokens:,} tokens + {x.page_size} dummy) x {p.windowed_cell_bytes:,} B"
+                + (f" + {p.windowed_fixed_bytes:,} B of scales" if p.windowed_fixed_bytes else "")
+                + f"; {p.sliding_layers + p.chunked_layers} sliding/chunked layers; tokens {bound}"))
+        if p.linear_layers:
+            out.append(MemoryTerm(
+                "linear_state", pc.state_bytes(num_reqs), x.source_of("linear_state"),
+                f"({num_reqs:,} slots + 1 dummy) x {p.state_bytes_per_slot:,} B: {p.linear_layers} linear layers' "
+                f"per-request state"))
+        return tuple(out)
+
     # ---- explicit y ----
     def explicit_outcome(self, y: float) -> tuple[str, int]:
         """('ok' | 'startup' | 'runtime', T) for an explicit mem_fraction_static y."""
         x = self.inputs
         static = B.static_region_bytes(self.budget, y)
         kv_room = static - x.weight_bytes - dummy_page_bytes(x)
-        if x.kv_cell_bytes == 0:
+        if x.layer_pools.per_slot_layers:  # the pools are static too: the largest T whose pools fit the room
+            num_tokens = 0 if kv_room < 0 else solve_max_tokens(kv_room, x.kv_cell_bytes, self.rule, SlotCost(),
+                                                                x.page_size, self.max_tokens, self.pools)
+            num_tokens = self.snap(num_tokens)
+        elif x.kv_cell_bytes == 0:
             num_tokens = self.max_tokens if kv_room >= 0 else 0
         else:
             num_tokens = max(kv_room, 0) // x.kv_cell_bytes // x.page_size * x.page_size
@@ -178,11 +229,13 @@ def _plan_auto(r: _Resolved) -> MemoryPlan:
     avail = r.budget - x.weight_bytes - dummy_page_bytes(x) - r.fixed_runtime
     num_tokens = 0
     if avail >= 0:
-        num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens)
+        num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens,
+                                      r.pools)
+        num_tokens = r.snap(num_tokens)
     if num_tokens < r.min_kv_tokens:
         _raise_nothing_fits(r)
     y = B.effective_mem_fraction(x.weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes
-                                 + x.kv_fixed_bytes, r.budget)
+                                 + x.kv_fixed_bytes + r.pool_bytes(num_tokens), r.budget)
     return _build(r, num_tokens, y, "auto", _limited_by(r, num_tokens))
 
 
@@ -227,7 +280,7 @@ def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
 def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
     x = r.inputs
     need = (x.weight_bytes + kv_pool_rows(r.min_kv_tokens, x.page_size) * x.kv_cell_bytes
-            + r.runtime_bytes(r.min_kv_tokens))
+            + r.pool_bytes(r.min_kv_tokens) + r.runtime_bytes(r.min_kv_tokens))
     shortfall = max(need - r.budget, 0)
     raise MemoryPlanError(
         f"{prefix}Does not fit: weights {gib(x.weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
@@ -242,6 +295,9 @@ def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
 def _limited_by(r: _Resolved, num_tokens: int) -> str:
     if r.max_tokens is not None and num_tokens == r.max_tokens and r.inputs.max_total_tokens is not None:
         return "--max-total-tokens"
+    if r.rule.kind == "context-per-slot" and r.rule.slots(num_tokens) == r.rule.slot_cap:
+        return "--max-running-requests" if r.inputs.max_running_requests is not None else \
+            f"the slot cap ({r.rule.slot_cap:,})"
     if r.inputs.cap_bytes is not None and r.inputs.cap_bytes < r.inputs.pre_load_free_bytes:
         return r.inputs.cap_source
     return "device memory"
@@ -270,6 +326,16 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         kv_cell_bytes=x.kv_cell_bytes,
         kv_fixed_bytes=x.kv_fixed_bytes,
         kv_window_rows=r.window_rows(num_tokens) if x.kv_window_row_bytes else 0,
+        layer_kinds=x.layer_pools.describe_kinds() if x.layer_pools.per_slot_layers else "",
+        windowed_tokens=r.pools.windowed_tokens(num_tokens, num_reqs),
+        windowed_cell_bytes=x.layer_pools.windowed_cell_bytes,
+        windowed_fixed_bytes=x.layer_pools.windowed_fixed_bytes,
+        window_slot_tokens=(window_tokens_per_slot(x.layer_pools.window_tokens, x.page_size)
+                            if x.layer_pools.windowed_layers else 0),
+        windowed_forward_tokens=forward_tokens(r.pools.chunk_tokens, num_reqs) if x.layer_pools.windowed_layers else 0,
+        state_slots=r.pools.state_slots(num_reqs),
+        state_bytes_per_slot=x.layer_pools.state_bytes_per_slot,
+        has_full_pool=x.layer_pools.has_full_pool,
         terms=r.terms(num_tokens),
         slot_regime=r.rule.regime(num_tokens),
         limited_by=limited_by,

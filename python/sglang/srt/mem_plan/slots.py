@@ -1,11 +1,27 @@
-"""Request slots (req_to_token rows) as a function of the KV pool size, upstream's rule.
+"""Request slots (req_to_token rows) as a function of the KV pool size: upstream's rule, and two for models whose
+layers keep memory per slot (windowed KV, linear state: layer_pools.py).
 
+kind "upstream" (every layer full):
     unset --max-running-requests:  R(T) = min(clamp(floor(T * 512 / context_len), 2048, 4096), T // 2)
     set   --max-running-requests:  R(T) = min(user, T // 2)
+kind "first-context" (some windowed or linear layers, and full layers):
+    unset:  R(T) = min(1 + floor(max(T - context_len, 0) * 512 / context_len), 4096, T // 2)
+    set:    R(T) = min(user, T // 2)
+kind "context-per-slot" (no full layer: T is the logical tokens req_to_token maps, R x context_len):
+    unset:  R(T) = min(floor(T / context_len), 4096)
+    set:    R(T) = min(user, floor(T / context_len))
+
+Why "first-context": a slot of such a model costs its window on every windowed layer and its state on every linear
+layer (Gemma-3-27B: 1,025 tokens x 425,984 B = 437 MB a slot), so upstream's floor of 2048 slots alone would ask for
+0.9 TB, and a plan solved with it leaves the full pool a fraction of one request (issue 40: 26,243 tokens at context
+131,072 on an H100). The rule gives the first context_len tokens of the full pool to one request -- so wherever
+anything fits, one full-context request does before a second slot -- and past them upstream's ratio of 512 slots per
+context of pool, without the floor. With a full pool a slot's window is never more than the pool (T_w <= T), so a
+short --context-length still gets many cheap slots.
 
 Upstream writes int(T / context_len * 512); for any T and context_len below 2**40 the float and the exact
 integer floor agree (T / ctx rounds to k/512 exactly only when it is k/512), so the integer form is used.
-R(T) is nondecreasing in T, which makes "KV(T) + cost(R(T))" nondecreasing and the token solve monotone.
+Every kind's R(T) is nondecreasing in T, which makes "KV(T) + cost(R(T))" nondecreasing and the token solve monotone.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ from typing import Optional
 SLOTS_PER_CONTEXT = 512
 MIN_AUTO_SLOTS = 2048
 MAX_AUTO_SLOTS = 4096
+SLOT_RULE_KINDS = ("upstream", "first-context", "context-per-slot")
 
 
 @dataclass(frozen=True)
@@ -27,8 +44,11 @@ class SlotRule:
     slots_per_context: int = SLOTS_PER_CONTEXT
     min_slots: int = MIN_AUTO_SLOTS
     max_slots: int = MAX_AUTO_SLOTS
+    kind: str = "upstream"
 
     def __post_init__(self):
+        if self.kind not in SLOT_RULE_KINDS:
+            raise ValueError(f"slot rule kind {self.kind!r} not in {SLOT_RULE_KINDS}")
         if self.context_len <= 0:
             raise ValueError("context_len must be positive")
         if self.user_max_running_requests is not None and self.user_max_running_requests <= 0:
@@ -36,25 +56,48 @@ class SlotRule:
         if not 0 < self.min_slots <= self.max_slots:
             raise ValueError("need 0 < min_slots <= max_slots")
 
+    def _linear(self, total_tokens: int) -> int:
+        if self.kind == "first-context":
+            return 1 + max(total_tokens - self.context_len, 0) * self.slots_per_context // self.context_len
+        return total_tokens * self.slots_per_context // self.context_len
+
     def estimated(self, total_tokens: int) -> int:
-        """The clamp part of the rule, before the T // 2 bound."""
-        linear = total_tokens * self.slots_per_context // self.context_len
-        return min(max(linear, self.min_slots), self.max_slots)
+        """The clamp part of the rule, before the T // 2 bound (the kind's own bound for context-per-slot)."""
+        if self.kind == "context-per-slot":
+            return min(total_tokens // self.context_len, self.max_slots)
+        if self.kind == "first-context":
+            return min(self._linear(total_tokens), self.max_slots)
+        return min(max(self._linear(total_tokens), self.min_slots), self.max_slots)
+
+    def bound(self, total_tokens: int) -> int:
+        """The slots T can back at all: T // 2 (a request needs 2 tokens), or T // context_len without a full pool."""
+        return total_tokens // (self.context_len if self.kind == "context-per-slot" else 2)
 
     def slots(self, total_tokens: int) -> int:
         if self.user_max_running_requests is not None:
-            return min(self.user_max_running_requests, total_tokens // 2)
-        return min(self.estimated(total_tokens), total_tokens // 2)
+            return min(self.user_max_running_requests, self.bound(total_tokens))
+        return min(self.estimated(total_tokens), self.bound(total_tokens))
+
+    @property
+    def slot_cap(self) -> int:
+        """The most slots the rule gives at any T."""
+        return self.user_max_running_requests if self.user_max_running_requests is not None else self.max_slots
 
     def regime(self, total_tokens: int) -> str:
-        """Which piece of the rule is active at T: 'user', 'half' (T // 2), 'floor', 'linear' or 'cap'."""
+        """Which piece of the rule is active at T: 'user', 'half' (T // 2), 'floor', 'linear' or 'cap';
+        'first-context' (one slot while T <= context) and 'per-context' (T // context) for the other kinds."""
+        bound_name = "per-context" if self.kind == "context-per-slot" else "half"
         if self.user_max_running_requests is not None:
-            return "user" if self.user_max_running_requests <= total_tokens // 2 else "half"
+            return "user" if self.user_max_running_requests <= self.bound(total_tokens) else bound_name
         est = self.estimated(total_tokens)
-        if total_tokens // 2 < est:
+        if self.kind == "context-per-slot":
+            return "cap" if est >= self.max_slots else bound_name
+        if self.bound(total_tokens) < est:
             return "half"
-        linear = total_tokens * self.slots_per_context // self.context_len
-        if linear <= self.min_slots:
+        linear = self._linear(total_tokens)
+        if self.kind == "first-context" and linear <= 1:
+            return "first-context"
+        if self.kind == "upstream" and linear <= self.min_slots:
             return "floor"
         if linear >= self.max_slots:
             return "cap"

@@ -1,12 +1,14 @@
 """Exact token solve: the largest KV pool that fits when other buffers grow with the request-slot count.
 
-    total(T) = T * cell_bytes + slot_cost(R(T))        R(T): slots.SlotRule
+    total(T) = T * cell_bytes + slot_cost(R(T)) + pools(T, R(T))        R(T): slots.SlotRule
     slot_cost(R) = fixed_bytes + per_slot_bytes * R + per_graph_bs_bytes * min(cuda_graph_max_bs, R)
+    pools(T, R)  = the windowed KV and linear-state pools (layer_pools.PoolCost; 0 when every layer is full)
 
 Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
 
 Why a bisection is exact: R(T) is nondecreasing in T (every piece of the rule -- floor, linear, cap, T // 2,
-user -- is), slot_cost is nondecreasing in R (coefficients >= 0), and T * cell_bytes is increasing. So total(T)
+user -- is), slot_cost is nondecreasing in R (coefficients >= 0), pools is nondecreasing in T and R
+(layer_pools.py), and T * cell_bytes is nondecreasing. So total(T)
 is nondecreasing and the feasible T form a prefix {0, p, 2p, ..., T*}. Bisection over that prefix returns T*
 exactly, in every region of the rule and across region boundaries, including the floor in R(T) that a
 continuous solve ignores (see linear_regime_tokens and the PR #18263 case in the tests).
@@ -17,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang.srt.mem_plan.layer_pools import PoolCost
 from sglang.srt.mem_plan.slots import SlotRule
+
+NO_POOLS = PoolCost()
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,9 @@ class SlotCost:
         return self.fixed_bytes + self.per_slot_bytes * num_slots + self.per_graph_bs_bytes * graph_bs
 
 
-def total_bytes(num_tokens: int, cell_bytes: int, rule: SlotRule, cost: SlotCost) -> int:
-    return num_tokens * cell_bytes + cost.bytes_for(rule.slots(num_tokens))
+def total_bytes(num_tokens: int, cell_bytes: int, rule: SlotRule, cost: SlotCost, pools: PoolCost = NO_POOLS) -> int:
+    num_slots = rule.slots(num_tokens)
+    return num_tokens * cell_bytes + cost.bytes_for(num_slots) + pools.bytes_for(num_tokens, num_slots)
 
 
 def solve_max_tokens(
@@ -49,6 +55,7 @@ def solve_max_tokens(
     cost: SlotCost = SlotCost(),
     page_size: int = 1,
     max_tokens: Optional[int] = None,
+    pools: PoolCost = NO_POOLS,
 ) -> int:
     """Largest T (a multiple of page_size, <= max_tokens if given) with total(T) <= budget_bytes; 0 if none."""
     if page_size <= 0 or cell_bytes < 0:
@@ -63,7 +70,7 @@ def solve_max_tokens(
         hi_pages = min(hi_pages, max_tokens // page_size)
 
     def fits(num_pages: int) -> bool:
-        return total_bytes(num_pages * page_size, cell_bytes, rule, cost) <= budget_bytes
+        return total_bytes(num_pages * page_size, cell_bytes, rule, cost, pools) <= budget_bytes
 
     if not fits(0):
         return 0

@@ -1,0 +1,172 @@
+"""The pools of layers that do not keep every token: windowed (sliding / chunked) KV and linear-attention state.
+
+Each decoder layer has a kind (arch_spec.LAYER_KINDS). Per rank, with c the K/V bytes one layer keeps per token (the
+same shape on every attention layer; specs.KVCellSpec at num_layers = 1):
+
+    kv_cache      "full" layers: c x n_full per token, T tokens (the KV pool as before; every layer full -> unchanged)
+    kv_windowed   "sliding" + "chunked" layers: c x (n_sliding + n_chunked) per token, T_w tokens (below)
+    linear_state  "linear" layers: sum of their StateTensor.bytes_per_rank(tp) per request slot, R + 1 rows (row 0 the
+                  dummy that padded / CUDA-graph batches read and write, as req_to_token's row 0)
+
+The windowed bound, with no ratio knob. W is the window: a sliding layer's query at p reads keys p-W+1..p
+(sliding_window, W tokens with itself, HF's mask), a chunked layer's reads floor(p/C)*C..p (attention_chunk_size C:
+at most C tokens). A model with both kinds gets one pool at the larger of the two bounds (one page table per
+request; no zoo model has both). So after a forward a request needs at most its newest W positions. A forward that
+adds n tokens to a request makes it hold W + n consecutive positions, which touch at most ceil((W + n - 1) / P) + 1
+pages of P tokens: <= W + n + 2 (P - 1) tokens. Every request slot may hold its window (requests outside the batch
+keep theirs), and one forward adds at most max(chunk, R) tokens over the batch: a prefill batch shares one
+chunked_prefill_size budget (managers/prefill_scheduler.py), a decode batch adds one token per running request, and
+the two never share a forward here. Every windowed token belongs to a live request whose tokens all have full-layer
+KV too, page for page, so a model with full layers never needs more windowed tokens than the full pool has:
+
+    T_w(T, R) = min(T, align_up(R x (W + 2 (P - 1)) + max(chunk, R), P))
+
+T_w is nondecreasing in T and R, so with a nondecreasing slot rule R(T) the total stays nondecreasing in T and the
+token bisection (solver.py) stays exact.
+
+A model without full layers (Mistral-7B: every layer sliding) has no full pool: T is then the logical tokens
+req_to_token can map, R x context_len (a slot holds one request of up to the context), costs nothing itself, and is
+bounded by the slots (slots.SlotRule kind "context-per-slot").
+
+Prefix caching: the radix cache keeps full-layer KV only. Windowed KV and linear state are freed with their request
+(no snapshots of either: the cap of that term is 0), so on these models a cached prefix saves no windowed or linear
+layer's work; the plan charges nothing for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sglang.srt.mem_plan.sizes import kv_pool_rows
+
+WINDOWED_KINDS = ("sliding", "chunked")
+STATE_DUMMY_SLOTS = 1  # state row 0: the dummy padded batches point at (as req_to_token's row 0)
+
+
+def _align_up(value: int, page: int) -> int:
+    return -(-value // page) * page
+
+
+def window_tokens_per_slot(window_tokens: int, page_size: int) -> int:
+    """Windowed tokens one request slot may hold beside the forward's new tokens: W + 2 (P - 1) (module docstring)."""
+    return window_tokens + 2 * (page_size - 1)
+
+
+def forward_tokens(chunk_tokens: int, num_slots: int) -> int:
+    """New tokens one forward adds over the whole batch: a prefill chunk, or one per running request in decode."""
+    return max(chunk_tokens, num_slots)
+
+
+@dataclass(frozen=True)
+class LayerPools:
+    """One rank's layers by kind, and what the windowed and linear ones keep. Empty: every layer full."""
+
+    full_layers: int = 0
+    sliding_layers: int = 0
+    chunked_layers: int = 0
+    linear_layers: int = 0
+    window_tokens: int = 0  # W: the largest bound among the windowed kinds present
+    windowed_cell_bytes: int = 0  # K/V bytes per token summed over sliding + chunked layers
+    windowed_fixed_bytes: int = 0  # a quantized KV format's per-(layer, head) scales of those layers
+    state_bytes_per_slot: int = 0  # summed over linear layers
+
+    def __post_init__(self):
+        if min(dataclasses.astuple(self)) < 0:
+            raise ValueError(f"LayerPools fields must be >= 0: {self}")
+        if self.windowed_layers and (self.window_tokens <= 0 or self.windowed_cell_bytes <= 0):
+            raise ValueError(f"windowed layers need a window and a cell: {self}")
+        if self.linear_layers and self.state_bytes_per_slot <= 0:
+            raise ValueError(f"linear layers need their state bytes: {self}")
+
+    @property
+    def windowed_layers(self) -> int:
+        return self.sliding_layers + self.chunked_layers
+
+    @property
+    def per_slot_layers(self) -> bool:
+        """Whether some layer keeps memory per request slot rather than per token (windowed or linear)."""
+        return bool(self.windowed_layers or self.linear_layers)
+
+    @property
+    def has_full_pool(self) -> bool:
+        return self.full_layers > 0 or not self.per_slot_layers
+
+    def describe_kinds(self) -> str:
+        kinds = (("full", self.full_layers), ("sliding", self.sliding_layers), ("chunked", self.chunked_layers),
+                 ("linear", self.linear_layers))
+        return ", ".join(f"{n} {k}" for k, n in kinds if n)
+
+
+NO_LAYER_POOLS = LayerPools()
+
+
+@dataclass(frozen=True)
+class PoolCost:
+    """The windowed and state pools' bytes at (T, R), for the solver: chunk and page resolved by the planner."""
+
+    pools: LayerPools = NO_LAYER_POOLS
+    chunk_tokens: int = 0
+    page_size: int = 1
+
+    def windowed_tokens(self, num_tokens: int, num_slots: int) -> int:
+        """T_w(T, R) (module docstring); 0 without windowed layers."""
+        p = self.pools
+        if not p.windowed_layers:
+            return 0
+        bound = (num_slots * window_tokens_per_slot(p.window_tokens, self.page_size)
+                 + forward_tokens(self.chunk_tokens, num_slots))
+        return min(num_tokens, _align_up(bound, self.page_size))
+
+    def windowed_bytes(self, num_tokens: int, num_slots: int) -> int:
+        """T_w tokens plus the pool's dummy page, and the fixed scales of a quantized format."""
+        p = self.pools
+        if not p.windowed_layers:
+            return 0
+        rows = kv_pool_rows(self.windowed_tokens(num_tokens, num_slots), self.page_size)
+        return rows * p.windowed_cell_bytes + p.windowed_fixed_bytes
+
+    def state_slots(self, num_slots: int) -> int:
+        return num_slots + STATE_DUMMY_SLOTS if self.pools.linear_layers else 0
+
+    def state_bytes(self, num_slots: int) -> int:
+        return self.state_slots(num_slots) * self.pools.state_bytes_per_slot
+
+    def bytes_for(self, num_tokens: int, num_slots: int) -> int:
+        return self.windowed_bytes(num_tokens, num_slots) + self.state_bytes(num_slots)
+
+
+def layer_kind_counts(layer_kinds: tuple, num_layers: int) -> dict[str, int]:
+    """Layers per kind; () means every layer full (model_shapes.TextShape.layer_kinds)."""
+    kinds = tuple(layer_kinds) or ("full",) * num_layers
+    if len(kinds) != num_layers:
+        raise ValueError(f"layer_kinds lists {len(kinds)} layers, the model has {num_layers}")
+    counts = {k: 0 for k in ("full", "sliding", "chunked", "linear")}
+    for k in kinds:
+        if k not in counts:
+            raise ValueError(f"unknown layer kind {k!r}; known: {tuple(counts)}")
+        counts[k] += 1
+    return counts
+
+
+def split_kv_cell(text, cell, tp: int = 1):
+    """(the full layers' KVCellSpec, LayerPools) of a text shape whose all-layer cell is `cell` (ModelShape.kv_cell).
+
+    A shape whose layers are all full gets `cell` back unchanged and NO_LAYER_POOLS, so its plan is what it was."""
+    counts = layer_kind_counts(text.layer_kinds, text.num_layers)
+    if counts["full"] == text.num_layers:
+        return cell, NO_LAYER_POOLS
+    windowed = counts["sliding"] + counts["chunked"]
+    bounds = ([text.sliding_window] if counts["sliding"] else []) + \
+             ([text.attention_chunk_size] if counts["chunked"] else [])
+    if any(b <= 0 for b in bounds):
+        raise ValueError(f"{text.model_type}: sliding / chunked layers need sliding_window / attention_chunk_size > 0")
+    win_cell = dataclasses.replace(cell, num_layers=windowed)
+    state = sum(t.bytes_per_rank(tp) for t in text.state_tensors) * counts["linear"]
+    pools = LayerPools(
+        full_layers=counts["full"], sliding_layers=counts["sliding"], chunked_layers=counts["chunked"],
+        linear_layers=counts["linear"], window_tokens=max(bounds, default=0),
+        windowed_cell_bytes=win_cell.cell_bytes if windowed else 0,
+        windowed_fixed_bytes=win_cell.fixed_bytes if windowed else 0,
+        state_bytes_per_slot=state)
+    return dataclasses.replace(cell, num_layers=counts["full"]), pools
