@@ -2,14 +2,18 @@
 
 It takes the same flags as `sglang serve` (generated from ServerArgs) and builds the plan inputs with the same function
 as the server (mem_plan/build.py). What replaces the hardware:
-    --gpu PRESET                     a GPU's memory.total and typical pre-load free memory (mem_plan/gpu_presets.py)
+    --gpu PRESET                     a GPU's memory.total and typical pre-load free memory (mem_plan/gpu_presets.py);
+                                     given several times, one plan per card (--json: a list of the cards' objects)
     --device cpu [--total-memory-gb N]  a CPU with N GiB available (default: this machine's available RAM)
     --measured TERM=BYTES            a measured term (weights, activations, cuda_graphs, encoder) instead of its formula
 Weights, activations and CUDA graphs come from declared formulas (mem_plan/model_shapes.py) unless --measured gives
 them; every other term is declared or formula exactly as the server computes it. Prints the plan, whether it fits,
-what limits it and what to change; --json prints one JSON object. Exit status: 0 fits, 1 does not fit.
+what limits it and what to change; --json prints one JSON object. --plot FILE (.png / .svg) draws the budget as
+stacked bars of the terms, one bar per card (cli/plan_plot.py; matplotlib, the `plot` extra). Exit status: 0 fits
+(on every card), 1 does not fit (on some card), 2 bad flags.
 
     sglang plan --model-path meta-llama/Llama-3.1-8B --gpu h100-80gb [--tp 2] [--json]
+    sglang plan --model-path Qwen/Qwen3-30B-A3B --gpu h100-80gb --gpu h20 --gpu h200 --plot cards.svg
     sglang plan --device cpu --max-total-memory-gb 2          # the default model, as `sglang serve` would start
 """
 
@@ -22,6 +26,7 @@ import os
 import sys
 from typing import Optional
 
+from sglang.cli.plan_plot import INSTALL_HINT, check_plot_path, require_matplotlib, write_plot
 from sglang.srt.configs.resolved import (
     check_tp_sharding,
     cpu_kernels_available,
@@ -60,13 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(p)
     p.add_argument("--tp", dest="tp_size", type=int, default=argparse.SUPPRESS, help="Alias of --tp-size; the plan is per rank.")
     hw = p.add_argument_group("hardware (what replaces the device in the dry run)")
-    hw.add_argument("--gpu", default=None, help=f"GPU preset: {', '.join(GPU_PRESETS)}.")
+    hw.add_argument("--gpu", action="append", default=None,
+                    help=f"GPU preset: {', '.join(GPU_PRESETS)}. Several --gpu: one plan per card.")
     hw.add_argument("--total-memory-gb", type=float, default=None,
                     help="With --device cpu: the RAM available to the server, in GiB. Default: this machine's.")
     hw.add_argument("--measured", action="append", default=[], metavar="TERM=BYTES",
                     help=f"Use a measured value for a term instead of its formula "
                          f"({', '.join(MEASURED_FIELDS)}, {', '.join(MEASURED_ENCODERS)}).")
-    p.add_argument("--json", action="store_true", help="Print one JSON object.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object (a list of them for several --gpu).")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help=f"Draw the budget as stacked bars of the terms, one bar per card, to FILE (.png or .svg). "
+                        f"Needs matplotlib: {INSTALL_HINT}.")
     return p
 
 
@@ -81,6 +90,20 @@ def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
         parser.error("say which hardware to plan for: --gpu PRESET, or --device cpu [--total-memory-gb N].")
     if ns.gpu is not None and sa.device == "cpu":
         parser.error("--gpu and --device cpu exclude each other.")
+    for key in ns.gpu or ():
+        try:
+            get_gpu_preset(key)
+        except KeyError as e:
+            parser.error(f"--gpu {key!r}: {e.args[0]}")
+    if ns.plot is not None:
+        try:
+            problem = check_plot_path(ns.plot)
+            if problem is None:
+                require_matplotlib()
+        except ImportError as e:
+            problem = str(e)
+        if problem:
+            parser.error(problem)
     for item in ns.measured:
         term, _, value = item.partition("=")
         if term not in MEASURED_FIELDS and term not in MEASURED_ENCODERS or not value.isdigit():
@@ -206,9 +229,23 @@ def _model_name(path: str) -> str:
     return os.path.basename(path)
 
 
-def run(argv: Optional[list[str]] = None) -> tuple[int, dict, str]:
-    """Returns (exit status, JSON-able result, text report)."""
+def run(argv: Optional[list[str]] = None) -> tuple[int, object, str]:
+    """Returns (exit status, JSON-able result, text report): one card's result dict, or a list of them when --gpu is
+    given several times (status 1 when any card does not fit). --plot writes the cards' bars."""
     sa, ns = parse_args(argv)
+    cards = [argparse.Namespace(**{**vars(ns), "gpu": key}) for key in ns.gpu] if ns.gpu else [ns]
+    runs = [_run_card(sa, card) for card in cards]
+    results = [r for _, r, _ in runs]
+    text = ("\n\n" + "=" * 100 + "\n\n").join(t for _, _, t in runs)
+    if ns.plot is not None:
+        write_plot(results, ns.plot)
+        text += f"\n\nPlot: {ns.plot} ({len(results)} card{'s' if len(results) > 1 else ''})."
+    status = max(s for s, _, _ in runs)
+    return status, (results if len(results) > 1 else results[0]), text
+
+
+def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
+    """One card's plan: ns.gpu is one preset key (or None for --device cpu)."""
     gpu = get_gpu_preset(ns.gpu) if ns.gpu is not None else None
     # refused as a start refuses them (the same functions, the same messages): the backend, the context length,
     # the weight format, a --tp-size the model cannot be split over
