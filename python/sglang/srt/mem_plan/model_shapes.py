@@ -1,16 +1,12 @@
-"""Exact weight bytes and attention shapes from a Hugging Face config.json dict (no torch, no weights).
+"""A model as the memory plan sees it (ModelShape), from a Hugging Face config.json dict (no torch, no weights).
 
-Supported: llama / mistral / qwen2 / qwen3 (dense), qwen2_moe / qwen3_moe / mixtral (MoE), deepseek_v2 / v3 (MLA),
-and composite VLM configs (text_config + vision_config [siglip / clip] [+ audio_config], llava-style projector;
-a Qwen3-Omni "thinker_config" wrapper is unwrapped). Counts follow the checkpoint's tensors: tied embeddings
-counted once, q/k norms, biases, MoE experts and router (and DeepSeek's score-correction bias). Not counted:
-vocab padding, DeepSeek's MTP layer. Counts are at torch_dtype; quantized linear layers (values, scales, zero
-points) are sized by quantization_sizes.py, which build.py applies to the weights term.
-
-Per-rank counts under TP shard heads, intermediate sizes and the vocabulary (ceil division); norms, routers,
-latent (MLA down-) projections and encoders are replicated; KV heads are replicated when tp > num_kv_heads.
-With --ep-size ep a rank holds E / ep routed experts of moe_intermediate_size / (tp / ep) columns each
-(moe_sizes.expert_shard_of_rank); shared experts stay split over all tp ranks.
+The text model is its architecture's declaration (arch_registry.py -> arch_<family>.py): every parameter tensor one
+rank holds as WeightGroups (weight_groups), whose sums per component are params(); its geometry (text_shape.TextShape:
+layer kinds, KV per token, experts, MLA). A model_type the registry does not declare is refused, never priced as
+another. Composite VLM configs (text_config + vision_config [siglip / clip] [+ audio_config], llava-style projector;
+a Qwen3-Omni "thinker_config" wrapper) add their encoder towers (encoder_shapes.py), replicated on every rank.
+Counts are at torch_dtype; quantized linear layers (values, scales, zero points) are sized by quantization_sizes.py,
+which build.py applies to the weights term. Not counted: vocab padding, DeepSeek's MTP layer.
 """
 
 from __future__ import annotations
@@ -20,16 +16,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sglang.srt.mem_plan.arch_registry import TEXT_MODEL_TYPE_ALIASES, arch_spec  # noqa: F401 (re-exported)
+from sglang.srt.mem_plan.arch_spec import COMPONENTS, ArchSpec, WeightGroup
 from sglang.srt.mem_plan.backends import AttentionShape
-from sglang.srt.mem_plan.dtypes import canonical_dtype, dtype_bytes, resolve_kv_cache_dtype
+from sglang.srt.mem_plan.dtypes import dtype_bytes, resolve_kv_cache_dtype
 from sglang.srt.mem_plan.encoder_shapes import PREPROCESSOR_KEY, encoder_parts, load_preprocessor_config
 from sglang.srt.mem_plan.moe_activations import moe_first_call_bytes, moe_routing_bytes
-from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.kv_quant import is_quantized
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes, kv_heads_per_rank
-
-# Used when config.json has no max_position_embeddings (transformers' LlamaConfig default).
-DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+from sglang.srt.mem_plan.text_shape import TextShape  # noqa: F401 (re-exported: the family modules build it)
 
 # Declared activation formula (the server measures this term; `sglang plan` uses the formula):
 # live tensors of one decoder layer per token, in elements, times a temporaries factor for kernel scratch and
@@ -72,196 +67,21 @@ def load_config(path: str) -> dict:
     return cfg
 
 
-@dataclass(frozen=True)
-class TextShape:
-    model_type: str
-    architectures: tuple[str, ...]
-    num_layers: int
-    hidden_size: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    intermediate_size: int
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    dtype: str
-    qkv_bias: bool = False
-    o_bias: bool = False
-    qk_norm: bool = False
-    # MoE
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0  # qwen2_moe: one shared expert of this width (+ a 1-wide gate)
-    num_shared_experts: int = 0  # deepseek: shared experts of moe_intermediate_size
-    router_bias: bool = False  # deepseek-v3 e_score_correction_bias
-    sparse_layers: tuple[int, ...] = ()
-    # MLA
-    kv_lora_rank: int = 0
-    q_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank > 0
-
-    @property
-    def dtype_bytes(self) -> int:
-        return dtype_bytes(self.dtype)
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.qk_rope_head_dim if self.is_mla else self.head_dim
-
-
-def _dtype_of(cfg: dict) -> str:
-    """The checkpoint dtype (config.json torch_dtype)."""
-    return canonical_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-
-
-def _num_experts(cfg: dict) -> int:
-    """Routed experts of a Qwen MoE config: transformers 5 saves qwen3_moe's num_experts as num_local_experts."""
-    return cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-
-
-def _sparse_layers(cfg: dict, model_type: str, num_layers: int) -> tuple[int, ...]:
-    if model_type in ("qwen2_moe", "qwen3_moe"):
-        if not _num_experts(cfg):
-            return ()
-        step = cfg.get("decoder_sparse_step", 1)
-        skip = set(cfg.get("mlp_only_layers", []))
-        return tuple(i for i in range(num_layers) if i not in skip and (i + 1) % step == 0)
-    if model_type == "mixtral":
-        return tuple(range(num_layers))
-    if model_type.startswith("deepseek"):
-        if not cfg.get("n_routed_experts"):
-            return ()
-        first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
-        return tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
-    return ()
-
-
-# Text models of multimodal configs that are an architecture this module knows under another name.
-TEXT_MODEL_TYPE_ALIASES = {
-    "qwen2_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2",
-    "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe", "qwen3_omni_moe_text": "qwen3_moe",
-}
+def text_arch(cfg: dict) -> ArchSpec:
+    """The ArchSpec of a text config (arch_registry: ValueError for a model_type the planner does not know)."""
+    return arch_spec(cfg.get("model_type"))
 
 
 def text_shape_from_config(cfg: dict) -> TextShape:
-    mt = cfg.get("model_type", "llama")
-    mt = TEXT_MODEL_TYPE_ALIASES.get(mt, mt)
-    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    num_layers = cfg["num_hidden_layers"]
-    is_deepseek = mt.startswith("deepseek")
-    common = dict(
-        model_type=mt,
-        architectures=tuple(cfg.get("architectures") or ()),
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_q_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or hidden // heads,
-        vocab_size=cfg["vocab_size"],
-        intermediate_size=cfg.get("intermediate_size", 0),
-        max_position_embeddings=cfg.get("max_position_embeddings") or DEFAULT_MAX_POSITION_EMBEDDINGS,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        dtype=_dtype_of(cfg),
-        sparse_layers=_sparse_layers(cfg, mt, num_layers),
-    )
-    if is_deepseek:
-        return TextShape(
-            **common,
-            num_experts=cfg.get("n_routed_experts") or 0,
-            num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
-            moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
-            num_shared_experts=cfg.get("n_shared_experts") or 0,
-            router_bias=cfg.get("topk_method") == "noaux_tc",
-            kv_lora_rank=cfg["kv_lora_rank"],
-            q_lora_rank=cfg.get("q_lora_rank") or 0,
-            qk_nope_head_dim=cfg["qk_nope_head_dim"],
-            qk_rope_head_dim=cfg["qk_rope_head_dim"],
-            v_head_dim=cfg["v_head_dim"],
-        )
-    bias = bool(cfg.get("attention_bias", False))
-    qkv_bias_types = ("qwen2", "qwen2_moe", "qwen2_5_vl_text", "qwen2_vl_text")  # biases on q/k/v only
-    moe = {}
-    if mt in ("qwen2_moe", "qwen3_moe"):
-        moe = dict(num_experts=_num_experts(cfg), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
-                   moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
-                   shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0))
-    elif mt == "mixtral":
-        moe = dict(num_experts=cfg["num_local_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
-                   moe_intermediate_size=cfg["intermediate_size"])
-    return TextShape(
-        **common,
-        qkv_bias=bias or mt in qkv_bias_types,
-        o_bias=bias and mt not in qkv_bias_types,
-        qk_norm=mt in ("qwen3", "qwen3_moe"),
-        **moe,
-    )
-
-
-def text_params(s: TextShape, tp: int = 1, ep: int = 1) -> dict[str, int]:
-    """Parameter counts per component on one TP rank (tp=1: the whole model); ep: --ep-size."""
-    H = s.hidden_size
-    nq = _cdiv(s.num_q_heads, tp)
-    attn = 0
-    if s.is_mla:
-        qk_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
-        if s.q_lora_rank:
-            attn += H * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * nq * qk_dim  # q_a, q_a_norm, q_b
-        else:
-            attn += H * nq * qk_dim
-        attn += H * (s.kv_lora_rank + s.qk_rope_head_dim) + s.kv_lora_rank  # kv_a_proj_with_mqa, kv_a_norm
-        attn += s.kv_lora_rank * nq * (s.qk_nope_head_dim + s.v_head_dim)  # kv_b_proj
-        attn += nq * s.v_head_dim * H  # o_proj
-    else:
-        d = s.head_dim
-        nkv = kv_heads_per_rank(s.num_kv_heads, tp)
-        attn += H * nq * d + 2 * H * nkv * d + nq * d * H
-        if s.qkv_bias:
-            attn += nq * d + 2 * nkv * d
-        if s.o_bias:
-            attn += H
-        if s.qk_norm:
-            attn += 2 * d
-    dense_mlp = 3 * H * _cdiv(s.intermediate_size, tp)
-    expert_mlp = 3 * H * _cdiv(s.moe_intermediate_size, tp)
-    num_sparse = len(s.sparse_layers)
-    num_dense = s.num_layers - num_sparse
-    shared = 0
-    if s.shared_expert_intermediate_size:
-        shared = 3 * H * _cdiv(s.shared_expert_intermediate_size, tp) + H  # + shared_expert_gate (H -> 1)
-    elif s.num_shared_experts:
-        shared = s.num_shared_experts * expert_mlp
-    router = H * s.num_experts + (s.num_experts if s.router_bias else 0)
-    vocab = _cdiv(s.vocab_size, tp) * H
-    return {
-        "embed_tokens": vocab,
-        "lm_head": 0 if s.tie_word_embeddings else vocab,
-        "attention": s.num_layers * attn,
-        "mlp_dense": num_dense * dense_mlp,
-        "moe_experts": num_sparse * (_routed_expert_params(s, tp, ep) + shared),
-        "moe_router": num_sparse * router,
-        "norms": s.num_layers * 2 * H + H,
-    }
-
-
-def _routed_expert_params(s: TextShape, tp: int, ep: int) -> int:
-    """One sparse layer's routed experts on one rank: gate, up and down of each held expert's columns."""
-    if ep == 1:  # every expert, its columns split over the tp ranks (ceil, as the rest of the model)
-        return s.num_experts * 3 * s.hidden_size * _cdiv(s.moe_intermediate_size, tp)
-    experts, columns = expert_shard_of_rank(s.num_experts, s.moe_intermediate_size, tp, ep)
-    return experts * 3 * s.hidden_size * columns
+    """The text model's geometry, from its architecture's declaration (ValueError: unknown model_type, or a key the
+    architecture needs missing from config.json)."""
+    return text_arch(cfg).shape(cfg)
 
 
 @dataclass(frozen=True)
 class ModelShape:
     text: TextShape
+    text_config: dict = field(default_factory=dict, compare=False, repr=False)  # the text model's config.json
     vision_params: int = 0
     audio_params: int = 0
     projector_params: int = 0
@@ -269,8 +89,22 @@ class ModelShape:
     processor: Optional[object] = None  # encoder_inputs.ProcessorFacts: the processor's size caps
 
     # ---- weights ----
+    @property
+    def arch(self) -> ArchSpec:
+        return arch_spec(self.text.model_type)
+
+    def weight_groups(self, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
+        """Every parameter tensor of the text model one rank holds (the architecture's declaration)."""
+        return self.arch.weights(self.text_config, tp, ep)
+
     def params(self, tp: int = 1, ep: int = 1) -> dict[str, int]:
-        p = text_params(self.text, tp, ep)
+        """Parameter counts per component on one rank (tp=1: the whole model); ep: --ep-size. The text model's
+        components are sums over weight_groups (the seven classic ones always present, others where non-zero);
+        encoder towers and projectors are replicated."""
+        p = {c: 0 for c in COMPONENTS[:7]}
+        for g in self.weight_groups(tp, ep):
+            if g.numel:
+                p[g.component] = p.get(g.component, 0) + g.numel
         if self.vision_params:
             p["vision_tower"] = self.vision_params
         if self.projector_params:
@@ -362,11 +196,12 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
     else:
         text_cfg = {k: v for k, v in cfg.items() if k not in ("vision_config", "audio_config")}
     text = text_shape_from_config(text_cfg)
+    text_cfg = dict(text_cfg, model_type=text.model_type)  # an alias (qwen2_5_vl) read as the architecture it is
     if not cfg.get("vision_config") and not cfg.get("audio_config"):
-        return ModelShape(text)
+        return ModelShape(text, text_cfg)
     parts = encoder_parts(cfg, text.hidden_size, text.dtype_bytes, preprocessor)
-    return ModelShape(text, parts.vision_params, parts.audio_params, parts.projector_params, parts.encoders,
-                      parts.processor)
+    return ModelShape(text, text_cfg, parts.vision_params, parts.audio_params, parts.projector_params,
+                      parts.encoders, parts.processor)
 
 
 def model_shape_from_path(path: str) -> ModelShape:

@@ -1,0 +1,154 @@
+"""Building blocks of the family modules (arch_<family>.py): reading config.json keys with a refusal for the ones an
+architecture needs, and the WeightGroups of the parts decoder layers share (embeddings, attention, MLPs, experts,
+norms), per TP rank.
+
+Sharding rules (one rank of tp; tp = 1 is the whole model): attention heads, intermediate sizes and the vocabulary
+are split with ceil division; KV heads are split, or replicated when tp > KV heads (specs.kv_heads_per_rank);
+row-parallel biases, norms, routers and latent (MLA down-) projections are replicated; with ep > 1 a rank holds
+E / ep routed experts of moe_intermediate_size / (tp / ep) columns (moe_sizes.expert_shard_of_rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.srt.mem_plan.arch_spec import WeightGroup
+from sglang.srt.mem_plan.dtypes import canonical_dtype
+from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+from sglang.srt.mem_plan.specs import kv_heads_per_rank
+
+_MISSING = object()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def need(cfg: dict, key: str) -> Any:
+    """A config.json key the architecture cannot be sized without: ValueError naming it when absent or null."""
+    value = cfg.get(key)
+    if value is None:
+        raise ValueError(f"config.json (model_type {cfg.get('model_type')!r}) lacks {key!r}, which the planner needs "
+                         f"to size this architecture; add the value the model's published config.json has.")
+    return value
+
+
+def opt(cfg: dict, key: str, default: Any) -> Any:
+    """A key with a transformers default (the config class's own, named beside each call): absent or null -> it."""
+    value = cfg.get(key, _MISSING)
+    return default if value is _MISSING or value is None else value
+
+
+def checkpoint_dtype(cfg: dict) -> str:
+    """The checkpoint dtype (config.json torch_dtype; transformers 5 writes dtype); bfloat16 when neither is given."""
+    return canonical_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+
+
+def embeddings(vocab: int, hidden: int, tied: bool, tp: int, prefix: str = "model") -> list[WeightGroup]:
+    """The input table and, unless tied to it, the lm_head (both vocab-parallel)."""
+    rows = cdiv(vocab, tp)
+    out = [WeightGroup("embed_tokens", f"{prefix}.embed_tokens.weight", (rows, hidden))]
+    if not tied:
+        out.append(WeightGroup("lm_head", "lm_head.weight", (rows, hidden)))
+    return out
+
+
+def attention(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, tp: int, *,
+              prefix: str = "model.layers.*.self_attn", qkv_bias: bool = False, o_bias: bool = False,
+              qk_norm: str = "", fused_qkv: bool = False) -> list[WeightGroup]:
+    """q/k/v/o projections of `layers` layers. qk_norm: "head" (one head_dim-wide RMSNorm for q and one for k:
+    Qwen3, Gemma 3) or "full" (over the whole projection width: OLMo 2), replicated either way. fused_qkv: one
+    qkv_proj tensor (Phi-3)."""
+    nq, nkv, d = cdiv(heads, tp), kv_heads_per_rank(kv_heads, tp), head_dim
+    g = lambda name, shape, **kw: WeightGroup("attention", f"{prefix}.{name}", shape, layers, **kw)  # noqa: E731
+    if fused_qkv:
+        out = [g("qkv_proj.weight", ((nq + 2 * nkv) * d, hidden), linear=True)]
+        if qkv_bias:
+            out.append(g("qkv_proj.bias", ((nq + 2 * nkv) * d,)))
+    else:
+        out = [g("q_proj.weight", (nq * d, hidden), linear=True), g("k_proj.weight", (nkv * d, hidden), linear=True),
+               g("v_proj.weight", (nkv * d, hidden), linear=True)]
+        if qkv_bias:
+            out += [g("q_proj.bias", (nq * d,)), g("k_proj.bias", (nkv * d,)), g("v_proj.bias", (nkv * d,))]
+    out.append(g("o_proj.weight", (hidden, nq * d), linear=True))
+    if o_bias:
+        out.append(g("o_proj.bias", (hidden,)))
+    if qk_norm == "head":
+        out += [g("q_norm.weight", (d,)), g("k_norm.weight", (d,))]
+    elif qk_norm == "full":
+        out += [g("q_norm.weight", (heads * head_dim,)), g("k_norm.weight", (kv_heads * head_dim,))]
+    elif qk_norm:
+        raise ValueError(f"qk_norm {qk_norm!r}: 'head' or 'full'")
+    return out
+
+
+def mlp(count: int, hidden: int, intermediate: int, tp: int, *, prefix: str = "model.layers.*.mlp",
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), fused_gate_up: bool = False,
+        bias: bool = False, component: str = "mlp_dense", expert: bool = False) -> list[WeightGroup]:
+    """A gated MLP (gate, up: [I / tp, H]; down: [H, I / tp]) in `count` places; fused_gate_up: one gate_up_proj
+    [2 I / tp, H] (Phi-3). expert: a routed expert's (count = layers x experts held)."""
+    if not count or not intermediate:
+        return []
+    cols = cdiv(intermediate, tp)
+    gate, up, down = names
+    g = lambda name, shape, **kw: WeightGroup(component, f"{prefix}.{name}", shape, count, expert=expert, **kw)  # noqa
+    if fused_gate_up:
+        out = [g(f"{gate}.weight", (2 * cols, hidden), linear=True)]
+    else:
+        out = [g(f"{gate}.weight", (cols, hidden), linear=True), g(f"{up}.weight", (cols, hidden), linear=True)]
+    out.append(g(f"{down}.weight", (hidden, cols), linear=True))
+    if bias:
+        out += [g(f"{gate}.bias", ((2 if fused_gate_up else 1) * cols,))] + (
+            [] if fused_gate_up else [g(f"{up}.bias", (cols,))]) + [g(f"{down}.bias", (hidden,))]
+    return out
+
+
+def routed_experts(sparse_layers: int, num_experts: int, hidden: int, moe_intermediate: int, tp: int, ep: int, *,
+                   prefix: str = "model.layers.*.mlp.experts.*",
+                   names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> list[WeightGroup]:
+    """Each sparse layer's routed experts as one rank holds them (ep = 1: every expert, its columns split over tp)."""
+    if ep == 1:
+        experts, cols = num_experts, cdiv(moe_intermediate, tp)
+    else:
+        experts, cols = expert_shard_of_rank(num_experts, moe_intermediate, tp, ep)
+    return mlp(sparse_layers * experts, hidden, cols, 1, prefix=prefix, names=names, component="moe_experts",
+               expert=True)
+
+
+def router(sparse_layers: int, num_experts: int, hidden: int, *, module: str = "model.layers.*.mlp.gate",
+           bias_name: str = "") -> list[WeightGroup]:
+    """The router's [E, H] weight (replicated, kept dense by every format), and a per-expert bias when named."""
+    out = [WeightGroup("moe_router", f"{module}.weight", (num_experts, hidden), sparse_layers)]
+    if bias_name:
+        out.append(WeightGroup("moe_router", f"{module}.{bias_name}", (num_experts,), sparse_layers))
+    return out
+
+
+def norms(layers: int, hidden: int, names: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),
+          final: str = "model.norm.weight") -> list[WeightGroup]:
+    """Each layer's hidden-width RMSNorms and the final norm (replicated)."""
+    out = [WeightGroup("norms", f"model.layers.*.{n}.weight", (hidden,), layers) for n in names]
+    if final:
+        out.append(WeightGroup("norms", final, (hidden,)))
+    return out
+
+
+def layer_kinds_from_types(cfg: dict, num_layers: int) -> tuple[str, ...]:
+    """config.json's layer_types (transformers' "full_attention" / "sliding_attention" / "chunked_attention" /
+    "linear_attention") as arch_spec.LAYER_KINDS; ValueError for a length or a type the planner does not know."""
+    names = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
+             "linear_attention": "linear"}
+    types = cfg["layer_types"]
+    if len(types) != num_layers:
+        raise ValueError(f"config.json (model_type {cfg.get('model_type')!r}): {len(types)} layer_types for "
+                         f"{num_layers} num_hidden_layers")
+    unknown = sorted(set(types) - set(names))
+    if unknown:
+        raise ValueError(f"config.json (model_type {cfg.get('model_type')!r}): layer_types {unknown} are not a kind "
+                         f"the planner knows ({', '.join(names)})")
+    return tuple(names[t] for t in types)
+
+
+def uniform_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """() when every layer is full (TextShape's spelling of the classic model), else the kinds."""
+    return () if all(k == "full" for k in kinds) else kinds

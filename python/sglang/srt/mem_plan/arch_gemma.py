@@ -1,0 +1,3 @@
+"""(being written: see arch_spec.py)"""
+
+ARCHS: tuple = ()
