@@ -17,6 +17,10 @@ that runs the tests: torch must be a build for the suite's platform and see a de
 import; otherwise it exits 1 with one line naming what is missing, before any test. Its tests then run with
 SUITE_GPU_ENV set, under which sglang.test.gpu_backends fails a test that would skip for want of the GPU.
 
+A group's pytest loads only the installed pytest plugins (pytest11 entry points) that one of its files names
+(the plugin's entry-point or distribution name anywhere in the file's text): hypothesis' and schemathesis'
+plugins import those libraries, ~5 s per process that every group would pay otherwise.
+
     python test/run_suite.py --suite cpu [--list] [-k EXPR] [-x] [--timeout-per-file S] [--hang-retries N]
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import importlib.metadata
 import json
 import os
 import signal
@@ -187,6 +192,25 @@ def preflight(suite: str) -> bool:
     return True
 
 
+def installed_plugins() -> List[tuple]:
+    """(entry-point name, the names a test file that uses it would contain) of each auto-loaded pytest plugin."""
+    out = []
+    for ep in importlib.metadata.entry_points(group="pytest11"):
+        dist = (ep.dist.name if ep.dist else "").lower()
+        out.append((ep.name, {n for n in (ep.name, dist, dist.replace("-", "_")) if n}))
+    return out
+
+
+def plugin_blocks(files: List[str], plugins: List[tuple]) -> List[str]:
+    """`-p no:NAME` for each plugin that none of `files` names; a plugin named anywhere in a file stays loaded."""
+    texts = [(ROOT / f).read_text().lower() for f in files]
+    out = []
+    for name, words in plugins:
+        if not any(w.lower() in t for w in words for t in texts):
+            out += ["-p", f"no:{name}"]
+    return out
+
+
 def processes_with_token(token: str) -> List[tuple]:
     """(pid, command line) of the live processes whose environment carries GROUP_ENV=token."""
     needle = f"{GROUP_ENV}={token}".encode()
@@ -307,12 +331,13 @@ def main(argv=None) -> int:
 
     suite_start = time.monotonic()
     results: List[GroupResult] = []
+    plugins = installed_plugins()
     for group in groups(entries):
         files = [str(e.path.relative_to(ROOT)) for e in group]
         limit_s = args.timeout_per_file * len(group)
         print(f"\n[run_suite] {' '.join(files)}", flush=True)
         for attempt in range(1 + args.hang_retries):
-            res = run_group(cmd, files, limit_s, env)
+            res = run_group(cmd + plugin_blocks(files, plugins), files, limit_s, env)
             results.append(res)
             if not res.hung:
                 break

@@ -1,7 +1,8 @@
 """test/run_suite.py itself: files grouped by declared time, a hung group's stacks printed and the group killed
 (with what it left running), a failure reported with the end of its output, a hang retried and a failure not; a
-group that ran no test fails; a GPU suite's preflight refuses a machine without the device or the libraries."""
+group that ran no test fails; a group loads only the pytest plugins its files name; a GPU suite's preflight refuses a machine without the device or the libraries."""
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,10 @@ register_cpu_ci(est_time=15, suite="cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import run_suite  # noqa: E402
 
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60"]
+PLUGINS = run_suite.installed_plugins()
+# the groups run here name no plugin: each pytest they start skips loading them, as the suite's groups do
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60",
+          *[x for name, _ in PLUGINS for x in ("-p", f"no:{name}")]]
 
 
 def entry(name, est):
@@ -30,6 +34,31 @@ def test_groups_pack_neighbours_up_to_the_declared_time():
     got = [[e.path.name for e in g] for g in run_suite.groups(es, group_est_s=60)]
     assert got == [["a"], ["b", "c", "d"], ["e", "f"]]
     assert sum(len(g) for g in got) == len(es)
+
+
+def test_a_group_loads_only_the_plugins_its_files_name(tmp_path):
+    names = {name for name, _ in PLUGINS}
+    assert {"hypothesispytest", "schemathesis"} <= names  # the test extra's plugins, ~5 s of imports
+    # a real pytest run on the blocks: the loaded plugin set is what pytest's plugin manager reports (the probe
+    # reads the names from a file: in its own text they would count as naming every plugin)
+    (tmp_path / "names.json").write_text(json.dumps(sorted(names)))
+    probe = """
+        import json, pathlib
+        def test_plugins(request):
+            names = json.loads((pathlib.Path(__file__).parent / "names.json").read_text())
+            loaded = {{n for n in names if request.config.pluginmanager.has_plugin(n)}}
+            assert loaded == {want!r}, loaded
+        """
+    plain = write(tmp_path, "test_plain.py", probe.format(want=set()))
+    assert run_suite.plugin_blocks([plain], PLUGINS) == [x for n, _ in PLUGINS for x in ("-p", f"no:{n}")]
+    named = write(tmp_path, "test_named.py", "from hypothesis import given  # noqa\n" + textwrap.dedent(
+        probe.format(want={"hypothesispytest"})))
+    for files in ([plain], [named]):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + run_suite.plugin_blocks(files, PLUGINS)
+        res = run_suite.run_group(cmd, files, limit_s=120)
+        assert res.rc == 0, "\n".join(res.tail)
+    # a plugin named in any file of a group is loaded for the whole group
+    assert "no:hypothesispytest" not in run_suite.plugin_blocks([plain, named], PLUGINS)
 
 
 def write(tmp_path, name, body):
