@@ -1,0 +1,209 @@
+"""Linear-attention and state-space hybrids (arch_qwen3_next.py, arch_mamba_hybrid.py) against HF transformers' own
+model built from the published config.json on the meta device: parameters per component at tp=1, per-rank shards at
+tp 2/4/8 split from HF's tensors by name rules written here, layer kinds, KV per token, and the per-request state of
+a linear layer measured from the cache transformers fills when its mixer runs on meta for one request."""
+
+import json
+import os
+import unittest
+from functools import lru_cache
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+from sglang.srt.mem_plan import arch_mamba_hybrid, arch_qwen3_next
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="cpu")
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+ZOO = {"qwen3-next-80b-a3b-instruct": arch_qwen3_next, "nemotron-h-8b-base-8k": arch_mamba_hybrid}
+RUNTIME_KEYS = ("auto_map", "transformers_version", "architectures")  # remote-code / bookkeeping keys HF ignores
+
+
+def fixture(name: str) -> dict:
+    with open(os.path.join(FIXTURES, name, "config.json")) as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=None)
+def hf_meta(name: str):
+    """(HF config, HF model on the meta device in bfloat16) for one fixture, built once per module."""
+    cfg = {k: v for k, v in fixture(name).items() if k not in RUNTIME_KEYS}
+    config = AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return config, model
+
+
+def hf_layers(model):
+    return model.model.layers
+
+
+def block_kind(layer) -> str:
+    """What a HF decoder layer / block mixes tokens with: "linear", "full", or "" (Nemotron-H MLP blocks)."""
+    if hasattr(layer, "linear_attn"):
+        return "linear"
+    if hasattr(layer, "self_attn"):
+        return "full"
+    return {"linear_attention": "linear", "full_attention": "full"}.get(getattr(layer, "block_type", ""), "")
+
+
+def component_of(name: str, model) -> str:
+    """Component of one HF parameter, by its name (and, for Nemotron-H's one-mixer blocks, its block's type)."""
+    parts = name.split(".")
+    if name.endswith(("embed_tokens.weight", "embeddings.weight")):
+        return "embed_tokens"
+    if name == "lm_head.weight":
+        return "lm_head"
+    if "layernorm" in name or name in ("model.norm.weight", "model.norm_f.weight") or parts[-2:] == ["norm", "weight"] \
+            and parts[-3].isdigit():
+        return "norms"
+    if ".linear_attn." in name:
+        return "linear_attention"
+    if ".self_attn." in name:
+        return "attention"
+    if ".mlp.gate.weight" in name:
+        return "moe_router"
+    if ".mlp.experts." in name or ".mlp.shared_expert" in name:
+        return "moe_experts"
+    if ".mlp." in name:
+        return "mlp_dense"
+    if ".mixer." in name:  # Nemotron-H: the block's type says what its mixer is
+        kind = getattr(hf_layers(model)[int(parts[2])], "block_type")
+        return {"linear_attention": "ssm", "full_attention": "attention", "mlp": "mlp_dense"}[kind]
+    raise AssertionError(f"no component rule for {name}")
+
+
+def hf_components(model) -> dict:
+    out = {}
+    for name, p in model.named_parameters():
+        c = component_of(name, model)
+        out[c] = out.get(c, 0) + p.numel()
+    return out
+
+
+def shard_numel(name: str, shape: tuple, tp: int, config) -> int:
+    """One TP rank's elements of one HF tensor, split as upstream shards it (an independent rule per name)."""
+    parts = name.split(".")
+    leaf = parts[-2] if parts[-1] in ("weight", "bias") else parts[-1]
+    dims = list(shape)
+
+    def split(dim):
+        dims[dim] = -(-dims[dim] // tp)
+
+    if name.endswith(("embed_tokens.weight", "embeddings.weight")) or name == "lm_head.weight":
+        split(0)  # vocab-parallel
+    elif leaf in ("k_proj", "v_proj"):
+        heads = config.num_key_value_heads
+        dims[0] = dims[0] // heads * max(1, heads // tp)  # KV heads split, replicated past tp > heads
+    elif leaf in ("q_proj", "in_proj_qkvz", "in_proj_ba", "in_proj", "conv1d", "dt_bias", "A_log", "D",
+                  "gate_proj", "up_proj") or (leaf == "norm" and ".mixer." in name):
+        split(0)  # column-parallel / per head (Mamba-2's gated norm is per group of the split inner width)
+    elif name.endswith("experts.gate_up_proj"):
+        split(1)  # [E, 2 I, H]
+    elif name.endswith("experts.down_proj"):
+        split(2)  # [E, H, I]
+    elif leaf in ("o_proj", "out_proj", "down_proj"):
+        split(1)  # row-parallel
+    elif leaf in ("norm", "q_norm", "k_norm", "gate", "shared_expert_gate", "norm_f") or "layernorm" in leaf:
+        pass  # replicated
+    else:
+        raise AssertionError(f"no TP rule for {name}")
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def planned_components(spec, cfg, tp=1) -> dict:
+    out = {}
+    for w in spec.weights(cfg, tp, 1):
+        out[w.component] = out.get(w.component, 0) + w.numel
+    return {c: n for c, n in out.items() if n}
+
+
+def hf_state_of_one_request(config, model):
+    """The conv and recurrent state transformers' cache holds for one request after a linear layer's mixer runs
+    on 5 tokens (meta device): {(shape, dtype)} of the first linear layer."""
+    for i, layer in enumerate(hf_layers(model)):
+        if block_kind(layer) == "linear":
+            mixer = getattr(layer, "linear_attn", None) or layer.mixer
+            cache = DynamicCache(config=config)
+            mixer(torch.zeros(1, 5, config.hidden_size, device="meta", dtype=torch.bfloat16), cache=cache)
+            cached = cache.layers[i]
+            return cached.conv_states[0], cached.recurrent_states[0]
+    raise AssertionError("no linear layer")
+
+
+class TestHybridZoo(unittest.TestCase):
+    def test_params_per_component_equal_the_hf_meta_model(self):
+        for name, module in ZOO.items():
+            with self.subTest(name):
+                _, model = hf_meta(name)
+                self.assertEqual(planned_components(module.ARCHS[0], fixture(name)), hf_components(model))
+
+    def test_per_rank_shards_at_tp_2_4_8(self):
+        for name, module in ZOO.items():
+            config, model = hf_meta(name)
+            for tp in (2, 4, 8):
+                with self.subTest(name, tp=tp):
+                    expected = {}
+                    for pname, p in model.named_parameters():
+                        c = component_of(pname, model)
+                        expected[c] = expected.get(c, 0) + shard_numel(pname, tuple(p.shape), tp, config)
+                    self.assertEqual(planned_components(module.ARCHS[0], fixture(name), tp), expected)
+
+    def test_layer_kinds_and_kv_per_token(self):
+        for name, module in ZOO.items():
+            with self.subTest(name):
+                _, model = hf_meta(name)
+                s = module.ARCHS[0].shape(fixture(name))
+                hf_kinds = tuple(k for k in map(block_kind, hf_layers(model)) if k)
+                self.assertEqual(s.layer_kinds, hf_kinds)
+                self.assertEqual(s.num_layers, len(hf_kinds))
+                # K and V of every full layer's heads, bf16: from HF's k_proj / v_proj widths
+                kv_hf = sum(2 * (layer.self_attn if hasattr(layer, "self_attn") else layer.mixer).k_proj.out_features
+                            * 2 for layer in hf_layers(model) if block_kind(layer) == "full")
+                self.assertEqual(2 * s.layer_kinds.count("full") * s.num_kv_heads * s.head_dim * s.dtype_bytes, kv_hf)
+        q = arch_qwen3_next.ARCHS[0].shape(fixture("qwen3-next-80b-a3b-instruct")).layer_kinds
+        self.assertEqual((q.count("linear"), q.count("full")), (36, 12))  # the issue's "36 of 48 layers"
+
+    def test_state_bytes_per_request_equal_the_hf_cache(self):
+        """Runtimes keep K - 1 conv columns (the inputs before the next token) where transformers' cache keeps K
+        (it writes the new input first): the reference is HF's conv state less one column, in HF's dtypes."""
+        for name, module in ZOO.items():
+            config, model = hf_meta(name)
+            conv, recurrent = hf_state_of_one_request(config, model)
+            batch, channels, k = conv.shape
+            self.assertEqual(batch, 1)
+            states = module.ARCHS[0].shape(fixture(name)).state_tensors
+            self.assertEqual({t.dtype for t in states if t.name.startswith("conv")}, {str(conv.dtype)[6:]})
+            self.assertEqual({t.dtype for t in states if not t.name.startswith("conv")}, {str(recurrent.dtype)[6:]})
+            for tp in (1, 2, 4, 8):
+                with self.subTest(name, tp=tp):
+                    heads = recurrent.shape[1]  # [1, heads, ., .]: split by heads
+                    conv_ref = channels // tp * (k - 1) * conv.element_size()
+                    recurrent_ref = recurrent.numel() // heads * (heads // tp) * recurrent.element_size()
+                    self.assertEqual(sum(t.bytes_per_rank(tp) for t in states), conv_ref + recurrent_ref)
+        per_layer = sum(t.bytes_per_rank(1) for t in arch_qwen3_next.state_tensors(fixture("qwen3-next-80b-a3b-instruct")))
+        self.assertEqual(per_layer, 8192 * 3 * 2 + 32 * 128 * 128 * 4)  # 2,146,304 B per request per linear layer
+
+    def test_refusals_name_what_is_missing(self):
+        nemotron = fixture("nemotron-h-8b-base-8k")
+        no_pattern = {k: v for k, v in nemotron.items() if k != "hybrid_override_pattern"}
+        with self.assertRaisesRegex(ValueError, "hybrid_override_pattern"):
+            arch_mamba_hybrid.ARCHS[0].weights(no_pattern, 1, 1)
+        with self.assertRaisesRegex(ValueError, r"MoE blocks \('E'\)"):
+            arch_mamba_hybrid.ARCHS[0].shape({**nemotron, "hybrid_override_pattern": "M*E-", "num_hidden_layers": 4})
+        with self.assertRaisesRegex(ValueError, "num_hidden_layers 52 but the block pattern names 4"):
+            arch_mamba_hybrid.ARCHS[0].shape({**nemotron, "hybrid_override_pattern": "M*M-"})
+        qwen = {k: v for k, v in fixture("qwen3-next-80b-a3b-instruct").items() if k != "hidden_size"}
+        with self.assertRaisesRegex(ValueError, "'hidden_size'"):
+            arch_qwen3_next.ARCHS[0].weights(qwen, 1, 1)
+        for module in ZOO.values():
+            self.assertFalse(module.ARCHS[0].served)
+
+
+if __name__ == "__main__":
+    unittest.main()
