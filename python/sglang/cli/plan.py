@@ -27,6 +27,7 @@ import sys
 from typing import Optional
 
 from sglang.cli.plan_plot import INSTALL_HINT, check_plot_path, require_matplotlib, write_plot
+from sglang.cli.plan_upstream import upstream_comparison, upstream_line
 from sglang.srt.configs.resolved import (
     check_tp_sharding,
     cpu_kernels_available,
@@ -38,17 +39,11 @@ from sglang.srt.configs.resolved import (
 )
 from sglang.srt.mem_plan import MemoryPlan, MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
+from sglang.srt.mem_plan.arch_registry import not_served_note
 from sglang.srt.mem_plan.encoder import EncoderTerm, encoder_term_name
 from sglang.srt.mem_plan.encoder_plan import MODALITY_ORDER
 from sglang.srt.mem_plan.gpu_presets import GPU_PRESETS, get_gpu_preset
 from sglang.srt.mem_plan.model_shapes import load_config
-from sglang.srt.mem_plan.sizes import (
-    UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES,
-    UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY,
-    req_to_token_bytes,
-)
-from sglang.srt.mem_plan.slots import SlotRule
-from sglang.srt.mem_plan.tiers import upstream_mem_fraction
 from sglang.srt.mem_plan.units import GiB, gib
 from sglang.srt.server_args import ServerArgs
 
@@ -134,7 +129,7 @@ def model_facts(sa: ServerArgs, device_kind: str) -> tuple[B.ModelFacts, str]:
 
         path, gguf_path = resolve_model_path(sa, dense_linears=False), gguf_source_path(sa)  # config only
     cfg = load_config(path)
-    model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length)
+    model = resolve_model(cfg, device_kind, sa.dtype, sa.kv_cache_dtype, sa.context_length, planning=True)
     use_fp32_kernels(sa.dtype, device_kind, model.dtype)  # as the runner decides it (the decode workspace follows)
     check_tp_sharding(model.shape, sa.tp_size, sa.ep_size)
     fmt = planned_weight_format(sa, cfg.get("quantization_config"), gguf_path, device_kind, model.dtype)
@@ -170,30 +165,6 @@ def encoder_effect(plan: MemoryPlan, inputs: PlanInputs) -> Optional[dict]:
     return {"reserved_bytes": reserved, "kv_tokens_with": plan.max_total_num_tokens,
             "kv_tokens_without": without.max_total_num_tokens,
             "kv_tokens_lost": without.max_total_num_tokens - plan.max_total_num_tokens}
-
-
-def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) -> dict:
-    """What upstream's classic formula would do on the same inputs: y from the tier reserve (AITER-derated),
-    KV = y * pre - weights, and everything else left to the unplanned (1 - y) * pre slack. Upstream's own table
-    and sampler sizes (int32 req_to_token, 8 B per vocabulary entry) are what its slack must hold, with its fused MoE
-    intermediate caches (the same shapes as moe_workspace)."""
-    upstream_logits_per_req = vocab_size * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY
-    y = inputs.mem_fraction_static or upstream_mem_fraction(
-        gpu.memory_total_mib, backend, inputs.context_len, tp_size=inputs.tp_size,
-        chunked_prefill_size=inputs.chunked_prefill_size)
-    pre = inputs.pre_load_free_bytes
-    kv_room = int(y * pre) - inputs.weight_bytes
-    tokens = max(kv_room, 0) // inputs.kv_cell_bytes // inputs.page_size * inputs.page_size
-    slots = SlotRule(inputs.context_len, inputs.max_running_requests).slots(tokens)
-    graph_bs = min(inputs.cuda_graph_max_bs or 0, slots)
-    runtime = (inputs.workspace.bytes_for(slots, graph_bs)
-               + req_to_token_bytes(slots, inputs.context_len, UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES)
-               + inputs.activation_bytes + upstream_logits_per_req * slots + inputs.cuda_graph_bytes
-               + inputs.encoder_total_bytes + inputs.moe_workspace_bytes)
-    slack = pre - int(y * pre)
-    return {"mem_fraction_static": y, "max_total_num_tokens": tokens, "max_running_requests": slots,
-            "slack_bytes": slack, "unplanned_runtime_bytes": runtime, "slack_left_bytes": slack - runtime,
-            "starts": kv_room > 0}
 
 
 def hints(plan: MemoryPlan, inputs: PlanInputs, kv_cache_dtype: str) -> list[str]:
@@ -288,11 +259,17 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
         "",
     ]
     upstream = upstream_comparison(inputs, backend, gpu, shape.text.vocab_size) if gpu else None
+    served_note = not_served_note(shape.text.model_type)  # planned, not served (the words a start refuses with)
     try:
         plan = plan_memory(inputs)
+        if served_note:
+            plan = dataclasses.replace(plan, notes=plan.notes + (served_note,))
     except MemoryPlanError as e:
         result = {"fits": False, **header, "error": e.to_dict(), "upstream": upstream}
         lines += ["DOES NOT FIT.", str(e)]
+        if served_note:
+            result["notes"] = [served_note]
+            lines.append(served_note)
         tp_fix = None if e.direction else _smallest_tp_that_fits(sa, ns, model)
         if tp_fix is not None:
             result["fits_with_tp"] = tp_fix
@@ -308,7 +285,7 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
                      f"KV pool: {effect['kv_tokens_with']:,} tokens with them, {effect['kv_tokens_without']:,} "
                      f"without ({effect['kv_tokens_lost']:,} fewer).")
     if upstream is not None:
-        lines += ["", _upstream_line(upstream)]
+        lines += ["", upstream_line(upstream)]
     if tips:
         lines.append("What to change:")
         lines += [f"  - {t}" for t in tips]
@@ -327,16 +304,6 @@ def _smallest_tp_that_fits(sa, ns, model, candidates=(2, 4, 8, 16)) -> Optional[
         except (MemoryPlanError, ValueError):
             continue
     return None
-
-
-def _upstream_line(u: dict) -> str:
-    head = (f"Upstream SGLang (classic auto y={u['mem_fraction_static']:.5g}): ")
-    if not u["starts"]:
-        return head + "fails at startup (weights exceed the static region)."
-    verdict = (f"{gib(u['slack_left_bytes']):.2f} GiB of its slack unused" if u["slack_left_bytes"] >= 0 else
-               f"runtime OOM: its unplanned consumers exceed the slack by {gib(-u['slack_left_bytes']):.2f} GiB")
-    return head + (f"{u['max_total_num_tokens']:,} tokens, {u['max_running_requests']:,} slots, "
-                   f"{gib(u['slack_bytes']):.2f} GiB slack -> {verdict}.")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
