@@ -1,7 +1,9 @@
 """The weights term knows the weight format: a Llama-3.1-8B plan on an H100 with --quantization fp8, an AWQ or
 GPTQ checkpoint (quantization_config in config.json) frees exactly the bytes the quantized linear layers save, and
 the KV pool grows by them. The expected bytes are computed here from the architecture's own numbers (only the
-blocks' linear layers are quantized; embeddings, lm_head and norms stay bf16)."""
+blocks' linear layers are quantized, each of q, k, v, o, gate, up, down a tensor of its own with its own scales as
+the checkpoint stores it; embeddings, lm_head and norms stay bf16). test_checkpoint_formats.py prices every format
+against a checkpoint written to disk."""
 
 import contextlib
 import io
@@ -13,7 +15,6 @@ import unittest
 
 from sglang.cli.plan import main
 from sglang.srt.mem_plan.quantization_sizes import (
-    WeightFormat,
     cpu_packed_bytes,
     gguf_file_bytes,
     weight_format,
@@ -73,7 +74,7 @@ class TestPlanQuantization(unittest.TestCase):
 
     def test_fp8_halves_the_linear_layers(self):
         terms, plan = plan_of(LLAMA, "--quantization", "fp8")
-        scales = 4 * LAYERS * 4  # one fp32 scale per weight tensor (qkv, o, gate_up, down are one tensor each here)
+        scales = 7 * LAYERS * 4  # one fp32 weight_scale per stored weight tensor (q, k, v, o, gate, up, down)
         saved = LINEAR_PARAMS * 2 - (LINEAR_PARAMS + scales)
         self.check_frees(terms, plan, saved)
         self.assertAlmostEqual(saved / GiB, 6.50, places=2)
@@ -89,13 +90,11 @@ class TestPlanQuantization(unittest.TestCase):
         terms, plan = plan_of(self.checkpoint_with({"quant_method": "awq", "bits": 4, "group_size": 128}))
         self.check_frees(terms, plan, LINEAR_PARAMS * 2 - awq)
         self.assertAlmostEqual((LINEAR_PARAMS * 2 - awq) / GiB, 9.62, places=2)
-        # GPTQ adds g_idx: one int32 per input column of every matrix (q, k, v, gate and up read 4096, down 14336)
+        # GPTQ adds g_idx: one int32 per input column of every stored matrix (q, k, v, o, gate and up read 4096,
+        # down 14336)
         g_idx = LAYERS * 4 * sum(c for _, c in LINEAR_SHAPES)
         terms, plan = plan_of(self.checkpoint_with({"quant_method": "gptq", "bits": 4, "group_size": 128}))
-        # the merged qkv and gate_up tensors hold one g_idx each: count the input columns once per merged tensor
-        merged_g_idx = LAYERS * 4 * (H + H + H + MLP)
-        self.check_frees(terms, plan, LINEAR_PARAMS * 2 - (awq + merged_g_idx))
-        self.assertLess(merged_g_idx, g_idx)
+        self.check_frees(terms, plan, LINEAR_PARAMS * 2 - (awq + g_idx))
 
     def test_flag_wins_over_checkpoint_config(self):
         path = self.checkpoint_with({"quant_method": "awq", "bits": 4, "group_size": 128})
@@ -130,21 +129,28 @@ class TestWeightFormatRules(unittest.TestCase):
 
     def test_quantized_matrices_are_the_blocks_linear_weights(self):
         """For Qwen3-30B-A3B (MoE, q/k norms), the matrices sized as quantized hold every attention and expert
-        weight and nothing else: text_params' attention minus the q/k norms, plus the experts (routers stay dense)."""
+        weight and nothing else: the attention minus the q/k norms, plus the experts (routers stay dense); the
+        runtime's merged form (qkv, gate_up) holds the same weights."""
         from sglang.srt.mem_plan.model_shapes import model_shape_from_path
-        from sglang.srt.mem_plan.quantization_sizes import linear_matrices
+        from sglang.srt.mem_plan.quantization_sizes import runtime_linear_matrices
 
         shape = model_shape_from_path(os.path.join(FIXTURES, "qwen3-30b-a3b"))
         s, p = shape.text, shape.params(1)
-        quantized = sum(r * c * n for r, c, n in linear_matrices(s))
+        groups = shape.weight_groups(1, 1)
+        quantized = sum(g.numel for g in groups if g.linear)
         self.assertEqual(quantized, p["attention"] - s.num_layers * 2 * s.head_dim + p["mlp_dense"] + p["moe_experts"])
+        self.assertEqual(sum(r * c * n for r, c, n, _, _ in runtime_linear_matrices(groups)), quantized)
+        # per layer: qkv, o; per expert: gate_up, down
+        self.assertEqual(len(runtime_linear_matrices(groups)), 4)
         self.assertGreater(p["moe_router"], 0)
 
     def test_unknown_method_is_refused(self):
-        with self.assertRaisesRegex(ValueError, "knows none, gguf"):
+        with self.assertRaisesRegex(ValueError, "--quantization 'bitsandbytes': the planner knows none, gguf"):
             weight_format("bitsandbytes")
-        self.assertEqual(weight_format(None, {"quant_method": "gptq", "bits": 8, "group_size": -1}),
-                         WeightFormat("gptq", 8, group_size=-1))
+        fmt = weight_format(None, {"quant_method": "gptq", "bits": 8, "group_size": -1})
+        self.assertEqual((fmt.method, fmt.bits, fmt.group_size), ("gptq", 8, -1))
+        # one group over all input columns: one fp16 scale and one packed zero point per output row
+        self.assertEqual(fmt.checkpoint.codecs[0][1].matrix_bytes(64, 256, 2), 64 * 256 + 64 * 2 + 64 + 256 * 4)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,14 @@ that a GGUF file's lm_head table served with --quantization gguf is held as its 
 packed form (gguf_packed_vocab: the file's output.weight, or its token_embd.weight where the embedding is tied to the
 lm_head, one packed table then serving both), as llama.cpp reads it.
 
-Bytes of one [rows, cols] weight (rows = output features, cols = input features):
+Which tensors those are is the architecture's declaration: ModelShape.weight_groups (arch_spec.WeightGroup,
+linear=True). A quantized checkpoint (quantization_config: fp8, mxfp4, awq, gptq, compressed-tensors; or
+--quantization fp8 / awq / gptq) is charged what it stores for each of them, per tensor and per rank, minus the
+modules it leaves unquantized: checkpoint_formats.py, the one place those bytes are defined. The formats this
+runtime serves on a CPU are charged their packed form, for the merged tensors the runtime holds (q/k/v as one qkv,
+gate/up as one gate_up: runtime_linear_matrices):
     none          rows * cols * dtype bytes
-    fp8           rows * cols * 1 + fp32 scales: one per tensor, or one per weight_block_size [bn, bk] block
-                  (DeepSeek-style block fp8: ceil(rows/bn) * ceil(cols/bk) * 4)
     w8a8_int8     this runtime's CPU packed form (below) at 8 bits: int8 values + fp16 scale and offset per 32
-    awq           4-bit values (int32-packed qweight) + per group of group_size input columns and each output row:
-                  an fp16 scale and a 4-bit zero point (qzeros int32-packed)  -> rows*cols/2 + groups*rows*(2 + 1/2)
-    gptq          the same + g_idx, one int32 per input column (zero points are stored even when symmetric)
     gguf          the runtime's CPU packed form for Q4_0 / Q4_1 (4 bits) and Q8_0 (8 bits); other GGUF types (F16,
                   F32, K-quants) are requantized to 8-bit blocks at load, as w8a8_int8. The file itself holds
                   GGUF_BLOCK_BYTES per 32 weights (Q4_0 4.5 bits/weight, Q4_1 5.0, Q8_0 8.5), what llama.cpp keeps.
@@ -32,7 +32,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+from sglang.srt.mem_plan.checkpoint_formats import (CHECKPOINT_METHODS, DEFAULT_GROUP_SIZE, CheckpointFormat,
+                                                     checkpoint_format)
 
 # GGUF block formats: weights per block and bytes per block (ggml's type table)
 GGUF_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256,
@@ -49,10 +50,6 @@ GGUF_EXPERT_TENSORS = {"ffn_gate_exps": "w13", "ffn_up_exps": "w13", "ffn_down_e
 CPU_PACK_ROWS = 16  # rows per packed record
 CPU_PACK_COLS = 32  # weights per row of a record
 CPU_PACK_HEADER_BYTES = CPU_PACK_ROWS * 2 * 2  # fp16 d and c per row
-FP8_SCALE_BYTES = 4
-AWQ_SCALE_BYTES = 2
-GPTQ_G_IDX_BYTES = 4
-DEFAULT_GROUP_SIZE = 128
 
 # formats `sglang plan` sizes that the CPU runtime does not serve (GPU checkpoints)
 PLAN_ONLY_QUANTIZATIONS = ("fp8", "awq", "gptq")
@@ -80,12 +77,14 @@ def cpu_packed_bytes(rows: int, cols: int, bits: int) -> int:
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How the quantized linear weights are held. method: none | fp8 | w8a8_int8 | awq | gptq | gguf."""
+    """How the quantized linear weights are held. method: none | w8a8_int8 | gguf (this runtime's CPU forms) | one of
+    checkpoint_formats.CHECKPOINT_METHODS (then `checkpoint` says what the checkpoint stores)."""
 
     method: str = "none"
     bits: int = 16
     group_size: int = DEFAULT_GROUP_SIZE  # awq / gptq; -1: one group over all input columns
     block_size: Optional[tuple[int, int]] = None  # fp8 weight_block_size
+    checkpoint: Optional[CheckpointFormat] = None
     gguf_type: str = ""  # gguf: the linear tensors' type
     # gguf MoE: (gate/up, down) bits of the routed experts of each MoE layer, in layer order
     expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None
@@ -102,14 +101,6 @@ class WeightFormat:
             return cpu_packed_bytes(rows, cols, GGUF_PACKED_BITS.get(self.gguf_type, GGUF_REQUANTIZED_BITS))
         if m == "w8a8_int8":
             return cpu_packed_bytes(rows, cols, 8)
-        if m == "fp8":
-            scales = _cdiv(rows, self.block_size[0]) * _cdiv(cols, self.block_size[1]) if self.block_size else 1
-            return rows * cols + scales * FP8_SCALE_BYTES
-        if m in ("awq", "gptq"):
-            groups = _cdiv(cols, self.group_size) if self.group_size > 0 else 1
-            values = _cdiv(rows * cols * self.bits, 8)
-            per_group = groups * (rows * AWQ_SCALE_BYTES + _cdiv(rows * self.bits, 8))  # scales + zero points
-            return values + per_group + (cols * GPTQ_G_IDX_BYTES if m == "gptq" else 0)
         raise ValueError(f"unknown weight format {m!r}")
 
     def routed_expert_layer_bits(self, num_sparse_layers: int) -> Tuple[Tuple[int, int], ...]:
@@ -214,99 +205,82 @@ def gguf_expert_bits(gguf_path: Optional[str]) -> Optional[Tuple[Tuple[int, int]
     return tuple((layers[i]["w13"], layers[i]["w2"]) for i in sorted(layers)) or None
 
 
+KNOWN_QUANTIZATIONS = ("none", "gguf", "w8a8_int8", *CHECKPOINT_METHODS)
+
+
 def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] = None,
                   gguf_type: str = "", expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None,
                   packed_vocab: Tuple[str, int] = ("", 0)) -> WeightFormat:
-    """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint).
-    packed_vocab: gguf_packed_vocab's (table, bits) of a GGUF file (gguf only)."""
+    """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint); the
+    checkpoint's settings apply when its quant_method is the one chosen. packed_vocab: gguf_packed_vocab's
+    (table, bits) of a GGUF file (gguf only). ValueError naming an unknown method and the known ones."""
     cfg = hf_quant_config or {}
     method = quantization or str(cfg.get("quant_method", "none")).lower()
     if method in ("none", ""):
         return WeightFormat()
-    if method == "fp8":
-        block = cfg.get("weight_block_size")
-        return WeightFormat("fp8", 8, block_size=tuple(block) if block else None)
-    if method in ("awq", "gptq"):
-        bits = int(cfg.get("bits", cfg.get("w_bit", 4)))
-        group = int(cfg.get("group_size", cfg.get("q_group_size", DEFAULT_GROUP_SIZE)))
-        return WeightFormat(method, bits, group_size=group)
+    if method in CHECKPOINT_METHODS:
+        own = cfg if str(cfg.get("quant_method", "")).lower() == method else {}
+        ckpt = checkpoint_format(method, own)
+        codec = ckpt.codecs[0][1]
+        return WeightFormat(method, codec.bits, group_size=codec.group_size if method in ("awq", "gptq")
+                            else DEFAULT_GROUP_SIZE, block_size=codec.block if method == "fp8" else None,
+                            checkpoint=ckpt)
     if method == "w8a8_int8":
         return WeightFormat("w8a8_int8", 8)
     if method == "gguf":
         return WeightFormat("gguf", gguf_type_bits(gguf_type), gguf_type=gguf_type, expert_bits=expert_bits,
                             packed_vocab=packed_vocab[0], packed_vocab_bits=packed_vocab[1])
-    raise ValueError(f"--quantization {method!r}: the planner knows none, gguf, w8a8_int8, fp8, awq and gptq")
+    source = "--quantization" if quantization else "quantization_config.quant_method"
+    raise ValueError(f"{source} {method!r}: the planner knows {', '.join(KNOWN_QUANTIZATIONS)}; a checkpoint in "
+                     "another format cannot be sized.")
 
 
-def linear_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]]:
-    """(rows, cols, count) of the quantized linear weights of a TextShape (model_shapes.py) on one TP rank (ep:
-    --ep-size): the same shapes text_params counts (which adds biases, norms, routers, embeddings on top)."""
-    from sglang.srt.mem_plan.specs import kv_heads_per_rank
-
-    s, H = text, text.hidden_size
-    nq = _cdiv(s.num_q_heads, tp)
-    mats: list[tuple[int, int, int]] = []
-    L = s.num_layers
-    if s.is_mla:
-        qk_dim = s.qk_nope_head_dim + s.qk_rope_head_dim
-        if s.q_lora_rank:
-            mats += [(s.q_lora_rank, H, L), (nq * qk_dim, s.q_lora_rank, L)]
-        else:
-            mats.append((nq * qk_dim, H, L))
-        mats += [(s.kv_lora_rank + s.qk_rope_head_dim, H, L),  # kv_a_proj_with_mqa
-                 (nq * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank, L),  # kv_b_proj
-                 (H, nq * s.v_head_dim, L)]  # o_proj
-    else:
-        d, nkv = s.head_dim, kv_heads_per_rank(s.num_kv_heads, tp)
-        mats += [((nq + 2 * nkv) * d, H, L), (H, nq * d, L)]  # qkv, o
-    num_sparse = len(s.sparse_layers)
-
-    def mlp(inter: int, count: int) -> None:
-        if inter and count:
-            mats.extend([(2 * inter, H, count), (H, inter, count)])  # gate+up, down
-
-    mlp(_cdiv(s.intermediate_size, tp), L - num_sparse)
-    mats += routed_expert_matrices(s, tp, ep)
-    if s.shared_expert_intermediate_size:
-        mlp(_cdiv(s.shared_expert_intermediate_size, tp), num_sparse)
-    elif s.num_shared_experts:
-        mlp(_cdiv(s.moe_intermediate_size, tp), num_sparse * s.num_shared_experts)
-    return mats
+# projections this runtime holds as one merged tensor (models/: qkv_proj, gate_up_proj; Mixtral's w1 / w3)
+MERGED_PROJECTIONS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                      "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "w1": "gate_up_proj",
+                      "w3": "gate_up_proj"}
+GATE_UP = "gate_up_proj"
 
 
-def routed_expert_matrices(text, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int]]:
-    """(rows, cols, count) of the routed experts' fused gate+up and down weights on one rank, in that order ([] for a
-    dense model); part of linear_matrices. ep = 1: every expert, N / tp columns; else E / ep experts of
-    moe_sizes.expert_shard_of_rank's columns."""
-    if ep == 1:
-        n, experts = _cdiv(text.moe_intermediate_size, tp), text.num_experts
-    else:
-        experts, n = expert_shard_of_rank(text.num_experts, text.moe_intermediate_size, tp, ep)
-    count = len(text.sparse_layers) * experts
-    if not (n and count):
-        return []
-    return [(2 * n, text.hidden_size, count), (text.hidden_size, n, count)]
+def runtime_linear_matrices(groups) -> list[tuple[int, int, int, bool, bool]]:
+    """(rows, cols, count, expert, is gate_up) of the linear weights as this runtime holds them: the linear
+    WeightGroups with q/k/v and gate/up of one module merged (their rows added), in declaration order."""
+    merged: dict[tuple, list] = {}
+    for g in groups:
+        if not g.linear:
+            continue
+        parts = g.module.split(".")
+        name = MERGED_PROJECTIONS.get(parts[-2], "") if len(parts) >= 2 else ""
+        key = (".".join(parts[:-2]), name, g.shape[1], g.count, g.expert) if name else (g.module,)
+        rows = merged.setdefault(key, [0, g.shape[1], g.count, g.expert, name == GATE_UP])
+        rows[0] += g.shape[0]
+    return [tuple(v) for v in merged.values()]
 
 
 def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
     """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
-    the model dtype, with each quantized matrix's dense bytes replaced by its quantized bytes (ep: --ep-size; the
-    routed experts' at their own bits, fmt.routed_expert_bits, where the CPU packed form holds them; the packed
-    vocabulary table of a GGUF file, fmt.packed_vocab, in its packed bytes: exactly one [vocab, hidden] table, the
-    lm_head's or the tied embedding's)."""
+    the model dtype, with each linear WeightGroup's dense bytes replaced by what the format holds for it (ep:
+    --ep-size). A checkpoint format: its stored tensors (checkpoint_formats.py). This runtime's CPU forms: the merged
+    matrices' packed bytes, the routed experts' at their own bits (fmt.routed_expert_layer_bits), and the packed
+    vocabulary table of a GGUF file (fmt.packed_vocab) in its packed bytes: exactly one [vocab, hidden] table, the
+    lm_head's or the tied embedding's."""
     total = sum(shape.params(tp, ep).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
     if fmt.method == "none":
         return total
-    for rows, cols, count in linear_matrices(shape.text, tp, ep):
-        total += count * (fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - rows * cols * dense_dtype_bytes)
-    experts = routed_expert_matrices(shape.text, tp, ep)
-    if fmt.method in ("gguf", "w8a8_int8") and experts:
-        # linear_matrices sized the experts as the linear layers: correct them to each layer's bits
-        num_sparse = len(shape.text.sparse_layers)
-        for layer_bits in fmt.routed_expert_layer_bits(num_sparse):
-            for (rows, cols, count), bits in zip(experts, layer_bits):
-                total += count // num_sparse * (cpu_packed_bytes(rows, cols, bits)
-                                                - fmt.matrix_bytes(rows, cols, dense_dtype_bytes))
+    groups = shape.weight_groups(tp, ep)
+    if fmt.checkpoint is not None:
+        return total + sum(fmt.checkpoint.group_bytes(g, dense_dtype_bytes) - g.numel * dense_dtype_bytes
+                           for g in groups)
+    num_sparse = len(shape.text.sparse_layers)
+    layer_bits = fmt.routed_expert_layer_bits(num_sparse) if num_sparse else ()
+    for rows, cols, count, expert, gate_up in runtime_linear_matrices(groups):
+        dense = count * rows * cols * dense_dtype_bytes
+        if expert and fmt.method in ("gguf", "w8a8_int8") and num_sparse:
+            # each MoE layer's experts at that layer's bits (count: layers x experts held)
+            total += sum(count // num_sparse * cpu_packed_bytes(rows, cols, bits[0 if gate_up else 1])
+                         for bits in layer_bits) - dense
+        else:
+            total += count * fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - dense
     if fmt.method == "gguf" and fmt.packed_vocab_bits:
         rows, cols = _cdiv(shape.text.vocab_size, tp), shape.text.hidden_size
         total += cpu_packed_bytes(rows, cols, fmt.packed_vocab_bits) - rows * cols * dense_dtype_bytes
