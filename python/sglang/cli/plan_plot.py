@@ -4,7 +4,8 @@ Drawn from the --json results only (a card's `plan.terms`, `budget_bytes`, `head
 `gpu_memory_total_mib`), so every term the planner adds appears without a change here. One bar per card: the terms
 bottom-up in plan order, the headroom, then what the card holds outside the budget (its CUDA/HIP context and
 communication buffers, or RAM above a cap); a tick marks the card's memory.total. A card that does not fit gets an
-outlined bar of the budget and the shortfall above it. matplotlib is an optional extra (`sglang[plot]`), imported
+outlined bar of the budget and the shortfall above it. A dashed tick marks where upstream's classic auto
+mem_fraction_static would end its static region (weights + KV: y x pre-load free). matplotlib is an optional extra (`sglang[plot]`), imported
 only here and only when a plot is asked for.
 """
 
@@ -27,6 +28,7 @@ PLOT_WIDTH_PER_CARD_IN = 1.6
 # A segment gets its GiB value written inside it when it is at least this share of the tallest bar.
 LABEL_MIN_SHARE = 0.035
 HEADROOM = "headroom"
+UPSTREAM = "upstream's classic static region"
 OUTSIDE = "outside the budget"
 
 
@@ -54,7 +56,9 @@ def require_matplotlib() -> None:
 
 
 def _card_label(result: dict) -> str:
-    return result["gpu"] if result.get("gpu") not in (None, "cpu") else "CPU"
+    name = result["gpu"] if result.get("gpu") not in (None, "cpu") else "CPU"
+    up = result.get("upstream")
+    return f"{name}\nupstream y={up['mem_fraction_static']:.4g}" if up else name
 
 
 def _segments(result: dict) -> list[tuple[str, int]]:
@@ -149,6 +153,11 @@ def _draw(fig, results: list[dict]) -> None:
                        hatch="xx", linewidth=1.2)
             ax.text(x, budget_gib / 2, f"DOES NOT FIT\nshort by {short_gib:.2f} GiB", ha="center", va="center",
                     fontsize=8, color="#b2182b")
+        up = r.get("upstream")
+        if up:  # where upstream's classic static region (weights + KV) ends: y x pre-load free
+            top = up["mem_fraction_static"] * r["pre_load_free_bytes"] / GiB
+            line = ax.plot([x - 0.36, x + 0.36], [top, top], color="black", linewidth=1.0, linestyle="--")[0]
+            drawn.setdefault(UPSTREAM, line)
         ax.plot([x - 0.4, x + 0.4], [total_gib, total_gib], color="black", linewidth=1.5)
         ax.text(x + 0.42, total_gib, f"total {total_gib:.1f}", va="center", ha="left", fontsize=7)
     ax.set_xticks(range(len(results)), [_card_label(r) for r in results], fontsize=8)
@@ -156,6 +165,6 @@ def _draw(fig, results: list[dict]) -> None:
     ax.set_ylim(0, tallest * 1.12)
     ax.set_ylabel("GiB per rank")
     ax.set_title(_title(results), fontsize=9)
-    handles = [drawn[n] for n in drawn][::-1]
-    ax.legend(handles, list(drawn)[::-1], loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+    names = [n for n in drawn if n != UPSTREAM][::-1] + [n for n in drawn if n == UPSTREAM]
+    ax.legend([drawn[n] for n in names], names, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
               title="term (GiB in the bar)", title_fontsize=8, frameon=False)

@@ -86,6 +86,7 @@ def test_svg_names_every_term_and_card_with_its_gib(tmp_path, alone):
         assert f"{p['max_total_num_tokens']:,} KV tokens" in joined
         total_gib = alone[k]["gpu_memory_total_mib"] / 1024
         assert f"total {total_gib:.1f}" in texts
+        assert f"upstream y={alone[k]['upstream']['mem_fraction_static']:.4g}" in texts
     short = alone["a100-40gb"]["error"]["shortfall_bytes"] / GiB
     assert f"short by {short:.2f} GiB" in joined
 
