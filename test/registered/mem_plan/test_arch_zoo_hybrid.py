@@ -116,9 +116,9 @@ def shard_numel(name: str, shape: tuple, tp: int, config) -> int:
     return n
 
 
-def planned_components(spec, cfg, tp=1) -> dict:
+def planned_components(spec, cfg, tp=1, ep=1) -> dict:
     out = {}
-    for w in spec.weights(cfg, tp, 1):
+    for w in spec.weights(cfg, tp, ep):
         out[w.component] = out.get(w.component, 0) + w.numel
     return {c: n for c, n in out.items() if n}
 
@@ -153,6 +153,30 @@ class TestHybridZoo(unittest.TestCase):
                         c = component_of(pname, model)
                         expected[c] = expected.get(c, 0) + shard_numel(pname, tuple(p.shape), tp, config)
                     self.assertEqual(planned_components(module.ARCHS[0], fixture(name), tp), expected)
+
+    def test_expert_parallel_ranks_hold_whole_experts(self):
+        """--ep-size ep: a rank holds E / ep routed experts of I / (tp / ep) columns (the same element count as every
+        expert's I / tp columns, so the expert tensors' shapes and counts are what is checked)."""
+        name = "qwen3-next-80b-a3b-instruct"
+        _, model = hf_meta(name)
+        for tp, ep in ((8, 1), (8, 8), (8, 2), (4, 4)):
+            with self.subTest(tp=tp, ep=ep):
+                expected = {}
+                for pname, p in model.named_parameters():
+                    if pname.endswith("experts.gate_up_proj"):  # [E, 2 I, H]: gate and up of each expert
+                        e, two_i, h = p.shape
+                        key, n = (two_i // 2 // (tp // ep), h), 2 * (e // ep)
+                    elif pname.endswith("experts.down_proj"):  # [E, H, I]
+                        e, h, i = p.shape
+                        key, n = (h, i // (tp // ep)), e // ep
+                    else:
+                        continue
+                    expected[key] = expected.get(key, 0) + n
+                planned = {}
+                for w in arch_qwen3_next.ARCHS[0].weights(fixture(name), tp, ep):
+                    if w.expert:
+                        planned[w.shape] = planned.get(w.shape, 0) + w.count
+                self.assertEqual(planned, expected)
 
     def test_layer_kinds_and_kv_per_token(self):
         for name, module in ZOO.items():
