@@ -109,6 +109,25 @@ def test_png_is_a_png_of_the_stated_size(tmp_path):
     assert pixels.shape[:2] == (600, 740) and len({tuple(p) for p in pixels.reshape(-1, pixels.shape[2])}) > 10
 
 
+def test_a_pinned_fraction_shows_its_headroom(tmp_path):
+    out = tmp_path / "pinned.svg"
+    argv = ["--model-path", QWEN, "--gpu", "h200", "--mem-fraction-static", "0.8"]
+    status, d = plan(argv + ["--plot", str(out)])
+    headroom = d["plan"]["headroom_bytes"] / GiB
+    assert status == 0 and headroom > 5  # the unused part of the runtime region
+    assert f"headroom {headroom:.1f}" in svg_texts(out)
+
+
+def test_a_hybrid_models_pools_are_bars_too(tmp_path):
+    out = tmp_path / "hybrid.svg"
+    status, d = plan(["--model-path", os.path.join(FIXTURES, "gpt-oss-20b"), "--gpu", "h100-80gb", "--plot", str(out)])
+    terms = {t["name"]: t["num_bytes"] for t in d["plan"]["terms"]}
+    assert status == 0 and terms["kv_windowed"] > 0
+    texts = svg_texts(out)
+    assert {n for n, b in terms.items() if b > 0} <= set(texts)
+    assert f"kv_windowed {terms['kv_windowed'] / GiB:.1f}" in texts
+
+
 def test_cpu_plan_plots_one_bar(tmp_path):
     out = tmp_path / "cpu.svg"
     status, d = plan(["--device", "cpu", "--total-memory-gb", "2", "--plot", str(out)])
