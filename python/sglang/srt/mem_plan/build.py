@@ -24,6 +24,7 @@ from sglang.srt.mem_plan.encoder_plan import formula_encoder_terms
 from sglang.srt.mem_plan.inputs import PlanInputs
 from sglang.srt.mem_plan.kv_quant import describe as describe_kv
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, gather_elem_bytes, rotated_parts, window_bytes_per_slot
+from sglang.srt.mem_plan.layer_pools import split_kv_cell
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES, CPU_PACKED_LOAD_RESIDUAL_BYTES, ModelShape
 from sglang.srt.mem_plan.moe_sizes import (
     CAPTURABLE,
@@ -277,7 +278,9 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     device = cpu_replica_share(sa, device)
     cap_bytes, cap_source = resolve_cap(sa, device)
     graph_bs = graph_batch_size(sa, model, device)
-    cell = model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size, model.dtype)
+    # the full layers' cell: the KV pool; sliding / chunked / linear layers go to their per-slot pools (layer_pools.py)
+    cell, layer_pools = split_kv_cell(model.shape.text, model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size,
+                                                                            model.dtype), sa.tp_size)
     grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
     moe = moe_workspace(sa, model, device)
     embedding = bool(getattr(sa, "is_embedding", False))
@@ -287,7 +290,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         weight_bytes=measured.weight_bytes,
         kv_cell_bytes=cell.cell_bytes,
         kv_fixed_bytes=cell.fixed_bytes,
-        kv_window_row_bytes=(0 if cell.is_mla or not cell.kv_format else window_bytes_per_slot(
+        layer_pools=layer_pools,
+        kv_window_row_bytes=(0 if cell.is_mla or not cell.kv_format or not cell.num_layers else window_bytes_per_slot(
             model.kv_cache_dtype, cell.num_layers, cell.num_kv_heads_per_rank, cell.head_dim,
             cell.v_head_dim or cell.head_dim, planned_attention_backend(sa))),
         kv_detail=(describe_kv(model.kv_cache_dtype, cell.head_dim, cell.v_head_dim or cell.head_dim)
