@@ -57,6 +57,43 @@ class TestSlotRule(unittest.TestCase):
                 self.assertEqual(t * 512 // ctx, int(t / ctx * 512))
 
 
+class TestSlotRuleKinds(unittest.TestCase):
+    """The rules of models with windowed / linear layers (layer_pools.py): values by hand, and monotone in T."""
+
+    def test_first_context(self):
+        rule = SlotRule(131072, kind="first-context")
+        self.assertEqual(rule.slots(100_000), 1)  # below one context: one slot, no 2048 floor
+        self.assertEqual(rule.regime(100_000), "first-context")
+        self.assertEqual(rule.slots(131072 + 255), 1)
+        self.assertEqual(rule.slots(131072 + 256), 2)  # then 512 per context of pool
+        self.assertEqual(rule.regime(131072 + 256), "linear")
+        self.assertEqual(rule.slots(137_215), 1 + (137_215 - 131072) // 256)
+        self.assertEqual(rule.slots(10**9), 4096)
+        self.assertEqual(rule.regime(10**9), "cap")
+        self.assertEqual(rule.slots(1), 0)  # T // 2 still bounds it
+        self.assertEqual(rule.regime(1), "half")
+        self.assertEqual(SlotRule(131072, 8, kind="first-context").slots(10**6), 8)  # the user's value wins
+
+    def test_context_per_slot(self):
+        rule = SlotRule(32768, kind="context-per-slot")
+        self.assertEqual(rule.slots(32767), 0)
+        self.assertEqual(rule.slots(3 * 32768 + 5), 3)
+        self.assertEqual(rule.regime(3 * 32768), "per-context")
+        self.assertEqual(rule.slots(5000 * 32768), 4096)
+        self.assertEqual(rule.regime(5000 * 32768), "cap")
+        self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").slots(10 * 32768), 7)
+        self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").regime(10 * 32768), "user")
+        with self.assertRaises(ValueError):
+            SlotRule(32768, kind="ratio")
+
+    @PROPERTY_SETTINGS
+    @given(kind=st.sampled_from(["upstream", "first-context", "context-per-slot"]), ctx=st.integers(2, 5000),
+           user=st.one_of(st.none(), st.integers(1, 5000)), t=st.integers(0, 10**7), dt=st.integers(1, 10**5))
+    def test_monotone(self, kind, ctx, user, t, dt):
+        rule = SlotRule(ctx, user, kind=kind)
+        self.assertLessEqual(rule.slots(t), rule.slots(t + dt))
+
+
 class TestPR18263(unittest.TestCase):
     """Qwen3-30B-A3B at context 262144 on MI355X with AITER: KV + workspace budget of 219,721,119,039 bytes."""
 
