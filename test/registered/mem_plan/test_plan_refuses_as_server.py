@@ -5,17 +5,20 @@ launch/tp_config.check_tp_config (before any TP rank starts) for --tp-size."""
 
 import contextlib
 import io
+import json
 import os
+import tempfile
 import unittest
 from unittest import mock
 
-from sglang.cli.plan import run
+from sglang.cli.plan import main, run
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.mem_plan.arch_spec import PLANNED_NOT_SERVED
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="cpu")
+register_cpu_ci(est_time=14, suite="cpu")
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 QWEN = os.path.join(FIXTURES, "qwen3-30b-a3b")  # max_position_embeddings 40960
@@ -83,6 +86,50 @@ class TestPlanRefusesAsServer(unittest.TestCase):
         self.assertIn(ALLOW_LONGER_CONTEXT_ENV, message)
         with mock.patch.dict(os.environ, {ALLOW_LONGER_CONTEXT_ENV: "1"}):  # both honour the override
             self.assertEqual(self.assert_same(plan_argv, QWEN, 262144, device="cuda"), (262144, None))
+
+
+class TestArchitectureRefusals(unittest.TestCase):
+    """mem_plan/arch_registry.py: a model_type the planner does not declare is refused by the plan (exit 2, the
+    message, no traceback) and by a start with the same words; one it plans but this runtime does not serve is
+    planned with arch_spec.PLANNED_NOT_SERVED among the notes, and a start refuses it with that note, before any
+    weight loads."""
+
+    def test_unknown_model_type(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(FIXTURES, "llama-3.1-8b", "config.json")) as f:
+                cfg = dict(json.load(f), model_type="made_up_arch", architectures=["MadeUpForCausalLM"])
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as exit_:
+                main(["--model-path", d, "--gpu", "h100-80gb", "--json"])
+            self.assertEqual(exit_.exception.code, 2)
+            self.assertNotIn("Traceback", err.getvalue())
+            plan = plan_outcome(["--model-path", d, "--gpu", "h100-80gb"])
+            server = server_outcome(d, device="cuda")
+        print(f"unknown model_type: plan {plan}, server {server}")
+        self.assertEqual(plan, server)
+        self.assertIn("'made_up_arch'", plan[1])
+        known = plan[1].rpartition("It knows: ")[2].rstrip(".").split(", ")
+        self.assertEqual(known, sorted(known))
+        self.assertTrue({"llama", "qwen3_moe", "gemma3_text", "deepseek_v3", "mistral"} <= set(known), known)
+
+    def test_planned_but_not_served(self):
+        model_dir = os.path.join(FIXTURES, "mistral-7b-v0.1")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = main(["--model-path", model_dir, "--gpu", "h100-80gb", "--json"])
+        self.assertEqual(status, 0)
+        note = f"{PLANNED_NOT_SERVED}: mistral"
+        self.assertIn(note, json.loads(out.getvalue())["plan"]["notes"])
+        _, message = server_outcome(model_dir, device="cuda")
+        print(f"mistral: server {message}")
+        self.assertTrue(message.startswith(note), message)
+        # a served architecture plans without the note and starts past its config
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            main(["--model-path", QWEN, "--gpu", "h100-80gb", "--json"])
+        self.assertFalse([n for n in json.loads(out.getvalue())["plan"]["notes"] if PLANNED_NOT_SERVED in n])
+        self.assertEqual(server_outcome(QWEN, device="cuda")[1], None)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ run refuses what a start refuses, with the same message:
                        (a GPU preset: a server installed with its extra), both by backend_resolution.py's rule
     context length     resolve_context_len: --context-length up to the model's max_position_embeddings
     dtypes             the rules of mem_plan/dtypes.py (--dtype auto by device, --kv-cache-dtype auto = --dtype)
-    model facts        resolve_model: config.json geometry + the three above, as the memory plan reads them
+    model facts        resolve_model: config.json geometry + the three above, as the memory plan reads them; an
+                       architecture the planner does not know is refused (mem_plan/arch_registry.py), one it plans
+                       but this runtime does not serve is refused by a start with the words the plan notes
     tensor parallelism check_tp_sharding: the model splits over --tp-size ranks (and --ep-size expert groups:
                        check_ep_sharding), before any rank starts
     quantization       served_quantization (layers/quantization.resolve_quantization, with this machine's kernels),
@@ -25,6 +27,7 @@ import os
 from typing import Callable, Optional
 
 from sglang.srt.layers.attention import backend_resolution as br
+from sglang.srt.mem_plan.arch_registry import check_served
 from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
@@ -85,11 +88,14 @@ def resolve_context_len(requested: Optional[int], max_position_embeddings: int) 
 
 
 def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
-                  context_length: Optional[int] = None) -> ModelFacts:
+                  context_length: Optional[int] = None, planning: bool = False) -> ModelFacts:
     """The model as a start with these flags holds it on `device` ('cpu' / 'cuda'): config.json's geometry, the
     context length and the canonical weight and KV dtypes. The weight format stays dense: the server measures the
-    weights it loaded, `sglang plan` adds planned_weight_format."""
+    weights it loaded, `sglang plan` adds planned_weight_format. ValueError for a model_type the planner does not
+    know; unless planning (`sglang plan`, which notes it), also for one this runtime does not serve."""
     shape = model_shape_from_config(config)
+    if not planning:
+        check_served(shape.text.model_type)
     dtype_name = resolve_model_dtype(dtype, device, shape.text.dtype)
     return ModelFacts(shape, resolve_context_len(context_length, shape.text.max_position_embeddings), dtype_name,
                       resolve_kv_cache_dtype(kv_cache_dtype, dtype_name))

@@ -20,6 +20,8 @@ FAMILY_MODULES = (
 TEXT_MODEL_TYPE_ALIASES = {
     "qwen2_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2",
     "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe", "qwen3_omni_moe_text": "qwen3_moe",
+    # Kimi-K2 publishes model_type kimi_k2 with architectures DeepseekV3ForCausalLM and DeepSeek-V3's config keys
+    "kimi_k2": "deepseek_v3",
 }
 
 

@@ -2,6 +2,7 @@
 activation peaks the encoder terms are planned from (encoder_towers.py / encoder.EncoderSpec).
 
     LLaVA          vision_config siglip / clip  -> EncoderSpec "vision" (fixed image_size) + the llava projector
+    Gemma 3        the same SigLIP tower (no head) + its projector (an RMSNorm and one matrix)
     Qwen2.5-VL     flat config + vision_config with out_hidden_size / fullatt_block_indexes -> QwenVisionTower
     Qwen3-Omni     thinker_config: vision_config with deepstack_visual_indexes -> QwenVisionTower, audio_config with
                    n_window / downsample_hidden_size -> OmniAudioTower
@@ -76,6 +77,11 @@ def projector_params(vision_hidden: int, text_hidden: int) -> int:
     return vision_hidden * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
 
 
+def gemma3_projector_params(vision_hidden: int, text_hidden: int) -> int:
+    """Gemma 3's multi_modal_projector: an RMSNorm over the pooled patches and one [Hv, Ht] matrix, no bias."""
+    return vision_hidden + vision_hidden * text_hidden
+
+
 def vision_encoder_spec(v: dict, output_dim: int, act_dtype_bytes: int = 2) -> EncoderSpec:
     tokens = (v["image_size"] // v["patch_size"]) ** 2
     if v.get("model_type", "").startswith("clip"):
@@ -114,7 +120,8 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
             encoders.append(tower)
         else:
             vision = vision_tower_params(v)
-            projector = projector_params(v["hidden_size"], text_hidden)
+            projector = (gemma3_projector_params(v["hidden_size"], text_hidden) if model_type == "gemma3"
+                         else projector_params(v["hidden_size"], text_hidden))
             encoders.append(vision_encoder_spec(v, text_hidden, act_dtype_bytes))
     if a:
         if is_omni_audio(a):
