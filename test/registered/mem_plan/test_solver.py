@@ -83,6 +83,7 @@ class TestSlotRuleKinds(unittest.TestCase):
         self.assertEqual(rule.regime(5000 * 32768), "cap")
         self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").slots(10 * 32768), 7)
         self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").regime(10 * 32768), "user")
+        self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").slots(3 * 32768), 3)  # a slot is a context
         with self.assertRaises(ValueError):
             SlotRule(32768, kind="ratio")
 
