@@ -17,8 +17,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=40, suite="cpu")
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-ZOO = {"qwen3-next-80b-a3b-instruct": arch_qwen3_next, "nemotron-h-8b-base-8k": arch_mamba_hybrid}
+ZOO = {"qwen3-next-80b-a3b-instruct": arch_qwen3_next, "nemotron-h-8b-base-8k": arch_mamba_hybrid,
+       "nemotron-3-nano-30b-a3b": arch_mamba_hybrid}
+MOE_ZOO = ("qwen3-next-80b-a3b-instruct", "nemotron-3-nano-30b-a3b")
 RUNTIME_KEYS = ("auto_map", "transformers_version", "architectures")  # remote-code / bookkeeping keys HF ignores
+CHECKPOINT_BUFFERS = ("e_score_correction_bias",)  # a tensor of the checkpoint that transformers keeps as a buffer
 
 
 def fixture(name: str) -> dict:
@@ -38,6 +41,12 @@ def hf_meta(name: str):
 
 def hf_layers(model):
     return model.model.layers
+
+
+def hf_tensors(model):
+    """(name, tensor) of every checkpoint tensor of the HF model: its parameters and CHECKPOINT_BUFFERS."""
+    yield from model.named_parameters()
+    yield from ((n, b) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in CHECKPOINT_BUFFERS)
 
 
 def block_kind(layer) -> str:
@@ -63,21 +72,23 @@ def component_of(name: str, model) -> str:
         return "linear_attention"
     if ".self_attn." in name:
         return "attention"
-    if ".mlp.gate.weight" in name:
+    if ".mlp.gate.weight" in name or ".mixer.gate." in name:
         return "moe_router"
-    if ".mlp.experts." in name or ".mlp.shared_expert" in name:
+    if ".mlp.experts." in name or ".mlp.shared_expert" in name or ".mixer.experts." in name \
+            or ".mixer.shared_experts." in name:
         return "moe_experts"
     if ".mlp." in name:
         return "mlp_dense"
     if ".mixer." in name:  # Nemotron-H: the block's type says what its mixer is
         kind = getattr(hf_layers(model)[int(parts[2])], "block_type")
-        return {"linear_attention": "ssm", "full_attention": "attention", "mlp": "mlp_dense"}[kind]
+        return {"linear_attention": "ssm", "full_attention": "attention", "mlp": "mlp_dense",
+                "moe": "moe_experts"}[kind]
     raise AssertionError(f"no component rule for {name}")
 
 
 def hf_components(model) -> dict:
     out = {}
-    for name, p in model.named_parameters():
+    for name, p in hf_tensors(model):
         c = component_of(name, model)
         out[c] = out.get(c, 0) + p.numel()
     return out
@@ -94,19 +105,20 @@ def shard_numel(name: str, shape: tuple, tp: int, config) -> int:
 
     if name.endswith(("embed_tokens.weight", "embeddings.weight")) or name == "lm_head.weight":
         split(0)  # vocab-parallel
+    elif name.endswith(("experts.gate_up_proj", "experts.up_proj")):
+        split(1)  # fused experts [E, (2) I, H]
+    elif name.endswith("experts.down_proj"):
+        split(2)  # [E, H, I]
     elif leaf in ("k_proj", "v_proj"):
         heads = config.num_key_value_heads
         dims[0] = dims[0] // heads * max(1, heads // tp)  # KV heads split, replicated past tp > heads
     elif leaf in ("q_proj", "in_proj_qkvz", "in_proj_ba", "in_proj", "conv1d", "dt_bias", "A_log", "D",
                   "gate_proj", "up_proj") or (leaf == "norm" and ".mixer." in name):
         split(0)  # column-parallel / per head (Mamba-2's gated norm is per group of the split inner width)
-    elif name.endswith("experts.gate_up_proj"):
-        split(1)  # [E, 2 I, H]
-    elif name.endswith("experts.down_proj"):
-        split(2)  # [E, H, I]
     elif leaf in ("o_proj", "out_proj", "down_proj"):
         split(1)  # row-parallel
-    elif leaf in ("norm", "q_norm", "k_norm", "gate", "shared_expert_gate", "norm_f") or "layernorm" in leaf:
+    elif leaf in ("norm", "q_norm", "k_norm", "gate", "shared_expert_gate", "norm_f", "e_score_correction_bias") \
+            or "layernorm" in leaf:
         pass  # replicated
     else:
         raise AssertionError(f"no TP rule for {name}")
@@ -149,7 +161,7 @@ class TestHybridZoo(unittest.TestCase):
             for tp in (2, 4, 8):
                 with self.subTest(name, tp=tp):
                     expected = {}
-                    for pname, p in model.named_parameters():
+                    for pname, p in hf_tensors(model):
                         c = component_of(pname, model)
                         expected[c] = expected.get(c, 0) + shard_numel(pname, tuple(p.shape), tp, config)
                     self.assertEqual(planned_components(module.ARCHS[0], fixture(name), tp), expected)
@@ -157,26 +169,27 @@ class TestHybridZoo(unittest.TestCase):
     def test_expert_parallel_ranks_hold_whole_experts(self):
         """--ep-size ep: a rank holds E / ep routed experts of I / (tp / ep) columns (the same element count as every
         expert's I / tp columns, so the expert tensors' shapes and counts are what is checked)."""
-        name = "qwen3-next-80b-a3b-instruct"
-        _, model = hf_meta(name)
-        for tp, ep in ((8, 1), (8, 8), (8, 2), (4, 4)):
-            with self.subTest(tp=tp, ep=ep):
-                expected = {}
-                for pname, p in model.named_parameters():
-                    if pname.endswith("experts.gate_up_proj"):  # [E, 2 I, H]: gate and up of each expert
-                        e, two_i, h = p.shape
-                        key, n = (two_i // 2 // (tp // ep), h), 2 * (e // ep)
-                    elif pname.endswith("experts.down_proj"):  # [E, H, I]
-                        e, h, i = p.shape
-                        key, n = (h, i // (tp // ep)), e // ep
-                    else:
-                        continue
-                    expected[key] = expected.get(key, 0) + n
-                planned = {}
-                for w in arch_qwen3_next.ARCHS[0].weights(fixture(name), tp, ep):
-                    if w.expert:
-                        planned[w.shape] = planned.get(w.shape, 0) + w.count
-                self.assertEqual(planned, expected)
+        for name in MOE_ZOO:
+            _, model = hf_meta(name)
+            for tp, ep in ((8, 1), (8, 8), (8, 2), (4, 4)):
+                with self.subTest(name, tp=tp, ep=ep):
+                    expected = {}
+                    for pname, p in model.named_parameters():
+                        if pname.endswith(("experts.gate_up_proj", "experts.up_proj")):  # [E, (2) I, H]
+                            e, rows, h = p.shape
+                            mats = 2 if pname.endswith("gate_up_proj") else 1  # Qwen's gate and up of each expert
+                            key, n = (rows // mats // (tp // ep), h), mats * (e // ep)
+                        elif pname.endswith("experts.down_proj"):  # [E, H, I]
+                            e, h, i = p.shape
+                            key, n = (h, i // (tp // ep)), e // ep
+                        else:
+                            continue
+                        expected[key] = expected.get(key, 0) + n
+                    planned = {}
+                    for w in ZOO[name].ARCHS[0].weights(fixture(name), tp, ep):
+                        if w.expert:
+                            planned[w.shape] = planned.get(w.shape, 0) + w.count
+                    self.assertEqual(planned, expected)
 
     def test_layer_kinds_and_kv_per_token(self):
         for name, module in ZOO.items():
@@ -190,6 +203,15 @@ class TestHybridZoo(unittest.TestCase):
                 kv_hf = sum(2 * (layer.self_attn if hasattr(layer, "self_attn") else layer.mixer).k_proj.out_features
                             * 2 for layer in hf_layers(model) if block_kind(layer) == "full")
                 self.assertEqual(2 * s.layer_kinds.count("full") * s.num_kv_heads * s.head_dim * s.dtype_bytes, kv_hf)
+                # sparse layers: a decoder layer whose MLP (Qwen) or a following block (Nemotron-H "E") routes experts
+                sparse, i = [], -1
+                for layer in hf_layers(model):
+                    i += bool(block_kind(layer))
+                    ffn = getattr(layer, "mlp", None) or getattr(layer, "mixer", None)
+                    if hasattr(ffn, "experts") and i not in sparse:
+                        sparse.append(i)
+                        self.assertEqual(s.num_experts, ffn.experts.down_proj.shape[0])
+                self.assertEqual(s.sparse_layers, tuple(sparse))
         q = arch_qwen3_next.ARCHS[0].shape(fixture("qwen3-next-80b-a3b-instruct")).layer_kinds
         self.assertEqual((q.count("linear"), q.count("full")), (36, 12))  # the issue's "36 of 48 layers"
 
@@ -210,7 +232,8 @@ class TestHybridZoo(unittest.TestCase):
                     conv_ref = channels // tp * (k - 1) * conv.element_size()
                     recurrent_ref = recurrent.numel() // heads * (heads // tp) * recurrent.element_size()
                     self.assertEqual(sum(t.bytes_per_rank(tp) for t in states), conv_ref + recurrent_ref)
-        per_layer = sum(t.bytes_per_rank(1) for t in arch_qwen3_next.state_tensors(fixture("qwen3-next-80b-a3b-instruct")))
+        qwen = fixture("qwen3-next-80b-a3b-instruct")
+        per_layer = sum(t.bytes_per_rank(1) for t in arch_qwen3_next.state_tensors(qwen))
         self.assertEqual(per_layer, 8192 * 3 * 2 + 32 * 128 * 128 * 4)  # 2,146,304 B per request per linear layer
 
     def test_refusals_name_what_is_missing(self):
@@ -218,8 +241,11 @@ class TestHybridZoo(unittest.TestCase):
         no_pattern = {k: v for k, v in nemotron.items() if k != "hybrid_override_pattern"}
         with self.assertRaisesRegex(ValueError, "hybrid_override_pattern"):
             arch_mamba_hybrid.ARCHS[0].weights(no_pattern, 1, 1)
-        with self.assertRaisesRegex(ValueError, r"MoE blocks \('E'\)"):
-            arch_mamba_hybrid.ARCHS[0].shape({**nemotron, "hybrid_override_pattern": "M*E-", "num_hidden_layers": 4})
+        nano = fixture("nemotron-3-nano-30b-a3b")
+        with self.assertRaisesRegex(ValueError, "moe_latent_size is set"):
+            arch_mamba_hybrid.ARCHS[0].shape({**nano, "moe_latent_size": 1024})
+        with self.assertRaisesRegex(ValueError, "no Mamba"):
+            arch_mamba_hybrid.ARCHS[0].shape({**nano, "hybrid_override_pattern": "E-", "num_hidden_layers": 2})
         with self.assertRaisesRegex(ValueError, "num_hidden_layers 52 but the block pattern names 4"):
             arch_mamba_hybrid.ARCHS[0].shape({**nemotron, "hybrid_override_pattern": "M*M-"})
         qwen = {k: v for k, v in fixture("qwen3-next-80b-a3b-instruct").items() if k != "hidden_size"}

@@ -1,9 +1,11 @@
-"""The Mamba-2 hybrid the planner knows: NVIDIA Nemotron-H (model_type nemotron_h). Planned; not served.
+"""The Mamba-2 hybrid the planner knows: NVIDIA Nemotron-H (model_type nemotron_h), dense (Nemotron-H, Nemotron-Nano
+v2) or with MoE blocks (Nemotron-3-Nano-30B-A3B). Planned; not served.
 
 Why this one of the three transformers has (granitemoehybrid, nemotron_h, falcon_h1): its published config is the
 one this project can reproduce field for field (nvidia/Nemotron-H-8B-Base-8K, fixtures/nemotron-h-8b-base-8k), and
-the same model_type carries NVIDIA's deployed Nemotron-H 4B / 8B / 47B / 56B, Nemotron-Nano-9B-v2 and
-Nemotron-Nano-12B-v2, all served by upstream SGLang (models/nemotron_h.py) and vLLM. Granite-4.0-H's full
+the same model_type carries NVIDIA's deployed Nemotron-H 4B / 8B / 47B / 56B, Nemotron-Nano-9B-v2 / -12B-v2 and the
+MoE Nemotron-3-Nano-30B-A3B (fixtures/nemotron-3-nano-30b-a3b), all served by upstream SGLang (models/nemotron_h.py)
+and vLLM. Granite-4.0-H's full
 config.json (its mamba_n_heads and attention positions) is not in the reference corpus, and Falcon-H1 has the least
 deployment of the three.
 
@@ -17,15 +19,20 @@ Tensors (checkpoint names, backbone.*; nh Mamba heads of hd, ng groups, N = ssm_
                  use_bias
     "*"          q_proj [nq d, H], k_proj / v_proj [nkv d, H], o_proj [H, nq d], no biases (NemotronHAttention)
     "-"          up_proj [intermediate_size, H], down_proj [H, intermediate_size] (relu2: no gate), mlp_bias
-    "E"          refused: no published MoE Nemotron-H config is in the zoo to check it against
+    "E"          mixer.gate.weight [E, H] and gate.e_score_correction_bias [E] (the router), E experts' up_proj
+                 [moe_intermediate_size, H] and down_proj [H, moe_intermediate_size] (relu2: no gate), and
+                 shared_experts.up_proj / down_proj of moe_shared_expert_intermediate_size; a moe_latent_size
+                 (latent expert projections) is refused: no published config with one is in the zoo to check
 and backbone.embeddings, backbone.norm_f, lm_head (unless tied).
 
-Only "M" and "*" blocks keep anything per request, so TextShape's decoder layers are those blocks, in order
-(Nemotron-H-8B: 24 "linear" + 4 "full" of its 52 blocks); the "-" blocks are weights only.
+Only "M" and "*" blocks keep anything per request, so a TextShape decoder layer is one of those blocks together with
+the feed-forward blocks ("-", "E") that follow it up to the next one (Nemotron-H-8B: 24 "linear" + 4 "full" layers of
+its 52 blocks; Nemotron-3-Nano: 23 + 6 of 52, 23 of them with an "E" block: its sparse layers).
 
 TP sharding (upstream SGLang MambaMixer2): heads split (ceil); B / C groups split, and replicated so each rank holds
 one when tp > ng (configs/mamba_utils.extra_groups_for_head_shards): ceil(ng / tp) per rank. in_proj, conv1d, dt_bias,
-A_log, D and the gated norm follow their heads / groups; out_proj splits its input columns.
+A_log, D and the gated norm follow their heads / groups; out_proj splits its input columns. Experts as every MoE
+family (E / ep experts of moe_intermediate_size / (tp / ep) columns); the router is replicated.
 
 Per request, per "M" block (StateTensor), one rank of tp:
     conv state  [conv_dim, K - 1] in the model dtype, as two channel groups: x (nh heads x hd, "conv_x") and B, C
@@ -41,6 +48,7 @@ from __future__ import annotations
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, StateTensor, WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
+from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers 5.24 NemotronHConfig's defaults, used only when config.json omits the key (head_dim: NVIDIA's
@@ -48,7 +56,8 @@ from sglang.srt.mem_plan.text_shape import TextShape
 DEFAULTS = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
                 intermediate_size=21504, mlp_bias=False, tie_word_embeddings=False, ssm_state_size=128,
                 mamba_num_heads=128, mamba_head_dim=64, n_groups=8, conv_kernel=4, use_conv_bias=True,
-                use_bias=False)
+                use_bias=False, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=7688,
+                moe_shared_expert_intermediate_size=7688)
 # Older Nemotron-H / Mamba configs' names of the same keys (NemotronHConfig.__post_init__ reads them).
 LEGACY_KEYS = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "use_conv_bias": "mamba_conv_bias"}
 DEFAULT_SSM_STATE_DTYPE = "float32"  # upstream SGLang's and transformers' default for the SSM state
@@ -86,11 +95,28 @@ def blocks(cfg: dict) -> tuple[str, ...]:
     if declared is not None and declared != len(kinds):
         raise ValueError(f"config.json (nemotron_h): num_hidden_layers {declared} but the block pattern names "
                          f"{len(kinds)} blocks")
-    if "moe" in kinds:
-        raise ValueError("config.json (nemotron_h): MoE blocks ('E') are not planned: the planner lacks a checked "
-                         "Nemotron-H MoE shape (router, latent projections, shared experts); the dense Nemotron-H "
-                         "and Nemotron-Nano-v2 patterns (M, *, -) are planned")
+    if "moe" in kinds and cfg.get("moe_latent_size") is not None:
+        raise ValueError("config.json (nemotron_h): moe_latent_size is set: the planner lacks a checked shape of "
+                         "Nemotron-H's latent expert projections (fc1 / fc2_latent_proj); MoE blocks without them "
+                         "(Nemotron-3-Nano) are planned")
     return kinds
+
+
+def decoder_layers(kinds: tuple[str, ...]) -> list[tuple[str, set]]:
+    """(mixer kind, kinds of the feed-forward blocks after it) per token-mixing block; feed-forward blocks before
+    the first mixer ride with it (weights only either way)."""
+    layers: list[tuple[str, set]] = []
+    leading: set = set()
+    for k in kinds:
+        if k in ("linear", "full"):
+            layers.append((k, leading if not layers else set()))
+        elif layers:
+            layers[-1][1].add(k)
+        else:
+            leading.add(k)
+    if not layers:
+        raise ValueError("config.json (nemotron_h): the block pattern has no Mamba ('M') or attention ('*') block")
+    return layers
 
 
 def _mamba_sizes(cfg: dict, tp: int) -> tuple[int, int, int, int]:
@@ -123,6 +149,21 @@ def _mlp(count: int, hidden: int, cfg: dict, tp: int) -> list[WeightGroup]:
     return out
 
 
+def _moe(count: int, hidden: int, cfg: dict, tp: int, ep: int) -> list[WeightGroup]:
+    if not count:
+        return []
+    E, cols = _get(cfg, "n_routed_experts"), _get(cfg, "moe_intermediate_size")
+    experts, cols = (E, C.cdiv(cols, tp)) if ep == 1 else expert_shard_of_rank(E, cols, tp, ep)
+    shared = C.cdiv(_get(cfg, "moe_shared_expert_intermediate_size"), tp)
+    x, s = f"{PREFIX}.mixer.experts.*", f"{PREFIX}.mixer.shared_experts"
+    return [WeightGroup("moe_router", f"{PREFIX}.mixer.gate.weight", (E, hidden), count),
+            WeightGroup("moe_router", f"{PREFIX}.mixer.gate.e_score_correction_bias", (E,), count),
+            WeightGroup("moe_experts", f"{x}.up_proj.weight", (cols, hidden), count * experts, True, True),
+            WeightGroup("moe_experts", f"{x}.down_proj.weight", (hidden, cols), count * experts, True, True),
+            WeightGroup("moe_experts", f"{s}.up_proj.weight", (shared, hidden), count, linear=True),
+            WeightGroup("moe_experts", f"{s}.down_proj.weight", (hidden, shared), count, linear=True)]
+
+
 def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
     H, V, kinds = C.need(cfg, "hidden_size"), C.need(cfg, "vocab_size"), blocks(cfg)
     rows = C.cdiv(V, tp)
@@ -132,7 +173,7 @@ def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
     out += _mamba_mixer(kinds.count("linear"), H, cfg, tp)
     out += C.attention(kinds.count("full"), H, _get(cfg, "num_attention_heads"), _get(cfg, "num_key_value_heads"),
                        _get(cfg, "head_dim"), tp, prefix=f"{PREFIX}.mixer")
-    out += _mlp(kinds.count("mlp"), H, cfg, tp)
+    out += _mlp(kinds.count("mlp"), H, cfg, tp) + _moe(kinds.count("moe"), H, cfg, tp, ep)
     out += [WeightGroup("norms", f"{PREFIX}.norm.weight", (H,), len(kinds)),
             WeightGroup("norms", "backbone.norm_f.weight", (H,))]
     return tuple(out)
@@ -148,7 +189,12 @@ def state_tensors(cfg: dict) -> tuple[StateTensor, ...]:
 
 
 def shape(cfg: dict) -> TextShape:
-    kinds = tuple(k for k in blocks(cfg) if k in ("linear", "full"))
+    layers = decoder_layers(blocks(cfg))
+    kinds = tuple(mixer for mixer, _ in layers)
+    sparse = tuple(i for i, (_, ffn) in enumerate(layers) if "moe" in ffn)
+    moe = dict(num_experts=_get(cfg, "n_routed_experts"), num_experts_per_tok=_get(cfg, "num_experts_per_tok"),
+               moe_intermediate_size=_get(cfg, "moe_intermediate_size"), router_bias=True,
+               shared_expert_intermediate_size=_get(cfg, "moe_shared_expert_intermediate_size")) if sparse else {}
     return TextShape(
         model_type="nemotron_h", architectures=tuple(cfg.get("architectures") or ()), num_layers=len(kinds),
         hidden_size=C.need(cfg, "hidden_size"), num_q_heads=_get(cfg, "num_attention_heads"),
@@ -156,7 +202,7 @@ def shape(cfg: dict) -> TextShape:
         vocab_size=C.need(cfg, "vocab_size"), intermediate_size=_get(cfg, "intermediate_size"),
         max_position_embeddings=_get(cfg, "max_position_embeddings"),
         tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings")), dtype=C.checkpoint_dtype(cfg),
-        layer_kinds=kinds, state_tensors=state_tensors(cfg))
+        layer_kinds=kinds, state_tensors=state_tensors(cfg), sparse_layers=sparse, **moe)
 
 
 ARCHS = (ArchSpec("nemotron_h", "state-space", weights, shape, served=False),)
