@@ -197,6 +197,8 @@ class MemoryPlan:
         if self.state_bytes_per_slot:
             lines.append(f"Linear-state pool: {self.state_slots:,} slots (1 dummy) x {self.state_bytes_per_slot:,} B "
                          f"= {gib(self.bytes_of('linear_state')):.2f} GiB.")
-        lines.append(f"Full-context requests that fit at once: {self.full_context_requests:,} (full pool, windowed "
-                     f"pool and slots permitting).")
+        limits = (["the full pool"] if self.has_full_pool else []) + \
+                 (["the windowed pool"] if self.windowed_cell_bytes else []) + ["the slots"]
+        lines.append(f"Full-context requests that fit at once: {self.full_context_requests:,} "
+                     f"({', '.join(limits)} permitting).")
         return lines

@@ -272,7 +272,7 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
 
 
 def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
-    skip = ("weights", "kv_cache")
+    skip = ("weights", "kv_cache", "kv_windowed", "linear_state")  # static: the pools beside the KV pool
     parts = [f"{t.name} {gib(t.num_bytes):.2f}" for t in r.terms(num_tokens) if t.name not in skip and t.num_bytes]
     return ", ".join(parts) + " GiB"
 
@@ -284,7 +284,9 @@ def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
     shortfall = max(need - r.budget, 0)
     raise MemoryPlanError(
         f"{prefix}Does not fit: weights {gib(x.weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
-        f"tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB) + runtime terms "
+        f"tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
+        + (f" + its windowed / linear-state pools ({gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB)"
+           if x.layer_pools.per_slot_layers else "") + " + runtime terms "
         f"({_runtime_breakdown(r, r.min_kv_tokens)}) need {gib(need):.2f} GiB, but the budget is "
         f"{gib(r.budget):.2f} GiB (short by {gib(shortfall):.2f} GiB). Options: more tensor parallelism, "
         f"--kv-cache-dtype fp8_e4m3, a smaller --context-length, fewer --max-running-requests, a smaller "
