@@ -3,37 +3,29 @@ model built from the published config.json on the meta device: parameters per co
 tp 2/4/8 split from HF's tensors by name rules written here, layer kinds, KV per token, and the per-request state of
 a linear layer measured from the cache transformers fills when its mixer runs on meta for one request."""
 
-import json
-import os
 import unittest
 from functools import lru_cache
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from meta_model import HF_CHECKPOINT_BUFFERS, fixture_config, hf_config
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from sglang.srt.mem_plan import arch_mamba_hybrid, arch_qwen3_next
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 ZOO = {"qwen3-next-80b-a3b-instruct": arch_qwen3_next, "nemotron-h-8b-base-8k": arch_mamba_hybrid,
        "nemotron-3-nano-30b-a3b": arch_mamba_hybrid}
 MOE_ZOO = ("qwen3-next-80b-a3b-instruct", "nemotron-3-nano-30b-a3b")
-RUNTIME_KEYS = ("auto_map", "transformers_version", "architectures")  # remote-code / bookkeeping keys HF ignores
-CHECKPOINT_BUFFERS = ("e_score_correction_bias",)  # a tensor of the checkpoint that transformers keeps as a buffer
-
-
-def fixture(name: str) -> dict:
-    with open(os.path.join(FIXTURES, name, "config.json")) as f:
-        return json.load(f)
+fixture = fixture_config
 
 
 @lru_cache(maxsize=None)
 def hf_meta(name: str):
-    """(HF config, HF model on the meta device in bfloat16) for one fixture, built once per module."""
-    cfg = {k: v for k, v in fixture(name).items() if k not in RUNTIME_KEYS}
-    config = AutoConfig.for_model(**cfg)
+    """(HF config, HF model on the meta device in bfloat16) for one fixture, built once per module: the modules
+    themselves, not only their tensors (meta_model.hf_tensors), since the state is read by running a mixer."""
+    config = hf_config(fixture(name))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     return config, model
@@ -44,9 +36,9 @@ def hf_layers(model):
 
 
 def hf_tensors(model):
-    """(name, tensor) of every checkpoint tensor of the HF model: its parameters and CHECKPOINT_BUFFERS."""
+    """(name, tensor) of every checkpoint tensor of the HF model: its parameters and HF_CHECKPOINT_BUFFERS."""
     yield from model.named_parameters()
-    yield from ((n, b) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in CHECKPOINT_BUFFERS)
+    yield from ((n, b) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in HF_CHECKPOINT_BUFFERS)
 
 
 def block_kind(layer) -> str:
