@@ -40,6 +40,13 @@ TINY_LLAMA = {
     "max_position_embeddings": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0, "hidden_act": "silu",
 }
+TINY_QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 512,
+    "moe_intermediate_size": 192, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+    "mlp_only_layers": [0], "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2,
+    "vocab_size": 1000, "max_position_embeddings": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu", "norm_topk_prob": True,
+}
 TINY_GPT_OSS = {
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 192,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 1000,
@@ -134,6 +141,33 @@ class TestHfFormats(CheckpointCase):
         quant = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
         self.assert_priced(*self.checkpoint("fp8_block", quant, fp8_block))
 
+    def test_fp8_block_wise_moe_experts(self):
+        """Qwen3-30B-A3B-FP8's layout: every expert's gate / up / down its own fp8 tensor with 128x128 scales
+        (model.layers.N.mlp.experts.E.gate_proj.weight[_scale_inv]); the router (mlp.gate) stays bf16. Experts of
+        192 columns: partial blocks."""
+        E = TINY_QWEN3_MOE["num_experts"]
+        tensors = {}
+
+        def fp8_block(name, rows, cols):
+            tensors[name + ".weight"] = torch.empty(rows, cols, dtype=FP8)
+            tensors[name + ".weight_scale_inv"] = torch.empty(cdiv(rows, 128), cdiv(cols, 128), dtype=F32)
+
+        for n, shape, linear in meta_params(TINY_QWEN3_MOE):
+            prefix = n.rsplit(".", 1)[0]
+            if n.endswith("experts.gate_up_proj"):  # transformers' fused [E, 2 I, H]: the checkpoint's gate, up
+                for e in range(E):
+                    fp8_block(f"{prefix}.{e}.gate_proj", shape[1] // 2, shape[2])
+                    fp8_block(f"{prefix}.{e}.up_proj", shape[1] // 2, shape[2])
+            elif n.endswith("experts.down_proj"):  # [E, H, I]
+                for e in range(E):
+                    fp8_block(f"{prefix}.{e}.down_proj", shape[1], shape[2])
+            elif linear and ".layers." in n:
+                fp8_block(n[: -len(".weight")], *shape)
+            else:
+                tensors[n] = torch.empty(shape, dtype=BF16)
+        quant = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+        self.assert_priced(*self.write("fp8_moe", {**TINY_QWEN3_MOE, "quantization_config": quant}, tensors))
+
     def test_fp8_per_tensor_static(self):
         def fp8_static(rows, cols):
             return {"weight": torch.empty(rows, cols, dtype=FP8), "weight_scale": torch.empty((), dtype=F32),
@@ -214,6 +248,8 @@ class TestCompressedTensors(CheckpointCase):
         for preset in ("W8A8", "FP8", "W4A16", "W4A16_ASYM"):
             with self.subTest(preset=preset):
                 self.assert_priced(*self.compressed(preset, preset, ["lm_head", "re:.*mlp.down_proj$"]))
+        # the library writes its ignore list as module names, one per layer: one layer's down_proj left dense
+        self.assert_priced(*self.compressed("one_layer", "W4A16", ["lm_head", "model.layers.1.mlp.down_proj"]))
 
 
 class TestRefusals(unittest.TestCase):
