@@ -103,6 +103,15 @@ class TestPlanQuantization(unittest.TestCase):
         self.assertEqual(terms["weights"], fp8_terms["weights"])
 
 
+    def test_unknown_checkpoint_format_is_a_usage_error(self):
+        path = self.checkpoint_with({"quant_method": "bitsandbytes", "load_in_4bit": True})
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as cm:
+            main(["--model-path", path, "--gpu", "h100-80gb"])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn("quant_method 'bitsandbytes': the planner knows none, gguf, w8a8_int8, fp8, mxfp4, awq, gptq, "
+                      "compressed-tensors", err.getvalue())
+
     def test_gguf_on_a_safetensors_checkpoint_is_a_usage_error(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as cm:
