@@ -16,7 +16,7 @@ from interpreted_run import run_engine, run_in_interpreter
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import make_random_qwen3
 
-register_cpu_ci(est_time=35, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 MAX_NEW = 6
 # 300 tokens: more than the interpreter tiles' 256 tokens per decode split, so its decode merges two splits

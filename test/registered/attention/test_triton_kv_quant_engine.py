@@ -14,7 +14,7 @@ from interpreted_run import run_engine, run_in_interpreter
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import make_random_qwen3
 
-register_cpu_ci(est_time=70, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 MAX_NEW = 5
 SHARED = [(i * 11) % 400 + 3 for i in range(40)]

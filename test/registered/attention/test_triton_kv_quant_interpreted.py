@@ -27,7 +27,7 @@ from kv_quant_triton_cases import FORMATS, QUANT_TOL, WINDOW_FORMATS
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=75, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu")
 
 DTYPES = {str(d): d for d in QUANT_TOL}
 

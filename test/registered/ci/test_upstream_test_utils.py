@@ -23,7 +23,7 @@ from PIL import Image
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=35, suite="cpu")
 
 from sglang.srt.model_loader.model_path import default_model_path  # noqa: E402
 from sglang.srt.utils import get_device, is_cuda, is_hip, is_npu, kill_child_process, kill_process_tree  # noqa: E402

@@ -12,7 +12,7 @@ from sglang.srt.model_executor.cuda_graph_runner import DUMMY_KV_SLOT
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import make_random_qwen3
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=25, suite="cpu")
 
 MAX_NEW = 4
 BATCHES = [[[(i * 13) % 400 + 3 for i in range(n)] for n in (5, 40, 17)]]  # decode bs 3 -> graph 4

@@ -26,7 +26,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import make_random_qwen3
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 
 

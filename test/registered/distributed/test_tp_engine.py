@@ -16,7 +16,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 # small pool: 8 requests x (prompt + 32) do not fit at once (retraction); chunk 64 splits the long prompt

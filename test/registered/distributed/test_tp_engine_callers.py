@@ -17,7 +17,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, shutdown
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=55, suite="cpu")
 
 FLAGS = dict(dtype="float32", max_total_tokens=256, log_level="warning", random_seed=0)
 SAMPLING = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}

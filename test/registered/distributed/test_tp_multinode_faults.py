@@ -24,7 +24,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import make_random_qwen3, shutdown
 from sglang.test.test_utils import DEFAULT_TEST_ENV, find_free_port, popen_launch_server
 
-register_cpu_ci(est_time=120, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 PROMPTS = [[5, 17, 300, 42, 9], [100, 200, 300], list(range(20, 60))]
 SAMPLING = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}

@@ -24,7 +24,7 @@ from sglang.cli.plan import main as plan_main
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import popen_launch_server
 
-register_cpu_ci(est_time=120, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 CAP_GB = 1.0
 FLAGS = ["--tp-size", "3", "--max-total-memory-gb", str(CAP_GB), "--max-running-requests", "16"]

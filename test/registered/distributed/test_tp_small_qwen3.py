@@ -9,7 +9,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, make_random_qwen3, shutdown
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 PROMPTS = [[5, 17, 300, 42, 9], [100, 200, 300], [7] * 12, list(range(20, 60)), [511, 0, 3, 77, 250, 1, 2]]
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}

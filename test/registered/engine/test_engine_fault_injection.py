@@ -17,7 +17,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, shutdown
 
-register_cpu_ci(est_time=120, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 MAX_NEW = 8
 

@@ -11,7 +11,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir, shutdown
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=35, suite="cpu")
 
 MAX_NEW = 12
 PROMPTS = ["List three fruits:\n1.", "one two one two one two", "The quick brown fox", "def add(a, b):\n"]

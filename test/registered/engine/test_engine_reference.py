@@ -6,7 +6,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, default_model_dir, hf_greedy, make_random_qwen3, shutdown
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=25, suite="cpu")
 
 MAX_NEW = 24
 

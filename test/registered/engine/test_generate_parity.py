@@ -12,7 +12,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.test_utils import popen_launch_server
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=15, suite="cpu")
 
 CONTEXT_LEN, MAX_TOTAL_TOKENS = 128, 2048
 TIMING_FIELDS = {"e2e_latency"}  # differ run to run

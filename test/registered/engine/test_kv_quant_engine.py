@@ -27,7 +27,7 @@ from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
 TIE_LOGIT = 0.25  # two bf16 steps of a logit near 16-32: a tie, not a different distribution
 
-register_cpu_ci(est_time=200, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
 NEW_TOKENS = 12

@@ -30,7 +30,7 @@ from sglang.srt.mem_plan.backends import declare
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 # int2_hadamard (and int4) keep a request's last 16 tokens in bf16 (the recent window): short prompts would leave
 # almost every key in the ring. A shared ~90-token context before them puts most keys of the later chunks in codes.

@@ -10,7 +10,7 @@ from sglang.srt.mem_plan.measure import cpu_peak_rss_bytes, peak_rss_supported, 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=70, suite="cpu")
 
 CAP_GIB = 1.0
 

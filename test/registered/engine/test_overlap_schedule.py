@@ -23,7 +23,7 @@ from sglang.srt.managers.overlap_worker import overlap_enabled
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=80, suite="cpu")
 
 LONG_PROMPT = "Here is a long story about a cat who sails to the moon. " * 14  # > chunked_prefill_size tokens
 

@@ -23,7 +23,7 @@ import unittest
 from sglang.jit_kernel.cpu_isa import LEVELS, level_rank, native_cpu_isa
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=200, suite="cpu")
+register_cpu_ci(est_time=65, suite="cpu")
 
 PROMPTS = ["Tell me a joke about cats.", "Why is the sky blue?", "What is 17 plus 25?", "Explain recursion to a child.",
            "Write a haiku about the ocean.", "Give me a name for a pet turtle.", "Summarize the water cycle.",

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from sglang.jit_kernel.cpu_ops import cpu_kernels_disabled, cpu_kernels_expected, cpu_ops_status, get_cpu_ops
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 BF16 = torch.bfloat16
 

@@ -18,7 +18,7 @@ from sglang.jit_kernel.cpu_ops import (cpu_kernels_disabled, cpu_ops_status, get
                                        set_fp32_kernels)
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=5, suite="cpu")
 
 
 @unittest.skipUnless(quant_kernels_expected(), "no AVX2 on this CPU, or SGLANG_CPU_KERNELS=0: no fp32 kernels")

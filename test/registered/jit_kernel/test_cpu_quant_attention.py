@@ -23,7 +23,7 @@ from sglang.srt.mem_cache import kv_quant_codec as codec
 from sglang.srt.mem_cache.quantized_kv_pool import QuantizedKVPool
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=5, suite="cpu")
 
 BF16 = torch.bfloat16
 FORMATS = ("int8", "int4", "int2_hadamard", "fp8_e4m3", "fp8_e5m2")

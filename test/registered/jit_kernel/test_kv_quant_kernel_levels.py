@@ -24,7 +24,7 @@ from sglang.jit_kernel.cpu_isa import KV_QUANT_LEVEL, cpu_isa, level_rank
 from sglang.jit_kernel.cpu_ops import get_kv_quant_ops, kv_quant_kernels_expected
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=120, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 BF16_INSTRUCTIONS = re.compile(r"\tv(cvtneps2bf16|cvtne2ps2bf16|dpbf16ps)\b")
 QUANT_KV_ROOTS = ("extend_attention_quant", "kv_quant_write", "write_ring_rows", "quant_attention_")

@@ -12,7 +12,7 @@ from sglang.test.engine_fixtures import default_model_dir, shutdown
 from sglang.test.prompt_logprob_reference import (LOGPROB_PROMPTS, assert_logprobs_close, hf_prompt_logprobs,
                                                    reference_token_logprobs)
 
-register_cpu_ci(est_time=180, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 CHUNK = 16
 TOL = 1e-4

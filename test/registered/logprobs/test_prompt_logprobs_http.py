@@ -14,7 +14,7 @@ from sglang.test.prompt_logprob_reference import (LOGPROB_PROMPTS, assert_logpro
                                                    load_hf_fp32, reference_token_logprobs)
 from sglang.test.test_utils import openai_client, popen_launch_server
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=40, suite="cpu")
 
 TOL = 1e-4
 SERVER_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "16", "--max-total-tokens", "16384",

@@ -14,7 +14,7 @@ from sglang.srt.utils.hf_transformers_utils import apply_chat_template, get_toke
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.paged_forward import PagedForwardDriver
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=25, suite="cpu")
 
 # No near-tie first tokens (see cpu-machine-facts.md: avoid "What is the capital of France?").
 PROMPTS = [

@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, hf_greedy, shutdown
 from sglang.test.moe_fixtures import VOCAB_SIZE, make_random_mixtral, make_random_qwen2_moe, make_random_qwen3_moe
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=35, suite="cpu")
 
 CHUNK = 32
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract

@@ -21,7 +21,7 @@ from sglang.srt.model_executor.model_runner import _unique_tensor_bytes
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import hf_greedy, shutdown
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=35, suite="cpu")
 
 TP = EP = 2
 

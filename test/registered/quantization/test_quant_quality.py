@@ -25,7 +25,7 @@ from sglang.srt.utils.hf_transformers_utils import apply_chat_template, get_toke
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.paged_forward import PagedForwardDriver
 
-register_cpu_ci(est_time=240, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 PROMPTS = [
     "Tell me a joke about cats.", "Write a haiku about the ocean.", "List three uses of a paperclip.",

@@ -33,7 +33,7 @@ from sglang.test.engine_fixtures import assert_idle_and_intact, default_model_di
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 from sglang.test.top1_agreement import greedy_runs, teacher_forced_agreement
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=25, suite="cpu")
 
 PROMPTS = ["The three primary colors are", "Write a haiku about the ocean.\n", "def fibonacci(n):"]
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 24}
