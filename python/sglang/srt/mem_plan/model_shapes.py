@@ -197,6 +197,7 @@ def model_shape_from_config(cfg: dict) -> ModelShape:
         text_cfg = {k: v for k, v in cfg.items() if k not in ("vision_config", "audio_config")}
     text = text_shape_from_config(text_cfg)
     text_cfg = dict(text_cfg, model_type=text.model_type)  # an alias (qwen2_5_vl) read as the architecture it is
+    text_arch(text_cfg).weights(text_cfg, 1, 1)  # a key only the weights read is refused here too, not mid-plan
     if not cfg.get("vision_config") and not cfg.get("audio_config"):
         return ModelShape(text, text_cfg)
     parts = encoder_parts(cfg, text.hidden_size, text.dtype_bytes, preprocessor)
