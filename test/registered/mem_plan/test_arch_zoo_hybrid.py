@@ -3,11 +3,15 @@ model built from the published config.json on the meta device: parameters per co
 tp 2/4/8 split from HF's tensors by name rules written here, layer kinds, KV per token, and the per-request state of
 a linear layer measured from the cache transformers fills when its mixer runs on meta for one request."""
 
+import contextlib
+import io
+import json
+import os
 import unittest
 from functools import lru_cache
 
 import torch
-from meta_model import HF_CHECKPOINT_BUFFERS, fixture_config, hf_config
+from meta_model import FIXTURES, HF_CHECKPOINT_BUFFERS, fixture_config, hf_config
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from sglang.srt.mem_plan import arch_mamba_hybrid, arch_qwen3_next
@@ -227,6 +231,27 @@ class TestHybridZoo(unittest.TestCase):
         qwen = fixture("qwen3-next-80b-a3b-instruct")
         per_layer = sum(t.bytes_per_rank(1) for t in arch_qwen3_next.state_tensors(qwen))
         self.assertEqual(per_layer, 8192 * 3 * 2 + 32 * 128 * 128 * 4)  # 2,146,304 B per request per linear layer
+
+    def test_sglang_plan_json_prices_the_hf_state_per_slot(self):
+        """`sglang plan --json` as a user runs it: no traceback, and its state per request slot == the linear layers
+        of HF's model x the state HF's cache holds for one request (K - 1 conv columns), on one rank."""
+        from sglang.cli.plan import main
+
+        for name, tp in (("qwen3-next-80b-a3b-instruct", 4), ("nemotron-h-8b-base-8k", 1),
+                         ("nemotron-3-nano-30b-a3b", 2)):
+            config, model = hf_meta(name)
+            conv, recurrent = hf_state_of_one_request(config, model)
+            layers = sum(block_kind(layer) == "linear" for layer in hf_layers(model))
+            per_layer = (conv.shape[1] // tp * (conv.shape[2] - 1) * conv.element_size()
+                         + recurrent.numel() // tp * recurrent.element_size())
+            out, err = io.StringIO(), io.StringIO()
+            with self.subTest(name), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = main(["--model-path", os.path.join(FIXTURES, name), "--gpu", "h100-80gb", "--tp", str(tp),
+                               "--json"])
+                self.assertEqual(status, 0, err.getvalue())
+                card = json.loads(out.getvalue())
+                self.assertEqual(card["model_type"], ZOO[name].ARCHS[0].model_type)
+                self.assertEqual(card["plan"]["state_bytes_per_slot"], layers * per_layer)
 
     def test_refusals_name_what_is_missing(self):
         nemotron = fixture("nemotron-h-8b-base-8k")
