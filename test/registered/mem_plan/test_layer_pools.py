@@ -10,7 +10,7 @@ import os
 import random
 import unittest
 
-from sglang.srt.mem_plan import PlanInputs, plan_memory
+from sglang.srt.mem_plan import MemoryPlanError, PlanInputs, plan_memory
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.arch_spec import StateTensor
 from sglang.srt.mem_plan.gpu_presets import get_gpu_preset
@@ -23,7 +23,7 @@ from sglang.srt.mem_plan.text_shape import TextShape
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")  # 15-25 s measured on the shared 2 cores
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BF16 = 2
@@ -312,6 +312,18 @@ class TestPlans(unittest.TestCase):
         R = SlotRule(131072, kind="first-context").slots(more)
         grown = more * 81_920 + (min(more, R * 1024 + 8192) + 1) * 425_984 + plan.bytes_of("weights") + 81_920
         self.assertGreater(grown, int(0.93 * plan.budget_bytes) - 1)
+
+    def test_explicit_fraction_too_small_for_the_window_says_so(self):
+        """At 0.66 the static region holds weights and a chunk of full-layer KV, not the window beside it: the error
+        counts the windowed pool, and the value it suggests plans."""
+        with self.assertRaises(MemoryPlanError) as cm:
+            self.gemma(mem_fraction_static=0.66)
+        e = cm.exception
+        self.assertEqual(e.direction, "raise")
+        self.assertIn("windowed / linear-state pools", str(e))
+        plan = self.gemma(mem_fraction_static=e.suggested_value)
+        self.assertGreaterEqual(plan.max_total_num_tokens, 8192)  # one chunk
+        self.assertEqual(plan.windowed_tokens, min(plan.max_total_num_tokens, plan.max_running_requests * 1024 + 8192))
 
     def test_invariants_refuse_a_wrong_pool(self):
         plan = self.gemma()

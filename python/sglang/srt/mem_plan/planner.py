@@ -256,7 +256,9 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
             f"Startup would fail: --mem-fraction-static={y} gives a static region of {gib(static):.2f} GiB "
             f"(= {y} x budget {gib(r.budget):.2f} GiB); weights take {gib(x.weight_bytes):.2f} GiB, leaving "
             f"{gib(static - x.weight_bytes):.2f} GiB for the KV cache, but the pool needs at least "
-            f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB). "
+            f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
+            + (f" and its windowed / linear-state pools {gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB"
+               if x.layer_pools.per_slot_layers else "") + ". "
             f"Raise --mem-fraction-static to {suggested:.3f} (any value in [{working[0]:.3f}, {working[-1]:.3f}] "
             f"works), or leave it unset for the auto plan.",
             knob="--mem-fraction-static", direction="raise", suggested_value=suggested)
