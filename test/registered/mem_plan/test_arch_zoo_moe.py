@@ -23,7 +23,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=60, suite="cpu")
 
 ZOO = {"glm-4.5-air": arch_glm4_moe, "glm-4.5": arch_glm4_moe, "gpt-oss-20b": arch_gpt_oss,
-       "gpt-oss-120b": arch_gpt_oss, "llama-4-scout-17b-16e": arch_llama4, "ernie-4.5-21b-a3b": arch_ernie}
+       "gpt-oss-120b": arch_gpt_oss, "llama-4-scout-17b-16e": arch_llama4,
+       "llama-4-maverick-17b-128e-instruct": arch_llama4, "ernie-4.5-21b-a3b": arch_ernie}
 # Which dim of HF's fused expert tensors [E, ., .] holds the intermediate columns (read from each modeling file);
 # "packed": gate and up side by side, each half split over the ranks.
 EXPERT_COLUMN_DIM = {
