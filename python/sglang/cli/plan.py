@@ -259,7 +259,7 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
         "",
     ]
     upstream = upstream_comparison(inputs, backend, gpu, shape.text.vocab_size) if gpu else None
-    served_note = not_served_note(shape.text.model_type)  # planned, not served (the words a start refuses with)
+    served_note = not_served_note(shape.text.model_type, shape.text.layer_kinds)  # planned, not served (the words a start refuses with)
     try:
         plan = plan_memory(inputs)
         if served_note:

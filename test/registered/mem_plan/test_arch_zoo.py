@@ -167,6 +167,35 @@ class TestArchZoo(unittest.TestCase):
                     self.assertEqual(full.cell_bytes, per_layer * kinds.count("full"))
                     self.assertEqual(pools.windowed_cell_bytes, per_layer * kinds.count("sliding"))
 
+    def test_window_keys_as_transformers_reads_them(self):
+        """Variants of published configs: Qwen2 / Qwen3 slide only with use_sliding_window, from max_window_layers on;
+        Mistral's null window is full attention; Qwen2-MoE slides odd-numbered layers below max_window_layers."""
+        variants = [
+            ("qwen2.5-7b-instruct", dict(use_sliding_window=True, max_window_layers=20, sliding_window=4096)),
+            ("qwen2.5-7b-instruct", dict(use_sliding_window=False, max_window_layers=0)),
+            ("qwen3-8b", dict(use_sliding_window=True, max_window_layers=30, sliding_window=8192)),
+            ("mistral-7b-v0.1", dict(sliding_window=None)),
+            ("qwen3-30b-a3b", dict(use_sliding_window=True, max_window_layers=40, sliding_window=2048)),
+            ("gemma-2-9b", dict(sliding_window=2048)),
+        ]
+        names = {"full_attention": "full", "sliding_attention": "sliding"}
+        for name, change in variants:
+            cfg = dict(fixture_config(name), **change)
+            hc = hf_config(cfg)
+            text = model_shape_from_config(cfg).text
+            with self.subTest(name, **change):
+                if getattr(hc, "layer_types", None) is not None:
+                    want = tuple(names[t] for t in hc.layer_types)
+                else:
+                    want = ("sliding" if hc.sliding_window else "full",) * hc.num_hidden_layers
+                self.assertEqual(text.kinds(), want)
+                self.assertEqual(text.sliding_window, (hc.sliding_window or 0) if "sliding" in want else 0)
+        qwen2_moe = dict(fixture_config("qwen3-30b-a3b"), model_type="qwen2_moe", use_sliding_window=True,
+                         max_window_layers=9, sliding_window=1024, shared_expert_intermediate_size=768)
+        want = tuple(names[t] for t in hf_config(qwen2_moe).layer_types)
+        self.assertEqual(model_shape_from_config(qwen2_moe).text.kinds(), want)
+        self.assertEqual(want.count("sliding"), 5)
+
     def test_the_issue_figures(self):
         """Issue 40's: Gemma-3-27B keeps 52 of 62 layers in a 1,024-token window at 81,920 B a token for the
         global ones' (10 layers x 2 x 16 heads x 128 x 2 B); Mistral-7B's every layer holds at most 4,096 tokens."""

@@ -131,6 +131,21 @@ class TestArchitectureRefusals(unittest.TestCase):
         self.assertFalse([n for n in json.loads(out.getvalue())["plan"]["notes"] if PLANNED_NOT_SERVED in n])
         self.assertEqual(server_outcome(QWEN, device="cuda")[1], None)
 
+    def test_served_architecture_with_sliding_layers(self):
+        """Qwen2 is served, but this runtime's models attend over the whole context: a config whose layers slide is
+        planned with its windows and the note, and a start refuses it instead of allocating a different pool."""
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(FIXTURES, "qwen2.5-7b-instruct", "config.json")) as f:
+                cfg = dict(json.load(f), use_sliding_window=True, max_window_layers=20, sliding_window=4096)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                self.assertEqual(main(["--model-path", d, "--gpu", "h100-80gb", "--json"]), 0)
+            note = f"{PLANNED_NOT_SERVED}: qwen2 with sliding layers"
+            self.assertIn(note, json.loads(out.getvalue())["plan"]["notes"])
+            _, message = server_outcome(d, device="cuda")
+        self.assertTrue(message.startswith(note), message)
+
 
 if __name__ == "__main__":
     unittest.main()

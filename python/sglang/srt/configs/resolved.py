@@ -95,7 +95,7 @@ def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype
     know; unless planning (`sglang plan`, which notes it), also for one this runtime does not serve."""
     shape = model_shape_from_config(config)
     if not planning:
-        check_served(shape.text.model_type)
+        check_served(shape.text.model_type, shape.text.layer_kinds)
     dtype_name = resolve_model_dtype(dtype, device, shape.text.dtype)
     return ModelFacts(shape, resolve_context_len(context_length, shape.text.max_position_embeddings), dtype_name,
                       resolve_kv_cache_dtype(kv_cache_dtype, dtype_name))

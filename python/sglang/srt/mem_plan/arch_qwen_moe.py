@@ -3,7 +3,8 @@ expert) in the sparse layers, a dense MLP in the others.
 
     qwen2_moe   q/k/v biases (qkv_bias, default true); sparse layers by decoder_sparse_step / mlp_only_layers; one
                 shared expert of shared_expert_intermediate_size and its 1-wide sigmoid gate              served
-    qwen3_moe   head_dim-wide q_norm / k_norm; attention_bias on q/k/v/o; no shared expert                served
+    qwen3_moe   head_dim-wide q_norm / k_norm; attention_bias on q/k/v/o; no shared expert; with
+                use_sliding_window every layer slides                                                       served
     mixtral     block_sparse_moe: experts w1 (gate) / w3 (up) / w2 (down), every layer sparse; a sliding_window set
                 applies to every layer                                                                      served
 Transformers 5 names qwen3_moe's num_experts num_local_experts when it saves a config: both are read.
@@ -12,7 +13,7 @@ Transformers 5 names qwen3_moe's num_experts num_local_experts when it saves a c
 from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
-from sglang.srt.mem_plan.arch_llama import qwen_kinds, window_on_every_layer
+from sglang.srt.mem_plan.arch_llama import window_on_every_layer
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
 from sglang.srt.mem_plan.text_shape import TextShape
 
@@ -49,6 +50,15 @@ def qwen2_moe_kinds(cfg: dict, n: int):
         return C.layer_kinds_from_types(cfg, n), window
     first = C.opt(cfg, "max_window_layers", 28)
     return tuple("sliding" if (i + 1) % 2 and i < first else "full" for i in range(n)), window
+
+
+def qwen3_moe_kinds(cfg: dict, n: int):
+    """Qwen3MoeConfig has no layer_types or max_window_layers: with use_sliding_window every layer's attention takes
+    config.sliding_window (Qwen3MoeAttention)."""
+    if not cfg.get("use_sliding_window", False):
+        return ("full",) * n, 0
+    window = cfg.get("sliding_window", 4096)
+    return (("sliding",) * n, window) if window else (("full",) * n, 0)
 
 
 def _geometry(cfg: dict, model_type: str) -> dict:
@@ -93,7 +103,7 @@ def _weights(model_type: str):
 
 
 def _shape(model_type: str):
-    kinds_of = {"qwen2_moe": qwen2_moe_kinds, "qwen3_moe": qwen_kinds, "mixtral": window_on_every_layer(None)}
+    kinds_of = {"qwen2_moe": qwen2_moe_kinds, "qwen3_moe": qwen3_moe_kinds, "mixtral": window_on_every_layer(None)}
 
     def shape(cfg: dict) -> TextShape:
         g = _geometry(cfg, model_type)

@@ -56,15 +56,23 @@ def arch_spec(model_type) -> ArchSpec:
     return spec
 
 
-def not_served_note(model_type: str) -> str:
-    """PLANNED_NOT_SERVED for an architecture the planner knows and the runtime does not serve, else ''."""
+def not_served_note(model_type: str, layer_kinds: tuple = ()) -> str:
+    """PLANNED_NOT_SERVED for what the planner knows and the runtime does not serve, else '': an architecture without
+    a model implementation (models/registry.py), or a served one whose config gives it sliding / chunked / linear
+    layers (this runtime's models attend over the whole context, so the plan's windowed pools would not be what a
+    start allocates)."""
     spec = arch_spec(model_type)
-    return "" if spec.served else f"{PLANNED_NOT_SERVED}: {spec.model_type}"
+    if not spec.served:
+        return f"{PLANNED_NOT_SERVED}: {spec.model_type}"
+    other = sorted(set(layer_kinds) - {"full"})
+    if other:
+        return f"{PLANNED_NOT_SERVED}: {spec.model_type} with {' / '.join(other)} layers"
+    return ""
 
 
-def check_served(model_type: str) -> None:
+def check_served(model_type: str, layer_kinds: tuple = ()) -> None:
     """What a start runs before loading: ValueError with the plan's own words for a planned-only architecture."""
-    note = not_served_note(model_type)
+    note = not_served_note(model_type, layer_kinds)
     if note:
         raise ValueError(f"{note}. `sglang plan` sizes it; serving it needs a model implementation this runtime "
                          f"lacks (models/registry.py).")
