@@ -204,6 +204,13 @@ class TestArchZoo(unittest.TestCase):
         self.assertEqual(10 * 2 * 16 * 128 * 2, 81_920)
         mistral = model_shape_from_path(os.path.join(FIXTURES, "mistral-7b-v0.1")).text
         self.assertEqual((set(mistral.kinds()), mistral.sliding_window), ({"sliding"}, 4096))
+        # counts their publishers print: Ministral-8B's model card (8,019,808,256 parameters, attention pattern
+        # 128k / 32k / 32k / 32k) and keras-hub's Phi-3-mini preset (3,821,079,552)
+        ministral = model_shape_from_path(os.path.join(FIXTURES, "ministral-8b-instruct-2410"))
+        self.assertEqual(ministral.num_params, 8_019_808_256)
+        self.assertEqual(ministral.text.kinds()[:4], ("full", "sliding", "sliding", "sliding"))
+        self.assertEqual(model_shape_from_path(os.path.join(FIXTURES, "phi-3-mini-4k-instruct")).num_params,
+                         3_821_079_552)
 
 
 class TestRefusals(unittest.TestCase):
