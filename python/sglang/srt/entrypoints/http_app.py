@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sglang.srt.entrypoints.http_middleware import APIKeyMiddleware, RequestBodyLimitMiddleware
+from sglang.srt.entrypoints.http_middleware import AdmissionMiddleware, APIKeyMiddleware, RequestBodyLimitMiddleware
 from sglang.srt.entrypoints.openai.errors import error_response
 from sglang.srt.entrypoints.openai.openapi_bodies import install_request_schemas, json_body
 from sglang.srt.entrypoints.openai.protocol import (
@@ -55,7 +55,8 @@ def create_app(tm: TokenizerManager) -> FastAPI:
 
     app = FastAPI(title="SGLang", version=__version__, lifespan=lifespan)
     app.state.tokenizer_manager = tm
-    # the last added runs first: the API key is checked before any body is read
+    # the last added runs first: the API key is checked before any body is read, admission once it is read
+    app.add_middleware(AdmissionMiddleware, admission=tm.admission)
     body_bytes, body_flag = server_args.request_body_limit()
     app.add_middleware(RequestBodyLimitMiddleware, max_body_bytes=body_bytes, flag=body_flag)
     if server_args.api_key:

@@ -3,8 +3,11 @@
     APIKeyMiddleware         401 unless 'Authorization: Bearer <api-key>'; only AUTH_EXEMPT_PATHS are open
     RequestBodyLimitMiddleware  413 for a body over --max-request-body-mb (or upstream's --max-payload-size), by its Content-Length or, for chunked
                              bodies, as soon as the bytes received pass the limit; nothing past the limit is read
+    AdmissionMiddleware      a few requests prepare on the event loop at once (managers/request_admission.py);
+                             /health and /metrics are never held
 
-Order (outermost first): API key, then body limit, so an unauthenticated client cannot make the server read a body.
+Order (outermost first): API key, then body limit, so an unauthenticated client cannot make the server read a body,
+then admission, so a request waits for its place only once its body is in.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from typing import List
 import orjson
 
 from sglang.srt.entrypoints.openai.errors import error_body
+from sglang.srt.managers.request_admission import RequestAdmission
 
 # reachable without the API key, matched exactly: load balancers and Prometheus scrapers carry no credentials.
 # /health_generate runs a generation, so it is not among them.
 AUTH_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
+# answered at once whatever else is preparing: a load balancer's probe must not wait behind a burst
+UNGATED_PATHS = AUTH_EXEMPT_PATHS
 
 
 async def send_error(send, status_code: int, message: str, code=None, param=None) -> None:
@@ -51,12 +57,18 @@ PAYLOAD_TOO_LARGE = "Payload Too Large"  # RFC 7231's reason phrase for 413, whi
 def use_payload_too_large_reason() -> None:
     """Make uvicorn's status line for 413 read "413 Payload Too Large". ASGI gives an app no way to set the reason
     phrase, and uvicorn takes it from Python's HTTPStatus, whose phrase for 413 is "Request Entity Too Large"
-    (RFC 2616; "Content Too Large" from Python 3.13). Only uvicorn's h11 protocol (the one installed) has the table."""
+    (RFC 2616; "Content Too Large" from Python 3.13). Both of uvicorn's HTTP protocols (h11; httptools, which uvicorn
+    prefers when installed) keep a table of them."""
     try:
         from uvicorn.protocols.http import h11_impl
     except ImportError:  # another server runs the app: its own phrase stands
         return
     h11_impl.STATUS_PHRASES[413] = PAYLOAD_TOO_LARGE.encode()
+    try:
+        from uvicorn.protocols.http import httptools_impl
+    except ImportError:  # httptools is not installed
+        return
+    httptools_impl.STATUS_LINE[413] = b"".join([b"HTTP/1.1 413 ", PAYLOAD_TOO_LARGE.encode(), b"\r\n"])
 
 
 class RequestBodyLimitMiddleware:
@@ -110,3 +122,24 @@ class RequestBodyLimitMiddleware:
             return {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
 
         return await self.app(scope, replay, send)
+
+
+class AdmissionMiddleware:
+    def __init__(self, app, admission: RequestAdmission):
+        self.app = app
+        self.admission = admission
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in UNGATED_PATHS:
+            return await self.app(scope, receive, send)
+        release = await self.admission.admit()
+
+        async def send_releasing(message):
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            return await self.app(scope, receive, send_releasing)
+        finally:
+            release()

@@ -7,7 +7,11 @@ machine: a 2.2M-token encode in a worker thread lags the loop by at most ~200 ms
 encoding is freed), rendering 20,000 chat messages by ~6 ms. Untrusted templates, which can run forever, do not come
 here: they run in killable processes (template_sandbox.py).
 
-Concurrency is bounded by the pool size; further jobs wait in the pool's queue.
+Concurrency is bounded by the pool size, and so is the loop's work per iteration: a job waits for a free thread on
+the loop (an asyncio.Semaphore of the pool's size), not in the pool's queue. Queued in the pool, the jobs of a burst
+(200 requests at once) finish back to back and their 200 continuations pile up in one loop iteration (~1-2 ms each
+while the pool threads hold the GIL), which is how long /health waited; gated, each iteration resumes at most
+num_threads finished jobs and wakes as many waiting ones.
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ class OffLoopExecutor:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             self.num_threads, thread_name_prefix="sglang-offloop", initializer=_lower_thread_priority
         )
+        self.free_threads = asyncio.Semaphore(self.num_threads)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(*args, **kwargs) on a pool thread; its exception (e.g. RequestError) is raised here."""
         call = functools.partial(fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, call)
+        async with self.free_threads:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, call)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

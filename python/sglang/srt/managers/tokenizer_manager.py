@@ -40,6 +40,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.offloop_executor import OffLoopExecutor
 from sglang.srt.managers.port_args import PortArgs
 from sglang.srt.managers.req_state import ReqState, merge_outputs
+from sglang.srt.managers.request_admission import ADMITTED_PER_THREAD, RequestAdmission, release_admission
 from sglang.srt.managers.request_error import RequestError
 from sglang.srt.managers.request_tokenizer import RequestTokenizer
 from sglang.srt.managers.template_sandbox import TemplateSandbox
@@ -93,6 +94,7 @@ class TokenizerManager:
             self.max_req_input_len, grammar_backend=server_args.grammar_backend,
             enable_custom_logit_processor=server_args.enable_custom_logit_processor)
         self.offloop = OffLoopExecutor()
+        self.admission = RequestAdmission(ADMITTED_PER_THREAD * self.offloop.num_threads)
         self.template_sandbox: Optional[TemplateSandbox] = None
         if server_args.allow_client_chat_template:
             self.template_sandbox = TemplateSandbox(
@@ -223,6 +225,7 @@ class TokenizerManager:
         if self.server_args.log_requests:
             logger.info("rid=%s input_tokens=%d params=%s", req.rid, len(req.input_ids), req.sampling_params.to_dict())
         self.dispatcher.send_request(req)
+        release_admission()  # this HTTP request's preparation is over: the next one may start its own
         collected: List[ReqOutput] = []
         try:
             while True:
