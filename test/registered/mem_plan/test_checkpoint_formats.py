@@ -56,7 +56,8 @@ TINY_GPT_OSS = {
     "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
 }
-BF16, FP8, I32, U8, F32, F16 = torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.uint8, torch.float32, torch.float16
+BF16, FP8, F32, F16 = torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.float16
+I32, U8 = torch.int32, torch.uint8
 
 
 def cdiv(a, b):
@@ -262,6 +263,16 @@ class TestRefusals(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"'nvfp4-pack-quantized'.*pack-quantized, int-quantized"):
             weight_format(None, {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
                                  "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4}}}})
+
+    def test_layouts_of_other_sizes(self):
+        from sglang.srt.mem_plan.checkpoint_formats import checkpoint_format
+
+        for method, cfg, named in (("gptq", {"checkpoint_format": "marlin"}, "'marlin'.*knows gptq, gptq_v2"),
+                                   ("awq", {"version": "gemv"}, "'gemv'.*knows gemm"),
+                                   ("compressed-tensors", {"sparsity_config": {"format": "sparse-24-bitmask"}},
+                                    "'sparse-24-bitmask'.*knows dense")):
+            with self.subTest(method=method), self.assertRaisesRegex(ValueError, named):
+                checkpoint_format(method, cfg)
 
     def test_rules_the_planner_cannot_resolve(self):
         from sglang.srt.mem_plan.arch_spec import WeightGroup

@@ -10,11 +10,12 @@ Tensors stored for one quantized [rows, cols] linear weight (rows = output featu
         ("dynamic" stores none).
     mxfp4 (gpt-oss): only the routed experts' weights; *_blocks uint8 [rows, cols/32, 16] (two E2M1 values a
         byte) and *_scales uint8 [rows, cols/32] (one E8M0 exponent per 32 input weights): 17 bytes per 32 weights.
-    awq (AutoAWQ GEMM): qweight int32 [cols, rows*bits/32], scales fp16 [groups, rows], qzeros int32
-        [groups, rows*bits/32] (zero_point: false stores none); groups = ceil(cols / group_size).
-    gptq (AutoGPTQ / GPTQModel): qweight int32 [cols*bits/32, rows], scales fp16 [groups, rows], qzeros int32
-        [groups, rows*bits/32] (stored even when sym), g_idx int32 [cols] (stored with or without desc_act).
-    compressed-tensors (llm-compressor), per config group, by format:
+    awq (AutoAWQ, version gemm; gemv refused): qweight int32 [cols, rows*bits/32], scales fp16 [groups, rows],
+        qzeros int32 [groups, rows*bits/32] (zero_point: false stores none); groups = ceil(cols / group_size).
+    gptq (AutoGPTQ / GPTQModel, checkpoint_format gptq / gptq_v2; marlin refused): qweight int32
+        [cols*bits/32, rows], scales fp16 [groups, rows], qzeros int32 [groups, rows*bits/32] (stored even when
+        sym), g_idx int32 [cols] (stored with or without desc_act).
+    compressed-tensors (llm-compressor), per config group, by format (a sparsity_config other than dense refused):
         pack-quantized   weight_packed int32 [rows, ceil(cols*bits/32)], weight_shape int64 [2], and when not
                          symmetric weight_zero_point int32 [ceil(rows*bits/32), scale columns]
         int-quantized,   weight int8 / fp8 [rows, cols] (one byte a value at <= 8 bits), and when not symmetric
@@ -26,6 +27,11 @@ Tensors stored for one quantized [rows, cols] linear weight (rows = output featu
         [ceil(cols/group_size)], model dtype) and, when not symmetric, input_zero_point int8 of its shape.
 A module a format leaves unquantized (modules_to_not_convert, compressed-tensors' ignore, or not a target) stays
 in the model dtype; checkpoint_modules.py matches the names by each format's own rule.
+
+Under TP a rank's shard of a weight ([rows/tp, cols] or [rows, cols/tp], as its WeightGroup says) is priced by the
+same rule: the scales, zero points and g_idx of its own rows / columns. Not priced: a GPTQ act-order layer split by
+input columns, whose scales a GPU loader may keep whole on every rank (groups x rows, not groups/tp x rows), and the
+per-layer k_scale / v_scale scalars a compressed-tensors kv_cache_scheme adds (bytes per layer).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ FP32_BYTES, FP16_BYTES, INT32_BYTES, INT64_BYTES = 4, 2, 4, 8
 MXFP4_GROUP = 32  # weights per E8M0 scale
 MXFP4_BLOCK_BYTES = 16  # bytes of one group's E2M1 values
 DEFAULT_GROUP_SIZE = 128
+GPTQ_LAYOUTS = ("gptq", "gptq_v2")  # qweight / qzeros / scales / g_idx (v2: zero points stored without the -1)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -177,6 +184,9 @@ def _int4(method: str, cfg: dict) -> CheckpointFormat:
             raise _refuse("version (awq)", version, ("gemm",))
         codec = LinearCodec("awq", bits, "group", group, zero_points=bool(cfg.get("zero_point", True)))
     else:
+        layout = str(cfg.get("checkpoint_format") or "gptq").lower()
+        if layout not in GPTQ_LAYOUTS:
+            raise _refuse("checkpoint_format (gptq)", layout, GPTQ_LAYOUTS)
         for key in (cfg.get("dynamic") or {}):
             if not key.startswith("-:"):
                 raise ValueError(f"quantization_config.dynamic entry {key!r} overrides bits / group size per "
@@ -212,6 +222,9 @@ def _ct_codec(fmt: str, weights: dict, inputs: Optional[dict]) -> LinearCodec:
 
 
 def _compressed_tensors(cfg: dict) -> CheckpointFormat:
+    sparsity = (cfg.get("sparsity_config") or {}).get("format")
+    if sparsity and sparsity != "dense":
+        raise _refuse("sparsity_config.format (compressed-tensors)", sparsity, ("dense",))
     default_fmt = cfg.get("format")
     codecs = []
     for name, group in (cfg.get("config_groups") or {}).items():
