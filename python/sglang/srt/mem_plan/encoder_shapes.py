@@ -25,6 +25,10 @@ from sglang.srt.mem_plan.encoder_towers import is_omni_audio, is_qwen_vision, om
 
 PREPROCESSOR_KEY = "_preprocessor_config"  # where load_config keeps the directory's preprocessor_config.json
 PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+# The towers the generic paths below count (vision_tower_params, audio_tower_params); any other vision_config /
+# audio_config model_type is refused, naming it: a tower counted as another is the guess the planner never makes.
+GENERIC_VISION_TOWERS = ("siglip_vision_model", "clip_vision_model")
+GENERIC_AUDIO_TOWERS = ("whisper_encoder", "qwen2_audio_encoder")
 
 
 def load_preprocessor_config(directory: str) -> Optional[dict]:
@@ -106,6 +110,14 @@ class EncoderParts:
     processor: ProcessorFacts
 
 
+def _check_generic_tower(cfg: dict, key: str, known: tuple) -> None:
+    tower = cfg[key].get("model_type")
+    if tower not in known:
+        raise ValueError(f"{cfg.get('model_type', 'this model')}: the planner does not know the {key} tower "
+                         f"{tower or '(no model_type)'!r}; it counts {', '.join(known)} and the Qwen2.5-VL / "
+                         f"Qwen3-Omni towers. A text-only config of the model plans its text part.")
+
+
 def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
                   preprocessor: Optional[dict] = None) -> EncoderParts:
     """The towers of a multimodal config (cfg: the thinker / top-level dict holding vision_config / audio_config)."""
@@ -119,6 +131,7 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
             vision = tower.params()
             encoders.append(tower)
         else:
+            _check_generic_tower(cfg, "vision_config", GENERIC_VISION_TOWERS)
             vision = vision_tower_params(v)
             projector = (gemma3_projector_params(v["hidden_size"], text_hidden) if model_type == "gemma3"
                          else projector_params(v["hidden_size"], text_hidden))
@@ -129,6 +142,7 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
             audio = tower.params()
             encoders.append(tower)
         else:
+            _check_generic_tower(cfg, "audio_config", GENERIC_AUDIO_TOWERS)
             audio = audio_tower_params(a)
             qwen2_audio = model_type == "qwen2_audio"
             encoders.append(audio_encoder_spec(a, act_dtype_bytes, text_hidden if qwen2_audio else 0))
