@@ -55,7 +55,7 @@ def num_routed_experts(config) -> int:
 
 def is_sparse_layer(config, layer_id: int) -> bool:
     """The Qwen MoE rule (transformers' Qwen2Moe / Qwen3Moe decoder layers): experts unless the layer is listed in
-    mlp_only_layers, or falls between decoder_sparse_step strides; mem_plan/model_shapes._sparse_layers agrees."""
+    mlp_only_layers, or falls between decoder_sparse_step strides; mem_plan/arch_qwen_moe.sparse_layers agrees."""
     return (layer_id not in (getattr(config, "mlp_only_layers", None) or [])
             and num_routed_experts(config) > 0
             and (layer_id + 1) % getattr(config, "decoder_sparse_step", 1) == 0)
