@@ -177,21 +177,23 @@ class TestWindowedBound(unittest.TestCase):
         self.assertIn("none -- no layer keeps every token", plan.explain())
 
 
-def rule_slots(kind, ctx, user, T):
-    """The slot rules as slots.py's docstring states them, written again."""
+def rule_slots(kind, ctx, user, T, cell=0, slot_pool=0):
+    """The slot rules as slots.py's docstring states them, written again (cell, slot_pool: the balance cap)."""
     if kind == "context-per-slot":
         return min(user, T // ctx) if user else min(T // ctx, 4096)
     if user:
         return min(user, T // 2)
     if kind == "first-context":
-        return min(1 + max(T - ctx, 0) * 512 // ctx, 4096, T // 2)
+        cap = max(1, T * cell // slot_pool) if cell and slot_pool else 4096
+        return min(1 + max(T - ctx, 0) * 512 // ctx, 4096, T // 2, cap)
     return min(max(T * 512 // ctx, 2048), 4096, T // 2)
 
 
 def brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, page, t_max):
     best = 0
+    slot_pool = (window + 2 * (page - 1)) * 3 * bool(window) + state  # a slot's window (cell 3) and its state
     for T in range(0, t_max + 1, page):
-        R = rule_slots(kind, ctx, user, T)
+        R = rule_slots(kind, ctx, user, T, cell, slot_pool)
         win = 0
         if window:
             win = min(T, -(-(R * (window + 2 * (page - 1)) + max(chunk, R)) // page) * page) + page
@@ -203,6 +205,7 @@ def brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, p
 class TestSolveVsBruteForce(unittest.TestCase):
     def test_small_integers(self):
         rng = random.Random(7)
+        balanced = 0
         for _ in range(400):
             kind = rng.choice(["first-context", "context-per-slot"])
             ctx, page = rng.randint(4, 40), rng.choice([1, 2, 4])
@@ -219,25 +222,29 @@ class TestSolveVsBruteForce(unittest.TestCase):
                                         linear_layers=int(state > 0), window_tokens=window,
                                         windowed_cell_bytes=3 if window else 0, state_bytes_per_slot=state),
                              chunk, page)
-            rule = SlotRule(ctx, user, kind=kind)
+            self.assertEqual(pools.slot_pool_bytes, (window + 2 * (page - 1)) * 3 * bool(window) + state)
+            rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, slot_pool_bytes=pools.slot_pool_bytes)
             got = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=per_slot), page,
                                    cap // page * page if cap else None, pools)
             want = brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, page,
                                cap // page * page if cap else t_max)
             self.assertEqual(got, want, (kind, ctx, page, window, state, cell, user, per_slot, chunk, budget))
-            self.assertEqual(rule.slots(got), rule_slots(kind, ctx, user, got))
+            self.assertEqual(rule.slots(got), rule_slots(kind, ctx, user, got, cell, pools.slot_pool_bytes))
+            balanced += rule.regime(got) == "balance"
+        self.assertGreater(balanced, 20)  # the cap binds in a good share of the solves
 
     def test_one_full_context_before_a_second_slot(self):
         """first-context: whenever one request of the full context fits beside its window, the solve reaches it."""
         ctx, cell, chunk = 64, 5, 16
         pools = PoolCost(LayerPools(full_layers=1, sliding_layers=1, window_tokens=16, windowed_cell_bytes=40), chunk)
-        rule = SlotRule(ctx, kind="first-context")
-        for budget in range(0, 20_000, 37):
-            T = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=100), 1, None, pools)
-            one_fits = ctx * cell + 100 + (16 + chunk + 1) * 40 <= budget
-            self.assertEqual(T >= ctx, one_fits, budget)
-            if T < ctx:
-                self.assertLessEqual(rule.slots(T), 1)
+        for rule in (SlotRule(ctx, kind="first-context"),  # and with the balance cap: a slot's window is 640 B
+                     SlotRule(ctx, kind="first-context", full_cell_bytes=cell, slot_pool_bytes=16 * 40)):
+            for budget in range(0, 20_000, 37):
+                T = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=100), 1, None, pools)
+                one_fits = ctx * cell + 100 + (16 + chunk + 1) * 40 <= budget
+                self.assertEqual(T >= ctx, one_fits, budget)
+                if T < ctx:
+                    self.assertLessEqual(rule.slots(T), 1)
 
 
 MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1 config.json
@@ -340,6 +347,38 @@ class TestPlans(unittest.TestCase):
         self.assertEqual(plan.kv_cell_bytes, 12 * 2 * 512 * BF16)
         self.assertGreaterEqual(plan.full_context_requests, 1)
         self.assertIn("Linear-state pool", plan.explain())
+
+    def test_nemotron_h_8b_slots_balance_the_kv_pool(self):
+        """Nemotron-H-8B on an H100: 4 attention layers (8 KV heads x 128) and 24 Mamba-2 layers whose state per request
+        is (conv: 128 heads x 64 + 2 x 8 groups x 128 channels, 3 columns, bf16) + (ssm: 128 x 64 x 128, fp32). Its
+        slots are the expensive side (one is 6,234 tokens of KV): the balance cap binds, R = T x cell // state."""
+        shape = model_shape_from_path(os.path.join(FIXTURES, "nemotron-h-8b-base-8k"))
+        cell = 4 * 8 * 128 * 2 * BF16
+        state = 24 * ((128 * 64 + 2 * 8 * 128) * 3 * BF16 + 128 * 64 * 128 * 4)
+        self.assertEqual((cell, state), (16_384, 102_137_856))
+        inputs = card_inputs(shape, "h100-80gb")
+        plan = plan_memory(inputs)
+        self.assertEqual((plan.kv_cell_bytes, plan.state_bytes_per_slot), (cell, state))
+        T, R = plan.max_total_num_tokens, plan.max_running_requests
+        self.assertEqual(R, T * cell // state)
+        self.assertEqual(plan.slot_regime, "balance")
+        self.assertLessEqual(R * state, T * cell)  # the state pool (less its dummy) never outweighs the KV pool
+        self.assertEqual(plan.bytes_of("linear_state"), (R + 1) * state)
+        self.assertGreater(T, 1_000_000)  # 17,807 tokens beside 601 slots without the cap
+        self.assertGreaterEqual(plan.full_context_requests, 200)
+        more = plan_memory(dataclasses.replace(inputs, max_total_tokens=T + 1))  # and the solve is still exact
+        self.assertEqual(more.max_total_num_tokens, T)
+
+    def test_gemma3_27b_h200_slots_balance_the_windows(self):
+        """On an H200 the pool holds ~4 contexts: 512 slots a context would buy ~1,500 windows of 436 MB; the cap keeps
+        the windows' bytes to the full pool's."""
+        plan = self.gemma("h200")
+        T, R = plan.max_total_num_tokens, plan.max_running_requests
+        self.assertEqual(R, T * 81_920 // (1024 * 425_984))
+        self.assertEqual(plan.slot_regime, "balance")
+        self.assertLess(R, 1 + (T - 131072) * 512 // 131072)
+        self.assertGreaterEqual(plan.full_context_requests, 3)
+        self.assertEqual(plan.windowed_tokens, min(T, R * 1024 + 8192))
 
     def test_served_model_plan_has_no_pools(self):
         shape = model_shape_from_path(os.path.join(FIXTURES, "llama-3.1-8b"))

@@ -74,6 +74,38 @@ class TestSlotRuleKinds(unittest.TestCase):
         self.assertEqual(rule.regime(1), "half")
         self.assertEqual(SlotRule(131072, 8, kind="first-context").slots(10**6), 8)  # the user's value wins
 
+    def test_balance_cap(self):
+        """Nemotron-H-8B at context 8,192: a full token 16,384 B (4 attention layers x 8 KV heads x 128 x K,V x 2 B),
+        a slot's state 102,137,856 B (24 Mamba layers x (10,240 conv channels x 3 x 2 B + 128 x 64 x 128 x 4 B)).
+        Past the first context the 512-per-context rule would buy 4,096 slots; the cap buys T x 16,384 // 102,137,856."""
+        rule = SlotRule(8192, kind="first-context", full_cell_bytes=16_384, slot_pool_bytes=102_137_856)
+        self.assertEqual(1 + (1_906_484 - 8192) * 512 // 8192, 118_644)  # the linear piece, capped at 4,096
+        self.assertEqual(rule.slots(1_906_484), 305)  # 31,235,833,856 B of KV / 102,137,856 B = 305.8
+        self.assertEqual(rule.regime(1_906_484), "balance")
+        self.assertLessEqual(305 * 102_137_856, 1_906_484 * 16_384)
+        self.assertGreater(306 * 102_137_856, 1_906_484 * 16_384)
+        # one state is exactly 6,234 tokens of KV (6,234 x 16,384 = 102,137,856): the cap is T // 6,234
+        self.assertEqual(rule.slots(6_233), 1)  # below one slot's worth of KV: still the one slot (max(1, .))
+        self.assertEqual(rule.slots(8192 + 16), 1)  # the linear piece says 2, the cap 8,208 // 6,234 = 1
+        self.assertEqual(rule.regime(8192 + 16), "balance")
+        self.assertEqual(rule.slots(3 * 6234 - 1), 2)
+        self.assertEqual(rule.slots(3 * 6234), 3)
+        self.assertEqual(rule.slots(1), 0)  # T // 2 still bounds it
+        # Gemma-3-27B at 131,072: a full token 81,920 B, a slot's window 1,024 x 425,984 B (52 sliding layers):
+        # at 135,679 tokens the linear piece (18 slots) is below the cap (25) -- cheap slots keep E's rule
+        gemma = SlotRule(131072, kind="first-context", full_cell_bytes=81_920, slot_pool_bytes=1024 * 425_984)
+        self.assertEqual(gemma.slots(135_679), 18)
+        self.assertEqual(gemma.regime(135_679), "linear")
+        self.assertEqual(gemma.slots(513_786), 96)  # 42,089,349,120 // 436,207,616 (the linear piece: 1,495)
+        self.assertEqual(gemma.regime(513_786), "balance")
+        # the user's value, and the other kinds, are not capped
+        self.assertEqual(SlotRule(8192, 900, kind="first-context", full_cell_bytes=16_384,
+                                  slot_pool_bytes=102_137_856).slots(1_906_484), 900)
+        self.assertEqual(SlotRule(8192, full_cell_bytes=16_384, slot_pool_bytes=102_137_856).slots(1_906_484), 4096)
+        self.assertEqual(SlotRule(8192, kind="first-context").slots(1_906_484), 4096)  # no bytes given: no cap
+        with self.assertRaises(ValueError):
+            SlotRule(8192, kind="first-context", full_cell_bytes=-1, slot_pool_bytes=5)
+
     def test_context_per_slot(self):
         rule = SlotRule(32768, kind="context-per-slot")
         self.assertEqual(rule.slots(32767), 0)
@@ -89,10 +121,15 @@ class TestSlotRuleKinds(unittest.TestCase):
 
     @PROPERTY_SETTINGS
     @given(kind=st.sampled_from(["upstream", "first-context", "context-per-slot"]), ctx=st.integers(2, 5000),
-           user=st.one_of(st.none(), st.integers(1, 5000)), t=st.integers(0, 10**7), dt=st.integers(1, 10**5))
-    def test_monotone(self, kind, ctx, user, t, dt):
-        rule = SlotRule(ctx, user, kind=kind)
+           user=st.one_of(st.none(), st.integers(1, 5000)), t=st.integers(0, 10**7), dt=st.integers(1, 10**5),
+           cell=st.integers(0, 10**5), slot_pool=st.integers(0, 10**9))
+    def test_monotone(self, kind, ctx, user, t, dt, cell, slot_pool):
+        rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, slot_pool_bytes=slot_pool)
         self.assertLessEqual(rule.slots(t), rule.slots(t + dt))
+        if kind == "first-context" and user is None and cell and slot_pool and t >= 2:  # the cap, when it binds
+            self.assertLessEqual(rule.slots(t), max(1, t * cell // slot_pool))
+            if rule.slots(t) > 1:
+                self.assertLessEqual(rule.slots(t) * slot_pool, t * cell)
 
 
 class TestPR18263(unittest.TestCase):

@@ -22,7 +22,8 @@ KV too, page for page, so a model with full layers never needs more windowed tok
     T_w(T, R) = min(T, align_up(R x (W + 2 (P - 1)) + max(chunk, R), P))
 
 T_w is nondecreasing in T and R, so with a nondecreasing slot rule R(T) the total stays nondecreasing in T and the
-token bisection (solver.py) stays exact.
+token bisection (solver.py) stays exact. A slot's own pools (PoolCost.slot_pool_bytes: W + 2 (P - 1) windowed tokens
+and its state) also bound how many slots the rule buys: never more than the full pool outweighs (slots.py, B(T)).
 
 A model without full layers (Mistral-7B: every layer sliding) has no full pool: T is then the logical tokens
 req_to_token can map, R x context_len (a slot holds one request of up to the context), costs nothing itself, and is
@@ -125,6 +126,14 @@ class PoolCost:
             return 0
         rows = kv_pool_rows(self.windowed_tokens(num_tokens, num_slots), self.page_size)
         return rows * p.windowed_cell_bytes + p.windowed_fixed_bytes
+
+    @property
+    def slot_pool_bytes(self) -> int:
+        """One request slot's own pools: the windowed tokens it may hold (W + 2 (P - 1) on every windowed layer) and
+        its linear state; what slots.SlotRule's balance cap weighs against the full pool (0: no per-slot layers)."""
+        p = self.pools
+        window = window_tokens_per_slot(p.window_tokens, self.page_size) if p.windowed_layers else 0
+        return window * p.windowed_cell_bytes + p.state_bytes_per_slot
 
     def state_slots(self, num_slots: int) -> int:
         return num_slots + STATE_DUMMY_SLOTS if self.pools.linear_layers else 0

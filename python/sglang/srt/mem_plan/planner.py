@@ -62,7 +62,10 @@ class _Resolved:
         pools = x.layer_pools
         kind = ("upstream" if not pools.per_slot_layers else
                 "first-context" if pools.has_full_pool else "context-per-slot")
-        rule = SlotRule(x.context_len, x.max_running_requests, kind=kind)
+        chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
+        pool_cost = PoolCost(pools, chunk, x.page_size)
+        rule = SlotRule(x.context_len, x.max_running_requests, kind=kind, full_cell_bytes=x.kv_cell_bytes,
+                        slot_pool_bytes=pool_cost.slot_pool_bytes)  # the balance cap (slots.py)
         max_tokens = x.max_total_tokens
         if kind == "context-per-slot" and max_tokens is None:
             max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no full pool: T = R x context
@@ -70,15 +73,13 @@ class _Resolved:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
         if max_tokens is not None:
             max_tokens = max_tokens // x.page_size * x.page_size
-        chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
         min_kv = x.min_kv_tokens if x.min_kv_tokens is not None else min(x.context_len, chunk)
         if kind == "context-per-slot":
             min_kv = x.context_len  # one slot: T = R x context
         min_kv = _align_up(max(min_kv, 2), x.page_size)  # >= 2 so that R(T) <= T // 2 allows one request
         if max_tokens is not None and kind != "context-per-slot":
             min_kv = min(min_kv, max(max_tokens, x.page_size))
-        return cls(x, budget, margin, graph_bs, rule, slot_cost, fixed_runtime, min_kv, max_tokens,
-                   PoolCost(pools, chunk, x.page_size))
+        return cls(x, budget, margin, graph_bs, rule, slot_cost, fixed_runtime, min_kv, max_tokens, pool_cost)
 
     # ---- terms at a given pool size ----
     def snap(self, num_tokens: int) -> int:

@@ -5,7 +5,8 @@ kind "upstream" (every layer full):
     unset --max-running-requests:  R(T) = min(clamp(floor(T * 512 / context_len), 2048, 4096), T // 2)
     set   --max-running-requests:  R(T) = min(user, T // 2)
 kind "first-context" (some windowed or linear layers, and full layers):
-    unset:  R(T) = min(1 + floor(max(T - context_len, 0) * 512 / context_len), 4096, T // 2)
+    unset:  R(T) = min(1 + floor(max(T - context_len, 0) * 512 / context_len), 4096, T // 2, B(T))
+            B(T) = max(1, floor(T * full_cell_bytes / slot_pool_bytes))     (the balance cap; below)
     set:    R(T) = min(user, T // 2)
 kind "context-per-slot" (no full layer: T is the logical tokens req_to_token maps, R x context_len):
     unset:  R(T) = min(floor(T / context_len), 4096)
@@ -18,6 +19,21 @@ layer (Gemma-3-27B: 1,025 tokens x 425,984 B = 437 MB a slot), so upstream's flo
 anything fits, one full-context request does before a second slot -- and past them upstream's ratio of 512 slots per
 context of pool, without the floor. With a full pool a slot's window is never more than the pool (T_w <= T), so a
 short --context-length still gets many cheap slots.
+
+Why the balance cap B(T): a slot is worth the tokens it can use. Its own pools -- the windowed tokens it may hold
+(W + 2 (P - 1) on every windowed layer) and its linear state -- are bought beside the full pool its requests share,
+and 512 slots per context prices them as if they were as cheap as a req_to_token row. On a model with a small full
+cell they are not: Nemotron-H-8B (4 full layers, 16,384 B a token; 24 Mamba layers, 102 MB a slot) got 601 slots
+= 57 GiB of state beside 17,807 tokens of KV on an H100, about two full-context requests for 601 slots. B(T) keeps
+R x slot_pool_bytes <= T x full_cell_bytes (the slots' pools never outweigh the full pool they share; at least one
+slot, so the first context still comes first): the solve then balances the two pools itself, with no ratio knob to
+tune. Where slots are cheap (gpt-oss: a 128-token window; Gemma-3-27B below two contexts) B(T) is far above the
+other terms and changes nothing. Upstream splits the same memory with fixed knobs instead: --mamba-full-memory-ratio
+0.9 gives the states 0.9 / 1.9 = 47% of the pool room (and 1 request slot per 3 state slots for its prefix-cache
+snapshots), which B(T) at its bound (states = 50%) nearly matches without the knob; --swa-full-tokens-ratio 0.8 gives
+the windowed layers 0.8 x the full pool's tokens whatever the window, several times the full pool's bytes on
+Gemma-3 (52 sliding : 10 full layers), where B(T) holds the windows to the full pool's bytes at most. The user's
+--max-running-requests is not capped (the user chose the slots). B(T) is nondecreasing in T.
 
 Upstream writes int(T / context_len * 512); for any T and context_len below 2**40 the float and the exact
 integer floor agree (T / ctx rounds to k/512 exactly only when it is k/512), so the integer form is used.
@@ -45,6 +61,8 @@ class SlotRule:
     min_slots: int = MIN_AUTO_SLOTS
     max_slots: int = MAX_AUTO_SLOTS
     kind: str = "upstream"
+    full_cell_bytes: int = 0  # first-context's balance cap: the full pool's bytes per token (0: no cap) ...
+    slot_pool_bytes: int = 0  # ... and one slot's windowed + linear-state pool bytes (0: no cap)
 
     def __post_init__(self):
         if self.kind not in SLOT_RULE_KINDS:
@@ -55,6 +73,17 @@ class SlotRule:
             raise ValueError("--max-running-requests must be positive")
         if not 0 < self.min_slots <= self.max_slots:
             raise ValueError("need 0 < min_slots <= max_slots")
+        if min(self.full_cell_bytes, self.slot_pool_bytes) < 0:
+            raise ValueError("full_cell_bytes and slot_pool_bytes must be >= 0")
+
+    @property
+    def balanced(self) -> bool:
+        """Whether the balance cap B(T) applies (module docstring): first-context with both byte counts known."""
+        return self.kind == "first-context" and self.full_cell_bytes > 0 and self.slot_pool_bytes > 0
+
+    def balance_cap(self, total_tokens: int) -> int:
+        """B(T) = max(1, T x full_cell_bytes // slot_pool_bytes): the slots whose pools the full pool outweighs."""
+        return max(1, total_tokens * self.full_cell_bytes // self.slot_pool_bytes)
 
     def _linear(self, total_tokens: int) -> int:
         if self.kind == "first-context":
@@ -66,7 +95,8 @@ class SlotRule:
         if self.kind == "context-per-slot":
             return min(total_tokens // self.context_len, self.max_slots)
         if self.kind == "first-context":
-            return min(self._linear(total_tokens), self.max_slots)
+            est = min(self._linear(total_tokens), self.max_slots)
+            return min(est, self.balance_cap(total_tokens)) if self.balanced else est
         return min(max(self._linear(total_tokens), self.min_slots), self.max_slots)
 
     def bound(self, total_tokens: int) -> int:
@@ -85,7 +115,8 @@ class SlotRule:
 
     def regime(self, total_tokens: int) -> str:
         """Which piece of the rule is active at T: 'user', 'half' (T // 2), 'floor', 'linear' or 'cap';
-        'first-context' (one slot while T <= context) and 'per-context' (T // context) for the other kinds."""
+        'first-context' (one slot while T <= context), 'balance' (B(T)) and 'per-context' (T // context) for the
+        other kinds."""
         bound_name = "per-context" if self.kind == "context-per-slot" else "half"
         if self.user_max_running_requests is not None:
             return "user" if self.user_max_running_requests <= self.bound(total_tokens) else bound_name
@@ -95,6 +126,8 @@ class SlotRule:
         if self.bound(total_tokens) < est:
             return "half"
         linear = self._linear(total_tokens)
+        if self.balanced and self.balance_cap(total_tokens) < min(linear, self.max_slots):
+            return "balance"
         if self.kind == "first-context" and linear <= 1:
             return "first-context"
         if self.kind == "upstream" and linear <= self.min_slots:

@@ -7,7 +7,7 @@
 Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
 
 Why a bisection is exact: R(T) is nondecreasing in T (every piece of the rule -- floor, linear, cap, T // 2,
-user -- is), slot_cost is nondecreasing in R (coefficients >= 0), pools is nondecreasing in T and R
+user, the hybrid models' balance cap -- is), slot_cost is nondecreasing in R (coefficients >= 0), pools is nondecreasing in T and R
 (layer_pools.py), and T * cell_bytes is nondecreasing. So total(T)
 is nondecreasing and the feasible T form a prefix {0, p, 2p, ..., T*}. Bisection over that prefix returns T*
 exactly, in every region of the rule and across region boundaries, including the floor in R(T) that a
