@@ -216,6 +216,22 @@ class TestRecentWindow(unittest.TestCase):
                 h.check(self, row, q[i : i + 1], out[i : i + 1], n, exact_from, f"decode kernel={kernel} {i}", sinks)
             self.assertEqual(h.pool.window.rows.num_without_row, 1)
 
+    def test_rebuilt_free_list_gives_back_the_ring_rows_it_frees(self):
+        """clear() and a repair after a fault (ReqMemory.rebuild_free_lists) rebuild the free list with
+        ReqToTokenPool.free_all_but, which gives back the ring rows of the slots it frees and keeps the others'."""
+        h = Harness(1, False, ring_rows=2)
+        a, b, c = (h.h.new_request() for _ in range(3))
+        rows = h.pool.window.rows
+        self.assertEqual((rows.lookup([a, b, c]), rows.free), ([1, 2, 0], []))
+        h.r2t.free_all_but([b])  # a and c lost to a fault: a's row comes back, b keeps its own
+        self.assertEqual((rows.lookup([a, b, c]), rows.free), ([0, 2, 0], [1]))
+        h.r2t.check_integrity(num_used=1)
+        d = h.r2t.alloc()
+        self.assertEqual(rows.lookup([d]), [1])
+        h.r2t.clear()
+        self.assertEqual((sorted(rows.free), rows.row_of), ([1, 2], {}))
+        h.r2t.check_integrity(num_used=0)
+
     def test_gather_path_reads_the_tail_once_a_forward(self):
         """torch_native's gather path (a GPU, or a CPU without the kernels) reads the ring bookkeeping to the host
         once in init_forward_metadata, not in every layer (each read is a host sync on a GPU)."""

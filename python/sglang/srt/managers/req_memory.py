@@ -152,7 +152,7 @@ class ReqMemory:
         if self.tree_cache is not None:
             used_pages.update(s // ps for s in self.tree_cache.all_slots())
         self.allocator.free_pages = [p for p in range(self.allocator.num_pages, 0, -1) if p not in used_pages]
-        pool.free_slots = [s for s in range(1, pool.size + 1) if s not in rows]
+        pool.free_all_but(rows)
 
     def repair(self, holders: List[Req]) -> None:
         """After a fault: check the invariants; rebuild the free lists if they do not hold; raise

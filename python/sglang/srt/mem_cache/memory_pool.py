@@ -10,7 +10,7 @@ The pools only hold memory; which slots are free is the allocator's business (al
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import torch
 
@@ -44,7 +44,7 @@ class ReqToTokenPool:
         self._pending_rows: List[int] = []  # queued device writes: req_to_token[row, col] = slot
         self._pending_cols: List[int] = []
         self._pending_slots: List[int] = []
-        self._free_slots: List[int] = list(range(1, size + 1))
+        self.free_slots: List[int] = list(range(1, size + 1))
         self.on_alloc: List = []  # callbacks(row) when a row is handed out
         # a KV pool's recent window whose ring rows follow the running requests (attach_window), or None
         self.window = None
@@ -54,17 +54,15 @@ class ReqToTokenPool:
         it back: the rings cost what running requests hold (mem_plan/kv_window.py)."""
         self.window = window
 
-    @property
-    def free_slots(self) -> List[int]:
-        return self._free_slots
-
-    @free_slots.setter
-    def free_slots(self, slots: List[int]) -> None:
-        """Replacing the free list (clear, a repair after a fault) frees the ring rows of every slot it frees."""
+    def free_all_but(self, held_slots: Iterable[int]) -> None:
+        """Rebuild the free list: every slot not in held_slots is free (clear: none held; a repair after a fault:
+        the slots of the requests that survive). The ring rows of the slots this frees go back to the window."""
+        held = set(held_slots)
+        slots = [s for s in range(1, self.size + 1) if s not in held]
         if self.window is not None:
-            for row in set(slots) - set(self._free_slots):
+            for row in set(slots) - set(self.free_slots):
                 self.window.release(row)
-        self._free_slots = slots
+        self.free_slots = slots
 
     @property
     def mirrored(self) -> bool:
@@ -96,7 +94,7 @@ class ReqToTokenPool:
             self.window.release(slot)
 
     def clear(self) -> None:
-        self.free_slots = list(range(1, self.size + 1))
+        self.free_all_but(())
 
     # ------------------------------------------------------------------ rows (host side)
     def write(self, row: int, start: int, slots: Sequence[int]) -> None:
