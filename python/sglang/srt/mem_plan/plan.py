@@ -41,7 +41,7 @@ class MemoryPlan:
     context_len: int
     kv_cell_bytes: int
     terms: tuple[MemoryTerm, ...]
-    slot_regime: str  # floor / linear / cap / half / user
+    slot_regime: str  # floor / linear / cap / half / user; hybrids: first-context / per-context / balance
     limited_by: str
     notes: tuple[str, ...] = field(default=())
     cap_source: str = "--max-total-memory-gb"
