@@ -112,6 +112,10 @@ BAD = [
     ({"extra_body": {"json_schema": '{"type": "object", "required": "a"}'}}, "json_schema", "required"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
      "response_format", "objec"),
+    # xgrammar (the arrival check) accepts it, llguidance's compile refuses it: the 400 still names response_format
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}},
+     "response_format", 'Invalid value for response_format: llguidance could not compile it: Unimplemented keys: ["not"]'),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
       "tool_choice": "required"}, "tools[0].function.parameters", "objectx"),
     ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools[1].function.name", "'get_weather'"),

@@ -6,10 +6,11 @@ Every handler is `await handler.handle_request(raw_request)`; client mistakes co
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator, List, Optional, Type
+from typing import Any, AsyncIterator, Iterator, List, Optional, Type
 
 import numpy as np
 import orjson
@@ -98,18 +99,34 @@ def grammar_param_names(req: Any) -> dict:
     return {"json_schema": "response_format"} if rf is not None and rf.constraint_json_schema() is not None else {}
 
 
+def rename_param(e: RequestError, names: dict) -> None:
+    """Name e's field as this API calls it (`names`, e.g. {"json_schema": "response_format"})."""
+    api = names.get(e.param)
+    if api is not None:
+        e.message = e.message.replace(f"Invalid value for {e.param}", f"Invalid value for {api}")
+        e.param = api
+
+
+@contextlib.contextmanager
+def api_param_names(names: dict) -> Iterator[None]:
+    """A RequestError raised inside (the request's tokenization: its grammar compiled by a backend the arrival
+    checks do not run, e.g. llguidance refusing a schema keyword xgrammar accepts) names the API's field."""
+    try:
+        yield
+    except RequestError as e:
+        rename_param(e, names)
+        raise
+
+
 async def api_param_errors(gen: AsyncIterator, names: dict) -> AsyncIterator:
     """gen's items, unchanged; a RequestError it raises (a 400 from the scheduler: a grammar found to admit nothing
-    after its compile, or a dead end mid-generation) names its field as this API calls it (`names`, e.g.
-    {"json_schema": "response_format"}), as the checks at arrival do. Closing this closes gen (aborting its requests)."""
+    after its compile, or a dead end mid-generation) names its field as this API calls it (rename_param), as the
+    checks at arrival do. Closing this closes gen (aborting its requests)."""
     try:
         async for item in gen:
             yield item
     except RequestError as e:
-        api = names.get(e.param)
-        if api is not None:
-            e.message = e.message.replace(f"Invalid value for {e.param}", f"Invalid value for {api}")
-            e.param = api
+        rename_param(e, names)
         raise
     finally:
         await gen.aclose()

@@ -25,6 +25,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
     OpenAIServingBase,
     api_param_errors,
+    api_param_names,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
@@ -138,23 +139,24 @@ class OpenAIServingChat(OpenAIServingBase):
         )
         rids = self.rids(req.rid, req.n)
         tokenized, ids = [], None
-        for i in range(req.n):
-            t = await tm.tokenize_request(
-                text=prompt,
-                input_ids=None if images or videos or audios else ids,  # with media: tokenize and process again per choice
-                sampling_params=choice_sampling_params(base, i),
-                rid=rids[i],
-                stream=req.stream,
-                return_logprob=req.logprobs or req.prompt_logprobs is not None,
-                top_logprobs_num=max(req.top_logprobs or 0, req.prompt_logprobs or 0),
-                image_data=images or None,
-                video_data=videos or None,
-                audio_data=audios or None,
-                add_special_tokens=False,  # the template already spells out the special tokens
-                prompt_param="messages",
-                max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
-                custom_logit_processor=req.custom_logit_processor,
-            )
+        for i in range(req.n):  # with media, each choice is tokenized and processed again
+            with api_param_names(grammar_param_names(req)):
+                t = await tm.tokenize_request(
+                    text=prompt,
+                    input_ids=None if images or videos or audios else ids,
+                    sampling_params=choice_sampling_params(base, i),
+                    rid=rids[i],
+                    stream=req.stream,
+                    return_logprob=req.logprobs or req.prompt_logprobs is not None,
+                    top_logprobs_num=max(req.top_logprobs or 0, req.prompt_logprobs or 0),
+                    image_data=images or None,
+                    video_data=videos or None,
+                    audio_data=audios or None,
+                    add_special_tokens=False,  # the template already spells out the special tokens
+                    prompt_param="messages",
+                    max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
+                    custom_logit_processor=req.custom_logit_processor,
+                )
             if req.prompt_logprobs is not None:  # vLLM's extension: every prompt token (the template's too)
                 apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
                                      flag_param="logprobs")

@@ -17,6 +17,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
     OpenAIServingBase,
     api_param_errors,
+    api_param_names,
     check_sampling_params,
     finish_reason_str,
     grammar_param_names,
@@ -82,16 +83,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
         for p_idx, prompt in enumerate(prompts):
             text, ids = prompt.get("text"), prompt.get("input_ids")
             for i in range(req.n):
-                t = await tm.tokenize_request(
-                    text=text,
-                    input_ids=ids,  # tokenized once per prompt, then reused by its other choices
-                    sampling_params=choice_sampling_params(base, i),
-                    rid=rids[p_idx * req.n + i],
-                    stream=req.stream,
-                    return_logprob=req.logprobs is not None or req.prompt_logprobs is not None,
-                    top_logprobs_num=max(req.logprobs or 0, req.prompt_logprobs or 0),
-                    custom_logit_processor=req.custom_logit_processor,
-                )
+                with api_param_names(grammar_param_names(req)):
+                    t = await tm.tokenize_request(
+                        text=text,
+                        input_ids=ids,  # tokenized once per prompt, then reused by its other choices
+                        sampling_params=choice_sampling_params(base, i),
+                        rid=rids[p_idx * req.n + i],
+                        stream=req.stream,
+                        return_logprob=req.logprobs is not None or req.prompt_logprobs is not None,
+                        top_logprobs_num=max(req.logprobs or 0, req.prompt_logprobs or 0),
+                        custom_logit_processor=req.custom_logit_processor,
+                    )
                 if (req.echo and req.logprobs is not None) or req.prompt_logprobs is not None:  # from the first token
                     apply_logprob_fields(t, 0, None, tm.vocab_size, start_param="prompt_logprobs",
                                          flag_param="logprobs")
