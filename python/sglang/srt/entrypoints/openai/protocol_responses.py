@@ -14,8 +14,10 @@ parameters, grammar backend and tool-call parsers then run exactly as for /v1/ch
     {"type": "function_call_output", call_id, ...}    {"role": "tool", "tool_call_id": call_id, "content": output}
     {"type": "reasoning", "content": [...]}           reasoning_content of the assistant message that follows
 
-Stateless only: this server stores no responses, so `store: true`, `previous_response_id`, `conversation` and
-`background: true` are 400s naming the field (send the whole conversation as `input` instead).
+Stateless only: this server stores no responses. `store: true` (OpenAI's default, which sglang-router writes when the
+client leaves it out) is answered as a server without storage answers it, as upstream's does: the reply says
+`"store": false`, and GET /v1/responses/{id} is a 404 saying why. `previous_response_id`, `conversation` and
+`background: true`, which need a stored response, are 400s naming the field (send the whole conversation as `input`).
 """
 
 from __future__ import annotations
@@ -188,8 +190,8 @@ class ResponsesRequest(OpenAIModel):
     service_tier: Optional[str] = None
     truncation: Optional[Literal["disabled"]] = Field(
         None, description="Allowed: 'disabled'; a too-long input is a 400, never truncated.")
+    store: Optional[bool] = None  # true is answered "store": false: nothing is stored here
     # refused unless at their no-op value (unsupported() says why)
-    store: Optional[bool] = None
     previous_response_id: Optional[str] = None
     conversation: Optional[Any] = None
     background: Optional[bool] = None
@@ -235,8 +237,6 @@ class ResponsesRequest(OpenAIModel):
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         stateless = "this server keeps no responses (stateless, as store: false); send the whole conversation as "
-        if self.store:
-            return "store", stateless + "`input` and omit store or send store: false."
         if self.previous_response_id is not None:
             return "previous_response_id", stateless + "`input` (earlier output items included) instead."
         if self.conversation is not None:
