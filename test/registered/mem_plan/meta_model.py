@@ -5,6 +5,7 @@ built on the meta device (no weights, no network), as the independent reference 
     hf_config(cfg)         transformers' config object of it (its __post_init__ fills layer_types and defaults)
     hf_tensors(name)       {checkpoint tensor name: shape} of the meta model: its parameters (tied ones once) and the
                            buffers a checkpoint holds (HF_CHECKPOINT_BUFFERS); built once per fixture, cached
+    hf_rotary_widths(name) the rotary width of each RoPE table of that model (its inv_freq buffers x 2)
 Only shapes are kept (a 1T-parameter model on the meta device still costs module construction, done once).
 """
 
@@ -47,9 +48,7 @@ def hf_config(cfg: dict):
 
 
 @functools.lru_cache(maxsize=None)
-def hf_tensors(name: str) -> dict[str, tuple[int, ...]]:
-    """{name: shape} of every tensor of the fixture's HF model: parameters once each (tied weights share one
-    Parameter, so named_parameters lists it once) plus HF_CHECKPOINT_BUFFERS."""
+def _hf_model_facts(name: str) -> tuple[dict, tuple]:
     import torch
     import transformers
 
@@ -60,6 +59,22 @@ def hf_tensors(name: str) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
     model.tie_weights()
-    out = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    out.update({n: tuple(b.shape) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in HF_CHECKPOINT_BUFFERS})
-    return out
+    tensors = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    tensors.update({n: tuple(b.shape) for n, b in model.named_buffers()
+                    if n.rsplit(".", 1)[-1] in HF_CHECKPOINT_BUFFERS})
+    # the text model's rotary embeddings: one inv_freq buffer per distinct RoPE (Gemma 3: <layer type>_inv_freq),
+    # each of rotary width / 2 frequencies; the original_ copies are the same table's, the vision towers' not text
+    rotary = tuple(2 * b.shape[-1] for n, b in model.named_buffers() if n.endswith("inv_freq")
+                   and "original_inv_freq" not in n and "vision" not in n and "visual" not in n)
+    return tensors, rotary
+
+
+def hf_tensors(name: str) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of every tensor of the fixture's HF model: parameters once each (tied weights share one
+    Parameter, so named_parameters lists it once) plus HF_CHECKPOINT_BUFFERS."""
+    return _hf_model_facts(name)[0]
+
+
+def hf_rotary_widths(name: str) -> tuple[int, ...]:
+    """The rotary width (2 x inv_freq's length) of each RoPE table the fixture's HF text model holds; () for none."""
+    return _hf_model_facts(name)[1]

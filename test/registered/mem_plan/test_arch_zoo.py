@@ -20,7 +20,7 @@ import math
 import os
 import unittest
 
-from meta_model import FIXTURES, fixture_config, hf_config, hf_tensors
+from meta_model import FIXTURES, fixture_config, hf_config, hf_rotary_widths, hf_tensors
 
 from sglang.srt.mem_plan.layer_pools import split_kv_cell
 from sglang.srt.mem_plan.model_shapes import model_shape_from_config, model_shape_from_path
@@ -166,6 +166,34 @@ class TestArchZoo(unittest.TestCase):
                     self.assertEqual(cell.cell_bytes, per_layer * len(kinds))
                     self.assertEqual(full.cell_bytes, per_layer * kinds.count("full"))
                     self.assertEqual(pools.windowed_cell_bytes, per_layer * kinds.count("sliding"))
+
+    def test_rotary_width_equals_the_hf_rotary_embedding(self):
+        """The RoPE tables priced (rope_tables x [max_position_embeddings, rotary_dim]) are the ones HF's rotary
+        embedding holds: 2 x inv_freq's length per table (Gemma 3: one per RoPE base; MLA: qk_rope_head_dim)."""
+        for name in ZOO:
+            s = model_shape_from_path(os.path.join(FIXTURES, name))
+            widths = hf_rotary_widths(name)
+            with self.subTest(name):
+                self.assertEqual((s.text.rotary_dim,) * s.text.rope_tables, widths)
+                self.assertEqual(s.rope_cache_bytes(2), s.text.max_position_embeddings * sum(widths) * 2)
+
+    def test_partial_rotary_factor_as_transformers_reads_it(self):
+        """Phi-3's rotary embedding covers partial_rotary_factor of a head (Phi-4-mini publishes 0.75), from the
+        top-level key or rope_parameters; Llama's ignores the key."""
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+        variants = [("phi-4", dict(partial_rotary_factor=0.75), Phi3RotaryEmbedding),
+                    ("phi-4", dict(rope_parameters={"rope_type": "default", "rope_theta": 250000.0,
+                                                    "partial_rotary_factor": 0.5}), Phi3RotaryEmbedding),
+                    ("llama-3.1-8b", dict(partial_rotary_factor=0.5), LlamaRotaryEmbedding)]
+        for name, change, rotary in variants:
+            cfg = dict(fixture_config(name), **change)
+            with self.subTest(name, **change):
+                want = 2 * rotary(hf_config(cfg)).inv_freq.shape[-1]
+                self.assertEqual(model_shape_from_config(cfg).text.rotary_dim, want)
+        self.assertEqual(model_shape_from_config(dict(fixture_config("phi-4"), partial_rotary_factor=0.75))
+                         .text.rotary_dim, 96)
 
     def test_window_keys_as_transformers_reads_them(self):
         """Variants of published configs: Qwen2 / Qwen3 slide only with use_sliding_window, from max_window_layers on;

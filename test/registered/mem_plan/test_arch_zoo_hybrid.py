@@ -253,6 +253,18 @@ class TestHybridZoo(unittest.TestCase):
                 self.assertEqual(card["model_type"], ZOO[name].ARCHS[0].model_type)
                 self.assertEqual(card["plan"]["state_bytes_per_slot"], layers * per_layer)
 
+    def test_rotary_width_equals_the_hf_rotary_embedding(self):
+        """Qwen3-Next's full-attention layers rotate a quarter of each 256-wide head (64); Nemotron-H has no RoPE
+        (no rotary embedding in HF's model), so no table is priced."""
+        for name in ZOO:
+            _, model = hf_meta(name)
+            widths = tuple(2 * b.shape[-1] for n, b in model.named_buffers()
+                           if n.endswith("inv_freq") and "original" not in n)
+            text = ZOO[name].ARCHS[0].shape(fixture(name))
+            with self.subTest(name):
+                self.assertEqual((text.rotary_dim,) * text.rope_tables if text.rotary_dim else (), widths)
+        self.assertEqual(arch_qwen3_next.shape(fixture("qwen3-next-80b-a3b-instruct")).rotary_dim, 64)
+
     def test_refusals_name_what_is_missing(self):
         nemotron = fixture("nemotron-h-8b-base-8k")
         no_pattern = {k: v for k, v in nemotron.items() if k != "hybrid_override_pattern"}

@@ -12,7 +12,7 @@ import tempfile
 import unittest
 from functools import lru_cache
 
-from meta_model import FIXTURES, fixture_config, hf_config, hf_tensors
+from meta_model import FIXTURES, fixture_config, hf_config, hf_rotary_widths, hf_tensors
 
 from sglang.cli.plan import run
 from sglang.srt.mem_plan import arch_ernie, arch_glm4_moe, arch_gpt_oss, arch_llama4
@@ -198,6 +198,15 @@ class TestMoEZooAgainstHF(unittest.TestCase):
                                  config.attention_chunk_size if "chunked" in hf_kinds else 0)
                 self.assertEqual(text.attention_sinks, any(n.endswith("self_attn.sinks") for n in tensors))
         self.assertEqual(arch_llama4.ARCHS[0].shape(text_config("llama-4-scout-17b-16e")).kinds().count("chunked"), 36)
+
+    def test_rotary_width_equals_the_hf_rotary_embedding(self):
+        """GLM-4.5 rotates half of each head (partial_rotary_factor 0.5): its RoPE table is 64 wide, not 128;
+        the others the whole head. HF's rotary embedding: 2 x inv_freq's length."""
+        for name in ZOO:
+            s = model_shape_from_config(text_config(name))
+            with self.subTest(name):
+                self.assertEqual((s.text.rotary_dim,) * s.text.rope_tables, hf_rotary_widths(name))
+        self.assertEqual(model_shape_from_config(fixture_config("glm-4.5-air")).text.rotary_dim, 128 // 2)
 
     def test_kv_bytes_per_token_per_layer_kind(self):
         for name in ZOO:

@@ -10,14 +10,16 @@ E / ep routed experts of moe_intermediate_size / (tp / ep) columns (moe_sizes.ex
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from sglang.srt.mem_plan.arch_spec import WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
 from sglang.srt.mem_plan.specs import kv_heads_per_rank
+from sglang.srt.mem_plan.text_shape import TextShape
 
 _MISSING = object()
+REQUIRED = object()  # geometry(): the key has no transformers default for this architecture
 
 
 def cdiv(a: int, b: int) -> int:
@@ -42,6 +44,51 @@ def opt(cfg: dict, key: str, default: Any) -> Any:
 def checkpoint_dtype(cfg: dict) -> str:
     """The checkpoint dtype (config.json torch_dtype; transformers 5 writes dtype); bfloat16 when neither is given."""
     return canonical_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+
+
+def geometry(cfg: dict, *, kv_heads=REQUIRED, head_dim=None, vocab=REQUIRED, intermediate=REQUIRED,
+             max_position_embeddings=REQUIRED, tied: bool = False) -> dict:
+    """The geometry every decoder shares, read from config.json once: hidden, heads and layers (required) and, for
+    the keys below, the architecture's transformers default when the key is absent or null (REQUIRED: refused when
+    absent). kv_heads None: = num_attention_heads; head_dim None: hidden_size // num_attention_heads."""
+    hidden, heads = need(cfg, "hidden_size"), need(cfg, "num_attention_heads")
+
+    def read(key: str, default):
+        return need(cfg, key) if default is REQUIRED else opt(cfg, key, default)
+
+    return dict(hidden=hidden, heads=heads, layers=need(cfg, "num_hidden_layers"),
+                kv_heads=read("num_key_value_heads", heads if kv_heads is None else kv_heads),
+                head_dim=read("head_dim", hidden // heads if head_dim is None else head_dim),
+                vocab=read("vocab_size", vocab), intermediate=read("intermediate_size", intermediate),
+                max_positions=read("max_position_embeddings", max_position_embeddings),
+                tied=bool(opt(cfg, "tie_word_embeddings", tied)))
+
+
+def text_shape(model_type: str, cfg: dict, g: dict, *, rotary_dim: int, **own) -> TextShape:
+    """The TextShape of a geometry() dict (the fields every family shares), the architecture's rotary width and its
+    own fields (layer kinds, experts, MLA, state)."""
+    return TextShape(model_type=model_type, architectures=tuple(cfg.get("architectures") or ()),
+                     num_layers=g["layers"], hidden_size=g["hidden"], num_q_heads=g["heads"],
+                     num_kv_heads=g["kv_heads"], head_dim=g["head_dim"], vocab_size=g["vocab"],
+                     intermediate_size=g["intermediate"], max_position_embeddings=g["max_positions"],
+                     tie_word_embeddings=g["tied"], dtype=checkpoint_dtype(cfg), rotary_dim=rotary_dim, **own)
+
+
+def rotary_dim(cfg: dict, head_dim: int, default_factor: Optional[float] = None) -> int:
+    """Rotary width of a head as transformers' rotary embedding builds it: int(head_dim x partial_rotary_factor)
+    where the RoPE reads the factor, else the whole head. An architecture's own default RoPE reads it when
+    default_factor is given (its config class's default: Phi-3 1.0, GLM-4.5 0.5, Qwen3-Next 0.25); any other
+    rope_type (llama3, yarn, linear ...: transformers' shared init functions) reads it always. The factor: from
+    rope_parameters (rope_scaling, its older name), else the top-level key, else the default, the priority
+    transformers' convert_rope_params_to_dict gives them."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if default_factor is None and rope_type == "default":
+        return head_dim
+    factor = rope.get("partial_rotary_factor")
+    if factor is None:
+        factor = opt(cfg, "partial_rotary_factor", 1.0 if default_factor is None else default_factor)
+    return int(head_dim * factor)
 
 
 def embeddings(vocab: int, hidden: int, tied: bool, tp: int, prefix: str = "model") -> list[WeightGroup]:
@@ -115,6 +162,23 @@ def routed_experts(sparse_layers: int, num_experts: int, hidden: int, moe_interm
                expert=True)
 
 
+def fused_experts(sparse_layers: int, num_experts: int, hidden: int, moe_intermediate: int, tp: int, ep: int, *,
+                  prefix: str, biases: bool = False) -> list[WeightGroup]:
+    """Routed experts a checkpoint stores fused over the experts (gpt-oss, Llama 4: experts.gate_up_proj
+    [E, H, 2I] and experts.down_proj [E, I, H], + gate_up_proj_bias / down_proj_bias with biases), declared per
+    expert as [out, in] slices, `count` = layers x experts this rank holds."""
+    if ep == 1:
+        held, cols = num_experts, cdiv(moe_intermediate, tp)
+    else:
+        held, cols = expert_shard_of_rank(num_experts, moe_intermediate, tp, ep)
+    g = lambda name, shape, **kw: WeightGroup("moe_experts", f"{prefix}.{name}", shape, sparse_layers * held,  # noqa
+                                              expert=True, **kw)
+    out = [g("gate_up_proj", (2 * cols, hidden), linear=True), g("down_proj", (hidden, cols), linear=True)]
+    if biases:
+        out += [g("gate_up_proj_bias", (2 * cols,)), g("down_proj_bias", (hidden,))]
+    return out
+
+
 def router(sparse_layers: int, num_experts: int, hidden: int, *, module: str = "model.layers.*.mlp.gate",
            bias_name: str = "") -> list[WeightGroup]:
     """The router's [E, H] weight (replicated, kept dense by every format), and a per-expert bias when named."""
@@ -122,6 +186,18 @@ def router(sparse_layers: int, num_experts: int, hidden: int, *, module: str = "
     if bias_name:
         out.append(WeightGroup("moe_router", f"{module}.{bias_name}", (num_experts,), sparse_layers))
     return out
+
+
+def shared_expert_moe(layers: int, sparse: int, experts: int, hidden: int, intermediate: int, moe_intermediate: int,
+                      shared: int, tp: int, ep: int, *, router_bias: str = "") -> list[WeightGroup]:
+    """DeepSeek's feed-forward layout (DeepSeek, GLM-4.5, ERNIE 4.5): a dense MLP in the layers - sparse first ones,
+    and in each sparse layer routed experts, `shared` shared experts run as one MLP of shared x moe_intermediate
+    (mlp.shared_experts) and the router (mlp.gate, with its bias when router_bias names it)."""
+    return (mlp(layers - sparse, hidden, intermediate, tp)
+            + routed_experts(sparse, experts, hidden, moe_intermediate, tp, ep)
+            + mlp(sparse, hidden, shared * moe_intermediate, tp, prefix="model.layers.*.mlp.shared_experts",
+                  component="moe_experts")
+            + router(sparse, experts, hidden, bias_name=router_bias))
 
 
 def norms(layers: int, hidden: int, names: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers' defaults (DeepseekV2Config / DeepseekV3Config) for keys a published config may omit
 DEFAULTS = {
@@ -26,18 +25,16 @@ DEFAULTS = {
 
 def _geometry(cfg: dict, model_type: str) -> dict:
     d = DEFAULTS[model_type]
-    layers = C.need(cfg, "num_hidden_layers")
+    # MLA's KV is the latent, not heads: num_key_value_heads and head_dim are what every MLA term ignores
+    g = C.geometry(cfg, kv_heads=None, max_position_embeddings=d["max_position_embeddings"])
     experts = C.need(cfg, "n_routed_experts")
     first, freq = C.opt(cfg, "first_k_dense_replace", d["first_k_dense_replace"]), C.opt(cfg, "moe_layer_freq", 1)
     return dict(
-        hidden=C.need(cfg, "hidden_size"), heads=C.need(cfg, "num_attention_heads"), layers=layers,
-        vocab=C.need(cfg, "vocab_size"), intermediate=C.need(cfg, "intermediate_size"),
-        tied=bool(C.opt(cfg, "tie_word_embeddings", False)),
-        q_lora=cfg.get("q_lora_rank", d["q_lora_rank"]) or 0,  # present and null: no q compression (V2-Lite)
+        g, q_lora=cfg.get("q_lora_rank", d["q_lora_rank"]) or 0,  # present and null: no q compression (V2-Lite)
         kv_lora=C.need(cfg, "kv_lora_rank"), nope=C.need(cfg, "qk_nope_head_dim"), rope=C.need(cfg, "qk_rope_head_dim"),
         v=C.need(cfg, "v_head_dim"), experts=experts, moe_intermediate=C.need(cfg, "moe_intermediate_size"),
         shared=C.opt(cfg, "n_shared_experts", d["n_shared_experts"]), bias=bool(cfg.get("attention_bias", False)),
-        sparse=tuple(i for i in range(layers) if i >= first and i % freq == 0) if experts else (),
+        sparse=tuple(i for i in range(g["layers"]) if i >= first and i % freq == 0) if experts else (),
     )
 
 
@@ -66,31 +63,19 @@ def _weights(model_type: str):
         g = _geometry(cfg, model_type)
         H, L, S = g["hidden"], g["layers"], len(g["sparse"])
         out = (C.embeddings(g["vocab"], H, g["tied"], tp) + mla_attention(g, tp)
-               + C.mlp(L - S, H, g["intermediate"], tp)
-               + C.routed_experts(S, g["experts"], H, g["moe_intermediate"], tp, ep)
-               + C.mlp(S, H, g["shared"] * g["moe_intermediate"], tp, prefix="model.layers.*.mlp.shared_experts",
-                       component="moe_experts")
-               + C.router(S, g["experts"], H, bias_name="e_score_correction_bias" if model_type == "deepseek_v3"
-                          else ""))
+               + C.shared_expert_moe(L, S, g["experts"], H, g["intermediate"], g["moe_intermediate"], g["shared"], tp,
+                                     ep, router_bias="e_score_correction_bias" if model_type == "deepseek_v3" else ""))
         return tuple(out + C.norms(L, H))
     return weights
 
 
 def _shape(model_type: str):
-    def shape(cfg: dict) -> TextShape:
+    def shape(cfg: dict):
         g = _geometry(cfg, model_type)
         moe = bool(g["sparse"])
-        return TextShape(
-            model_type=model_type, architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-            hidden_size=g["hidden"], num_q_heads=g["heads"],
-            # MLA's KV is the latent, not heads: these two are what every MLA term ignores (kept as before)
-            num_kv_heads=C.opt(cfg, "num_key_value_heads", g["heads"]),
-            head_dim=C.opt(cfg, "head_dim", g["hidden"] // g["heads"]),
-            vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-            max_position_embeddings=C.opt(cfg, "max_position_embeddings",
-                                          DEFAULTS[model_type]["max_position_embeddings"]),
-            tie_word_embeddings=g["tied"], dtype=C.checkpoint_dtype(cfg),
-            num_experts=g["experts"] if moe else 0, num_experts_per_tok=C.need(cfg, "num_experts_per_tok") if moe else 0,
+        return C.text_shape(
+            model_type, cfg, g, rotary_dim=g["rope"], num_experts=g["experts"] if moe else 0,
+            num_experts_per_tok=C.need(cfg, "num_experts_per_tok") if moe else 0,
             moe_intermediate_size=g["moe_intermediate"] if moe else 0, num_shared_experts=g["shared"] if moe else 0,
             router_bias=moe and model_type == "deepseek_v3", sparse_layers=g["sparse"], kv_lora_rank=g["kv_lora"],
             q_lora_rank=g["q_lora"], qk_nope_head_dim=g["nope"], qk_rope_head_dim=g["rope"], v_head_dim=g["v"])

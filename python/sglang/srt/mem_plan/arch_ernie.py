@@ -5,14 +5,14 @@ moe_layer_start_index <= i <= moe_layer_end_index and (i + 1) % moe_layer_interv
 experts of moe_intermediate_size, moe_num_shared_experts shared experts run as one MLP of moe_num_shared_experts x
 moe_intermediate_size, a router (mlp.gate) and the router's score-correction bias
 (mlp.moe_statics.e_score_correction_bias, [1, E]). use_bias puts a bias on every attention and MLP projection,
-experts included: false in every published config, and refused when true. Every layer is full attention. Embeddings tied by default.
+experts included: false in every published config, and refused when true. Every layer is full attention.
+Embeddings tied by default.
 """
 
 from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers' Ernie4_5_MoeConfig defaults (5.x), for keys a config leaves out
 MOE_LAYER_START_INDEX_DEFAULT = 1
@@ -31,17 +31,13 @@ def _sparse_layers(cfg: dict, layers: int) -> tuple[int, ...]:
 
 
 def _geometry(cfg: dict) -> dict:
-    hidden, heads, layers = C.need(cfg, "hidden_size"), C.need(cfg, "num_attention_heads"), C.need(cfg, "num_hidden_layers")
     if C.opt(cfg, "use_bias", False):
         raise ValueError("config.json (model_type 'ernie4_5_moe'): use_bias true (a bias on every projection) is not "
                          "a shape the planner knows; every published ERNIE 4.5 MoE has use_bias false")
-    return dict(hidden=hidden, heads=heads, layers=layers, kv_heads=C.need(cfg, "num_key_value_heads"),
-                head_dim=C.opt(cfg, "head_dim", hidden // heads), vocab=C.need(cfg, "vocab_size"),
-                intermediate=C.need(cfg, "intermediate_size"), experts=C.need(cfg, "moe_num_experts"),
-                moe_intermediate=C.need(cfg, "moe_intermediate_size"),
+    g = C.geometry(cfg, tied=TIE_WORD_EMBEDDINGS_DEFAULT)
+    return dict(g, experts=C.need(cfg, "moe_num_experts"), moe_intermediate=C.need(cfg, "moe_intermediate_size"),
                 shared=C.opt(cfg, "moe_num_shared_experts", MOE_NUM_SHARED_EXPERTS_DEFAULT),
-                sparse=_sparse_layers(cfg, layers),
-                tied=bool(C.opt(cfg, "tie_word_embeddings", TIE_WORD_EMBEDDINGS_DEFAULT)))
+                sparse=_sparse_layers(cfg, g["layers"]))
 
 
 def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
@@ -50,24 +46,16 @@ def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
     statics = WeightGroup("moe_router", "model.layers.*.mlp.moe_statics.e_score_correction_bias", (1, E), S)
     return tuple(C.embeddings(g["vocab"], H, g["tied"], tp)
                  + C.attention(L, H, g["heads"], g["kv_heads"], g["head_dim"], tp)
-                 + C.mlp(L - S, H, g["intermediate"], tp)
-                 + C.routed_experts(S, E, H, g["moe_intermediate"], tp, ep)
-                 + C.mlp(S, H, g["shared"] * g["moe_intermediate"], tp, prefix="model.layers.*.mlp.shared_experts",
-                         component="moe_experts")
-                 + C.router(S, E, H) + [statics]
-                 + C.norms(L, H))
+                 + C.shared_expert_moe(L, S, E, H, g["intermediate"], g["moe_intermediate"], g["shared"], tp, ep)
+                 + [statics] + C.norms(L, H))
 
 
-def shape(cfg: dict) -> TextShape:
+def shape(cfg: dict):
     g = _geometry(cfg)
-    return TextShape(
-        model_type="ernie4_5_moe", architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-        hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-        vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-        max_position_embeddings=C.need(cfg, "max_position_embeddings"), tie_word_embeddings=g["tied"],
-        dtype=C.checkpoint_dtype(cfg), num_experts=g["experts"], num_experts_per_tok=C.need(cfg, "moe_k"),
-        moe_intermediate_size=g["moe_intermediate"], num_shared_experts=g["shared"], router_bias=True,
-        sparse_layers=g["sparse"])
+    return C.text_shape(
+        "ernie4_5_moe", cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"]), num_experts=g["experts"],
+        num_experts_per_tok=C.need(cfg, "moe_k"), moe_intermediate_size=g["moe_intermediate"],
+        num_shared_experts=g["shared"], router_bias=True, sparse_layers=g["sparse"])
 
 
 ARCHS = (ArchSpec("ernie4_5_moe", "moe", weights, shape, served=False),)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.text_shape import TextShape
 
 DEFAULTS = {
     "gemma2": dict(vocab_size=256000, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192, pattern=2),
@@ -25,11 +24,9 @@ NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layerno
 
 def _geometry(cfg: dict, model_type: str) -> dict:
     d = DEFAULTS[model_type]
-    return dict(hidden=C.need(cfg, "hidden_size"), heads=C.need(cfg, "num_attention_heads"),
-                layers=C.need(cfg, "num_hidden_layers"), intermediate=C.need(cfg, "intermediate_size"),
-                kv_heads=C.opt(cfg, "num_key_value_heads", d["num_key_value_heads"]),
-                head_dim=C.opt(cfg, "head_dim", d["head_dim"]), vocab=C.opt(cfg, "vocab_size", d["vocab_size"]),
-                tied=bool(C.opt(cfg, "tie_word_embeddings", True)), bias=bool(cfg.get("attention_bias", False)))
+    return dict(C.geometry(cfg, kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"], vocab=d["vocab_size"],
+                           max_position_embeddings=d["max_position_embeddings"], tied=True),
+                bias=bool(cfg.get("attention_bias", False)))
 
 
 def layer_kinds(cfg: dict, model_type: str, n: int) -> tuple[tuple[str, ...], int]:
@@ -44,6 +41,16 @@ def layer_kinds(cfg: dict, model_type: str, n: int) -> tuple[tuple[str, ...], in
     return kinds, (window if "sliding" in kinds else 0)
 
 
+def rope_tables(cfg: dict, model_type: str) -> int:
+    """Gemma 3's local (sliding) layers rotate with their own base (rope_local_base_freq, or rope_parameters'
+    sliding_attention entry) beside the global layers' rope_theta: two tables when the model has both kinds of
+    layer (Gemma3RotaryEmbedding holds one inv_freq per layer type). Gemma 2: one RoPE for every layer."""
+    if model_type != "gemma3_text":
+        return 1
+    kinds, _ = layer_kinds(cfg, model_type, C.need(cfg, "num_hidden_layers"))
+    return len(set(kinds))
+
+
 def _weights(model_type: str):
     def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
         g = _geometry(cfg, model_type)
@@ -56,17 +63,13 @@ def _weights(model_type: str):
 
 
 def _shape(model_type: str):
-    def shape(cfg: dict) -> TextShape:
+    def shape(cfg: dict):
         g = _geometry(cfg, model_type)
         kinds, window = layer_kinds(cfg, model_type, g["layers"])
-        return TextShape(
-            model_type=model_type, architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-            hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-            vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-            max_position_embeddings=C.opt(cfg, "max_position_embeddings",
-                                          DEFAULTS[model_type]["max_position_embeddings"]),
-            tie_word_embeddings=g["tied"], dtype=C.checkpoint_dtype(cfg), qkv_bias=g["bias"], o_bias=g["bias"],
-            qk_norm=model_type == "gemma3_text", layer_kinds=C.uniform_kinds(kinds), sliding_window=window)
+        return C.text_shape(model_type, cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"]),
+                            rope_tables=rope_tables(cfg, model_type),
+                            qkv_bias=g["bias"], o_bias=g["bias"], qk_norm=model_type == "gemma3_text",
+                            layer_kinds=C.uniform_kinds(kinds), sliding_window=window)
     return shape
 
 

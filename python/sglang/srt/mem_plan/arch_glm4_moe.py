@@ -17,26 +17,21 @@ from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers' Glm4MoeConfig defaults (5.x), for keys a config leaves out
 ATTENTION_BIAS_DEFAULT = False
 USE_QK_NORM_DEFAULT = False
 N_SHARED_EXPERTS_DEFAULT = 1
+PARTIAL_ROTARY_FACTOR_DEFAULT = 0.5  # rotary on the first half of each head (Glm4MoeRotaryEmbedding)
 
 
 def _geometry(cfg: dict) -> dict:
-    hidden, heads, layers = C.need(cfg, "hidden_size"), C.need(cfg, "num_attention_heads"), C.need(cfg, "num_hidden_layers")
-    first_dense = C.need(cfg, "first_k_dense_replace")
-    return dict(hidden=hidden, heads=heads, layers=layers, kv_heads=C.need(cfg, "num_key_value_heads"),
-                head_dim=C.opt(cfg, "head_dim", hidden // heads), vocab=C.need(cfg, "vocab_size"),
-                intermediate=C.need(cfg, "intermediate_size"), experts=C.need(cfg, "n_routed_experts"),
-                moe_intermediate=C.need(cfg, "moe_intermediate_size"),
+    g = C.geometry(cfg)
+    return dict(g, experts=C.need(cfg, "n_routed_experts"), moe_intermediate=C.need(cfg, "moe_intermediate_size"),
                 shared=C.opt(cfg, "n_shared_experts", N_SHARED_EXPERTS_DEFAULT),
-                sparse=tuple(range(first_dense, layers)),
+                sparse=tuple(range(C.need(cfg, "first_k_dense_replace"), g["layers"])),
                 bias=bool(C.opt(cfg, "attention_bias", ATTENTION_BIAS_DEFAULT)),
-                qk_norm=bool(C.opt(cfg, "use_qk_norm", USE_QK_NORM_DEFAULT)),
-                tied=bool(C.opt(cfg, "tie_word_embeddings", False)))
+                qk_norm=bool(C.opt(cfg, "use_qk_norm", USE_QK_NORM_DEFAULT)))
 
 
 def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
@@ -45,22 +40,16 @@ def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
     return tuple(C.embeddings(g["vocab"], H, g["tied"], tp)
                  + C.attention(L, H, g["heads"], g["kv_heads"], g["head_dim"], tp, qkv_bias=g["bias"],
                                qk_norm="head" if g["qk_norm"] else "")
-                 + C.mlp(L - S, H, g["intermediate"], tp)
-                 + C.routed_experts(S, g["experts"], H, g["moe_intermediate"], tp, ep)
-                 + C.mlp(S, H, g["shared"] * g["moe_intermediate"], tp, prefix="model.layers.*.mlp.shared_experts",
-                         component="moe_experts")
-                 + C.router(S, g["experts"], H, bias_name="e_score_correction_bias")
+                 + C.shared_expert_moe(L, S, g["experts"], H, g["intermediate"], g["moe_intermediate"], g["shared"],
+                                       tp, ep, router_bias="e_score_correction_bias")
                  + C.norms(L, H))
 
 
-def shape(cfg: dict) -> TextShape:
+def shape(cfg: dict):
     g = _geometry(cfg)
-    return TextShape(
-        model_type="glm4_moe", architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-        hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-        vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-        max_position_embeddings=C.need(cfg, "max_position_embeddings"), tie_word_embeddings=g["tied"],
-        dtype=C.checkpoint_dtype(cfg), qkv_bias=g["bias"], qk_norm=g["qk_norm"], num_experts=g["experts"],
+    return C.text_shape(
+        "glm4_moe", cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"], PARTIAL_ROTARY_FACTOR_DEFAULT),
+        qkv_bias=g["bias"], qk_norm=g["qk_norm"], num_experts=g["experts"],
         num_experts_per_tok=C.need(cfg, "num_experts_per_tok"), moe_intermediate_size=g["moe_intermediate"],
         num_shared_experts=g["shared"], router_bias=True, sparse_layers=g["sparse"])
 

@@ -20,9 +20,6 @@ from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
 from sglang.srt.mem_plan.text_shape import TextShape
 
-_NO_KEY = object()
-
-
 @dataclass(frozen=True)
 class Dense:
     """What distinguishes one dense architecture from another (weights and layer kinds)."""
@@ -38,15 +35,13 @@ class Dense:
     fused: bool = False  # qkv_proj + gate_up_proj (Phi-3)
     layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     kinds: Callable[[dict, int], tuple[tuple[str, ...], int]] = lambda cfg, n: ((), 0)  # -> (layer kinds, window)
+    # (cfg, head_dim) -> rotary width (arch_common.rotary_dim: which RoPEs read partial_rotary_factor)
+    rotary_dim: Callable[[dict, int], int] = lambda cfg, head_dim: C.rotary_dim(cfg, head_dim)
 
 
 def geometry(cfg: dict, d: Dense) -> dict:
-    hidden, heads = C.need(cfg, "hidden_size"), C.need(cfg, "num_attention_heads")
-    return dict(hidden=hidden, heads=heads, layers=C.need(cfg, "num_hidden_layers"),
-                kv_heads=C.opt(cfg, "num_key_value_heads", d.num_key_value_heads or heads),
-                head_dim=C.opt(cfg, "head_dim", d.head_dim or hidden // heads), vocab=C.need(cfg, "vocab_size"),
-                intermediate=C.need(cfg, "intermediate_size"),
-                tied=bool(C.opt(cfg, "tie_word_embeddings", d.tie_word_embeddings)))
+    return C.geometry(cfg, kv_heads=d.num_key_value_heads, head_dim=d.head_dim,
+                      max_position_embeddings=d.max_position_embeddings, tied=d.tie_word_embeddings)
 
 
 def dense_weights(d: Dense) -> Callable[[dict, int, int], tuple[WeightGroup, ...]]:
@@ -66,14 +61,9 @@ def dense_shape(d: Dense, model_type: str) -> Callable[[dict], TextShape]:
     def shape(cfg: dict) -> TextShape:
         g = geometry(cfg, d)
         kinds, window = d.kinds(cfg, g["layers"])
-        return TextShape(
-            model_type=model_type, architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-            hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-            vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-            max_position_embeddings=C.opt(cfg, "max_position_embeddings", d.max_position_embeddings),
-            tie_word_embeddings=g["tied"], dtype=C.checkpoint_dtype(cfg), qkv_bias=d.qkv_bias(cfg),
-            o_bias=d.o_bias(cfg), qk_norm=bool(d.qk_norm), layer_kinds=C.uniform_kinds(kinds),
-            sliding_window=window if "sliding" in kinds else 0)
+        return C.text_shape(model_type, cfg, g, rotary_dim=d.rotary_dim(cfg, g["head_dim"]),
+                            qkv_bias=d.qkv_bias(cfg), o_bias=d.o_bias(cfg), qk_norm=bool(d.qk_norm),
+                            layer_kinds=C.uniform_kinds(kinds), sliding_window=window if "sliding" in kinds else 0)
     return shape
 
 
@@ -120,7 +110,8 @@ MINISTRAL = Dense(max_position_embeddings=4096 * 32, num_key_value_heads=8, qkv_
                   o_bias=lambda cfg: False, mlp_bias=lambda cfg: False, kinds=ministral_kinds)
 GRANITE = Dense(max_position_embeddings=2048)
 PHI3 = Dense(max_position_embeddings=4096, qkv_bias=lambda cfg: False, o_bias=lambda cfg: False,
-             mlp_bias=lambda cfg: False, fused=True, kinds=window_on_every_layer(None))
+             mlp_bias=lambda cfg: False, fused=True, kinds=window_on_every_layer(None),
+             rotary_dim=lambda cfg, head_dim: C.rotary_dim(cfg, head_dim, 1.0))  # Phi3Config's default
 OLMO2 = Dense(max_position_embeddings=2048, mlp_bias=lambda cfg: False, qk_norm="full",
               layer_norms=("post_attention_layernorm", "post_feedforward_layernorm"))
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers' Llama4TextConfig defaults (5.x), for keys a config leaves out
 INTERLEAVE_MOE_LAYER_STEP_DEFAULT = 1
@@ -54,30 +52,23 @@ def layer_kinds(cfg: dict) -> tuple[str, ...]:
 
 
 def _geometry(cfg: dict) -> dict:
-    hidden, heads, layers = C.need(cfg, "hidden_size"), C.need(cfg, "num_attention_heads"), C.need(cfg, "num_hidden_layers")
+    """intermediate: the dense layers' MLP (intermediate_size_mlp; 0 when every layer is MoE); the experts' is
+    config.json's intermediate_size."""
     sparse = moe_layers(cfg)
-    return dict(hidden=hidden, heads=heads, layers=layers, kv_heads=C.need(cfg, "num_key_value_heads"),
-                head_dim=C.opt(cfg, "head_dim", hidden // heads), vocab=C.need(cfg, "vocab_size"),
-                dense_intermediate=C.need(cfg, "intermediate_size_mlp") if len(sparse) < layers else 0,
+    g = C.geometry(cfg, intermediate=0, max_position_embeddings=MAX_POSITION_EMBEDDINGS_DEFAULT)
+    return dict(g, intermediate=C.need(cfg, "intermediate_size_mlp") if len(sparse) < g["layers"] else 0,
                 experts=C.need(cfg, "num_local_experts"), moe_intermediate=C.need(cfg, "intermediate_size"),
-                sparse=sparse, bias=bool(C.opt(cfg, "attention_bias", False)),
-                tied=bool(C.opt(cfg, "tie_word_embeddings", False)))
+                sparse=sparse, bias=bool(C.opt(cfg, "attention_bias", False)))
 
 
 def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
     g = _geometry(cfg)
     H, L, S, E = g["hidden"], g["layers"], len(g["sparse"]), g["experts"]
-    if ep == 1:
-        held, cols = E, C.cdiv(g["moe_intermediate"], tp)
-    else:
-        held, cols = expert_shard_of_rank(E, g["moe_intermediate"], tp, ep)
-    x = "model.layers.*.feed_forward.experts"
-    experts = [WeightGroup("moe_experts", f"{x}.gate_up_proj", (2 * cols, H), S * held, linear=True, expert=True),
-               WeightGroup("moe_experts", f"{x}.down_proj", (H, cols), S * held, linear=True, expert=True)]
+    experts = C.fused_experts(S, E, H, g["moe_intermediate"], tp, ep, prefix="model.layers.*.feed_forward.experts")
     return tuple(C.embeddings(g["vocab"], H, g["tied"], tp)
                  + C.attention(L, H, g["heads"], g["kv_heads"], g["head_dim"], tp, qkv_bias=g["bias"],
                                o_bias=g["bias"])
-                 + C.mlp(L - S, H, g["dense_intermediate"], tp, prefix="model.layers.*.feed_forward")
+                 + C.mlp(L - S, H, g["intermediate"], tp, prefix="model.layers.*.feed_forward")
                  + experts
                  + C.mlp(S, H, g["moe_intermediate"], tp, prefix="model.layers.*.feed_forward.shared_expert",
                          component="moe_experts")
@@ -85,15 +76,12 @@ def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
                  + C.norms(L, H))
 
 
-def shape(cfg: dict) -> TextShape:
+def shape(cfg: dict):
     g = _geometry(cfg)
     kinds = layer_kinds(cfg)
-    return TextShape(
-        model_type="llama4_text", architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-        hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-        vocab_size=g["vocab"], intermediate_size=g["dense_intermediate"],
-        max_position_embeddings=C.opt(cfg, "max_position_embeddings", MAX_POSITION_EMBEDDINGS_DEFAULT),
-        tie_word_embeddings=g["tied"], dtype=C.checkpoint_dtype(cfg), qkv_bias=g["bias"], o_bias=g["bias"],
+    # the NoPE layers rotate nothing; the chunked ones the whole head (Llama4TextRotaryEmbedding: one table)
+    return C.text_shape(
+        "llama4_text", cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"]), qkv_bias=g["bias"], o_bias=g["bias"],
         num_experts=g["experts"], num_experts_per_tok=C.need(cfg, "num_experts_per_tok"),
         moe_intermediate_size=g["moe_intermediate"], num_shared_experts=1, sparse_layers=g["sparse"],
         layer_kinds=C.uniform_kinds(kinds), attention_chunk_size=_chunk(cfg) if "chunked" in kinds else 0)

@@ -49,7 +49,6 @@ from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, StateTensor, WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers 5.24 NemotronHConfig's defaults, used only when config.json omits the key (head_dim: NVIDIA's
 # config.json writes attention_head_dim, which is read first; the tensors have that width).
@@ -188,21 +187,20 @@ def state_tensors(cfg: dict) -> tuple[StateTensor, ...]:
             StateTensor("ssm", heads, hd * n, ssm))
 
 
-def shape(cfg: dict) -> TextShape:
+def shape(cfg: dict):
     layers = decoder_layers(blocks(cfg))
     kinds = tuple(mixer for mixer, _ in layers)
     sparse = tuple(i for i, (_, ffn) in enumerate(layers) if "moe" in ffn)
     moe = dict(num_experts=_get(cfg, "n_routed_experts"), num_experts_per_tok=_get(cfg, "num_experts_per_tok"),
                moe_intermediate_size=_get(cfg, "moe_intermediate_size"), router_bias=True,
                shared_expert_intermediate_size=_get(cfg, "moe_shared_expert_intermediate_size")) if sparse else {}
-    return TextShape(
-        model_type="nemotron_h", architectures=tuple(cfg.get("architectures") or ()), num_layers=len(kinds),
-        hidden_size=C.need(cfg, "hidden_size"), num_q_heads=_get(cfg, "num_attention_heads"),
-        num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
-        vocab_size=C.need(cfg, "vocab_size"), intermediate_size=_get(cfg, "intermediate_size"),
-        max_position_embeddings=_get(cfg, "max_position_embeddings"),
-        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings")), dtype=C.checkpoint_dtype(cfg),
-        layer_kinds=kinds, state_tensors=state_tensors(cfg), sparse_layers=sparse, **moe)
+    g = dict(layers=len(kinds), hidden=C.need(cfg, "hidden_size"), heads=_get(cfg, "num_attention_heads"),
+             kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"), vocab=C.need(cfg, "vocab_size"),
+             intermediate=_get(cfg, "intermediate_size"), max_positions=_get(cfg, "max_position_embeddings"),
+             tied=bool(_get(cfg, "tie_word_embeddings")))
+    # no RoPE: NemotronHAttention takes no position embeddings (position comes from the Mamba blocks)
+    return C.text_shape("nemotron_h", cfg, g, rotary_dim=0, layer_kinds=kinds, state_tensors=state_tensors(cfg),
+                        sparse_layers=sparse, **moe)
 
 
 ARCHS = (ArchSpec("nemotron_h", "state-space", weights, shape, served=False),)

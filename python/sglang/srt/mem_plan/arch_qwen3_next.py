@@ -40,7 +40,6 @@ from dataclasses import replace
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, StateTensor, WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers 5.24 Qwen3NextConfig's defaults, used only when config.json omits the key.
 DEFAULTS = dict(num_key_value_heads=2, head_dim=256, intermediate_size=5632, max_position_embeddings=32768,
@@ -50,6 +49,7 @@ DEFAULTS = dict(num_key_value_heads=2, head_dim=256, intermediate_size=5632, max
                 num_experts_per_tok=10, num_experts=512, full_attention_interval=4)
 # Upstream SGLang's default dtype of the recurrent (temporal) state when config.json has no mamba_ssm_dtype.
 DEFAULT_SSM_STATE_DTYPE = "float32"
+PARTIAL_ROTARY_FACTOR_DEFAULT = 0.25  # Qwen3NextConfig: rotary on the first quarter of each full-attention head
 
 LINEAR = "model.layers.*.linear_attn"
 
@@ -130,16 +130,14 @@ def state_tensors(cfg: dict) -> tuple[StateTensor, ...]:
             StateTensor("recurrent", nv, dk * dv, ssm))
 
 
-def shape(cfg: dict) -> TextShape:
+def shape(cfg: dict):
     sparse = sparse_layers(cfg)
-    return TextShape(
-        model_type="qwen3_next", architectures=tuple(cfg.get("architectures") or ()),
-        num_layers=C.need(cfg, "num_hidden_layers"), hidden_size=C.need(cfg, "hidden_size"),
-        num_q_heads=C.need(cfg, "num_attention_heads"), num_kv_heads=_get(cfg, "num_key_value_heads"),
-        head_dim=_get(cfg, "head_dim"), vocab_size=C.need(cfg, "vocab_size"),
-        intermediate_size=_get(cfg, "intermediate_size"),
-        max_position_embeddings=_get(cfg, "max_position_embeddings"),
-        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings")), dtype=C.checkpoint_dtype(cfg),
+    d = DEFAULTS
+    g = C.geometry(cfg, kv_heads=d["num_key_value_heads"], head_dim=d["head_dim"],
+                   intermediate=d["intermediate_size"], max_position_embeddings=d["max_position_embeddings"],
+                   tied=d["tie_word_embeddings"])
+    return C.text_shape(
+        "qwen3_next", cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"], PARTIAL_ROTARY_FACTOR_DEFAULT),
         qkv_bias=bool(_get(cfg, "attention_bias")), o_bias=bool(_get(cfg, "attention_bias")), qk_norm=True,
         num_experts=_get(cfg, "num_experts") if sparse else 0,
         num_experts_per_tok=_get(cfg, "num_experts_per_tok") if sparse else 0,

@@ -15,7 +15,6 @@ from __future__ import annotations
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_llama import window_on_every_layer
 from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
-from sglang.srt.mem_plan.text_shape import TextShape
 
 # transformers' defaults (Qwen2MoeConfig, Qwen3MoeConfig, MixtralConfig) for keys a published config may omit
 DEFAULTS = {
@@ -63,15 +62,12 @@ def qwen3_moe_kinds(cfg: dict, n: int):
 
 def _geometry(cfg: dict, model_type: str) -> dict:
     d = DEFAULTS[model_type]
-    hidden, heads = C.need(cfg, "hidden_size"), C.need(cfg, "num_attention_heads")
-    layers = C.need(cfg, "num_hidden_layers")
     mixtral = model_type == "mixtral"
+    g = C.geometry(cfg, kv_heads=d["num_key_value_heads"], max_position_embeddings=d["max_position_embeddings"])
     return dict(
-        hidden=hidden, heads=heads, layers=layers, kv_heads=C.opt(cfg, "num_key_value_heads", d["num_key_value_heads"]),
-        head_dim=C.opt(cfg, "head_dim", hidden // heads), vocab=C.need(cfg, "vocab_size"),
-        intermediate=C.need(cfg, "intermediate_size"), tied=bool(C.opt(cfg, "tie_word_embeddings", False)),
+        g,
         experts=num_experts(cfg, model_type),
-        sparse=sparse_layers(cfg, model_type, layers) if num_experts(cfg, model_type) else (),
+        sparse=sparse_layers(cfg, model_type, g["layers"]) if num_experts(cfg, model_type) else (),
         moe_intermediate=C.need(cfg, "intermediate_size" if mixtral else "moe_intermediate_size"),
         shared=C.opt(cfg, "shared_expert_intermediate_size", d["shared_expert_intermediate_size"]),
         qkv_bias=(bool(C.opt(cfg, "qkv_bias", True)) if model_type == "qwen2_moe"
@@ -105,17 +101,12 @@ def _weights(model_type: str):
 def _shape(model_type: str):
     kinds_of = {"qwen2_moe": qwen2_moe_kinds, "qwen3_moe": qwen3_moe_kinds, "mixtral": window_on_every_layer(None)}
 
-    def shape(cfg: dict) -> TextShape:
+    def shape(cfg: dict):
         g = _geometry(cfg, model_type)
         kinds, window = kinds_of[model_type](cfg, g["layers"])
         moe = bool(g["sparse"] and g["experts"])
-        return TextShape(
-            model_type=model_type, architectures=tuple(cfg.get("architectures") or ()), num_layers=g["layers"],
-            hidden_size=g["hidden"], num_q_heads=g["heads"], num_kv_heads=g["kv_heads"], head_dim=g["head_dim"],
-            vocab_size=g["vocab"], intermediate_size=g["intermediate"],
-            max_position_embeddings=C.opt(cfg, "max_position_embeddings",
-                                          DEFAULTS[model_type]["max_position_embeddings"]),
-            tie_word_embeddings=g["tied"], dtype=C.checkpoint_dtype(cfg), qkv_bias=g["qkv_bias"], o_bias=g["o_bias"],
+        return C.text_shape(
+            model_type, cfg, g, rotary_dim=C.rotary_dim(cfg, g["head_dim"]), qkv_bias=g["qkv_bias"], o_bias=g["o_bias"],
             qk_norm=model_type == "qwen3_moe", num_experts=g["experts"] if moe else 0,
             num_experts_per_tok=C.need(cfg, "num_experts_per_tok") if moe else 0,
             moe_intermediate_size=g["moe_intermediate"] if moe else 0,

@@ -123,10 +123,11 @@ class ModelShape:
         return sum(self.params(tp, ep).values()) * elem + self.rope_cache_bytes(elem)
 
     def rope_cache_bytes(self, elem_bytes: int) -> int:
-        """This runtime's models keep one cos/sin table [max_position_embeddings, rotary_dim], shared by all
-        attention layers (layers/rotary_embedding.py get_rope), in the model dtype."""
+        """This runtime's models keep one cos/sin table [max_position_embeddings, rotary_dim] per distinct RoPE,
+        shared by the attention layers that use it (layers/rotary_embedding.py get_rope), in the model dtype; the
+        rotary width is the architecture's (text_shape.TextShape.rotary_dim: partial rotary, MLA, none)."""
         s = self.text
-        return s.max_position_embeddings * s.rotary_dim * elem_bytes
+        return s.rope_tables * s.max_position_embeddings * s.rotary_dim * elem_bytes
 
     # ---- KV and attention ----
     def kv_cell(self, kv_cache_dtype: str = "auto", tp: int = 1, model_dtype: Optional[str] = None) -> KVCellSpec:

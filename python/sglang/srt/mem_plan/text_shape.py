@@ -5,6 +5,7 @@ Torch-free, no imports of the family modules (they import this)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 
@@ -46,8 +47,16 @@ class TextShape:
     attention_chunk_size: int = 0  # tokens of a "chunked" layer's chunk
     state_tensors: tuple = ()  # arch_spec.StateTensor: per request, per "linear" layer
     attention_sinks: bool = False
+    # Elements of one rotary cos/sin table row (ModelShape.rope_cache_bytes): what the architecture's rotary
+    # embedding covers of a head (partial_rotary_factor x head_dim; MLA: qk_rope_head_dim; 0: no RoPE, Nemotron-H).
+    # Every family module declares it (arch_common.text_shape); None, only for shapes built by hand in tests, is a
+    # whole head's (MLA: qk_rope_head_dim).
+    rotary_dim: Optional[int] = None
+    rope_tables: int = 1  # distinct cos/sin tables its layers use (Gemma 3: one per RoPE base of local / global)
 
     def __post_init__(self):
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.qk_rope_head_dim if self.is_mla else self.head_dim)
         if self.layer_kinds and len(self.layer_kinds) != self.num_layers:
             raise ValueError(f"{self.model_type}: {len(self.layer_kinds)} layer kinds for {self.num_layers} layers")
         if "sliding" in self.layer_kinds and self.sliding_window <= 0:
@@ -62,10 +71,6 @@ class TextShape:
     @property
     def dtype_bytes(self) -> int:
         return dtype_bytes(self.dtype)
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     def kinds(self) -> tuple[str, ...]:
         """layer_kinds with () spelled out: one kind per decoder layer."""
