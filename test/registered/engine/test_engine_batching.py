@@ -6,7 +6,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, shutdown
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=70, suite="cpu")
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -25,6 +25,17 @@ def alone(engine, prompts, max_new):
         outs.append(engine.generate(p, dict(GREEDY, max_new_tokens=max_new))["output_ids"])
     engine.flush_cache()
     return outs
+
+
+def unretracted(engine, prompts, max_new):
+    """The batch's greedy tokens on the module's engine, whose pool holds it whole: no retraction (batched equals
+    each alone: the test below), the reference for the tiny-pool engines' retracted runs."""
+    engine.flush_cache()
+    before = engine.scheduler.num_retractions
+    outs = engine.generate(prompts, dict(GREEDY, max_new_tokens=max_new))
+    assert engine.scheduler.num_retractions == before
+    engine.flush_cache()
+    return [o["output_ids"] for o in outs]
 
 
 def test_16_concurrent_equal_each_alone(engine):
@@ -112,35 +123,35 @@ def test_multibyte_characters_never_split(engine):
         assert "\ufffd" not in c["text"]
 
 
-def test_retraction_under_tiny_pool():
-    engine = Engine(dtype="float32", max_total_tokens=320, chunked_prefill_size=128, log_level="warning")
+def test_retraction_under_tiny_pool(engine):
+    prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(8)]
+    ref = unretracted(engine, prompts, 60)
+    tiny = Engine(dtype="float32", max_total_tokens=320, chunked_prefill_size=128, log_level="warning")
     try:
-        prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(8)]
-        ref = alone(engine, prompts, 60)
-        outs = engine.generate(prompts, dict(GREEDY, max_new_tokens=60))
-        assert engine.scheduler.num_retractions > 0
+        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=60))
+        assert tiny.scheduler.num_retractions > 0
         assert [o["output_ids"] for o in outs] == ref
-        engine.scheduler.check_integrity()
-        assert engine.scheduler.get_stats()["num_used_tokens"] == 0
+        tiny.scheduler.check_integrity()
+        assert tiny.scheduler.get_stats()["num_used_tokens"] == 0
     finally:
-        shutdown(engine)
+        shutdown(tiny)
 
 
-def test_retraction_with_pages():
-    engine = Engine(dtype="float32", max_total_tokens=384, page_size=4, chunked_prefill_size=128,
-                    log_level="warning")
+def test_retraction_with_pages(engine):
+    prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(8)]
+    ref = unretracted(engine, prompts, 50)
+    tiny = Engine(dtype="float32", max_total_tokens=384, page_size=4, chunked_prefill_size=128,
+                  log_level="warning")
     try:
-        prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(8)]
-        ref = alone(engine, prompts, 50)
-        outs = engine.generate(prompts, dict(GREEDY, max_new_tokens=50))
-        assert engine.scheduler.num_retractions > 0
+        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=50))
+        assert tiny.scheduler.num_retractions > 0
         assert [o["output_ids"] for o in outs] == ref
         # shared prefixes with page-aligned caching
-        outs2 = engine.generate(prompts, dict(GREEDY, max_new_tokens=50))
+        outs2 = tiny.generate(prompts, dict(GREEDY, max_new_tokens=50))
         assert [o["output_ids"] for o in outs2] == ref
-        engine.scheduler.check_integrity()
+        tiny.scheduler.check_integrity()
     finally:
-        shutdown(engine)
+        shutdown(tiny)
 
 
 def test_retraction_bf16_cpu_kernels():
