@@ -11,9 +11,14 @@ checkout is not written to), and afterwards:
   - sglang, its rocm extra (amd-aiter) and xgrammar are installed.
 docker/Dockerfile.rocm must run the same install command as the workflow (checked here too).
 
-    python3 scripts/check_rocm_install.py [--keep DIR] [--torch-version V] [--root CHECKOUT]
+--resolve-only (the CPU suite's test): the step's main install (the editable `-e python[...]`, which brings the
+~90 dependencies) runs as `pip install --dry-run --report`, through install.sh's PIP: the same resolution, so the
+same decision on torch and triton, without downloading and unpacking what it chose. What it would install is
+checked as if installed (a torch or triton in the report counts as replaced); the steps around it run for real.
 
-Needs PyPI (40-80 s on two cores). Exit 0 and "OK ..." when all holds, 1 and each broken point if not.
+    python3 scripts/check_rocm_install.py [--keep DIR] [--torch-version V] [--root CHECKOUT] [--resolve-only]
+
+Needs PyPI (40-80 s on two cores; --resolve-only about a quarter of the CPU time). Exit 0 and "OK ..." when all holds, 1 and each broken point if not.
 """
 
 from __future__ import annotations
@@ -110,6 +115,30 @@ print(json.dumps({"versions": {n: version(n) for n in names}, "torch_init": text
     return json.loads(out.stdout)
 
 
+# install.sh's $PIP under --resolve-only: the editable install only resolves, into the report at $RESOLVE_REPORT
+PIP_RESOLVE_ONLY = """#!/usr/bin/env bash
+for a in "$@"; do
+  if [[ "$a" == -e ]]; then exec python3 -m pip "$@" --dry-run --report "$RESOLVE_REPORT"; fi
+done
+exec python3 -m pip "$@"
+"""
+
+
+def as_if_installed(facts: dict, report: dict) -> dict:
+    """`facts` after pip installed what its --report says it would (a distribution it installs replaces the
+    installed one's files, so torch's and triton's module text no longer count as the stand-in's)."""
+    out = {**facts, "versions": dict(facts["versions"])}
+    for item in report.get("install", []):
+        name, version = item["metadata"]["name"].lower(), item["metadata"]["version"]
+        if name in out["versions"]:
+            out["versions"][name] = version
+        if name == "torch":
+            out["torch_init"] = f"# torch {version} as resolved"
+        if name in ("triton", "pytorch-triton-rocm"):
+            out["triton_init"] = f"# {name} {version} as resolved"
+    return out
+
+
 def problems(before: dict, after: dict) -> list:
     """What the install broke, one line each (empty: nothing)."""
     found = []
@@ -134,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", help="build the venv here and keep it (default: a temporary directory)")
     p.add_argument("--torch-version", default="2.9.1+rocm6.4", help="the stand-in torch's version")
     p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose workflow and files to use")
+    p.add_argument("--resolve-only", action="store_true",
+                   help="the editable install resolves (pip --dry-run --report) instead of installing")
     args = p.parse_args(argv)
     root = args.root.resolve()
 
@@ -169,6 +200,12 @@ def main(argv=None) -> int:
         env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv),
                "PIP_NO_COMPILE": "1"}
         env.pop("PYTHONPATH", None)
+        report = base / "resolved.json"
+        if args.resolve_only:
+            wrapper = base / "pip-resolve-only"
+            wrapper.write_text(PIP_RESOLVE_ONLY)
+            wrapper.chmod(0o755)
+            env.update(PIP=str(wrapper), RESOLVE_REPORT=str(report))
         print(f"$ {step.strip()}    (in {tree}, {venv / 'bin'} first on PATH)", flush=True)
         r = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=tree, env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -177,6 +214,11 @@ def main(argv=None) -> int:
             print(f"FAIL: the install step exited {r.returncode}")
             return 1
         after = venv_facts(python)
+        if args.resolve_only:
+            if not report.exists():
+                print("FAIL: --resolve-only, but the step ran no editable install (no resolver report)")
+                return 1
+            after = as_if_installed(after, json.loads(report.read_text()))
         found += problems(before, after)
         for line in found:
             print("FAIL: " + line)

@@ -1,6 +1,7 @@
 """The ROCm install (the AMD workflow's Install step, which docker/Dockerfile.rocm runs too) leaves the image's torch
 and pytorch-triton-rocm alone: scripts/check_rocm_install.py runs the step verbatim in a venv standing in for
-rocm/pytorch. That run needs PyPI (about 40 s); without it, it skips and only the checker's own logic is tested."""
+rocm/pytorch, its main install resolving only (--resolve-only: pip's --dry-run --report, the same resolution without
+unpacking ~140 packages). That run needs PyPI; without it, it skips and only the checker's own logic is tested."""
 
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "check_rocm_install.py"
@@ -45,6 +46,27 @@ def test_the_checker_flags_a_replaced_torch_or_a_cuda_triton():
     assert nothing == [f"{n} was not installed" for n in ("sglang", "amd-aiter", "xgrammar")]
 
 
+def report(*dists):
+    return {"install": [{"metadata": {"name": n, "version": v}} for n, v in dists]}
+
+
+def test_a_resolver_report_counts_as_installed():
+    """--resolve-only judges pip's --report as if installed: a torch or triton in it counts as replaced."""
+    xgrammar = {**BEFORE, "versions": {**BEFORE["versions"], "xgrammar": "0.2.8"}}  # installed for real first
+    fine = check_rocm_install.as_if_installed(xgrammar, report(("sglang", "0.1.0"), ("amd-aiter", "0.1.7"),
+                                                                ("accelerate", "1.15.0"), ("numpy", "2.4.0")))
+    assert check_rocm_install.problems(BEFORE, fine) == []
+    assert fine["versions"]["accelerate"] == "1.15.0"
+    bad = check_rocm_install.as_if_installed(xgrammar, report(("sglang", "0.1.0"), ("amd-aiter", "0.1.7"),
+                                                               ("torch", "2.13.0"), ("triton", "3.9.0")))
+    assert check_rocm_install.problems(BEFORE, bad) == [
+        "torch changed: 2.9.1+rocm6.4 -> 2.13.0", "torch's files were replaced",
+        "a `triton` distribution was installed (3.9.0) over the module that pytorch-triton-rocm provides",
+        "the `triton` module is no longer pytorch-triton-rocm's"]
+    missing = check_rocm_install.as_if_installed(BEFORE, report(("sglang", "0.1.0")))
+    assert check_rocm_install.problems(BEFORE, missing) == [f"{n} was not installed" for n in ("amd-aiter", "xgrammar")]
+
+
 def test_the_stand_in_wheels_install_and_provide_the_triton_module(tmp_path):
     whl = check_rocm_install.wheel(tmp_path, "pytorch-triton-rocm", "3.5.1", {"triton/__init__.py": STANDIN})
     target = tmp_path / "site"
@@ -58,7 +80,7 @@ def test_the_stand_in_wheels_install_and_provide_the_triton_module(tmp_path):
 @pytest.mark.skipif(not pypi_reachable(), reason="PyPI is not reachable from here")
 def test_the_amd_install_step_leaves_torch_and_triton_alone():
     pytest.importorskip("ensurepip", reason="this Python cannot make a venv with pip (python3-venv missing)")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--resolve-only"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert "OK: torch 2.9.1+rocm6.4 and pytorch-triton-rocm 3.5.1 untouched, no triton distribution installed" \
         in r.stdout
