@@ -177,6 +177,33 @@ class TestArchZoo(unittest.TestCase):
                 self.assertEqual((s.text.rotary_dim,) * s.text.rope_tables, widths)
                 self.assertEqual(s.rope_cache_bytes(2), s.text.max_position_embeddings * sum(widths) * 2)
 
+    def test_float32_router_bias_priced_at_4_bytes(self):
+        """DeepSeek-V3 / Kimi-K2 store the router's e_score_correction_bias in float32 beside bf16 weights (sources
+        in arch_deepseek): the weights term is params x 2 B + the rope tables + 2 B more per element of HF's
+        e_score_correction_bias tensors, which HF's router also creates float32 under a bf16 default dtype; the
+        other fixtures declare no tensor in its own dtype."""
+        import torch
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+        for name in ZOO:
+            s = model_shape_from_path(os.path.join(FIXTURES, name))
+            bias = sum(math.prod(v) for k, v in hf_tensors(name).items() if k.endswith("e_score_correction_bias"))
+            extra = 2 * bias if ZOO[name] == "deepseek_v3" else 0
+            with self.subTest(name):
+                elem = s.text.dtype_bytes  # bf16; Gemma-2-9B and OLMo-2 publish float32
+                self.assertEqual(s.weight_bytes() - s.num_params * elem - s.rope_cache_bytes(elem), extra)
+                self.assertEqual(bool(extra), name in ("deepseek-v3", "kimi-k2-instruct"))
+        self.assertEqual(sum(math.prod(v) for k, v in hf_tensors("deepseek-v3").items()
+                             if k.endswith("e_score_correction_bias")), 58 * 256)
+        default = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(torch.bfloat16)
+            with torch.device("meta"):
+                router = DeepseekV3TopkRouter(hf_config(fixture_config("deepseek-v3")))
+        finally:
+            torch.set_default_dtype(default)
+        self.assertEqual(router.e_score_correction_bias.dtype, torch.float32)
+
     def test_partial_rotary_factor_as_transformers_reads_it(self):
         """Phi-3's rotary embedding covers partial_rotary_factor of a head (Phi-4-mini publishes 0.75), from the
         top-level key or rope_parameters; Llama's ignores the key."""

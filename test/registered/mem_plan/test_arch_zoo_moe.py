@@ -6,6 +6,7 @@ modules, KV bytes per token per layer kind by hand; and `sglang plan` on an H100
 (does not fit, naming the shortfall) and gpt-oss-120b (fits one card in its mxfp4 checkpoint)."""
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -207,6 +208,19 @@ class TestMoEZooAgainstHF(unittest.TestCase):
             with self.subTest(name):
                 self.assertEqual((s.text.rotary_dim,) * s.text.rope_tables, hf_rotary_widths(name))
         self.assertEqual(model_shape_from_config(fixture_config("glm-4.5-air")).text.rotary_dim, 128 // 2)
+
+    def test_float32_router_bias_priced_at_4_bytes(self):
+        """GLM-4.5's e_score_correction_bias is float32 beside the bf16 weights (sources in arch_glm4_moe): the
+        weights term is params x 2 B + the rope table + 2 B more per element of HF's e_score_correction_bias
+        tensors (one per sparse layer); the other families here keep every tensor in the model dtype."""
+        for name in ZOO:
+            s = model_shape_from_config(text_config(name))
+            bias = sum(math.prod(v) for k, v in hf_meta(name)[1].items() if k.endswith("e_score_correction_bias"))
+            with self.subTest(name):
+                extra = s.weight_bytes() - s.num_params * 2 - s.rope_cache_bytes(2)
+                self.assertEqual(extra, 2 * bias if name.startswith("glm") else 0)
+        self.assertEqual(sum(math.prod(v) for k, v in hf_meta("glm-4.5-air")[1].items()
+                             if k.endswith("e_score_correction_bias")), 45 * 128)
 
     def test_kv_bytes_per_token_per_layer_kind(self):
         for name in ZOO:

@@ -70,6 +70,9 @@ class TestTextModels(unittest.TestCase):
         expected = 61 * (attn + 2 * h) + 3 * dense + 58 * moe + 2 * 129280 * h + h
         self.assertEqual(s.num_params, expected)
         self.assertEqual(expected, 671_026_419_200)  # "671B" without the MTP layer
+        # bf16 weights, the 58 routers' float32 e_score_correction_bias, one cos/sin table of qk_rope_head_dim 64
+        rope = s.text.max_position_embeddings * 64 * 2
+        self.assertEqual(s.weight_bytes(), (expected - 58 * 256) * 2 + 58 * 256 * 4 + rope)
         self.assertEqual(s.kv_cell().cell_bytes, 70_272)
         self.assertTrue(s.attention_shape(163840).is_mla)
 

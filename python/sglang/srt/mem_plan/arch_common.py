@@ -180,16 +180,18 @@ def fused_experts(sparse_layers: int, num_experts: int, hidden: int, moe_interme
 
 
 def router(sparse_layers: int, num_experts: int, hidden: int, *, module: str = "model.layers.*.mlp.gate",
-           bias_name: str = "") -> list[WeightGroup]:
-    """The router's [E, H] weight (replicated, kept dense by every format), and a per-expert bias when named."""
+           bias_name: str = "", bias_dtype: str = "") -> list[WeightGroup]:
+    """The router's [E, H] weight (replicated, kept dense by every format), and a per-expert bias when named, in
+    bias_dtype when its checkpoint stores it in other than the model dtype (WeightGroup.dtype)."""
     out = [WeightGroup("moe_router", f"{module}.weight", (num_experts, hidden), sparse_layers)]
     if bias_name:
-        out.append(WeightGroup("moe_router", f"{module}.{bias_name}", (num_experts,), sparse_layers))
+        out.append(WeightGroup("moe_router", f"{module}.{bias_name}", (num_experts,), sparse_layers, dtype=bias_dtype))
     return out
 
 
 def shared_expert_moe(layers: int, sparse: int, experts: int, hidden: int, intermediate: int, moe_intermediate: int,
-                      shared: int, tp: int, ep: int, *, router_bias: str = "") -> list[WeightGroup]:
+                      shared: int, tp: int, ep: int, *, router_bias: str = "",
+                      router_bias_dtype: str = "") -> list[WeightGroup]:
     """DeepSeek's feed-forward layout (DeepSeek, GLM-4.5, ERNIE 4.5): a dense MLP in the layers - sparse first ones,
     and in each sparse layer routed experts, `shared` shared experts run as one MLP of shared x moe_intermediate
     (mlp.shared_experts) and the router (mlp.gate, with its bias when router_bias names it)."""
@@ -197,7 +199,7 @@ def shared_expert_moe(layers: int, sparse: int, experts: int, hidden: int, inter
             + routed_experts(sparse, experts, hidden, moe_intermediate, tp, ep)
             + mlp(sparse, hidden, shared * moe_intermediate, tp, prefix="model.layers.*.mlp.shared_experts",
                   component="moe_experts")
-            + router(sparse, experts, hidden, bias_name=router_bias))
+            + router(sparse, experts, hidden, bias_name=router_bias, bias_dtype=router_bias_dtype))
 
 
 def norms(layers: int, hidden: int, names: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),

@@ -7,7 +7,7 @@ kv_a_layernorm + kv_b_proj [heads x (nope + v), kv_lora_rank]; o_proj [H, heads 
 their norms are replicated under TP, the b-projections and o_proj split by heads. The KV cache holds the latent
 (kv_lora_rank + qk_rope_head_dim per token and layer). MLPs: a dense MLP in the first first_k_dense_replace layers,
 then every moe_layer_freq-th layer sparse: routed experts, one shared MLP of n_shared_experts x moe_intermediate_size,
-the router (V3: + its e_score_correction_bias, a float32 buffer the checkpoint holds). Not counted: the MTP layer
+the router (V3: + its e_score_correction_bias, float32 in the checkpoint: V3_ROUTER_BIAS). Not counted: the MTP layer
 (num_nextn_predict_layers), which this runtime does not load.
 """
 
@@ -21,6 +21,13 @@ DEFAULTS = {
     "deepseek_v2": dict(q_lora_rank=1536, first_k_dense_replace=0, n_shared_experts=2, max_position_embeddings=2048),
     "deepseek_v3": dict(q_lora_rank=1536, first_k_dense_replace=3, n_shared_experts=1, max_position_embeddings=4096),
 }
+
+
+# V3's router bias is float32 beside the bf16 weights in the published checkpoints: loaded with dtype "auto",
+# DeepSeek-V3.1-Terminus's gate.weight is bf16 and its e_score_correction_bias fp32 (huggingface/transformers#42580);
+# vLLM allocates it in fp32 because the checkpoint's tensor is (vllm-project/vllm#23640). transformers
+# (DeepseekV3TopkRouter's float32 buffer, _keep_in_fp32_modules_strict) and upstream SGLang hold it in float32 too.
+V3_ROUTER_BIAS = dict(router_bias="e_score_correction_bias", router_bias_dtype="float32")
 
 
 def _geometry(cfg: dict, model_type: str) -> dict:
@@ -64,7 +71,7 @@ def _weights(model_type: str):
         H, L, S = g["hidden"], g["layers"], len(g["sparse"])
         out = (C.embeddings(g["vocab"], H, g["tied"], tp) + mla_attention(g, tp)
                + C.shared_expert_moe(L, S, g["experts"], H, g["intermediate"], g["moe_intermediate"], g["shared"], tp,
-                                     ep, router_bias="e_score_correction_bias" if model_type == "deepseek_v3" else ""))
+                                     ep, **(V3_ROUTER_BIAS if model_type == "deepseek_v3" else {})))
         return tuple(out + C.norms(L, H))
     return weights
 

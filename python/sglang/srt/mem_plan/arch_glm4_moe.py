@@ -22,6 +22,9 @@ from sglang.srt.mem_plan.arch_spec import ArchSpec, WeightGroup
 ATTENTION_BIAS_DEFAULT = False
 USE_QK_NORM_DEFAULT = False
 N_SHARED_EXPERTS_DEFAULT = 1
+# The router's e_score_correction_bias is float32 beside the bf16 weights: transformers creates it so
+# (Glm4MoeTopkRouter's float32 buffer, _keep_in_fp32_modules_strict), and upstream SGLang and vLLM allocate it in
+# float32 to load the checkpoint's values unrounded (sgl-project/sglang#8729, vllm-project/vllm#22143).
 PARTIAL_ROTARY_FACTOR_DEFAULT = 0.5  # rotary on the first half of each head (Glm4MoeRotaryEmbedding)
 
 
@@ -41,7 +44,7 @@ def weights(cfg: dict, tp: int = 1, ep: int = 1) -> tuple[WeightGroup, ...]:
                  + C.attention(L, H, g["heads"], g["kv_heads"], g["head_dim"], tp, qkv_bias=g["bias"],
                                qk_norm="head" if g["qk_norm"] else "")
                  + C.shared_expert_moe(L, S, g["experts"], H, g["intermediate"], g["moe_intermediate"], g["shared"],
-                                       tp, ep, router_bias="e_score_correction_bias")
+                                       tp, ep, router_bias="e_score_correction_bias", router_bias_dtype="float32")
                  + C.norms(L, H))
 
 

@@ -48,6 +48,9 @@ class WeightGroup:
     linear: a linear layer's [out_features, in_features] weight, which a quantized checkpoint holds in its format;
             False for embeddings, norms, biases, routers' bias, sinks, convolutions, state-space parameters.
     expert: a routed expert's weight (count includes the experts this rank holds).
+    dtype:  the dtype the checkpoint stores (and the serving runtimes hold) this tensor in when it is not the
+            model's, e.g. a float32 router bias beside bf16 weights; "" = the model dtype. Only on tensors that no
+            format quantizes (linear=False), each one declared with its source.
     """
 
     component: str
@@ -56,6 +59,7 @@ class WeightGroup:
     count: int = 1
     linear: bool = False
     expert: bool = False
+    dtype: str = ""
 
     def __post_init__(self):
         if self.component not in COMPONENTS:
@@ -64,6 +68,11 @@ class WeightGroup:
             raise ValueError(f"WeightGroup {self.module}: negative size {self.shape} x {self.count}")
         if self.linear and len(self.shape) != 2:
             raise ValueError(f"WeightGroup {self.module}: a linear weight is [out, in], not {self.shape}")
+        if self.dtype and self.linear:
+            raise ValueError(f"WeightGroup {self.module}: a linear weight's bytes are its format's, not dtype "
+                             f"{self.dtype}")
+        if self.dtype:
+            dtype_bytes(self.dtype)  # an unknown dtype is refused here, not mid-plan
 
     @property
     def numel(self) -> int:

@@ -119,8 +119,13 @@ class ModelShape:
 
     def weight_bytes(self, tp: int = 1, dtype: Optional[str] = None, ep: int = 1) -> int:
         """Parameters x the weight dtype (default: the checkpoint's) + this runtime's rope tables."""
-        elem = dtype_bytes(dtype or self.text.dtype)
-        return sum(self.params(tp, ep).values()) * elem + self.rope_cache_bytes(elem)
+        return self.dense_weight_bytes(tp, dtype_bytes(dtype or self.text.dtype), ep)
+
+    def dense_weight_bytes(self, tp: int, elem_bytes: int, ep: int = 1) -> int:
+        """Every parameter one rank holds at elem_bytes, except a WeightGroup that declares the dtype its checkpoint
+        stores (arch_spec.WeightGroup.dtype: a float32 router bias), at that dtype's bytes; + the rope tables."""
+        own = sum(g.numel * (dtype_bytes(g.dtype) - elem_bytes) for g in self.weight_groups(tp, ep) if g.dtype)
+        return sum(self.params(tp, ep).values()) * elem_bytes + own + self.rope_cache_bytes(elem_bytes)
 
     def rope_cache_bytes(self, elem_bytes: int) -> int:
         """This runtime's models keep one cos/sin table [max_position_embeddings, rotary_dim] per distinct RoPE,

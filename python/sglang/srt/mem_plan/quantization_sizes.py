@@ -259,12 +259,12 @@ def runtime_linear_matrices(groups) -> list[tuple[int, int, int, bool, bool]]:
 
 def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
     """The weights term of a ModelShape (model_shapes.py) whose linear layers are held in `fmt`: the dense bytes at
-    the model dtype, with each linear WeightGroup's dense bytes replaced by what the format holds for it (ep:
-    --ep-size). A checkpoint format: its stored tensors (checkpoint_formats.py). This runtime's CPU forms: the merged
+    the model dtype (a tensor stored in its own dtype, WeightGroup.dtype, at that one's), with each linear
+    WeightGroup's dense bytes replaced by what the format holds for it (ep: --ep-size). A checkpoint format: its stored tensors (checkpoint_formats.py). This runtime's CPU forms: the merged
     matrices' packed bytes, the routed experts' at their own bits (fmt.routed_expert_layer_bits), and the packed
     vocabulary table of a GGUF file (fmt.packed_vocab) in its packed bytes: exactly one [vocab, hidden] table, the
     lm_head's or the tied embedding's."""
-    total = sum(shape.params(tp, ep).values()) * dense_dtype_bytes + shape.rope_cache_bytes(dense_dtype_bytes)
+    total = shape.dense_weight_bytes(tp, dense_dtype_bytes, ep)  # tensors with their own stored dtype at theirs
     if fmt.method == "none":
         return total
     groups = shape.weight_groups(tp, ep)
