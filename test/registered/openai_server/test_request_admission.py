@@ -1,6 +1,7 @@
-"""Requests are admitted to their preparation on the event loop a few at a time (managers/request_admission.py) and
-pool jobs wait for a free thread on the loop (offloop_executor.py), so a burst's work is spread over loop iterations
-instead of piling up in one; /health and /metrics are never held. The effect on /health during a 200-stream storm is
+"""A burst's work on the event loop is spread over loop iterations instead of piling up in one: received bytes are
+parsed a few chunks per iteration (entrypoints/read_pacing.py), requests are admitted to their preparation a few at a
+time (managers/request_admission.py) and pool jobs wait for a free thread on the loop (offloop_executor.py); /health
+and /metrics are never held. The effect on /health during a 200-stream storm is
 measured through the server in test/registered/multimodal/test_media_loop_server.py."""
 
 import asyncio
@@ -12,6 +13,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=5, suite="cpu")
 
 from sglang.srt.entrypoints.http_middleware import AdmissionMiddleware  # noqa: E402
+from sglang.srt.entrypoints.read_pacing import ReadPacer  # noqa: E402
 from sglang.srt.managers.offloop_executor import OffLoopExecutor  # noqa: E402
 from sglang.srt.managers.request_admission import RequestAdmission, release_admission  # noqa: E402
 
@@ -131,3 +133,87 @@ def test_pool_jobs_wait_on_the_loop_for_a_free_thread():
     finally:
         executor.shutdown()
     assert most[0] == 2, most[0]
+
+
+class FakeTransport:
+    def __init__(self):
+        self.reading, self.closing = True, False
+
+    def is_reading(self):
+        return self.reading
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
+
+    def is_closing(self):
+        return self.closing
+
+
+class FakeConnection:
+    """What the pacer needs of uvicorn's protocol (server_lifecycle.http_protocol_class); records what it parsed in
+    which loop iteration."""
+
+    paced_pending = 0
+    paced_paused = False
+
+    def __init__(self, name, parsed, iteration):
+        self.name, self.parsed, self.iteration = name, parsed, iteration
+        self.transport = FakeTransport()
+        self.flow = None
+
+    def data_received(self, pacer, data):
+        if pacer.offer(self, data):
+            self.parse_now(data)
+
+    def parse_now(self, data):
+        self.parsed.append((self.iteration[0], self.name, data))
+
+
+def test_a_burst_of_reads_is_parsed_a_few_per_iteration_and_probes_at_once():
+    parsed, iteration = [], [0]
+    conns = [FakeConnection(i, parsed, iteration) for i in range(20)]
+
+    async def go():
+        pacer = ReadPacer(per_iteration=4)
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+
+        def count_iterations():  # call_soon from a callback: once per loop iteration
+            iteration[0] += 1
+            if iteration[0] < 10:
+                loop.call_soon(count_iterations)
+            else:
+                stop.set_result(None)
+
+        def burst():  # every socket readable in one iteration, as 20 requests arriving together
+            loop.call_soon(count_iterations)
+            for c in conns:
+                c.data_received(pacer, b"POST /v1/chat/completions HTTP/1.1\r\n")
+            conns[3].data_received(pacer, b"body of 3")  # behind its own first chunk
+            conns[4].data_received(pacer, b"GET /health HTTP/1.1\r\n\r\n")  # pipelined: a probe, still in order
+            conns[5].transport.closing = True  # this client left before its turn
+            probe = FakeConnection("probe", parsed, iteration)
+            probe.data_received(pacer, b"GET /health HTTP/1.1\r\n\r\n")
+
+        loop.call_soon(burst)
+        await stop
+        return pacer
+
+    pacer = asyncio.run(go())
+    per_iteration = {}
+    for it, _, _ in parsed:
+        per_iteration[it] = per_iteration.get(it, 0) + 1
+    assert per_iteration[0] == 4 + 1, per_iteration  # 4 paced + the probe, in the burst's own iteration
+    assert ("probe" in [n for it, n, _ in parsed if it == 0])
+    assert max(per_iteration.values()) <= 5 and all(n <= 4 for it, n in per_iteration.items() if it > 0)
+    names = [n for _, n, _ in parsed if n != "probe"]
+    assert 5 not in names and sorted(names, key=str) == sorted([i for i in range(20) if i != 5] + [3, 4], key=str)
+    assert names[:4] == [0, 1, 2, 3]  # arrival order
+    first_of_3 = [d for _, n, d in parsed if n == 3]
+    assert first_of_3[1] == b"body of 3"  # a connection's chunks keep their order
+    assert [d for _, n, d in parsed if n == 4][1].startswith(b"GET /health")
+    assert pacer.num_deferred == 20 - 4 + 2
+    assert all(c.transport.reading and c.paced_pending == 0 for c in conns if c.name != 5)

@@ -35,14 +35,30 @@ CONNECTION_WRITE_BUFFER_BYTES = 0
 
 
 def http_protocol_class():
-    """uvicorn's HTTP protocol (httptools when installed, else h11) with the write-buffer limit above."""
+    """uvicorn's HTTP protocol (httptools when installed, else h11) with the write-buffer limit above, its received
+    bytes parsed at read_pacing.ReadPacer's pace (one pacer for all connections of the server)."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    from sglang.srt.entrypoints.read_pacing import ReadPacer
+
+    pacer = ReadPacer()
+
     class StreamingHTTPProtocol(AutoHTTPProtocol):
+        paced_pending = 0  # chunks of this connection waiting in the pacer
+        paced_paused = False  # its socket paused by the pacer
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             transport.set_write_buffer_limits(high=CONNECTION_WRITE_BUFFER_BYTES)
 
+        def data_received(self, data: bytes) -> None:
+            if pacer.offer(self, data):
+                super().data_received(data)
+
+        def parse_now(self, data: bytes) -> None:
+            super().data_received(data)
+
+    StreamingHTTPProtocol.pacer = pacer
     return StreamingHTTPProtocol
 
 
