@@ -265,6 +265,37 @@ class TestHybridZoo(unittest.TestCase):
                 self.assertEqual((text.rotary_dim,) * text.rope_tables if text.rotary_dim else (), widths)
         self.assertEqual(arch_qwen3_next.shape(fixture("qwen3-next-80b-a3b-instruct")).rotary_dim, 64)
 
+    def test_linear_layer_projection_widths_in_the_activation_formula(self):
+        """A linear layer's per-token projection width on one rank (its in-projections' outputs + out_proj's input)
+        == HF's first linear layer's projection tensors split by the TP rules above, over hidden_size; the
+        activation formula takes it where it is wider than attention's q/k/v + output (every model here)."""
+        from dataclasses import replace
+
+        from sglang.srt.mem_plan.model_shapes import model_shape_from_config
+
+        projections = ("in_proj_qkvz", "in_proj_ba", "in_proj", "out_proj")
+        for name, module in ZOO.items():
+            config, model = hf_meta(name)
+            layer = next(x for x in hf_layers(model) if block_kind(x) == "linear")
+            mixer = getattr(layer, "linear_attn", None) or layer.mixer
+            weights = [(f"model.layers.0.mixer.{n}", tuple(p.shape)) for n, p in mixer.named_parameters()
+                       if n.split(".")[0] in projections and n.endswith("weight")]
+            self.assertEqual(len(weights), 3 if hasattr(layer, "linear_attn") else 2)
+            text = module.ARCHS[0].shape(fixture(name))
+            for tp in (1, 2, 4, 8):
+                with self.subTest(name, tp=tp):
+                    want = sum(shard_numel(n, shape, tp, config) for n, shape in weights) // config.hidden_size
+                    self.assertEqual(text.linear_width(tp), want)
+            s = model_shape_from_config(fixture(name))
+            attn = (2 * text.num_q_heads + 2 * text.num_kv_heads) * text.head_dim  # tp 1: q + k + v + output
+            without = replace(s, text=replace(s.text, linear_widths=()))
+            with self.subTest(name, formula=True):
+                self.assertGreater(text.linear_width(1), attn)
+                self.assertEqual(s.activation_bytes(2048) - without.activation_bytes(2048),
+                                 2048 * (text.linear_width(1) - attn) * 2 * 2)  # bf16, the GPU factor 2
+        self.assertEqual(arch_qwen3_next.shape(fixture("qwen3-next-80b-a3b-instruct")).linear_width(), 16_448)
+        self.assertEqual(arch_mamba_hybrid.shape(fixture("nemotron-h-8b-base-8k")).linear_width(), 18_560 + 8_192)
+
     def test_refusals_name_what_is_missing(self):
         nemotron = fixture("nemotron-h-8b-base-8k")
         no_pattern = {k: v for k, v in nemotron.items() if k != "hybrid_override_pattern"}

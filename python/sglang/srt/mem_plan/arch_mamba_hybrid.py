@@ -49,6 +49,7 @@ from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, StateTensor, WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+from sglang.srt.mem_plan.text_shape import HeadSplitWidth
 
 # transformers 5.24 NemotronHConfig's defaults, used only when config.json omits the key (head_dim: NVIDIA's
 # config.json writes attention_head_dim, which is read first; the tensors have that width).
@@ -187,6 +188,13 @@ def state_tensors(cfg: dict) -> tuple[StateTensor, ...]:
             StateTensor("ssm", heads, hd * n, ssm))
 
 
+def linear_widths(cfg: dict) -> tuple[HeadSplitWidth, ...]:
+    """A Mamba-2 block's projections per token: per head z and x (2 hd) and dt (1) of in_proj and the hd out_proj
+    reads; per group B and C (2 N) of in_proj. Split as in_proj is (heads, groups ceil per rank)."""
+    hd, n = _get(cfg, "mamba_head_dim"), _get(cfg, "ssm_state_size")
+    return HeadSplitWidth(_get(cfg, "mamba_num_heads"), 3 * hd + 1), HeadSplitWidth(_get(cfg, "n_groups"), 2 * n)
+
+
 def shape(cfg: dict):
     layers = decoder_layers(blocks(cfg))
     kinds = tuple(mixer for mixer, _ in layers)
@@ -200,7 +208,7 @@ def shape(cfg: dict):
              tied=bool(_get(cfg, "tie_word_embeddings")))
     # no RoPE: NemotronHAttention takes no position embeddings (position comes from the Mamba blocks)
     return C.text_shape("nemotron_h", cfg, g, rotary_dim=0, layer_kinds=kinds, state_tensors=state_tensors(cfg),
-                        sparse_layers=sparse, **moe)
+                        linear_widths=linear_widths(cfg), sparse_layers=sparse, **moe)
 
 
 ARCHS = (ArchSpec("nemotron_h", "state-space", weights, shape, served=False),)

@@ -40,6 +40,7 @@ from dataclasses import replace
 from sglang.srt.mem_plan import arch_common as C
 from sglang.srt.mem_plan.arch_spec import ArchSpec, StateTensor, WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
+from sglang.srt.mem_plan.text_shape import HeadSplitWidth
 
 # transformers 5.24 Qwen3NextConfig's defaults, used only when config.json omits the key.
 DEFAULTS = dict(num_key_value_heads=2, head_dim=256, intermediate_size=5632, max_position_embeddings=32768,
@@ -130,6 +131,13 @@ def state_tensors(cfg: dict) -> tuple[StateTensor, ...]:
             StateTensor("recurrent", nv, dk * dv, ssm))
 
 
+def linear_widths(cfg: dict) -> tuple[HeadSplitWidth, ...]:
+    """A Gated DeltaNet layer's projections per token: per key head q and k (2 dk) of in_proj_qkvz; per value head
+    v and z (2 dv) of in_proj_qkvz, b and a (2) of in_proj_ba and the dv the core hands out_proj."""
+    nk, nv, dk, dv, _ = _linear_heads(cfg)
+    return HeadSplitWidth(nk, 2 * dk), HeadSplitWidth(nv, 2 * dv + 2 + dv)
+
+
 def shape(cfg: dict):
     sparse = sparse_layers(cfg)
     d = DEFAULTS
@@ -143,7 +151,8 @@ def shape(cfg: dict):
         num_experts_per_tok=_get(cfg, "num_experts_per_tok") if sparse else 0,
         moe_intermediate_size=_get(cfg, "moe_intermediate_size") if sparse else 0,
         shared_expert_intermediate_size=_get(cfg, "shared_expert_intermediate_size") if sparse else 0,
-        sparse_layers=sparse, layer_kinds=layer_kinds(cfg), state_tensors=state_tensors(cfg))
+        sparse_layers=sparse, layer_kinds=layer_kinds(cfg), state_tensors=state_tensors(cfg),
+        linear_widths=linear_widths(cfg))
 
 
 ARCHS = (ArchSpec("qwen3_next", "linear-attention", weights, shape, served=False),)

@@ -171,6 +171,7 @@ class ModelShape:
         else:
             nkv = kv_heads_per_rank(s.num_kv_heads, tp)
             attn = (nq + 2 * nkv) * s.head_dim + nq * s.head_dim
+        attn = max(attn, s.linear_width(tp))  # a linear-attention / SSM layer's projections, when wider
         has_dense_mlp = len(s.sparse_layers) < s.num_layers
         mlp = _cdiv(s.intermediate_size, tp) if has_dense_mlp else 0
         router = first_call = 0

@@ -11,6 +11,18 @@ from sglang.srt.mem_plan.dtypes import dtype_bytes
 
 
 @dataclass(frozen=True)
+class HeadSplitWidth:
+    """Per-token elements of a tensor split by heads over the TP ranks: units (heads or groups, ceil per rank) of
+    unit_elems each."""
+
+    units: int
+    unit_elems: int
+
+    def per_rank(self, tp: int = 1) -> int:
+        return -(-self.units // tp) * self.unit_elems
+
+
+@dataclass(frozen=True)
 class TextShape:
     model_type: str
     architectures: tuple[str, ...]
@@ -53,6 +65,10 @@ class TextShape:
     # whole head's (MLA: qk_rope_head_dim).
     rotary_dim: Optional[int] = None
     rope_tables: int = 1  # distinct cos/sin tables its layers use (Gemma 3: one per RoPE base of local / global)
+    # Per-token elements of a "linear" layer's projections, on one rank: its input projections' outputs and its
+    # output projection's input (Qwen3-Next in_proj_qkvz + in_proj_ba + out_proj; Mamba-2 in_proj + out_proj),
+    # the linear layer's counterpart of attention's q/k/v + output widths in the activation formula.
+    linear_widths: tuple[HeadSplitWidth, ...] = ()
 
     def __post_init__(self):
         if self.rotary_dim is None:
@@ -71,6 +87,9 @@ class TextShape:
     @property
     def dtype_bytes(self) -> int:
         return dtype_bytes(self.dtype)
+
+    def linear_width(self, tp: int = 1) -> int:
+        return sum(w.per_rank(tp) for w in self.linear_widths)
 
     def kinds(self) -> tuple[str, ...]:
         """layer_kinds with () spelled out: one kind per decoder layer."""
