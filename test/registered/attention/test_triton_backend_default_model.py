@@ -10,11 +10,11 @@ from interpreted_run import run_engine, run_in_interpreter
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=70, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 PROMPTS = ["The three primary colors are", "def fibonacci(n):", "In mathematics, a prime number is a natural"]
 MAX_NEW = 4
-ENGINE_KW = dict(chunked_prefill_size=256, max_total_memory_gb=2)
+ENGINE_KW = dict(chunked_prefill_size=64, max_total_memory_gb=2)
 
 
 def test_default_model_triton_matches_torch_native():

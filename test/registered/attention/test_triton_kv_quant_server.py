@@ -8,10 +8,10 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import openai_client, popen_launch_server
 
-register_cpu_ci(est_time=75, suite="cpu")
+register_cpu_ci(est_time=65, suite="cpu")
 
 ARGS = ["--attention-backend", "triton", "--dtype", "float32", "--kv-cache-dtype", "int4", "--chunked-prefill-size",
-        "256", "--max-total-memory-gb", "2", "--max-running-requests", "8"]
+        "64", "--max-total-memory-gb", "2", "--max-running-requests", "8"]
 
 
 def test_triton_server_with_int4_kv():
