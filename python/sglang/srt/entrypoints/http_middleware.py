@@ -57,18 +57,12 @@ PAYLOAD_TOO_LARGE = "Payload Too Large"  # RFC 7231's reason phrase for 413, whi
 def use_payload_too_large_reason() -> None:
     """Make uvicorn's status line for 413 read "413 Payload Too Large". ASGI gives an app no way to set the reason
     phrase, and uvicorn takes it from Python's HTTPStatus, whose phrase for 413 is "Request Entity Too Large"
-    (RFC 2616; "Content Too Large" from Python 3.13). Both of uvicorn's HTTP protocols (h11; httptools, which uvicorn
-    prefers when installed) keep a table of them."""
+    (RFC 2616; "Content Too Large" from Python 3.13). Only uvicorn's h11 protocol (the one installed) has the table."""
     try:
         from uvicorn.protocols.http import h11_impl
     except ImportError:  # another server runs the app: its own phrase stands
         return
     h11_impl.STATUS_PHRASES[413] = PAYLOAD_TOO_LARGE.encode()
-    try:
-        from uvicorn.protocols.http import httptools_impl
-    except ImportError:  # httptools is not installed
-        return
-    httptools_impl.STATUS_LINE[413] = b"".join([b"HTTP/1.1 413 ", PAYLOAD_TOO_LARGE.encode(), b"\r\n"])
 
 
 class RequestBodyLimitMiddleware:
