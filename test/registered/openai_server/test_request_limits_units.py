@@ -225,10 +225,12 @@ def test_unhealthy_server_answers_503_json_and_health_generate_needs_the_key():
     from starlette.testclient import TestClient
 
     from sglang.srt.entrypoints.http_server import create_app
+    from sglang.srt.managers.request_admission import RequestAdmission
     from sglang.srt.server_args import ServerArgs
 
     tm = SimpleNamespace(server_args=ServerArgs(api_key="k"), metrics=None, is_healthy=False,
-                         fatal_error="the scheduler process exited with code -9", template_sandbox=None)
+                         fatal_error="the scheduler process exited with code -9", template_sandbox=None,
+                         admission=RequestAdmission(1))
     client = TestClient(create_app(tm))  # no lifespan: nothing is started
     r = client.get("/health")
     assert r.status_code == 503 and "exited with code -9" in r.json()["error"]["message"]
