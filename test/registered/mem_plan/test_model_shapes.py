@@ -3,7 +3,7 @@
 import os
 import unittest
 
-from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config, model_shape_from_path
+from sglang.srt.mem_plan.model_shapes import model_shape_from_config, model_shape_from_path
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=2, suite="cpu")
@@ -99,10 +99,14 @@ class TestMultimodal(unittest.TestCase):
         self.assertEqual(model_shape_from_config(cfg).params()["vision_tower"], 428_225_600)  # so400m with head
 
     def test_unknown_towers_refused_by_name(self):
-        # Llama 4's vision tower is not SigLIP: counting it as one (as the planner once did) is the guess it never makes
-        scout = load_config(os.path.join(FIXTURES, "llama-4-scout-17b-16e"))
-        with self.assertRaisesRegex(ValueError, "vision_config tower 'llama4_vision_model'"):
-            model_shape_from_config(scout)
+        # a tower the planner does not know is not SigLIP: counting it as one (as the planner once did for Llama 4's)
+        # is the guess it never makes, whatever SigLIP-like keys its vision_config carries
+        cfg = dict(model_type="llava", text_config=dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=1, num_attention_heads=4, vocab_size=100),
+                   vision_config=dict(model_type="some_vision_model", hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14))
+        with self.assertRaisesRegex(ValueError, "vision_config tower 'some_vision_model'"):
+            model_shape_from_config(cfg)
         cfg = dict(model_type="qwen2_audio", text_config=dict(model_type="qwen2", hidden_size=64, intermediate_size=128,
                    num_hidden_layers=1, num_attention_heads=4, vocab_size=100),
                    audio_config=dict(model_type="some_audio_encoder", d_model=64, encoder_ffn_dim=128,

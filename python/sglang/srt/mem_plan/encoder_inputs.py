@@ -2,7 +2,8 @@
 startup, and the chunk sizes processors and models cut long inputs into.
 
     image   one image at the largest accepted size: min(--max-image-pixels, the processor's max_pixels), resized to
-            multiples of patch x merge (Qwen) or the tower's fixed image_size (LLaVA); x --encoder-batch-size
+            multiples of patch x merge (Qwen) or the tower's fixed image_size (LLaVA); a tiling processor's (Llama 4)
+            max_patches tiles + the global view; x --encoder-batch-size
     video   one CHUNK of VIDEO_CHUNK_FRAMES frames (at most --max-video-frames) at the processor's per-frame pixel
             cap. A Qwen vision tower attends within one temporal slice (temporal_patch_size frames), so encoding a
             video chunk by chunk gives exactly the embeddings of encoding it whole; a longer video is encoded in
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from sglang.srt.mem_plan.encoder import EncoderSpec
+from sglang.srt.mem_plan.encoder_llama4 import LLAMA4_MAX_PATCHES, LLAMA4_TILE_SIDE, Llama4VisionTower
 from sglang.srt.mem_plan.encoder_towers import OmniAudioTower, QwenVisionTower, VisionWork
 
 VIDEO_CHUNK_FRAMES = 16  # frames of one video encoder call (a multiple of every temporal_patch_size in use)
@@ -36,6 +38,7 @@ class ProcessorFacts:
 
     image_max_pixels: int
     video_frame_max_pixels: int
+    image_max_tiles: int = 0  # a tiling processor's max_patches (tiles per image, the global view not counted)
 
 
 # Published defaults for checkpoints whose directory has no preprocessor_config.json (a config-only fixture):
@@ -43,11 +46,15 @@ class ProcessorFacts:
 #                   Qwen2-VL video processor's per-frame longest_edge 28 x 28 x 768
 #   qwen3_omni_moe  Qwen3-Omni-30B-A3B-* preprocessor_config.json max_pixels 12,845,056; video frames at the Omni
 #                   processor's videos_kwargs longest_edge 768 x 32 x 32
+#   llama4          transformers' Llama4ImageProcessor: max_patches 16 tiles of 336 x 336 (images only; the video
+#                   cap is the generic one, unused: the model has no video tower)
+GENERIC_PROCESSOR = ProcessorFacts(12_845_056, 28 * 28 * 768)
 PROCESSOR_DEFAULTS = {
     "qwen2_5_vl": ProcessorFacts(12_845_056, 28 * 28 * 768),
     "qwen3_omni_moe": ProcessorFacts(12_845_056, 768 * 32 * 32),
+    "llama4": ProcessorFacts(LLAMA4_MAX_PATCHES * LLAMA4_TILE_SIDE ** 2, GENERIC_PROCESSOR.video_frame_max_pixels,
+                             LLAMA4_MAX_PATCHES),
 }
-GENERIC_PROCESSOR = ProcessorFacts(12_845_056, 28 * 28 * 768)
 
 
 def processor_facts(model_type: str, preprocessor: Optional[dict]) -> ProcessorFacts:
@@ -59,7 +66,8 @@ def processor_facts(model_type: str, preprocessor: Optional[dict]) -> ProcessorF
     image = p.get("max_pixels") or (p.get("size") or {}).get("longest_edge") or base.image_max_pixels
     v = p.get("video") or {}
     video = v.get("max_pixels") or (v.get("size") or {}).get("longest_edge") or base.video_frame_max_pixels
-    return ProcessorFacts(int(image), int(video))
+    tiles = (p.get("max_patches") or base.image_max_tiles) if base.image_max_tiles else 0
+    return ProcessorFacts(int(image), int(video), int(tiles))
 
 
 def largest_grid(max_pixels: int, tower: QwenVisionTower) -> tuple[int, int]:
@@ -75,7 +83,7 @@ def largest_grid(max_pixels: int, tower: QwenVisionTower) -> tuple[int, int]:
     return rows * m, cols * m
 
 
-Tower = Union[EncoderSpec, QwenVisionTower, OmniAudioTower]
+Tower = Union[EncoderSpec, QwenVisionTower, OmniAudioTower, Llama4VisionTower]
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class EncoderWorkload:
 
     modality: str  # image / video / audio
     tower: Tower
-    vision: Optional[VisionWork] = None  # Qwen vision towers
+    vision: Optional[VisionWork] = None  # Qwen vision towers; Llama 4: (tiles, side, side) patches
     mel_frames: int = 0  # audio towers: mel frames of one chunk
     units: int = 1  # admission units in the reservation (images per encoder call; one chunk for video / audio)
     chunk_frames: int = 0  # video: frames per chunk; audio: mel frames per chunk (0: items are not chunked)
@@ -92,7 +100,7 @@ class EncoderWorkload:
 
     def peak_bytes(self, act_bytes: int = 2, fused_attention: bool = True) -> int:
         t = self.tower
-        if isinstance(t, QwenVisionTower):
+        if isinstance(t, (QwenVisionTower, Llama4VisionTower)):
             return t.peak_bytes(self.vision, act_bytes, fused_attention)
         if isinstance(t, OmniAudioTower):
             return t.peak_bytes(self.mel_frames, act_bytes, fused_attention)
@@ -103,6 +111,10 @@ class EncoderWorkload:
 
     def describe(self) -> str:
         t = self.tower
+        if isinstance(t, Llama4VisionTower):
+            tiles, h, w = self.vision.grid_thw
+            return (f"{t.name}: {self.units} image(s) of {tiles} tiles of {h}x{w} patches + a class token -> "
+                    f"{t.output_tokens(self.vision):,} tokens ({self.limit})")
         if self.vision is not None:
             tt, h, w = self.vision.grid_thw
             what = (f"{self.units} image(s) of {h}x{w} patches" if self.modality == "image" else
@@ -148,6 +160,11 @@ def planned_workloads(encoders: tuple, processor: ProcessorFacts, sa) -> dict[st
                 "video", tower, VisionWork((frames // tower.temporal_patch_size, vh, vw)), chunk_frames=frames,
                 limit=f"--max-video-frames {sa.max_video_frames} at {processor.video_frame_max_pixels:,} "
                       f"pixels/frame")
+        elif isinstance(tower, Llama4VisionTower):
+            # the processor pads an image to its tile canvas: --max-image-pixels does not bound the tiles
+            tiles = processor.image_max_tiles or LLAMA4_MAX_PATCHES
+            out["image"] = EncoderWorkload("image", tower, tower.largest_work(tiles, batch), units=batch,
+                                           limit=f"max_patches {tiles} + the global view")
         elif isinstance(tower, OmniAudioTower):
             mel = audio_chunk_mel_frames(tower, sa.max_audio_seconds)
             out["audio"] = EncoderWorkload("audio", tower, mel_frames=mel, chunk_frames=mel,

@@ -6,9 +6,12 @@ activation peaks the encoder terms are planned from (encoder_towers.py / encoder
     Qwen2.5-VL     flat config + vision_config with out_hidden_size / fullatt_block_indexes -> QwenVisionTower
     Qwen3-Omni     thinker_config: vision_config with deepstack_visual_indexes -> QwenVisionTower, audio_config with
                    n_window / downsample_hidden_size -> OmniAudioTower
+    Llama 4        vision_config llama4_vision_model -> Llama4VisionTower (tiled images, pixel-shuffle adapter) + its
+                   projector (one [vision_output_dim, text hidden] matrix); encoder_llama4.py
     Whisper-style  audio_config (d_model, encoder_layers, ...) -> EncoderSpec "audio" over max_source_positions
                    (Qwen2-Audio: + its multi_modal_projector, one Linear(d_model, text hidden))
-Qwen towers carry their own merger / output projection (counted in the tower); only LLaVA has a separate projector.
+Qwen towers carry their own merger / output projection (counted in the tower); LLaVA, Gemma 3 and Llama 4 have a
+separate projector.
 The processor's size caps come from preprocessor_config.json when the model directory has one (encoder_inputs.py).
 """
 
@@ -21,6 +24,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.encoder import EncoderSpec
 from sglang.srt.mem_plan.encoder_inputs import ProcessorFacts, processor_facts
+from sglang.srt.mem_plan.encoder_llama4 import is_llama4_vision, llama4_vision_tower
 from sglang.srt.mem_plan.encoder_towers import is_omni_audio, is_qwen_vision, omni_audio_tower, qwen_vision_tower
 
 PREPROCESSOR_KEY = "_preprocessor_config"  # where load_config keeps the directory's preprocessor_config.json
@@ -115,7 +119,7 @@ def _check_generic_tower(cfg: dict, key: str, known: tuple) -> None:
     if tower not in known:
         raise ValueError(f"{cfg.get('model_type', 'this model')}: the planner does not know the {key} tower "
                          f"{tower or '(no model_type)'!r}; it counts {', '.join(known)} and the Qwen2.5-VL / "
-                         f"Qwen3-Omni towers. A text-only config of the model plans its text part.")
+                         f"Qwen3-Omni / Llama 4 towers. A text-only config of the model plans its text part.")
 
 
 def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
@@ -129,6 +133,10 @@ def encoder_parts(cfg: dict, text_hidden: int, act_dtype_bytes: int,
         if is_qwen_vision(cfg, v):
             tower = qwen_vision_tower(v, model_type)
             vision = tower.params()
+            encoders.append(tower)
+        elif is_llama4_vision(v):
+            tower = llama4_vision_tower(v, text_hidden)
+            vision, projector = tower.params(), tower.projector_params()
             encoders.append(tower)
         else:
             _check_generic_tower(cfg, "vision_config", GENERIC_VISION_TOWERS)

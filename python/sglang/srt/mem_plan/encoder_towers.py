@@ -22,7 +22,8 @@ Towers (HF transformers' modeling files are the reference for the structure):
     OmniAudioTower    Qwen3-Omni's audio tower: mel chunks of 2 x n_window frames through three stride-2 conv2d
                       (+ GELU) in groups of conv_chunksize chunks, conv_out, transformer layers attending within
                       windows of n_window_infer mel frames, ln_post + proj1 + GELU + proj2
-A Whisper-style audio tower (Qwen2-Audio) keeps the generic EncoderSpec over its 30 s window.
+A Whisper-style audio tower (Qwen2-Audio) keeps the generic EncoderSpec over its 30 s window; Llama 4's tiled-image
+tower (Llama4VisionTower) is in encoder_llama4.py, with these conventions.
 """
 
 from __future__ import annotations
