@@ -35,7 +35,7 @@ from sglang.cli.plan import run  # noqa: E402
 from sglang.srt.mem_plan.encoder_llama4 import llama4_vision_tower  # noqa: E402
 from sglang.srt.mem_plan.encoder_plan import encoder_workloads  # noqa: E402
 from sglang.srt.mem_plan.encoder_towers import VisionWork, omni_audio_tower, qwen_vision_tower  # noqa: E402
-from sglang.srt.mem_plan.model_shapes import model_shape_from_config  # noqa: E402
+from sglang.srt.mem_plan.model_shapes import model_shape_from_config, model_shape_from_path  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.test.live_tensor_peak import LiveTensorPeak  # noqa: E402
 
@@ -262,6 +262,17 @@ class TestLlama4Plan(unittest.TestCase):
                 self.assertIn("short by", text)
                 self.assertIn("encoder_image", text)
                 self.assertIn("planned; not served by this runtime", text)
+
+    def test_scout_planned_over_four_ranks_with_whole_towers(self):
+        # a served multimodal model runs on one rank (configs/resolved.check_tp_sharding); a planned-only one is
+        # planned over tp ranks with each rank holding the whole towers
+        name = "llama-4-scout-17b-16e"
+        status, result, text = run(["--model-path", os.path.join(FIXTURES, name), "--gpu", "h100-80gb", "--tp", "4"])
+        self.assertEqual(status, 0, text)
+        shape = model_shape_from_path(os.path.join(FIXTURES, name))
+        towers = shape.params(4)["vision_tower"] + shape.params(4)["projector"]
+        self.assertEqual(towers, shape.params(1)["vision_tower"] + shape.params(1)["projector"])
+        self.assertIn("planned; not served by this runtime", text)
 
 
 if __name__ == "__main__":

@@ -153,12 +153,12 @@ def check_tp_sharding(shape: ModelShape, tp_size: int, ep_size: int = 1) -> None
     """ValueError naming the fix when the model cannot be split over tp_size ranks: attention heads, KV heads (split,
     or replicated when tp > KV heads), the dense MLP's intermediate size (where a layer has one) and the experts'
     intermediate sizes, or with ep_size expert groups (--ep-size) the experts over the groups and each expert's
-    intermediate size over a group's tp / ep ranks; multimodal models run on one rank."""
+    intermediate size over a group's tp / ep ranks; multimodal models this runtime serves run on one rank."""
     t, tp = shape.text, tp_size
     if tp == 1:
         return
     check_ep_sharding(shape, tp_size, ep_size)
-    if shape.encoders:
+    if shape.encoders and shape.arch.served:  # a planned-only model's towers are planned whole on every rank
         raise ValueError(f"--tp-size {tp}: multimodal models run on one rank only; use --tp-size 1.")
     if t.num_q_heads % tp:
         raise ValueError(f"--tp-size {tp} does not divide the model's {t.num_q_heads} attention heads; "
