@@ -10,9 +10,11 @@ from sglang.srt.mem_plan.measure import cpu_peak_rss_bytes, peak_rss_supported, 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 
-register_cpu_ci(est_time=70, suite="cpu")
+register_cpu_ci(est_time=55, suite="cpu")
 
-CAP_GIB = 1.0
+# the work (a pool's worth of prompts, 1.3x over) scales with the cap; the plan-vs-RSS slack does not (measured
+# ~80 MiB at both 0.75 and 1.0 GiB)
+CAP_GIB = 0.75
 
 
 @pytest.mark.skipif(not peak_rss_supported(), reason="needs /proc/self/clear_refs and VmHWM")
