@@ -177,26 +177,34 @@ class TestWindowedBound(unittest.TestCase):
         self.assertIn("none -- no layer keeps every token", plan.explain())
 
 
-def rule_slots(kind, ctx, user, T, cell=0, slot_pool=0):
-    """The slot rules as slots.py's docstring states them, written again (cell, slot_pool: the balance cap)."""
+def balance_cap(T, cell, window, wcell, state, chunk, page):
+    """The balance cap as slots.py states it: the largest R in [1, T // 2] with T_w(T, R) x windowed cell + R x state
+    <= T x full cell, or 1; every R tried."""
+    ok = [R for R in range(1, T // 2 + 1) if windowed(T, R, window, chunk, page) * wcell + R * state <= T * cell]
+    return max(ok, default=1)
+
+
+def windowed(T, R, window, chunk, page):
+    return min(T, -(-(R * (window + 2 * (page - 1)) + max(chunk, R)) // page) * page) if window else 0
+
+
+def rule_slots(kind, ctx, user, T, cell=0, window=0, state=0, chunk=1, page=1):
+    """The slot rules as slots.py's docstring states them, written again (cell, window, state: the balance cap)."""
     if kind == "context-per-slot":
         return min(user, T // ctx) if user else min(T // ctx, 4096)
     if user:
         return min(user, T // 2)
     if kind == "first-context":
-        cap = max(1, T * cell // slot_pool) if cell and slot_pool else 4096
+        cap = balance_cap(T, cell, window, 3, state, chunk, page) if cell and (window or state) else 4096
         return min(1 + max(T - ctx, 0) * 512 // ctx, 4096, T // 2, cap)
     return min(max(T * 512 // ctx, 2048), 4096, T // 2)
 
 
 def brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, page, t_max):
     best = 0
-    slot_pool = (window + 2 * (page - 1)) * 3 * bool(window) + state  # a slot's window (cell 3) and its state
     for T in range(0, t_max + 1, page):
-        R = rule_slots(kind, ctx, user, T, cell, slot_pool)
-        win = 0
-        if window:
-            win = min(T, -(-(R * (window + 2 * (page - 1)) + max(chunk, R)) // page) * page) + page
+        R = rule_slots(kind, ctx, user, T, cell, window, state, chunk, page)
+        win = windowed(T, R, window, chunk, page) + page if window else 0
         if T * cell + R * per_slot + win * 3 + (R + 1) * state * bool(state) <= budget:
             best = T
     return best
@@ -222,14 +230,13 @@ class TestSolveVsBruteForce(unittest.TestCase):
                                         linear_layers=int(state > 0), window_tokens=window,
                                         windowed_cell_bytes=3 if window else 0, state_bytes_per_slot=state),
                              chunk, page)
-            self.assertEqual(pools.slot_pool_bytes, (window + 2 * (page - 1)) * 3 * bool(window) + state)
-            rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, slot_pool_bytes=pools.slot_pool_bytes)
+            rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, pools=pools)
             got = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=per_slot), page,
                                    cap // page * page if cap else None, pools)
             want = brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, page,
                                cap // page * page if cap else t_max)
             self.assertEqual(got, want, (kind, ctx, page, window, state, cell, user, per_slot, chunk, budget))
-            self.assertEqual(rule.slots(got), rule_slots(kind, ctx, user, got, cell, pools.slot_pool_bytes))
+            self.assertEqual(rule.slots(got), rule_slots(kind, ctx, user, got, cell, window, state, chunk, page))
             balanced += rule.regime(got) == "balance"
         self.assertGreater(balanced, 20)  # the cap binds in a good share of the solves
 
@@ -237,8 +244,8 @@ class TestSolveVsBruteForce(unittest.TestCase):
         """first-context: whenever one request of the full context fits beside its window, the solve reaches it."""
         ctx, cell, chunk = 64, 5, 16
         pools = PoolCost(LayerPools(full_layers=1, sliding_layers=1, window_tokens=16, windowed_cell_bytes=40), chunk)
-        for rule in (SlotRule(ctx, kind="first-context"),  # and with the balance cap: a slot's window is 640 B
-                     SlotRule(ctx, kind="first-context", full_cell_bytes=cell, slot_pool_bytes=16 * 40)):
+        for rule in (SlotRule(ctx, kind="first-context"),  # and with the balance cap (windows 8x the full cell)
+                     SlotRule(ctx, kind="first-context", full_cell_bytes=cell, pools=pools)):
             for budget in range(0, 20_000, 37):
                 T = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=100), 1, None, pools)
                 one_fits = ctx * cell + 100 + (16 + chunk + 1) * 40 <= budget
@@ -290,7 +297,10 @@ class TestPlans(unittest.TestCase):
         R = plan.max_running_requests
         self.assertEqual(plan.windowed_tokens, min(plan.max_total_num_tokens, R * 1024 + 8192))
         self.assertEqual(plan.bytes_of("kv_windowed"), (plan.windowed_tokens + 1) * 425_984)
-        self.assertEqual(R, 1 + (plan.max_total_num_tokens - 131072) * 512 // 131072)
+        # 512 slots a context past the first, capped where the windows would outweigh the full pool (slots.py):
+        # (1,024 R + 8,192) x 425,984 <= T x 81,920 while the windows stay below T
+        T = plan.max_total_num_tokens
+        self.assertEqual(R, min(1 + (T - 131072) * 512 // 131072, (T * 81_920 // 425_984 - 8192) // 1024))
         self.assertGreater(R, 1)
         text = plan.explain()
         for words in ("KV pool (full layers)", "Windowed pool", "10 full, 52 sliding", "Full-context requests"):
@@ -348,33 +358,12 @@ class TestPlans(unittest.TestCase):
         self.assertGreaterEqual(plan.full_context_requests, 1)
         self.assertIn("Linear-state pool", plan.explain())
 
-    def test_nemotron_h_8b_slots_balance_the_kv_pool(self):
-        """Nemotron-H-8B on an H100: 4 attention layers (8 KV heads x 128) and 24 Mamba-2 layers whose state per request
-        is (conv: 128 heads x 64 + 2 x 8 groups x 128 channels, 3 columns, bf16) + (ssm: 128 x 64 x 128, fp32). Its
-        slots are the expensive side (one is 6,234 tokens of KV): the balance cap binds, R = T x cell // state."""
-        shape = model_shape_from_path(os.path.join(FIXTURES, "nemotron-h-8b-base-8k"))
-        cell = 4 * 8 * 128 * 2 * BF16
-        state = 24 * ((128 * 64 + 2 * 8 * 128) * 3 * BF16 + 128 * 64 * 128 * 4)
-        self.assertEqual((cell, state), (16_384, 102_137_856))
-        inputs = card_inputs(shape, "h100-80gb")
-        plan = plan_memory(inputs)
-        self.assertEqual((plan.kv_cell_bytes, plan.state_bytes_per_slot), (cell, state))
-        T, R = plan.max_total_num_tokens, plan.max_running_requests
-        self.assertEqual(R, T * cell // state)
-        self.assertEqual(plan.slot_regime, "balance")
-        self.assertLessEqual(R * state, T * cell)  # the state pool (less its dummy) never outweighs the KV pool
-        self.assertEqual(plan.bytes_of("linear_state"), (R + 1) * state)
-        self.assertGreater(T, 1_000_000)  # 17,807 tokens beside 601 slots without the cap
-        self.assertGreaterEqual(plan.full_context_requests, 200)
-        more = plan_memory(dataclasses.replace(inputs, max_total_tokens=T + 1))  # and the solve is still exact
-        self.assertEqual(more.max_total_num_tokens, T)
-
     def test_gemma3_27b_h200_slots_balance_the_windows(self):
         """On an H200 the pool holds ~4 contexts: 512 slots a context would buy ~1,500 windows of 436 MB; the cap keeps
         the windows' bytes to the full pool's."""
         plan = self.gemma("h200")
         T, R = plan.max_total_num_tokens, plan.max_running_requests
-        self.assertEqual(R, T * 81_920 // (1024 * 425_984))
+        self.assertEqual(R, (T * 81_920 // 425_984 - 8192) // 1024)  # (1,024 R + 8,192) x 425,984 <= T x 81,920
         self.assertEqual(plan.slot_regime, "balance")
         self.assertLess(R, 1 + (T - 131072) * 512 // 131072)
         self.assertGreaterEqual(plan.full_context_requests, 3)

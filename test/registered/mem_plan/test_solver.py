@@ -1,5 +1,6 @@
 """Exact token solve vs. brute force, across every region of the request-slot rule, and PR #18263's numbers."""
 
+import random
 import unittest
 
 import numpy as np
@@ -8,10 +9,11 @@ from hypothesis import strategies as st
 
 from sglang.srt.mem_plan import SlotCost, SlotRule, linear_regime_tokens, solve_max_tokens
 from sglang.srt.mem_plan.backends import aiter_decode_workspace_per_req_bytes
+from sglang.srt.mem_plan.layer_pools import LayerPools, PoolCost
 from sglang.srt.mem_plan.solver import total_bytes
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=8, suite="cpu")
+register_cpu_ci(est_time=12, suite="cpu")
 
 PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,6 +34,24 @@ def brute_force(budget, cell, rule, cost, page, max_tokens=None):
              + cost.per_graph_bs_bytes * np.minimum(cost.cuda_graph_max_bs, r))
     ok = np.nonzero(total <= budget)[0]
     return int(t[ok[-1]]) if len(ok) else 0
+
+
+def pools_of(window=0, windowed_cell=0, state=0, chunk=1, page=1) -> PoolCost:
+    return PoolCost(LayerPools(full_layers=1, sliding_layers=int(window > 0), linear_layers=int(state > 0),
+                               window_tokens=window, windowed_cell_bytes=windowed_cell, state_bytes_per_slot=state),
+                    chunk, page)
+
+
+def cap_by_brute_force(T, cell, window, wcell, state, chunk, page):
+    """The balance cap as the issue states it: the largest R in [1, T // 2] whose windowed tokens
+    min(T, (R (W + 2 (P - 1)) + max(chunk, R)) rounded up to a page) x windowed cell + R x state <= T x full cell,
+    or 1; every R tried."""
+    best = 1
+    for R in range(1, T // 2 + 1):
+        t_w = min(T, -(-(R * (window + 2 * (page - 1)) + max(chunk, R)) // page) * page) if window else 0
+        if t_w * wcell + R * state <= T * cell:
+            best = R
+    return best
 
 
 class TestSlotRule(unittest.TestCase):
@@ -74,37 +94,90 @@ class TestSlotRuleKinds(unittest.TestCase):
         self.assertEqual(rule.regime(1), "half")
         self.assertEqual(SlotRule(131072, 8, kind="first-context").slots(10**6), 8)  # the user's value wins
 
-    def test_balance_cap(self):
+    def test_balance_cap_state(self):
         """Nemotron-H-8B at context 8,192: a full token 16,384 B (4 attention layers x 8 KV heads x 128 x K,V x 2 B),
         a slot's state 102,137,856 B (24 Mamba layers x (10,240 conv channels x 3 x 2 B + 128 x 64 x 128 x 4 B)).
-        Past the first context the 512-per-context rule would buy 4,096 slots; the cap buys T x 16,384 // 102,137,856."""
-        rule = SlotRule(8192, kind="first-context", full_cell_bytes=16_384, slot_pool_bytes=102_137_856)
+        Past the first context the 512-per-context rule would buy 4,096 slots; with no window the cap is
+        R x 102,137,856 <= T x 16,384, i.e. T x 16,384 // 102,137,856."""
+        rule = SlotRule(8192, kind="first-context", full_cell_bytes=16_384, pools=pools_of(state=102_137_856))
         self.assertEqual(1 + (1_906_484 - 8192) * 512 // 8192, 118_644)  # the linear piece, capped at 4,096
         self.assertEqual(rule.slots(1_906_484), 305)  # 31,235,833,856 B of KV / 102,137,856 B = 305.8
         self.assertEqual(rule.regime(1_906_484), "balance")
         self.assertLessEqual(305 * 102_137_856, 1_906_484 * 16_384)
         self.assertGreater(306 * 102_137_856, 1_906_484 * 16_384)
         # one state is exactly 6,234 tokens of KV (6,234 x 16,384 = 102,137,856): the cap is T // 6,234
-        self.assertEqual(rule.slots(6_233), 1)  # below one slot's worth of KV: still the one slot (max(1, .))
+        self.assertEqual(rule.slots(6_233), 1)  # below one slot's worth of KV: still the one slot
         self.assertEqual(rule.slots(8192 + 16), 1)  # the linear piece says 2, the cap 8,208 // 6,234 = 1
         self.assertEqual(rule.regime(8192 + 16), "balance")
         self.assertEqual(rule.slots(3 * 6234 - 1), 2)
         self.assertEqual(rule.slots(3 * 6234), 3)
         self.assertEqual(rule.slots(1), 0)  # T // 2 still bounds it
-        # Gemma-3-27B at 131,072: a full token 81,920 B, a slot's window 1,024 x 425,984 B (52 sliding layers):
-        # at 135,679 tokens the linear piece (18 slots) is below the cap (25) -- cheap slots keep E's rule
-        gemma = SlotRule(131072, kind="first-context", full_cell_bytes=81_920, slot_pool_bytes=1024 * 425_984)
-        self.assertEqual(gemma.slots(135_679), 18)
-        self.assertEqual(gemma.regime(135_679), "linear")
-        self.assertEqual(gemma.slots(513_786), 96)  # 42,089,349,120 // 436,207,616 (the linear piece: 1,495)
-        self.assertEqual(gemma.regime(513_786), "balance")
         # the user's value, and the other kinds, are not capped
         self.assertEqual(SlotRule(8192, 900, kind="first-context", full_cell_bytes=16_384,
-                                  slot_pool_bytes=102_137_856).slots(1_906_484), 900)
-        self.assertEqual(SlotRule(8192, full_cell_bytes=16_384, slot_pool_bytes=102_137_856).slots(1_906_484), 4096)
-        self.assertEqual(SlotRule(8192, kind="first-context").slots(1_906_484), 4096)  # no bytes given: no cap
+                                  pools=pools_of(state=102_137_856)).slots(1_906_484), 900)
+        self.assertEqual(SlotRule(8192, full_cell_bytes=16_384, pools=pools_of(state=102_137_856)).slots(1_906_484),
+                         4096)
+        self.assertEqual(SlotRule(8192, kind="first-context").slots(1_906_484), 4096)  # no pools given: no cap
         with self.assertRaises(ValueError):
-            SlotRule(8192, kind="first-context", full_cell_bytes=-1, slot_pool_bytes=5)
+            SlotRule(8192, kind="first-context", full_cell_bytes=-1, pools=pools_of(state=5))
+
+    def test_balance_cap_windows(self):
+        """Gemma-3-27B at 131,072, page 1, chunk 8,192: a full token 81,920 B (10 layers), a windowed one 425,984 B
+        (52 sliding layers of 1,024). While the windows stay below the full pool, R slots are balanced when
+        (1,024 R + 8,192) x 425,984 <= T x 81,920: R <= (T x 81,920 // 425,984 - 8,192) // 1,024."""
+        gemma = SlotRule(131072, kind="first-context", full_cell_bytes=81_920,
+                         pools=pools_of(window=1024, windowed_cell=425_984, chunk=8192))
+        for T, linear in ((135_679, 18), (513_786, 1_495)):
+            self.assertEqual(1 + (T - 131072) * 512 // 131072, linear)
+            self.assertEqual(gemma.slots(T), (T * 81_920 // 425_984 - 8192) // 1024)  # 17, 88
+            self.assertEqual(gemma.regime(T), "balance")
+        self.assertEqual(gemma.slots(100_000), 1)  # nothing balanced below 8,192 windowed tokens' worth: one slot
+        # Gemma-2-9B at 8,192: 21 sliding layers of 4,096 beside 21 full, the same cell (172,032 B): the windows can
+        # never outweigh the full pool (T_w <= T), so the cap never binds (the additive form gave 43 slots at 178,021)
+        gemma2 = SlotRule(8192, kind="first-context", full_cell_bytes=172_032,
+                          pools=pools_of(window=4096, windowed_cell=172_032, chunk=8192))
+        plain = SlotRule(8192, kind="first-context")
+        for T in (2, 4096, 8192, 8193, 12_000, 16_383, 178_021, 10**7):
+            self.assertEqual(gemma2.slots(T), plain.slots(T), T)
+            self.assertNotEqual(gemma2.regime(T), "balance")
+        self.assertEqual(gemma2.slots(178_021), 4096)
+        self.assertLess(178_021 * 172_032 // ((4096 + 0) * 172_032), 4096)  # what the additive cap made of it: 43
+
+    def test_balance_cap_vs_brute_force(self):
+        """B(T) over small integers -- windowed cell below / equal / above the full one, with and without state,
+        pages 1..4 -- against every R in [1, T // 2] tried (no monotonicity assumed); and B nondecreasing in T."""
+        rng = random.Random(40)
+        seen = {"below": 0, "equal": 0, "above": 0, "binds": 0}
+        for _ in range(200):
+            cell, page, chunk = rng.randint(1, 9), rng.choice([1, 2, 4]), rng.randint(1, 16)
+            wcell = rng.choice([0, rng.randint(1, cell), cell, rng.randint(cell, 30)])
+            window = rng.randint(1, 12) if wcell else 0
+            state = rng.choice([0, rng.randint(1, 60)]) if wcell else rng.randint(1, 60)
+            rule = SlotRule(rng.randint(2, 40), kind="first-context", full_cell_bytes=cell,
+                            pools=pools_of(window, wcell, state, chunk, page))
+            prev = 0
+            for T in range(0, 260):
+                want = cap_by_brute_force(T, cell, window, wcell, state, chunk, page)
+                self.assertEqual(rule.balance_cap(T), want, (T, cell, window, wcell, state, chunk, page))
+                for upto in (1, 2, 3, 7, 50):
+                    self.assertEqual(rule.balance_cap(T, upto=upto), min(upto, want))
+                self.assertGreaterEqual(want, prev)  # nondecreasing in T
+                prev = want
+                seen["binds"] += 1 < want < T // 2
+            seen["below" if wcell < cell else "equal" if wcell == cell else "above"] += 1
+        self.assertTrue(all(n >= 20 for n in seen.values()), seen)
+
+    @PROPERTY_SETTINGS
+    @given(kind=st.sampled_from(["upstream", "first-context", "context-per-slot"]), ctx=st.integers(2, 5000),
+           user=st.one_of(st.none(), st.integers(1, 5000)), t=st.integers(0, 10**7), dt=st.integers(1, 10**5),
+           cell=st.integers(0, 10**5), window=st.integers(0, 10**5), wcell=st.integers(1, 10**6),
+           state=st.integers(0, 10**9), chunk=st.integers(1, 10**5), page=st.sampled_from([1, 16, 64]))
+    def test_monotone(self, kind, ctx, user, t, dt, cell, window, wcell, state, chunk, page):
+        pools = pools_of(window, wcell if window else 0, state if window else state + 1, chunk, page)
+        rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, pools=pools)
+        self.assertLessEqual(rule.slots(t), rule.slots(t + dt))
+        if kind == "first-context" and user is None and cell and rule.slots(t) > 1:  # the cap holds where it binds
+            self.assertLessEqual(pools.balance_bytes(t, rule.slots(t)), t * cell)
 
     def test_context_per_slot(self):
         rule = SlotRule(32768, kind="context-per-slot")
@@ -118,18 +191,6 @@ class TestSlotRuleKinds(unittest.TestCase):
         self.assertEqual(SlotRule(32768, 7, kind="context-per-slot").slots(3 * 32768), 3)  # a slot is a context
         with self.assertRaises(ValueError):
             SlotRule(32768, kind="ratio")
-
-    @PROPERTY_SETTINGS
-    @given(kind=st.sampled_from(["upstream", "first-context", "context-per-slot"]), ctx=st.integers(2, 5000),
-           user=st.one_of(st.none(), st.integers(1, 5000)), t=st.integers(0, 10**7), dt=st.integers(1, 10**5),
-           cell=st.integers(0, 10**5), slot_pool=st.integers(0, 10**9))
-    def test_monotone(self, kind, ctx, user, t, dt, cell, slot_pool):
-        rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, slot_pool_bytes=slot_pool)
-        self.assertLessEqual(rule.slots(t), rule.slots(t + dt))
-        if kind == "first-context" and user is None and cell and slot_pool and t >= 2:  # the cap, when it binds
-            self.assertLessEqual(rule.slots(t), max(1, t * cell // slot_pool))
-            if rule.slots(t) > 1:
-                self.assertLessEqual(rule.slots(t) * slot_pool, t * cell)
 
 
 class TestPR18263(unittest.TestCase):

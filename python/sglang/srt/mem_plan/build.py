@@ -278,9 +278,11 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
     device = cpu_replica_share(sa, device)
     cap_bytes, cap_source = resolve_cap(sa, device)
     graph_bs = graph_batch_size(sa, model, device)
-    # the full layers' cell: the KV pool; sliding / chunked / linear layers go to their per-slot pools (layer_pools.py)
+    # the full layers' cell: the KV pool; sliding / chunked / linear layers go to their per-slot pools (layer_pools.py),
+    # but a window or chunk that reaches the planned context is a full layer
     cell, layer_pools = split_kv_cell(model.shape.text, model.shape.kv_cell(model.kv_cache_dtype, sa.tp_size,
-                                                                            model.dtype), sa.tp_size)
+                                                                            model.dtype), sa.tp_size,
+                                      model.context_len, sa.page_size)
     grammar_per_req, grammar_cache = grammar_terms(sa, model, device)
     moe = moe_workspace(sa, model, device)
     embedding = bool(getattr(sa, "is_embedding", False))

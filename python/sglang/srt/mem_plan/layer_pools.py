@@ -22,8 +22,13 @@ KV too, page for page, so a model with full layers never needs more windowed tok
     T_w(T, R) = min(T, align_up(R x (W + 2 (P - 1)) + max(chunk, R), P))
 
 T_w is nondecreasing in T and R, so with a nondecreasing slot rule R(T) the total stays nondecreasing in T and the
-token bisection (solver.py) stays exact. A slot's own pools (PoolCost.slot_pool_bytes: W + 2 (P - 1) windowed tokens
-and its state) also bound how many slots the rule buys: never more than the full pool outweighs (slots.py, B(T)).
+token bisection (solver.py) stays exact. The slots' own pools (PoolCost.balance_bytes: T_w windowed tokens and R
+states) also bound how many slots the rule buys: never more than the full pool outweighs (slots.py, B(T)).
+
+A windowed layer whose bound reaches the planned context -- W + 2 (P - 1) >= context_len (a sliding window or an
+attention chunk as long as any request) -- never drops a token of a request, and one slot's share of the windowed
+pool would be a whole context: it is a full layer for the plan (split_kv_cell with context_len; Ministral-8B's
+sliding layers, window 32,768 at context 32,768). Its KV goes to the full pool and the plan's layer line says so.
 
 A model without full layers (Mistral-7B: every layer sliding) has no full pool: T is then the logical tokens
 req_to_token can map, R x context_len (a slot holds one request of up to the context), costs nothing itself, and is
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
@@ -71,10 +77,14 @@ class LayerPools:
     windowed_cell_bytes: int = 0  # K/V bytes per token summed over sliding + chunked layers
     windowed_fixed_bytes: int = 0  # a quantized KV format's per-(layer, head) scales of those layers
     state_bytes_per_slot: int = 0  # summed over linear layers
+    sliding_as_full: int = 0  # of full_layers, sliding layers whose window reaches the context (priced full) ...
+    chunked_as_full: int = 0  # ... and chunked layers whose chunk does
 
     def __post_init__(self):
         if min(dataclasses.astuple(self)) < 0:
             raise ValueError(f"LayerPools fields must be >= 0: {self}")
+        if self.sliding_as_full + self.chunked_as_full > self.full_layers:
+            raise ValueError(f"windowed layers priced full are counted in full_layers: {self}")
         if self.windowed_layers and (self.window_tokens <= 0 or self.windowed_cell_bytes <= 0):
             raise ValueError(f"windowed layers need a window and a cell: {self}")
         if self.linear_layers and self.state_bytes_per_slot <= 0:
@@ -93,9 +103,16 @@ class LayerPools:
     def has_full_pool(self) -> bool:
         return self.full_layers > 0 or not self.per_slot_layers
 
+    @property
+    def mixed_kinds(self) -> bool:
+        """Whether some layer is not a plain full layer (the plan then has a layer line)."""
+        return self.per_slot_layers or bool(self.sliding_as_full or self.chunked_as_full)
+
     def describe_kinds(self) -> str:
-        kinds = (("full", self.full_layers), ("sliding", self.sliding_layers), ("chunked", self.chunked_layers),
-                 ("linear", self.linear_layers))
+        plain_full = self.full_layers - self.sliding_as_full - self.chunked_as_full
+        kinds = (("full", plain_full), ("sliding (window >= context: full)", self.sliding_as_full),
+                 ("chunked (chunk >= context: full)", self.chunked_as_full), ("sliding", self.sliding_layers),
+                 ("chunked", self.chunked_layers), ("linear", self.linear_layers))
         return ", ".join(f"{n} {k}" for k, n in kinds if n)
 
 
@@ -127,13 +144,11 @@ class PoolCost:
         rows = kv_pool_rows(self.windowed_tokens(num_tokens, num_slots), self.page_size)
         return rows * p.windowed_cell_bytes + p.windowed_fixed_bytes
 
-    @property
-    def slot_pool_bytes(self) -> int:
-        """One request slot's own pools: the windowed tokens it may hold (W + 2 (P - 1) on every windowed layer) and
-        its linear state; what slots.SlotRule's balance cap weighs against the full pool (0: no per-slot layers)."""
+    def balance_bytes(self, num_tokens: int, num_slots: int) -> int:
+        """L(T, R) = T_w(T, R) x windowed cell + R x state: what slots.SlotRule's balance cap weighs against the
+        full pool (T x full cell); nondecreasing in R (and 0 without per-slot layers)."""
         p = self.pools
-        window = window_tokens_per_slot(p.window_tokens, self.page_size) if p.windowed_layers else 0
-        return window * p.windowed_cell_bytes + p.state_bytes_per_slot
+        return self.windowed_tokens(num_tokens, num_slots) * p.windowed_cell_bytes + num_slots * p.state_bytes_per_slot
 
     def state_slots(self, num_slots: int) -> int:
         return num_slots + STATE_DUMMY_SLOTS if self.pools.linear_layers else 0
@@ -158,24 +173,29 @@ def layer_kind_counts(layer_kinds: tuple, num_layers: int) -> dict[str, int]:
     return counts
 
 
-def split_kv_cell(text, cell, tp: int = 1):
+def split_kv_cell(text, cell, tp: int = 1, context_len: Optional[int] = None, page_size: int = 1):
     """(the full layers' KVCellSpec, LayerPools) of a text shape whose all-layer cell is `cell` (ModelShape.kv_cell).
 
-    A shape whose layers are all full gets `cell` back unchanged and NO_LAYER_POOLS, so its plan is what it was."""
+    With the planned context_len (and page size), a sliding / chunked kind whose bound reaches it is priced full (module
+    docstring). A shape whose layers are all full gets `cell` back unchanged and NO_LAYER_POOLS, so its plan is what it
+    was; one whose windowed layers all reach the context gets the same cell (every layer) and only the layer line."""
     counts = layer_kind_counts(text.layer_kinds, text.num_layers)
     if counts["full"] == text.num_layers:
         return cell, NO_LAYER_POOLS
-    windowed = counts["sliding"] + counts["chunked"]
-    bounds = ([text.sliding_window] if counts["sliding"] else []) + \
-             ([text.attention_chunk_size] if counts["chunked"] else [])
-    if any(b <= 0 for b in bounds):
+    bound_of = {"sliding": text.sliding_window, "chunked": text.attention_chunk_size}
+    if any(counts[k] and b <= 0 for k, b in bound_of.items()):
         raise ValueError(f"{text.model_type}: sliding / chunked layers need sliding_window / attention_chunk_size > 0")
+    as_full = {k: counts[k] if context_len is not None and window_tokens_per_slot(b, page_size) >= context_len else 0
+               for k, b in bound_of.items()}
+    kept = {k: counts[k] - as_full[k] for k in bound_of}  # windowed layers that keep a window
+    full = counts["full"] + sum(as_full.values())
+    windowed = sum(kept.values())
     win_cell = dataclasses.replace(cell, num_layers=windowed)
     state = sum(t.bytes_per_rank(tp) for t in text.state_tensors) * counts["linear"]
     pools = LayerPools(
-        full_layers=counts["full"], sliding_layers=counts["sliding"], chunked_layers=counts["chunked"],
-        linear_layers=counts["linear"], window_tokens=max(bounds, default=0),
+        full_layers=full, sliding_layers=kept["sliding"], chunked_layers=kept["chunked"],
+        linear_layers=counts["linear"], window_tokens=max((bound_of[k] for k in kept if kept[k]), default=0),
         windowed_cell_bytes=win_cell.cell_bytes if windowed else 0,
         windowed_fixed_bytes=win_cell.fixed_bytes if windowed else 0,
-        state_bytes_per_slot=state)
-    return dataclasses.replace(cell, num_layers=counts["full"]), pools
+        state_bytes_per_slot=state, sliding_as_full=as_full["sliding"], chunked_as_full=as_full["chunked"])
+    return dataclasses.replace(cell, num_layers=full), pools

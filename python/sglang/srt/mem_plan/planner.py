@@ -65,7 +65,7 @@ class _Resolved:
         chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
         pool_cost = PoolCost(pools, chunk, x.page_size)
         rule = SlotRule(x.context_len, x.max_running_requests, kind=kind, full_cell_bytes=x.kv_cell_bytes,
-                        slot_pool_bytes=pool_cost.slot_pool_bytes)  # the balance cap (slots.py)
+                        pools=pool_cost)  # the balance cap (slots.py)
         max_tokens = x.max_total_tokens
         if kind == "context-per-slot" and max_tokens is None:
             max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no full pool: T = R x context
@@ -331,7 +331,7 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         kv_cell_bytes=x.kv_cell_bytes,
         kv_fixed_bytes=x.kv_fixed_bytes,
         kv_window_rows=r.window_rows(num_tokens) if x.kv_window_row_bytes else 0,
-        layer_kinds=x.layer_pools.describe_kinds() if x.layer_pools.per_slot_layers else "",
+        layer_kinds=x.layer_pools.describe_kinds() if x.layer_pools.mixed_kinds else "",
         windowed_tokens=r.pools.windowed_tokens(num_tokens, num_reqs),
         windowed_cell_bytes=x.layer_pools.windowed_cell_bytes,
         windowed_fixed_bytes=x.layer_pools.windowed_fixed_bytes,

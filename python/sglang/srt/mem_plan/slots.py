@@ -6,7 +6,7 @@ kind "upstream" (every layer full):
     set   --max-running-requests:  R(T) = min(user, T // 2)
 kind "first-context" (some windowed or linear layers, and full layers):
     unset:  R(T) = min(1 + floor(max(T - context_len, 0) * 512 / context_len), 4096, T // 2, B(T))
-            B(T) = max(1, floor(T * full_cell_bytes / slot_pool_bytes))     (the balance cap; below)
+            B(T) = the balance cap (below)
     set:    R(T) = min(user, T // 2)
 kind "context-per-slot" (no full layer: T is the logical tokens req_to_token maps, R x context_len):
     unset:  R(T) = min(floor(T / context_len), 4096)
@@ -21,19 +21,38 @@ context of pool, without the floor. With a full pool a slot's window is never mo
 short --context-length still gets many cheap slots.
 
 Why the balance cap B(T): a slot is worth the tokens it can use. Its own pools -- the windowed tokens it may hold
-(W + 2 (P - 1) on every windowed layer) and its linear state -- are bought beside the full pool its requests share,
-and 512 slots per context prices them as if they were as cheap as a req_to_token row. On a model with a small full
-cell they are not: Nemotron-H-8B (4 full layers, 16,384 B a token; 24 Mamba layers, 102 MB a slot) got 601 slots
-= 57 GiB of state beside 17,807 tokens of KV on an H100, about two full-context requests for 601 slots. B(T) keeps
-R x slot_pool_bytes <= T x full_cell_bytes (the slots' pools never outweigh the full pool they share; at least one
-slot, so the first context still comes first): the solve then balances the two pools itself, with no ratio knob to
-tune. Where slots are cheap (gpt-oss: a 128-token window; Gemma-3-27B below two contexts) B(T) is far above the
-other terms and changes nothing. Upstream splits the same memory with fixed knobs instead: --mamba-full-memory-ratio
+(layer_pools.PoolCost) and its linear state -- are bought beside the full pool its requests share, and 512 slots per
+context prices them as if they were as cheap as a req_to_token row. On a model with a small full cell they are not:
+Nemotron-H-8B (4 full layers, 16,384 B a token; 24 Mamba layers, 102 MB a slot) got 601 slots = 57 GiB of state
+beside 17,807 tokens of KV on an H100, about two full-context requests for 601 slots. So the slots' pools may never
+outweigh the full pool they share. With a the windowed cell (bytes a windowed token costs over all windowed layers),
+s a slot's state, c the full cell and T_w(T, R) = min(T, U(R)), U(R) = align_up(R (W + 2 (P - 1)) + max(chunk, R), P)
+the windowed pool's tokens (layer_pools.py), R slots are *balanced* at T when
+
+    L(T, R) = T_w(T, R) x a + R x s  <=  T x c
+    B(T)    = the largest R in [1, T // 2] balanced at T, or 1 if none (one full-context request before anything)
+
+The cap is exact where the earlier form T c // (W a + s) was not: that form counted every slot's window as additive
+even after T_w had reached T, so Gemma-2-9B (a = c, 21 sliding layers of 4,096 at context 8,192) got 43 slots with
+no byte saved. Here, whenever a <= c and s = 0 (the windowed pool can never outweigh the full one, as T_w <= T),
+every R is balanced and the cap never binds; Gemma-3-27B (a = 5.2 c) and the state models keep a cap close to the
+earlier one. R(T) only ever takes min(other terms, B(T)), so the rule checks the other terms' R and bisects below it
+only when it is not balanced (L is nondecreasing in R: U and min(T, .) are, so the balanced R at a given T are
+[1, B(T)], a prefix, and the bisection is exact).
+
+B(T) is nondecreasing in T. For T <= 1 it is 1, the least it can be. For T >= 2 every R balanced at T is balanced
+at every T' > T (and R <= T // 2 <= T' // 2), so B(T') >= B(T). Take R balanced at T and T' > T:
+  * U(R) <= T (T_w(T, R) = U(R), the window bound): T_w(T', R) = U(R) too, so L(T', R) = L(T, R) <= T c < T' c.
+  * U(R) > T (T_w(T, R) = T, the full pool's tokens): balance says T a + R s <= T c, so R s <= T (c - a); with T >= 1
+    that needs a <= c. Then L(T', R) = min(T', U) a + R s <= min(T', U) a + T (c - a) <= min(T', U) a
+    + min(T', U) (c - a) = min(T', U) c <= T' c, since T < min(T', U) and c - a >= 0.
+(At T = 0 every R is balanced when s = 0 -- T_w = 0 -- and would not stay so; the [1, T // 2] range keeps it out.)
+Where slots are cheap (gpt-oss: a 128-token window) B(T) is far above the other terms and changes nothing. Upstream splits the same memory with fixed knobs instead: --mamba-full-memory-ratio
 0.9 gives the states 0.9 / 1.9 = 47% of the pool room (and 1 request slot per 3 state slots for its prefix-cache
 snapshots), which B(T) at its bound (states = 50%) nearly matches without the knob; --swa-full-tokens-ratio 0.8 gives
 the windowed layers 0.8 x the full pool's tokens whatever the window, several times the full pool's bytes on
 Gemma-3 (52 sliding : 10 full layers), where B(T) holds the windows to the full pool's bytes at most. The user's
---max-running-requests is not capped (the user chose the slots). B(T) is nondecreasing in T.
+--max-running-requests is not capped (the user chose the slots).
 
 Upstream writes int(T / context_len * 512); for any T and context_len below 2**40 the float and the exact
 integer floor agree (T / ctx rounds to k/512 exactly only when it is k/512), so the integer form is used.
@@ -43,7 +62,10 @@ Every kind's R(T) is nondecreasing in T, which makes "KV(T) + cost(R(T))" nondec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # the cap only calls PoolCost.balance_bytes; no import at run time
+    from sglang.srt.mem_plan.layer_pools import PoolCost
 
 # Upstream constants (scheduler request-slot heuristic): 512 slots per context-length worth of KV tokens,
 # at least 2048 and at most 4096 slots.
@@ -62,7 +84,7 @@ class SlotRule:
     max_slots: int = MAX_AUTO_SLOTS
     kind: str = "upstream"
     full_cell_bytes: int = 0  # first-context's balance cap: the full pool's bytes per token (0: no cap) ...
-    slot_pool_bytes: int = 0  # ... and one slot's windowed + linear-state pool bytes (0: no cap)
+    pools: Optional["PoolCost"] = None  # ... and the slots' windowed + linear-state pools (None: no cap)
 
     def __post_init__(self):
         if self.kind not in SLOT_RULE_KINDS:
@@ -73,17 +95,33 @@ class SlotRule:
             raise ValueError("--max-running-requests must be positive")
         if not 0 < self.min_slots <= self.max_slots:
             raise ValueError("need 0 < min_slots <= max_slots")
-        if min(self.full_cell_bytes, self.slot_pool_bytes) < 0:
-            raise ValueError("full_cell_bytes and slot_pool_bytes must be >= 0")
+        if self.full_cell_bytes < 0:
+            raise ValueError("full_cell_bytes must be >= 0")
 
     @property
     def balanced(self) -> bool:
-        """Whether the balance cap B(T) applies (module docstring): first-context with both byte counts known."""
-        return self.kind == "first-context" and self.full_cell_bytes > 0 and self.slot_pool_bytes > 0
+        """Whether the balance cap B(T) applies (module docstring): first-context, a full cell and per-slot pools."""
+        return (self.kind == "first-context" and self.full_cell_bytes > 0 and self.pools is not None
+                and self.pools.pools.per_slot_layers)
 
-    def balance_cap(self, total_tokens: int) -> int:
-        """B(T) = max(1, T x full_cell_bytes // slot_pool_bytes): the slots whose pools the full pool outweighs."""
-        return max(1, total_tokens * self.full_cell_bytes // self.slot_pool_bytes)
+    def is_balanced(self, total_tokens: int, num_slots: int) -> bool:
+        """L(T, R) <= T x c: R slots' windowed tokens and states do not outweigh the full pool (module docstring)."""
+        return self.pools.balance_bytes(total_tokens, num_slots) <= total_tokens * self.full_cell_bytes
+
+    def balance_cap(self, total_tokens: int, upto: Optional[int] = None) -> int:
+        """B(T): the largest R in [1, T // 2] balanced at T, or 1 if none; with `upto`, min(upto, B(T)) for
+        upto >= 1 (the same prefix cut at upto: checks upto, bisects below it only when it is not balanced)."""
+        hi = total_tokens // 2 if upto is None else min(total_tokens // 2, upto)
+        if hi <= 1 or self.is_balanced(total_tokens, hi):
+            return max(hi, 1)
+        lo, hi = 1, hi - 1  # invariant: every R <= lo is balanced or lo == 1; every R > hi is not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.is_balanced(total_tokens, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _linear(self, total_tokens: int) -> int:
         if self.kind == "first-context":
@@ -96,7 +134,7 @@ class SlotRule:
             return min(total_tokens // self.context_len, self.max_slots)
         if self.kind == "first-context":
             est = min(self._linear(total_tokens), self.max_slots)
-            return min(est, self.balance_cap(total_tokens)) if self.balanced else est
+            return self.balance_cap(total_tokens, upto=est) if self.balanced else est
         return min(max(self._linear(total_tokens), self.min_slots), self.max_slots)
 
     def bound(self, total_tokens: int) -> int:
@@ -123,11 +161,12 @@ class SlotRule:
         est = self.estimated(total_tokens)
         if self.kind == "context-per-slot":
             return "cap" if est >= self.max_slots else bound_name
-        if self.bound(total_tokens) < est:
-            return "half"
         linear = self._linear(total_tokens)
-        if self.balanced and self.balance_cap(total_tokens) < min(linear, self.max_slots):
-            return "balance"
+        unbalanced = min(linear, self.max_slots) if self.kind == "first-context" else est  # R without B(T)
+        if self.balanced and est < min(unbalanced, self.bound(total_tokens)):
+            return "balance"  # B(T) is below every other term
+        if self.bound(total_tokens) < unbalanced:
+            return "half"
         if self.kind == "first-context" and linear <= 1:
             return "first-context"
         if self.kind == "upstream" and linear <= self.min_slots:
