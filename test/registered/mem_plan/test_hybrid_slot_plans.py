@@ -1,5 +1,6 @@
-"""The zoo's hybrid models planned as `sglang plan` plans them (issue 40): the exact balance cap (slots.py) and
-windowed layers whose window reaches the context priced full (layer_pools.py).
+"""The zoo's hybrid models planned as `sglang plan` plans them (issue 40): the exact balance cap (slots.py),
+windowed layers whose window reaches the context priced full, and a model without full layers whose windowed pool is
+its token pool (layer_pools.py).
 
 References: the plan of the same inputs with the slot rule the cap replaced (no cap at all), a copy of the published
 config with its sliding window removed, and byte counts written by hand from the published configs.
@@ -24,7 +25,7 @@ from sglang.srt.mem_plan.slots import SlotRule
 from sglang.srt.mem_plan.specs import KVCellSpec
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="cpu")
+register_cpu_ci(est_time=12, suite="cpu")
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BF16 = 2
@@ -158,6 +159,44 @@ class TestCapStillBinds(unittest.TestCase):
         self.assertLess(abs(R / 305 - 1), 0.02)
         more = plan_memory(dataclasses.replace(inputs, max_total_tokens=T + 1))  # and the solve is still exact
         self.assertEqual(more.max_total_num_tokens, T)
+
+
+class TestNoFullLayer(unittest.TestCase):
+    """Every layer sliding: the windowed pool is the token pool, and the slots follow upstream's rule with a request's
+    most tokens in it, L = min(context, W + 2 (page - 1)), for the context (layer_pools.py)."""
+
+    PHI3 = os.path.join(FIXTURES, "phi-3-mini-4k-instruct")  # window 2,047, context 4,096
+    MISTRAL = os.path.join(FIXTURES, "mistral-7b-v0.1")  # window 4,096, context 32,768
+
+    def test_phi3_mini_upstream_rule_at_the_window(self):
+        plan = cli_plan(self.PHI3, "h100-80gb", "--max-total-tokens", "12000")
+        L = min(4096, 2047 + 2 * (plan["page_size"] - 1))
+        self.assertEqual((plan["has_full_pool"], plan["kv_cell_bytes"], plan["window_slot_tokens"]), (False, 0, L))
+        self.assertEqual((plan["max_total_num_tokens"], plan["windowed_tokens"]), (12000, 12000))
+        R = min(max(12000 * 512 // L, 2048), 4096, 12000 // 2)  # 3,001: at context 4,096 it would be the floor
+        self.assertEqual((plan["max_running_requests"], plan["slot_regime"]), (R, "linear"))
+        self.assertEqual(plan["full_context_requests"], min(R, 12000 // L))
+        self.assertEqual(plan["limited_by"], "--max-total-tokens")
+
+    def test_phi3_mini_auto_slots_as_upstream(self):
+        result = plan_run(["--model-path", self.PHI3, "--gpu", "h100-80gb"])[1]
+        plan = result["plan"]
+        self.assertEqual(plan["max_running_requests"], result["upstream"]["max_running_requests"])
+        self.assertEqual(plan["max_running_requests"], 4096)
+        self.assertEqual(plan["windowed_tokens"], plan["max_total_num_tokens"])
+        self.assertEqual(plan["full_context_requests"], plan["windowed_tokens"] // 2047)
+        self.assertLess(plan["headroom_bytes"], plan["windowed_cell_bytes"])  # one more token would not fit
+
+    def test_mistral_user_slots_bound_the_pool(self):
+        """--max-running-requests 64: no set of 64 requests holds more than 64 x 4,096 + one forward's tokens, so the
+        pool stops there though the budget buys more."""
+        plan = cli_plan(self.MISTRAL, "h100-80gb", "--max-running-requests", "64")
+        bound = 64 * 4096 + max(plan["chunked_prefill_size"], 64)
+        self.assertEqual((plan["max_running_requests"], plan["max_total_num_tokens"]), (64, bound))
+        self.assertEqual(plan["windowed_tokens"], bound)
+        self.assertTrue(plan["limited_by"].startswith("the windowed bound"), plan["limited_by"])
+        self.assertGreater(plan["headroom_bytes"], plan["windowed_cell_bytes"])
+        self.assertEqual(plan["full_context_requests"], min(64, bound // 4096))
 
 
 if __name__ == "__main__":

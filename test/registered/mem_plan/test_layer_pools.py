@@ -163,19 +163,23 @@ class TestWindowedBound(unittest.TestCase):
         self.assertEqual(cost.windowed_tokens(5000, 3), 5000)
 
     def test_mistral_per_layer_window_bound(self):
-        """Mistral-7B: every layer sliding (4,096): a request never holds more than 4,096 tokens a layer between
-        forwards, whatever its length; the plan's windowed pool is R x 4,096 + one chunk."""
+        """Mistral-7B: every layer sliding (4,096): no full pool, and the windowed pool is the token pool -- sized by
+        the budget, with upstream's slot rule at a request's most tokens in it (4,096, page 1) for the context."""
         plan = plan_card(MISTRAL_7B, "h100-80gb")
         self.assertFalse(plan.has_full_pool)
         self.assertEqual(plan.kv_cell_bytes, 0)
         self.assertEqual(plan.window_slot_tokens, 4096)
-        self.assertEqual(plan.windowed_tokens, plan.max_running_requests * 4096 + 8192)
         self.assertEqual(plan.windowed_cell_bytes, 32 * 8 * 256 * BF16)
-        self.assertEqual(plan.max_total_num_tokens, plan.max_running_requests * 32768)
-        self.assertEqual(plan.full_context_requests, plan.max_running_requests)
-        self.assertGreaterEqual(plan.max_running_requests, 100)
-        self.assertIn("none -- no layer keeps every token", plan.explain())
-
+        T = plan.max_total_num_tokens
+        self.assertEqual(plan.windowed_tokens, T)
+        R = min(max(T * 512 // 4096, 2048), 4096, T // 2)  # upstream's rule, context 4,096
+        self.assertEqual((plan.max_running_requests, R), (4096, 4096))
+        self.assertLessEqual(T, 4096 * 4096 + max(8192, 4096))  # never more than 4,096 slots can hold
+        self.assertEqual(plan.bytes_of("kv_windowed"), (T + 1) * 32 * 8 * 256 * BF16)
+        self.assertLess(plan.headroom_bytes, plan.windowed_cell_bytes)  # one more token would not fit: the most
+        self.assertEqual(plan.full_context_requests, T // 4096)
+        self.assertGreater(T, 400_000)
+        self.assertIn("none -- no layer keeps every token; the windowed pool is the token pool", plan.explain())
 
 def balance_cap(T, cell, window, wcell, state, chunk, page):
     """The balance cap as slots.py states it: the largest R in [1, T // 2] with T_w(T, R) x windowed cell + R x state
@@ -189,7 +193,10 @@ def windowed(T, R, window, chunk, page):
 
 
 def rule_slots(kind, ctx, user, T, cell=0, window=0, state=0, chunk=1, page=1):
-    """The slot rules as slots.py's docstring states them, written again (cell, window, state: the balance cap)."""
+    """The slot rules as slots.py's docstring states them, written again (cell, window, state: the balance cap).
+    "windowed-pool" (no full layer): upstream's rule with ctx = min(context, window + 2 (page - 1))."""
+    if kind == "windowed-pool":
+        kind, ctx = "upstream", min(ctx, window + 2 * (page - 1))
     if kind == "context-per-slot":
         return min(user, T // ctx) if user else min(T // ctx, 4096)
     if user:
@@ -210,35 +217,55 @@ def brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, p
     return best
 
 
+def windowed_pool_cap(user, window, chunk, page):
+    """The windowed pool's bound at the slot cap: align_down(align_up(R (W + 2 (P - 1)) + max(chunk, R), P), P)."""
+    R = user or 4096
+    return -(-(R * (window + 2 * (page - 1)) + max(chunk, R)) // page) * page
+
+
 class TestSolveVsBruteForce(unittest.TestCase):
     def test_small_integers(self):
         rng = random.Random(7)
-        balanced = 0
+        balanced = windowed_pools = 0
         for _ in range(400):
-            kind = rng.choice(["first-context", "context-per-slot"])
+            kind = rng.choice(["first-context", "context-per-slot", "windowed-pool"])
             ctx, page = rng.randint(4, 40), rng.choice([1, 2, 4])
             window, state = rng.choice([0, rng.randint(1, 12)]), rng.choice([0, rng.randint(1, 50)])
+            if kind == "context-per-slot":  # every layer linear: no token pool
+                window, state = 0, state or 7
+            if kind == "windowed-pool":
+                window = window or rng.randint(1, 12)
             if not window and not state:
                 window = 3
-            cell = 0 if kind == "context-per-slot" else rng.randint(1, 9)
+            cell = 0 if kind != "first-context" else rng.randint(1, 9)
             user = rng.choice([None, rng.randint(1, 9)])
             per_slot, chunk = rng.randint(0, 30), rng.randint(1, 16)
             budget = rng.randint(0, 3000)
             cap = (user or 4096) * ctx if kind == "context-per-slot" else None
+            if kind == "windowed-pool":
+                cap = windowed_pool_cap(user, window, chunk, page)
             t_max = cap if cap is not None else budget // cell
+            if kind == "windowed-pool":  # every windowed token costs 3 B and T_w >= T - 1 (checked below)
+                t_max = min(cap, budget + page + 1)
             pools = PoolCost(LayerPools(full_layers=int(cell > 0), sliding_layers=int(window > 0),
                                         linear_layers=int(state > 0), window_tokens=window,
                                         windowed_cell_bytes=3 if window else 0, state_bytes_per_slot=state),
                              chunk, page)
-            rule = SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, pools=pools)
+            rule = (SlotRule(min(ctx, window + 2 * (page - 1)), user, kind="upstream", pools=pools)
+                    if kind == "windowed-pool" else SlotRule(ctx, user, kind=kind, full_cell_bytes=cell, pools=pools))
             got = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=per_slot), page,
                                    cap // page * page if cap else None, pools)
             want = brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, page,
-                               cap // page * page if cap else t_max)
+                               t_max // page * page)
             self.assertEqual(got, want, (kind, ctx, page, window, state, cell, user, per_slot, chunk, budget))
             self.assertEqual(rule.slots(got), rule_slots(kind, ctx, user, got, cell, window, state, chunk, page))
+            if kind == "windowed-pool":  # the pool is never more than the slots can hold: T_w = T (window 1, page
+                T_w = pools.windowed_tokens(got, rule.slots(got))  # 1: at most a token less)
+                self.assertEqual(T_w, got) if window + 2 * (page - 1) >= 2 else self.assertGreaterEqual(T_w, got - 1)
+                windowed_pools += 1
             balanced += rule.regime(got) == "balance"
         self.assertGreater(balanced, 20)  # the cap binds in a good share of the solves
+        self.assertGreater(windowed_pools, 100)
 
     def test_one_full_context_before_a_second_slot(self):
         """first-context: whenever one request of the full context fits beside its window, the solve reaches it."""

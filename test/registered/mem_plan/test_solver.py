@@ -180,6 +180,7 @@ class TestSlotRuleKinds(unittest.TestCase):
             self.assertLessEqual(pools.balance_bytes(t, rule.slots(t)), t * cell)
 
     def test_context_per_slot(self):
+        """Every layer linear (no token pool): a slot maps one context of logical tokens."""
         rule = SlotRule(32768, kind="context-per-slot")
         self.assertEqual(rule.slots(32767), 0)
         self.assertEqual(rule.slots(3 * 32768 + 5), 3)

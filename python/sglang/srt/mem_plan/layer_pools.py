@@ -30,9 +30,21 @@ attention chunk as long as any request) -- never drops a token of a request, and
 pool would be a whole context: it is a full layer for the plan (split_kv_cell with context_len; Ministral-8B's
 sliding layers, window 32,768 at context 32,768). Its KV goes to the full pool and the plan's layer line says so.
 
-A model without full layers (Mistral-7B: every layer sliding) has no full pool: T is then the logical tokens
-req_to_token can map, R x context_len (a slot holds one request of up to the context), costs nothing itself, and is
-bounded by the slots (slots.SlotRule kind "context-per-slot").
+A model without full layers (Mistral-7B, Phi-3-mini: every layer sliding) has no full pool, and its windowed pool
+is THE token pool: T is the windowed tokens, sized by the budget as a dense model's KV pool is, and the scheduler
+admits a request when its tokens fit there, as it does on the full pool. Reserving a window per slot is not what
+keeps the plan from running out -- admission is -- so the slots follow upstream's rule with a request's most tokens
+in the pool, L = min(context_len, W + 2 (P - 1)) (request_pool_tokens), in place of context_len. The pool is never
+larger than the slots can hold: the solve's bound is T <= U(slot cap) (windowed_bound), and below it T <= U(R(T))
+holds anyway when W + 2 (P - 1) >= 2, by the piece of the rule R(T) is in:
+  * T // 2: U >= 2 R + R = 3 (T // 2) >= T for T >= 2 (and U >= chunk >= 1 = T at T = 1);
+  * the 2048 floor: then T 512 // L < 2048, so T < 4 L, and U >= 2048 L > T;
+  * T 512 // L (>= 2048, so T >= 4 L): U >= R L >= 512 T - L >= T;
+  * the slot cap: T <= U(cap) is the solve's bound.
+So T_w(T, R(T)) = T and the plan's max_total_num_tokens is the windowed pool. (A 1-token window at page 1 may leave
+T_w one token below T; the planner snaps T down to a T with T_w(T, R(T)) = T.) A model with no full and no windowed layer (every
+layer linear) has no token pool at all: T is then the logical tokens req_to_token can map, R x context_len
+(slots.SlotRule kind "context-per-slot").
 
 Prefix caching: the radix cache keeps full-layer KV only. Windowed KV and linear state are freed with their request
 (no snapshots of either: the cap of that term is 0), so on these models a cached prefix saves no windowed or linear
@@ -58,6 +70,12 @@ def _align_up(value: int, page: int) -> int:
 def window_tokens_per_slot(window_tokens: int, page_size: int) -> int:
     """Windowed tokens one request slot may hold beside the forward's new tokens: W + 2 (P - 1) (module docstring)."""
     return window_tokens + 2 * (page_size - 1)
+
+
+def request_pool_tokens(window_tokens: int, page_size: int, context_len: int) -> int:
+    """L: the most windowed tokens one request holds between forwards, min(context_len, W + 2 (P - 1)): what a model
+    without full layers puts in place of context_len in upstream's slot rule (module docstring)."""
+    return min(context_len, window_tokens_per_slot(window_tokens, page_size))
 
 
 def forward_tokens(chunk_tokens: int, num_slots: int) -> int:
@@ -127,14 +145,18 @@ class PoolCost:
     chunk_tokens: int = 0
     page_size: int = 1
 
-    def windowed_tokens(self, num_tokens: int, num_slots: int) -> int:
-        """T_w(T, R) (module docstring); 0 without windowed layers."""
+    def windowed_bound(self, num_slots: int) -> int:
+        """U(R) = align_up(R (W + 2 (P - 1)) + max(chunk, R), P): the most windowed tokens R slots can hold at once."""
         p = self.pools
-        if not p.windowed_layers:
-            return 0
         bound = (num_slots * window_tokens_per_slot(p.window_tokens, self.page_size)
                  + forward_tokens(self.chunk_tokens, num_slots))
-        return min(num_tokens, _align_up(bound, self.page_size))
+        return _align_up(bound, self.page_size)
+
+    def windowed_tokens(self, num_tokens: int, num_slots: int) -> int:
+        """T_w(T, R) = min(T, U(R)) (module docstring); 0 without windowed layers."""
+        if not self.pools.windowed_layers:
+            return 0
+        return min(num_tokens, self.windowed_bound(num_slots))
 
     def windowed_bytes(self, num_tokens: int, num_slots: int) -> int:
         """T_w tokens plus the pool's dummy page, and the fixed scales of a quantized format."""

@@ -56,7 +56,8 @@ class MemoryPlan:
     windowed_forward_tokens: int = 0  # max(chunk, slots): what one forward adds
     state_slots: int = 0  # slots + 1 dummy, in linear_state
     state_bytes_per_slot: int = 0
-    has_full_pool: bool = True  # False: no full layer, max_total_num_tokens is slots x context (logical)
+    has_full_pool: bool = True  # False: no full layer; max_total_num_tokens is the windowed pool's tokens (or, with
+    # no windowed layer either, slots x context: logical)
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):
@@ -94,9 +95,12 @@ class MemoryPlan:
         if state and (self.state_slots != self.max_running_requests + 1 or
                       self.term("linear_state").num_bytes != self.state_slots * self.state_bytes_per_slot):
             raise ValueError("linear_state term disagrees with (max_running_requests + 1 dummy) * state_bytes_per_slot")
-        if not self.has_full_pool and (self.kv_cell_bytes or self.max_total_num_tokens
-                                       < self.max_running_requests * self.context_len):
-            raise ValueError("a plan without full layers has no KV cell and maps slots x context tokens")
+        if not self.has_full_pool and windowed and (self.kv_cell_bytes or
+                                                    self.windowed_tokens != self.max_total_num_tokens):
+            raise ValueError("a plan without full layers has no KV cell, and its windowed pool is its token pool")
+        if not self.has_full_pool and not windowed and (self.kv_cell_bytes or self.max_total_num_tokens
+                                                        < self.max_running_requests * self.context_len):
+            raise ValueError("a plan without full or windowed layers has no KV cell and maps slots x context tokens")
 
     # ---- derived ----
     @property
@@ -111,11 +115,14 @@ class MemoryPlan:
     @property
     def full_context_requests(self) -> int:
         """Requests at the full context that can be held at once: the full pool (T // context), the windowed pool
-        (each keeps window_slot_tokens beside one forward's new tokens) and the slots permitting."""
+        (each keeps window_slot_tokens beside one forward's new tokens) and the slots permitting. Without full
+        layers the windowed pool is the token pool and counts as the full pool does: T_w // window_slot_tokens."""
         fits = [self.max_running_requests]
         if self.has_full_pool:
             fits.append(self.max_total_num_tokens // self.context_len)
-        if self.window_slot_tokens:
+        elif self.window_slot_tokens:
+            fits.append(self.windowed_tokens // self.window_slot_tokens)
+        if self.window_slot_tokens and self.has_full_pool:
             fits.append(max(self.windowed_tokens - self.windowed_forward_tokens, 0) // self.window_slot_tokens)
         return min(fits)
 
@@ -176,6 +183,9 @@ class MemoryPlan:
         return "\n".join(lines)
 
     def _full_pool_line(self) -> str:
+        if not self.has_full_pool and self.windowed_cell_bytes:
+            return ("KV pool (full layers): none -- no layer keeps every token; the windowed pool is the token pool "
+                    f"({self.max_total_num_tokens:,} tokens).")
         if not self.has_full_pool:
             return (f"KV pool (full layers): none -- no layer keeps every token; {self.max_total_num_tokens:,} "
                     f"tokens = {self.max_running_requests:,} slots x context {self.context_len:,} map to the "

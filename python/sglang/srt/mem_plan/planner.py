@@ -8,7 +8,7 @@ from typing import Optional
 from sglang.srt.mem_plan import budget as B
 from sglang.srt.mem_plan.errors import MemoryPlanError
 from sglang.srt.mem_plan.inputs import PlanInputs
-from sglang.srt.mem_plan.layer_pools import PoolCost, forward_tokens, window_tokens_per_slot
+from sglang.srt.mem_plan.layer_pools import PoolCost, forward_tokens, request_pool_tokens, window_tokens_per_slot
 from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP_ENTRY_BYTES, KV_WINDOW_SCRATCH_ROWS,
                                            WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
@@ -60,15 +60,21 @@ class _Resolved:
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
                          + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
         pools = x.layer_pools
-        kind = ("upstream" if not pools.per_slot_layers else
+        windowed_pool = pools.windowed_layers and not pools.has_full_pool  # T: the windowed tokens (layer_pools.py)
+        kind = ("upstream" if not pools.per_slot_layers or windowed_pool else
                 "first-context" if pools.has_full_pool else "context-per-slot")
         chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
         pool_cost = PoolCost(pools, chunk, x.page_size)
-        rule = SlotRule(x.context_len, x.max_running_requests, kind=kind, full_cell_bytes=x.kv_cell_bytes,
+        rule_context = (request_pool_tokens(pools.window_tokens, x.page_size, x.context_len) if windowed_pool
+                        else x.context_len)
+        rule = SlotRule(rule_context, x.max_running_requests, kind=kind, full_cell_bytes=x.kv_cell_bytes,
                         pools=pool_cost)  # the balance cap (slots.py)
         max_tokens = x.max_total_tokens
         if kind == "context-per-slot" and max_tokens is None:
-            max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no full pool: T = R x context
+            max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no token pool: T = R x context
+        if windowed_pool:  # never more windowed tokens than the most slots can hold: U(slot cap)
+            bound = pool_cost.windowed_bound(rule.slot_cap) // x.page_size * x.page_size
+            max_tokens = bound if max_tokens is None else min(max_tokens, bound)
         if x.kv_cell_bytes == 0 and max_tokens is None:
             max_tokens = x.context_len  # no KV layers on this rank: upstream falls back to the context length
         if max_tokens is not None:
@@ -82,9 +88,19 @@ class _Resolved:
         return cls(x, budget, margin, graph_bs, rule, slot_cost, fixed_runtime, min_kv, max_tokens, pool_cost)
 
     # ---- terms at a given pool size ----
+    @property
+    def windowed_pool(self) -> bool:
+        """No full layer, windowed layers: T is the windowed pool's tokens (layer_pools.py)."""
+        return bool(self.pools.pools.windowed_layers) and not self.pools.pools.has_full_pool
+
     def snap(self, num_tokens: int) -> int:
-        """Without a full pool T is logical: the solve's largest T -> exactly the slots' contexts (R x context,
-        page-aligned up; the same R, and no more bytes since nothing is charged per logical token)."""
+        """Without a full pool: the windowed pool's T -> T_w(T, R(T)) (= T but for a 1-token window at page 1), and
+        the every-layer-linear model's logical T -> exactly the slots' contexts (R x context, page-aligned up; the
+        same R, and no more bytes since nothing is charged per logical token)."""
+        if self.windowed_pool:  # T_w <= T; a smaller T may have fewer slots, so down to a fixed point (T decreases)
+            while (pooled := self.pools.windowed_tokens(num_tokens, self.rule.slots(num_tokens))) != num_tokens:
+                num_tokens = pooled
+            return num_tokens
         num_slots = self.rule.slots(num_tokens)
         if self.rule.kind != "context-per-slot" or not num_slots:
             return num_tokens
@@ -156,7 +172,8 @@ class _Resolved:
         if p.windowed_layers:
             tokens = pc.windowed_tokens(num_tokens, num_reqs)
             per_slot = window_tokens_per_slot(p.window_tokens, x.page_size)
-            bound = "= the full pool's tokens (never more)" if tokens == num_tokens else \
+            bound = "the token pool (no full layer), sized by the budget" if self.windowed_pool else \
+                "= the full pool's tokens (never more)" if tokens == num_tokens else \
                 f"{num_reqs:,} slots x {per_slot:,} (window {p.window_tokens:,} + 2 x (page - 1)) + " \
                 f"{forward_tokens(pc.chunk_tokens, num_reqs):,} forward tokens"
             out.append(MemoryTerm(
@@ -298,8 +315,12 @@ def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
 
 
 def _limited_by(r: _Resolved, num_tokens: int) -> str:
-    if r.max_tokens is not None and num_tokens == r.max_tokens and r.inputs.max_total_tokens is not None:
+    x = r.inputs
+    if x.max_total_tokens is not None and num_tokens == x.max_total_tokens // x.page_size * x.page_size:
         return "--max-total-tokens"
+    if r.windowed_pool and num_tokens == r.max_tokens:
+        return (f"the windowed bound: {r.rule.slot_cap:,} slots x "
+                f"{window_tokens_per_slot(x.layer_pools.window_tokens, x.page_size):,} + forward tokens")
     if r.rule.kind == "context-per-slot" and r.rule.slots(num_tokens) == r.rule.slot_cap:
         return "--max-running-requests" if r.inputs.max_running_requests is not None else \
             f"the slot cap ({r.rule.slot_cap:,})"

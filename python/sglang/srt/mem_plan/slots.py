@@ -1,14 +1,18 @@
 """Request slots (req_to_token rows) as a function of the KV pool size: upstream's rule, and two for models whose
 layers keep memory per slot (windowed KV, linear state: layer_pools.py).
 
-kind "upstream" (every layer full):
+kind "upstream" (every layer full; or no full layer and a windowed pool, T its tokens):
     unset --max-running-requests:  R(T) = min(clamp(floor(T * 512 / context_len), 2048, 4096), T // 2)
     set   --max-running-requests:  R(T) = min(user, T // 2)
+    Without full layers the rule's context_len is a request's most tokens in the windowed pool, min(context,
+    W + 2 (P - 1)) (layer_pools.request_pool_tokens): the windowed pool is then the token pool the scheduler admits
+    requests against, and a request never holds more of it (Mistral-7B on an H100: 4,096 slots, as upstream).
 kind "first-context" (some windowed or linear layers, and full layers):
     unset:  R(T) = min(1 + floor(max(T - context_len, 0) * 512 / context_len), 4096, T // 2, B(T))
             B(T) = the balance cap (below)
     set:    R(T) = min(user, T // 2)
-kind "context-per-slot" (no full layer: T is the logical tokens req_to_token maps, R x context_len):
+kind "context-per-slot" (no full and no windowed layer -- every layer linear, no token pool: T is the logical
+tokens req_to_token maps, R x context_len):
     unset:  R(T) = min(floor(T / context_len), 4096)
     set:    R(T) = min(user, floor(T / context_len))
 
