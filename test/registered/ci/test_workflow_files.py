@@ -119,7 +119,9 @@ def test_the_extras_that_name_triton_require_the_kernels_minimum():
 
 
 def test_the_cpu_install_takes_the_cpu_extra():
-    assert '-e "python[cpu${extras}]"' in INSTALL_SH and 'extras=",test"' in INSTALL_SH
+    assert '-e "python[cpu${extras}${extras:+,test-cpu}]"' in INSTALL_SH and 'extras=",test"' in INSTALL_SH
+    # the CPU-only test tools (their torch floor is above what a ROCm image may bring) ride with --test on CPU only
+    assert "test-cpu" in PYPROJECT["optional-dependencies"] and "test-cpu" not in INSTALL_SH.split("else")[0]
     assert "bash scripts/install.sh --test" in (ROOT / ".ci/run").read_text()
 
 
