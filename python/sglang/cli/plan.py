@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def refuse(message: str) -> None:
+    """Exit 2 with argparse's "sglang plan: error:" line but without the usage block: the flags were well formed, the
+    model (or what it lacks) is the problem."""
+    print(f"sglang plan: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parse_args(argv) -> tuple[ServerArgs, argparse.Namespace]:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -143,8 +150,7 @@ def plan_inputs(sa: ServerArgs, ns, model: B.ModelFacts, device: B.DeviceFacts) 
         term, _, value = item.partition("=")
         if term in MEASURED_ENCODERS:
             if term not in encoders:
-                build_parser().error(f"--measured {term}: the model has no such encoder term "
-                                     f"({', '.join(encoders) or 'none'}).")
+                refuse(f"--measured {term}: the model has no such encoder term ({', '.join(encoders) or 'none'}).")
             encoders[term] = dataclasses.replace(encoders[term], num_bytes=int(value), source="measured")
             continue
         overrides[MEASURED_FIELDS[term]] = int(value)
@@ -228,7 +234,7 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
 
         check_kv_format_backend(model.kv_cache_dtype, choice.name)  # as the runner refuses it
     except ValueError as e:
-        build_parser().error(str(e))
+        refuse(str(e))
     device = device_facts(sa, ns, model)
     inputs = plan_inputs(sa, ns, model, device)
     backend = choice.name

@@ -105,6 +105,9 @@ class TestArchitectureRefusals(unittest.TestCase):
                 main(["--model-path", d, "--gpu", "h100-80gb", "--json"])
             self.assertEqual(exit_.exception.code, 2)
             self.assertNotIn("Traceback", err.getvalue())
+            # one line, no usage block: the flags were right, the model is what the planner does not know
+            self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
+            self.assertTrue(err.getvalue().startswith("sglang plan: error: model_type 'made_up_arch'"))
             plan = plan_outcome(["--model-path", d, "--gpu", "h100-80gb"])
             server = server_outcome(d, device="cuda")
         print(f"unknown model_type: plan {plan}, server {server}")
