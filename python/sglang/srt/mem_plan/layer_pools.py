@@ -122,6 +122,11 @@ class LayerPools:
         return self.full_layers > 0 or not self.per_slot_layers
 
     @property
+    def windowed_token_pool(self) -> bool:
+        """No full layer but windowed ones: the windowed pool is the model's token pool (its T)."""
+        return bool(self.windowed_layers) and not self.has_full_pool
+
+    @property
     def mixed_kinds(self) -> bool:
         """Whether some layer is not a plain full layer (the plan then has a layer line)."""
         return self.per_slot_layers or bool(self.sliding_as_full or self.chunked_as_full)

@@ -60,7 +60,7 @@ class _Resolved:
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
                          + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
         pools = x.layer_pools
-        windowed_pool = pools.windowed_layers and not pools.has_full_pool  # T: the windowed tokens (layer_pools.py)
+        windowed_pool = pools.windowed_token_pool  # T: the windowed tokens (layer_pools.py)
         kind = ("upstream" if not pools.per_slot_layers or windowed_pool else
                 "first-context" if pools.has_full_pool else "context-per-slot")
         chunk = x.chunked_prefill_size if x.chunked_prefill_size > 0 else x.context_len
@@ -91,7 +91,7 @@ class _Resolved:
     @property
     def windowed_pool(self) -> bool:
         """No full layer, windowed layers: T is the windowed pool's tokens (layer_pools.py)."""
-        return bool(self.pools.pools.windowed_layers) and not self.pools.pools.has_full_pool
+        return self.pools.pools.windowed_token_pool
 
     def snap(self, num_tokens: int) -> int:
         """Without a full pool: the windowed pool's T -> T_w(T, R(T)) (= T but for a 1-token window at page 1), and
