@@ -15,15 +15,12 @@ from typing import Any, Optional
 from sglang.srt.mem_plan.arch_spec import WeightGroup
 from sglang.srt.mem_plan.dtypes import canonical_dtype
 from sglang.srt.mem_plan.moe_sizes import expert_shard_of_rank
+from sglang.srt.mem_plan.rounding import cdiv  # noqa: F401 (the family modules' C.cdiv)
 from sglang.srt.mem_plan.specs import kv_heads_per_rank
 from sglang.srt.mem_plan.text_shape import TextShape
 
 _MISSING = object()
 REQUIRED = object()  # geometry(): the key has no transformers default for this architecture
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def need(cfg: dict, key: str) -> Any:

@@ -41,6 +41,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.dtypes import dtype_bytes
 from sglang.srt.mem_plan.checkpoint_modules import ct_instances, hf_not_converted, module_of
+from sglang.srt.mem_plan.rounding import cdiv
 
 # the quant_method values the planner prices (quantization_sizes.weight_format adds none / gguf / w8a8_int8)
 CHECKPOINT_METHODS = ("fp8", "mxfp4", "awq", "gptq", "compressed-tensors")
@@ -51,10 +52,6 @@ MXFP4_GROUP = 32  # weights per E8M0 scale
 MXFP4_BLOCK_BYTES = 16  # bytes of one group's E2M1 values
 DEFAULT_GROUP_SIZE = 128
 GPTQ_LAYOUTS = ("gptq", "gptq_v2")  # qweight / qzeros / scales / g_idx (v2: zero points stored without the -1)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)

@@ -57,14 +57,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang.srt.mem_plan.rounding import align_up
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 WINDOWED_KINDS = ("sliding", "chunked")
 STATE_DUMMY_SLOTS = 1  # state row 0: the dummy padded batches point at (as req_to_token's row 0)
-
-
-def _align_up(value: int, page: int) -> int:
-    return -(-value // page) * page
 
 
 def window_tokens_per_slot(window_tokens: int, page_size: int) -> int:
@@ -155,7 +152,7 @@ class PoolCost:
         p = self.pools
         bound = (num_slots * window_tokens_per_slot(p.window_tokens, self.page_size)
                  + forward_tokens(self.chunk_tokens, num_slots))
-        return _align_up(bound, self.page_size)
+        return align_up(bound, self.page_size)
 
     def windowed_tokens(self, num_tokens: int, num_slots: int) -> int:
         """T_w(T, R) = min(T, U(R)) (module docstring); 0 without windowed layers."""

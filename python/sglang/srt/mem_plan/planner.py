@@ -12,15 +12,12 @@ from sglang.srt.mem_plan.layer_pools import PoolCost, forward_tokens, request_po
 from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP_ENTRY_BYTES, KV_WINDOW_SCRATCH_ROWS,
                                            WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
+from sglang.srt.mem_plan.rounding import align_up
 from sglang.srt.mem_plan.slots import SlotRule
 from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
 from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import MiB, gib
-
-
-def _align_up(value: int, page: int) -> int:
-    return -(-value // page) * page
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class _Resolved:
                         pools=pool_cost)  # the balance cap (slots.py)
         max_tokens = x.max_total_tokens
         if kind == "context-per-slot" and max_tokens is None:
-            max_tokens = _align_up(rule.slot_cap * x.context_len, x.page_size)  # no token pool: T = R x context
+            max_tokens = align_up(rule.slot_cap * x.context_len, x.page_size)  # no token pool: T = R x context
         if windowed_pool:  # never more windowed tokens than the most slots can hold: U(slot cap)
             bound = pool_cost.windowed_bound(rule.slot_cap) // x.page_size * x.page_size
             max_tokens = bound if max_tokens is None else min(max_tokens, bound)
@@ -82,7 +79,7 @@ class _Resolved:
         min_kv = x.min_kv_tokens if x.min_kv_tokens is not None else min(x.context_len, chunk)
         if kind == "context-per-slot":
             min_kv = x.context_len  # one slot: T = R x context
-        min_kv = _align_up(max(min_kv, 2), x.page_size)  # >= 2 so that R(T) <= T // 2 allows one request
+        min_kv = align_up(max(min_kv, 2), x.page_size)  # >= 2 so that R(T) <= T // 2 allows one request
         if max_tokens is not None and kind != "context-per-slot":
             min_kv = min(min_kv, max(max_tokens, x.page_size))
         return cls(x, budget, margin, graph_bs, rule, slot_cost, fixed_runtime, min_kv, max_tokens, pool_cost)
@@ -104,7 +101,7 @@ class _Resolved:
         num_slots = self.rule.slots(num_tokens)
         if self.rule.kind != "context-per-slot" or not num_slots:
             return num_tokens
-        return _align_up(num_slots * self.inputs.context_len, self.inputs.page_size)
+        return align_up(num_slots * self.inputs.context_len, self.inputs.page_size)
 
     def pool_bytes(self, num_tokens: int) -> int:
         """The windowed and state pools at T: static, allocated beside the KV pool."""
