@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from sglang.srt.mem_plan.checkpoint_formats import (CHECKPOINT_METHODS, DEFAULT_GROUP_SIZE, CheckpointFormat,
+from sglang.srt.mem_plan.checkpoint_formats import (CHECKPOINT_METHODS, CheckpointFormat,
                                                      checkpoint_format)
 
 # GGUF block formats: weights per block and bytes per block (ggml's type table)
@@ -82,8 +82,6 @@ class WeightFormat:
 
     method: str = "none"
     bits: int = 16
-    group_size: int = DEFAULT_GROUP_SIZE  # awq / gptq; -1: one group over all input columns
-    block_size: Optional[tuple[int, int]] = None  # fp8 weight_block_size
     checkpoint: Optional[CheckpointFormat] = None
     gguf_type: str = ""  # gguf: the linear tensors' type
     # gguf MoE: (gate/up, down) bits of the routed experts of each MoE layer, in layer order
@@ -91,6 +89,11 @@ class WeightFormat:
     # gguf: the vocabulary table held packed (PACKED_VOCAB_LM_HEAD / PACKED_VOCAB_EMBEDDING, "" for none) and its bits
     packed_vocab: str = ""
     packed_vocab_bits: int = 0
+
+    @property
+    def group_size(self) -> int:
+        """Input columns per scale of a checkpoint format's (first) codec (-1: all of them); 0 without one."""
+        return self.checkpoint.codecs[0][1].group_size if self.checkpoint is not None else 0
 
     def matrix_bytes(self, rows: int, cols: int, dense_bytes: int) -> int:
         """Bytes held for one [rows, cols] linear weight; dense_bytes is the model dtype's element size."""
@@ -222,9 +225,7 @@ def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] =
         own = cfg if str(cfg.get("quant_method", "")).lower() == method else {}
         ckpt = checkpoint_format(method, own)
         codec = ckpt.codecs[0][1]
-        return WeightFormat(method, codec.bits, group_size=codec.group_size if method in ("awq", "gptq")
-                            else DEFAULT_GROUP_SIZE, block_size=codec.block if method == "fp8" else None,
-                            checkpoint=ckpt)
+        return WeightFormat(method, codec.bits, checkpoint=ckpt)  # groups, blocks, scales: ckpt's codecs
     if method == "w8a8_int8":
         return WeightFormat("w8a8_int8", 8)
     if method == "gguf":
