@@ -57,10 +57,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang.srt.mem_plan.arch_spec import LAYER_KINDS
 from sglang.srt.mem_plan.rounding import align_up
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
-WINDOWED_KINDS = ("sliding", "chunked")
 STATE_DUMMY_SLOTS = 1  # state row 0: the dummy padded batches point at (as req_to_token's row 0)
 
 
@@ -189,7 +189,7 @@ def layer_kind_counts(layer_kinds: tuple, num_layers: int) -> dict[str, int]:
     kinds = tuple(layer_kinds) or ("full",) * num_layers
     if len(kinds) != num_layers:
         raise ValueError(f"layer_kinds lists {len(kinds)} layers, the model has {num_layers}")
-    counts = {k: 0 for k in ("full", "sliding", "chunked", "linear")}
+    counts = {k: 0 for k in LAYER_KINDS}
     for k in kinds:
         if k not in counts:
             raise ValueError(f"unknown layer kind {k!r}; known: {tuple(counts)}")
