@@ -127,9 +127,10 @@ class OpenAIServingChat(OpenAIServingBase):
         base = req.sampling_params(req.max_output_tokens)
         if plan.ebnf is not None:
             base["ebnf"] = plan.ebnf
+        names = grammar_param_names(req)  # the API's field names, for every 400 this request can get
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
-                              {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param,
-                               **grammar_param_names(req)}, grammar_backend=tm.server_args.grammar_backend)
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": req.max_tokens_param, **names},
+                              grammar_backend=tm.server_args.grammar_backend)
         messages, images, videos, audios = self.template_messages(req)
         prompt = await tm.apply_chat_template(
             messages,
@@ -140,7 +141,7 @@ class OpenAIServingChat(OpenAIServingBase):
         rids = self.rids(req.rid, req.n)
         tokenized, ids = [], None
         for i in range(req.n):  # with media, each choice is tokenized and processed again
-            with api_param_names(grammar_param_names(req)):
+            with api_param_names(names):
                 t = await tm.tokenize_request(
                     text=prompt,
                     input_ids=None if images or videos or audios else ids,
@@ -163,7 +164,7 @@ class OpenAIServingChat(OpenAIServingBase):
             t.cache_salt = req.cache_salt
             ids = t.input_ids
             tokenized.append(t)
-        gen = api_param_errors(tm.generate_many(tokenized, raw_request), grammar_param_names(req))
+        gen = api_param_errors(tm.generate_many(tokenized, raw_request), names)
         if req.stream:
             return await self.stream(req, gen, len(ids), plan)
         return await self.complete(req, gen, len(ids), plan)

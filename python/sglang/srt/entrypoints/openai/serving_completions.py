@@ -75,15 +75,16 @@ class OpenAIServingCompletion(OpenAIServingBase):
         tm = self.tokenizer_manager
         prompts = self.prompts(req)
         base = req.sampling_params(req.max_tokens)
+        names = grammar_param_names(req)  # the API's field names, for every 400 this request can get
         check_sampling_params({**base, "n": req.n}, tm.vocab_size,
-                              {"min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens",
-                               **grammar_param_names(req)}, grammar_backend=tm.server_args.grammar_backend)
+                              {"min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens", **names},
+                              grammar_backend=tm.server_args.grammar_backend)
         rids = self.rids(req.rid, len(prompts) * req.n)
         tokenized, echo_texts = [], []
         for p_idx, prompt in enumerate(prompts):
             text, ids = prompt.get("text"), prompt.get("input_ids")
             for i in range(req.n):
-                with api_param_names(grammar_param_names(req)):
+                with api_param_names(names):
                     t = await tm.tokenize_request(
                         text=text,
                         input_ids=ids,  # tokenized once per prompt, then reused by its other choices
@@ -103,7 +104,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 if req.echo:
                     echo_texts.append(text if text is not None else await tm.decode(ids))
         prompt_tokens = sum(len(tokenized[p * req.n].input_ids) for p in range(len(prompts)))
-        gen = api_param_errors(tm.generate_many(tokenized, raw_request), grammar_param_names(req))
+        gen = api_param_errors(tm.generate_many(tokenized, raw_request), names)
         if req.stream:
             return await self.stream(req, gen, prompt_tokens, echo_texts, len(tokenized))
         return await self.complete(req, gen, prompt_tokens, echo_texts, len(tokenized))
