@@ -16,8 +16,11 @@ import asyncio
 import collections
 from typing import Any
 
+from sglang.srt.entrypoints.http_middleware import UNGATED_PATHS
+
 PARSES_PER_ITERATION = 8
-PROBE_PREFIXES = tuple(f"GET {path}{end}".encode() for path in ("/health", "/metrics") for end in (" ", "?"))
+# the paths the admission gate never holds either (http_middleware.UNGATED_PATHS)
+PROBE_PREFIXES = tuple(f"GET {path}{end}".encode() for path in sorted(UNGATED_PATHS) for end in (" ", "?"))
 
 
 class ReadPacer:
