@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang.srt.mem_plan.arch_registry import TEXT_MODEL_TYPE_ALIASES, arch_spec  # noqa: F401 (re-exported)
+from sglang.srt.mem_plan.arch_registry import arch_spec
 from sglang.srt.mem_plan.arch_spec import COMPONENTS, ArchSpec, WeightGroup
 from sglang.srt.mem_plan.backends import AttentionShape
 from sglang.srt.mem_plan.dtypes import dtype_bytes, resolve_kv_cache_dtype
