@@ -169,6 +169,17 @@ class KVCache:
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise NotImplementedError
 
+    # Windowed layers (layers/radix_attention.py: sliding_window_size). A pool with a windowed pool keeps those
+    # layers' K/V apart, indexed by its own slots; req_to_token and out_cache_loc always hold the token pool's slots,
+    # and windowed_slots maps them (a freed windowed position maps to the dummy page). get_key_buffer /
+    # get_value_buffer of a windowed layer return its windowed buffer (index it with windowed_slots(...));
+    # set_kv_buffer and gather_kv take token-pool slots for every layer and map them themselves.
+    def is_windowed_layer(self, layer_id: int) -> bool:
+        return False
+
+    def windowed_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots
+
 
 class MHATokenToKVPool(KVCache):
     def __init__(
