@@ -15,6 +15,8 @@ import torch
 
 
 class TokenToKVPoolAllocator:
+    window_tokens = 0  # W of a windowed model's pool (swa_allocator.py); 0: every layer keeps every token
+
     def __init__(self, size: int, page_size: int = 1):
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -34,6 +36,10 @@ class TokenToKVPoolAllocator:
         return len(self.free_pages) * self.page_size
 
     def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    def num_allocatable_pages(self) -> int:
+        """Fresh pages a request can get now (swa_allocator.py: the smaller of its two pools)."""
         return len(self.free_pages)
 
     def pages_needed(self, cur_len: int, num_new: int) -> int:
@@ -94,3 +100,7 @@ class TokenToKVPoolAllocator:
         assert len(free) + num_pages_in_use == self.num_pages, (
             f"KV pages leak: free {len(free)} + in use {num_pages_in_use} != total {self.num_pages}"
         )
+
+    def rebuild_free_lists(self, used_pages: set) -> None:
+        """Repair after a fault: every page not in used_pages is free."""
+        self.free_pages = [p for p in range(self.num_pages, 0, -1) if p not in used_pages]
