@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
 from sglang.srt.layers.attention.quant_kernel_operands import QuantOperandCache
+from sglang.srt.layers.attention.torch_native_window import WindowedTorchAttention, needs_window_path
 from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
 from sglang.srt.mem_plan.kv_quant import decode_gather_tokens, is_quantized
@@ -105,8 +106,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.cpu_extend_ops = self.cpu_decode_ops if hasattr(self.cpu_decode_ops, "extend_attention") else None
         self.cpu_quant_ops = fused_cpu_quant_ops(
             self.device, getattr(self.model_config, "dtype", None), getattr(pool, "kv_format", ""),
-            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
-        )
+            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None))
         self.cpu_quant_write = getattr(self.cpu_quant_ops, "kv_quant_write", None)
         self.quant_operands = QuantOperandCache(pool)  # the kernel path's per-layer operands (made on first use)
         # the decode row-group bound the plan's decode_gather transient was declared with (mem_plan/kv_quant.py)
@@ -114,10 +114,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         # a quantized pool: the new tokens' fresh K/V are attended instead of their codes (the kernel and the gather
         # path); False reads them back through the codes, as FlashInfer's paged API does (its tests compare so)
         self.fresh_reads = is_quantized(getattr(pool, "kv_format", ""))
+        self.windowed = WindowedTorchAttention(self)  # windowed / sink / capped layers (torch_native_window.py)
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         self._init_metadata(forward_batch)
+        self.windowed.reset(forward_batch)
         window, fb = getattr(self.token_to_kv_pool, "window", None), forward_batch
         if window is not None:  # the tail: each request's recent window rows, then its new tokens
             if fb.forward_mode.is_extend():
@@ -302,12 +304,13 @@ class TorchNativeAttnBackend(AttentionBackend):
             md.stored_kv = (lid, sk, sv)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
-        out = self._forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        self._remember(layer, k, v)
-        return out
+        return self._forward(self._forward_extend, q, k, v, layer, forward_batch, save_kv_cache)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
-        out = self._forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self._forward(self._forward_decode, q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _forward(self, path, q, k, v, layer, forward_batch, save_kv_cache: bool) -> torch.Tensor:
+        out = (self.windowed.forward if needs_window_path(layer) else path)(q, k, v, layer, forward_batch, save_kv_cache)
         self._remember(layer, k, v)
         return out
 
@@ -332,8 +335,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             pool = self.token_to_kv_pool
             return self.cpu_extend_ops.extend_attention(
                 q, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-                self.req_to_token_pool.req_to_token, *md.fused_extend, layer.scaling,
-            )
+                self.req_to_token_pool.req_to_token, *md.fused_extend, layer.scaling)
         num_heads = q.shape[1]
         outs = []
         for b, req in enumerate(md.extend_reqs):
@@ -342,8 +344,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             if req.kv_indices is None:  # no cached prefix: causal attention over the new tokens only
                 out = F.scaled_dot_product_attention(
                     q_b, k[rows].transpose(0, 1).unsqueeze(0), v[rows].transpose(0, 1).unsqueeze(0),
-                    is_causal=True, scale=layer.scaling, enable_gqa=True,
-                )
+                    is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
                 fresh = self._fresh(layer, k, v, [(0, b, req.kv_indices.shape[1], req.q_start, req.q_len)])
                 out = self._rotated_attention(q_b, layer, req.kv_indices, lambda qq, kk, vv: F.scaled_dot_product_attention(
@@ -361,8 +362,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             return self.cpu_decode_ops.decode_attention(
                 q, k, v, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
                 self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
-                forward_batch.out_cache_loc, layer.scaling,
-            )
+                forward_batch.out_cache_loc, layer.scaling)
         if save_kv_cache:
             self._write_kv(layer, forward_batch.out_cache_loc, k, v)
         if md.quant_rows is not None:
