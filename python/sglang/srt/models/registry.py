@@ -15,6 +15,8 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "Qwen2MoeForCausalLM": (f"{_PKG}.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": (f"{_PKG}.qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": (f"{_PKG}.mixtral", "MixtralForCausalLM"),
+    "Gemma3ForCausalLM": (f"{_PKG}.gemma3", "Gemma3ForCausalLM"),
+    "MistralForCausalLM": (f"{_PKG}.mistral", "MistralForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioForConditionalGeneration"),
