@@ -212,7 +212,8 @@ def brute_force(budget, cell, kind, ctx, user, per_slot, window, chunk, state, p
     for T in range(0, t_max + 1, page):
         R = rule_slots(kind, ctx, user, T, cell, window, state, chunk, page)
         win = windowed(T, R, window, chunk, page) + page if window else 0
-        if T * cell + R * per_slot + win * 3 + (R + 1) * state * bool(state) <= budget:
+        slot_map = (T + page) * 4 if window and cell else 0  # int32 token slot -> windowed slot, both pools present
+        if T * cell + R * per_slot + win * 3 + slot_map + (R + 1) * state * bool(state) <= budget:
             best = T
     return best
 
@@ -275,7 +276,7 @@ class TestSolveVsBruteForce(unittest.TestCase):
                      SlotRule(ctx, kind="first-context", full_cell_bytes=cell, pools=pools)):
             for budget in range(0, 20_000, 37):
                 T = solve_max_tokens(budget, cell, rule, SlotCost(per_slot_bytes=100), 1, None, pools)
-                one_fits = ctx * cell + 100 + (16 + chunk + 1) * 40 <= budget
+                one_fits = ctx * cell + 100 + (16 + chunk + 1) * 40 + (ctx + 1) * 4 <= budget  # + the slot map
                 self.assertEqual(T >= ctx, one_fits, budget)
                 if T < ctx:
                     self.assertLessEqual(rule.slots(T), 1)

@@ -15,6 +15,7 @@ DEFAULT_SOURCES = {
     "kv_cache": "formula",
     "kv_window": "formula",
     "kv_windowed": "formula",
+    "kv_windowed_map": "formula",
     "linear_state": "formula",
     "req_to_token": "formula",
     "attention_workspace": "declared",

@@ -46,6 +46,10 @@ T_w one token below T; the planner snaps T down to a T with T_w(T, R(T)) = T.) A
 layer linear) has no token pool at all: T is then the logical tokens req_to_token can map, R x context_len
 (slots.SlotRule kind "context-per-slot").
 
+A model with both pools maps each token-pool slot to its windowed slot (mem_cache/swa_pool.py: req_to_token holds
+token-pool slots for every layer): kv_windowed_map, int32 x kv_pool_rows(T), a per-token cost of the full pool. A
+model without full layers has no map (its windowed pool is the token pool).
+
 Prefix caching: the radix cache keeps full-layer KV only. Windowed KV and linear state are freed with their request
 (no snapshots of either: the cap of that term is 0), so on these models a cached prefix saves no windowed or linear
 layer's work; the plan charges nothing for it.
@@ -61,6 +65,7 @@ from sglang.srt.mem_plan.arch_spec import LAYER_KINDS
 from sglang.srt.mem_plan.rounding import align_up
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
+WINDOWED_MAP_ENTRY_BYTES = 4  # int32 token-pool slot -> windowed slot, one entry per token-pool row
 STATE_DUMMY_SLOTS = 1  # state row 0: the dummy padded batches point at (as req_to_token's row 0)
 
 
@@ -168,6 +173,13 @@ class PoolCost:
         rows = kv_pool_rows(self.windowed_tokens(num_tokens, num_slots), self.page_size)
         return rows * p.windowed_cell_bytes + p.windowed_fixed_bytes
 
+    def map_bytes(self, num_tokens: int) -> int:
+        """kv_windowed_map: one int32 per token-pool row, when both a full and a windowed pool exist (else 0)."""
+        p = self.pools
+        if not p.windowed_layers or not p.has_full_pool:
+            return 0
+        return kv_pool_rows(num_tokens, self.page_size) * WINDOWED_MAP_ENTRY_BYTES
+
     def balance_bytes(self, num_tokens: int, num_slots: int) -> int:
         """L(T, R) = T_w(T, R) x windowed cell + R x state: what slots.SlotRule's balance cap weighs against the
         full pool (T x full cell); nondecreasing in R (and 0 without per-slot layers)."""
@@ -181,7 +193,7 @@ class PoolCost:
         return self.state_slots(num_slots) * self.pools.state_bytes_per_slot
 
     def bytes_for(self, num_tokens: int, num_slots: int) -> int:
-        return self.windowed_bytes(num_tokens, num_slots) + self.state_bytes(num_slots)
+        return self.windowed_bytes(num_tokens, num_slots) + self.map_bytes(num_tokens) + self.state_bytes(num_slots)
 
 
 def layer_kind_counts(layer_kinds: tuple, num_layers: int) -> dict[str, int]:

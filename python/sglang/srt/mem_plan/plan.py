@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from sglang.srt.mem_plan.layer_pools import WINDOWED_MAP_ENTRY_BYTES
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 from sglang.srt.mem_plan.units import gib
 
@@ -92,6 +93,11 @@ class MemoryPlan:
             if self.term("kv_windowed").num_bytes != rows * self.windowed_cell_bytes + self.windowed_fixed_bytes:
                 raise ValueError("kv_windowed term disagrees with (windowed_tokens + one dummy page) * "
                                  "windowed_cell_bytes + windowed_fixed_bytes")
+        map_rows = kv_pool_rows(self.max_total_num_tokens, self.page_size) if windowed and self.has_full_pool else 0
+        if ("kv_windowed_map" in names) != bool(map_rows) or (
+                map_rows and self.term("kv_windowed_map").num_bytes != map_rows * WINDOWED_MAP_ENTRY_BYTES):
+            raise ValueError("kv_windowed_map term disagrees with (max_total_num_tokens + one dummy page) x "
+                             f"{WINDOWED_MAP_ENTRY_BYTES} B, present only with both a full and a windowed pool")
         if state and (self.state_slots != self.max_running_requests + 1 or
                       self.term("linear_state").num_bytes != self.state_slots * self.state_bytes_per_slot):
             raise ValueError("linear_state term disagrees with (max_running_requests + 1 dummy) * state_bytes_per_slot")
@@ -138,7 +144,7 @@ class MemoryPlan:
 
     def bytes_of(self, name: str) -> int:
         """A term's bytes; 0 for an optional term this plan does not have (kv_window without a recent window)."""
-        if name in ("kv_window", "kv_windowed", "linear_state") and all(t.name != name for t in self.terms):
+        if name in ("kv_window", "kv_windowed", "kv_windowed_map", "linear_state") and all(t.name != name for t in self.terms):
             return 0
         return self.term(name).num_bytes
 

@@ -8,7 +8,8 @@ from typing import Optional
 from sglang.srt.mem_plan import budget as B
 from sglang.srt.mem_plan.errors import MemoryPlanError
 from sglang.srt.mem_plan.inputs import PlanInputs
-from sglang.srt.mem_plan.layer_pools import PoolCost, forward_tokens, request_pool_tokens, window_tokens_per_slot
+from sglang.srt.mem_plan.layer_pools import (WINDOWED_MAP_ENTRY_BYTES, PoolCost, forward_tokens, request_pool_tokens,
+                                             window_tokens_per_slot)
 from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP_ENTRY_BYTES, KV_WINDOW_SCRATCH_ROWS,
                                            WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
@@ -178,6 +179,11 @@ class _Resolved:
                 f"({tokens:,} tokens + {x.page_size} dummy) x {p.windowed_cell_bytes:,} B"
                 + (f" + {p.windowed_fixed_bytes:,} B of scales" if p.windowed_fixed_bytes else "")
                 + f"; {p.sliding_layers + p.chunked_layers} sliding/chunked layers; tokens {bound}"))
+            if p.has_full_pool:
+                out.append(MemoryTerm(
+                    "kv_windowed_map", pc.map_bytes(num_tokens), x.source_of("kv_windowed_map"),
+                    f"({num_tokens:,} tokens + {x.page_size} dummy) x {WINDOWED_MAP_ENTRY_BYTES} B: each token-pool "
+                    f"slot's windowed slot"))
         if p.linear_layers:
             out.append(MemoryTerm(
                 "linear_state", pc.state_bytes(num_reqs), x.source_of("linear_state"),
@@ -289,7 +295,7 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
 
 
 def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
-    skip = ("weights", "kv_cache", "kv_windowed", "linear_state")  # static: the pools beside the KV pool
+    skip = ("weights", "kv_cache", "kv_windowed", "kv_windowed_map", "linear_state")  # static: the pools beside the KV pool
     parts = [f"{t.name} {gib(t.num_bytes):.2f}" for t in r.terms(num_tokens) if t.name not in skip and t.num_bytes]
     return ", ".join(parts) + " GiB"
 
