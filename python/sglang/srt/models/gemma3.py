@@ -1,0 +1,179 @@
+"""Gemma 3 (text; transformers' Gemma3ForCausalLM, model_type gemma3_text).
+
+Beside Llama: every norm scales by (1 + w) in float32 (GemmaRMSNorm); q and k are normed per head before RoPE;
+each layer's attention and MLP outputs are normed again before their residual add (post_attention_layernorm,
+post_feedforward_layernorm; pre_feedforward_layernorm normalises the MLP's input); the embedding is multiplied by
+sqrt(hidden) rounded to the model dtype; scores are scaled by query_pre_attn_scalar ** -0.5; the MLP is
+gelu(tanh)(gate) * up; the vocabulary is tied.
+
+Sliding ("local") and global layers: which layer is which and the window come from the planner's shape of the same
+config.json (mem_plan/arch_gemma.py), so the model masks exactly the layers the plan
+prices windowed (models/layer_windows.py). Local layers rotate with their own base (rope_parameters['sliding_attention'], formerly
+rope_local_base_freq), global layers with rope_parameters['full_attention'] (rope scaling, e.g. linear x8 on the
+27B, applies there only).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.configs.model_config import get_rope_parameters
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.models.layer_windows import NO_WINDOW, layer_windows
+from sglang.srt.models.llama import LlamaForCausalLM, LlamaModel
+
+# transformers' layer_types names, by the planner's layer kind
+_HF_LAYER_TYPE = {"sliding": "sliding_attention", "full": "full_attention"}
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + w), computed in float32 and rounded once to x's dtype (HF's Gemma3RMSNorm). `weight` is the
+    checkpoint's w; `scale` (1 + w in float32) is derived from it by refresh() after loading: 1 + w held in bf16
+    would round away most of w's bits."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self.register_buffer("scale", torch.ones(hidden_size, dtype=torch.float32), persistent=False)
+        self.variance_epsilon = eps
+        self.hidden_size = hidden_size
+
+    def refresh(self) -> None:
+        self.scale = 1.0 + self.weight.detach().float()
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        """x: [..., hidden]. With residual: (norm(x + residual), x + residual), the sum in x's dtype as HF adds."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = F.rms_norm(x.float(), (self.hidden_size,), self.scale, self.variance_epsilon).to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+def layer_rope_parameters(config, kind: str) -> dict:
+    """The rope settings of a layer of this kind: transformers-5 rope_parameters keyed by layer type, else the older
+    rope_local_base_freq (local layers) beside rope_theta + rope_scaling (global layers)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    nested = params.get(_HF_LAYER_TYPE[kind])
+    if isinstance(nested, dict):
+        out = dict(nested)
+        out.setdefault("rope_type", out.get("type", "default"))
+        return out
+    if kind == "sliding":
+        return {"rope_type": "default", "rope_theta": float(getattr(config, "rope_local_base_freq", 10000.0))}
+    return get_rope_parameters(config)
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
+        super().__init__()
+        if hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"Gemma 3: hidden_activation {hidden_act!r} is not supported; gelu_pytorch_tanh is.")
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, 2I / tp] -> 2 x [N, I / tp]
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config, layer_id: int, window: int):
+        super().__init__()
+        hidden = config.hidden_size
+        total_heads, total_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, total_heads, total_kv, bias=bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        rope = layer_rope_parameters(config, "full" if window == NO_WINDOW else "sliding")
+        self.rotary_emb = get_rope(self.head_dim, rotary_dim=self.head_dim, max_position=config.max_position_embeddings,
+                                   base=rope["rope_theta"], rope_parameters=rope)
+        self.attn = RadixAttention(self.num_heads, self.head_dim, config.query_pre_attn_scalar ** -0.5,
+                                   num_kv_heads=self.num_kv_heads, layer_id=layer_id,
+                                   sliding_window_size=window)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        n = hidden_states.shape[0]
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(n * self.num_heads, self.head_dim)).view(n, self.num_heads, self.head_dim)
+        k = self.k_norm(k.reshape(n * self.num_kv_heads, self.head_dim)).view(n, self.num_kv_heads, self.head_dim)
+        q, _ = self.rotary_emb(positions, q)
+        k, _ = self.rotary_emb(positions, k)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, window: int):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Gemma3Attention(config, layer_id, window)
+        self.mlp = Gemma3MLP(h, config.intermediate_size, getattr(config, "hidden_activation", "gelu_pytorch_tanh"))
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch,
+                residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        # residual carries the stream; hidden_states the last sub-block's normed output, added at the next norm
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states, forward_batch))
+        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual
+
+
+class Gemma3Model(LlamaModel):
+    def __init__(self, config):
+        nn.Module.__init__(self)
+        from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
+
+        self.config = config
+        windows = layer_windows(config)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([Gemma3DecoderLayer(config, i, windows[i])
+                                     for i in range(config.num_hidden_layers)])
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+                input_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if input_embeds is None:
+            input_embeds = self.embed_tokens(input_ids)
+            # HF rounds sqrt(hidden) to the model dtype before multiplying (25.25 in bf16 for 640 where sqrt is 25.30)
+            input_embeds = input_embeds * torch.tensor(self.config.hidden_size ** 0.5, dtype=input_embeds.dtype)
+        return super().forward(input_ids, positions, forward_batch, input_embeds)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    model_cls = Gemma3Model
+
+    def __init__(self, config):
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+            raise ValueError("Gemma 3: logit soft-capping (final_logit_softcapping / attn_logit_softcapping) is not "
+                             "served; set them to null in config.json")
+        super().__init__(config)
+
+    def load_weights(self, weights) -> None:
+        super().load_weights(weights)
+        for module in self.modules():
+            if isinstance(module, GemmaRMSNorm):
+                module.refresh()
+
+
+EntryClass = Gemma3ForCausalLM
