@@ -282,7 +282,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "True when the fp32 rmsnorm / silu_and_mul / rotary_embedding_ / decode_attention run at the current level (>= avx2)");
   m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
   m.def("quant_linear", &quant_linear,
-        "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h); activations int8 per 32 values");
+        "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: bits "
+        "+ 16 * header); activations int8 per 32 values");
   m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C], gate_up (w13) -> each expert packed as moe.h reads it");
   m.def("moe_workspace_bytes", &moe_workspace_bytes, "bytes of fused_experts' workspace for (M, k, E, N, K)");
   m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",

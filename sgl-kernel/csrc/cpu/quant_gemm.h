@@ -1,4 +1,5 @@
-// The quantized GEMM on AVX-512 VNNI (the avx512_vnni level and above): weights in quant_layout.h's packed records,
+// The quantized GEMM on AVX-512 VNNI (the avx512_vnni level and above): weights in quant_layout.h's packed records (each
+// format code a template instance),
 // dequantized in registers, int8 activations, VPDPBUSD (unsigned weight bytes x signed activation bytes) into one
 // int32 lane per output row.
 //
@@ -40,7 +41,7 @@ SGL_AVX512_VNNI_BF16 __attribute__((noinline)) inline void q_store_bf16_hw(uint1
 // One activation row -> int8 blocks (quant_layout.h); the AVX2 level's quantize_row_q8_avx2 gives the same bytes.
 template <typename T>
 SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
-                                            int8_t* q2 = nullptr) {
+                                            int8_t* q2 = nullptr, float* sh = nullptr) {
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k0 = b * kQBlock;
     const int n0 = (int)std::min<int64_t>(16, std::max<int64_t>(0, K - k0));
@@ -62,6 +63,10 @@ SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, i
     _mm_storeu_si128((__m128i*)(q + k0 + 16), _mm512_cvtsepi32_epi8(q1));
     da[b] = d;
     sa[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    if (sh != nullptr) {
+      sh[2 * b] = d * (float)_mm512_reduce_add_epi32(q0);
+      sh[2 * b + 1] = d * (float)_mm512_reduce_add_epi32(q1);
+    }
     if (q2 != nullptr) {
       const __m512 vd = _mm512_set1_ps(d);
       const __m512 inv2 = _mm512_set1_ps(d > 0.0f ? kResidualScale / d : 0.0f);
@@ -70,14 +75,18 @@ SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, i
       _mm_storeu_si128((__m128i*)(q2 + k0), _mm512_cvtsepi32_epi8(r0));
       _mm_storeu_si128((__m128i*)(q2 + k0 + 16), _mm512_cvtsepi32_epi8(r1));
       sa[b] += d / kResidualScale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(r0, r1));
+      if (sh != nullptr) {
+        sh[2 * b] += d / kResidualScale * (float)_mm512_reduce_add_epi32(r0);
+        sh[2 * b + 1] += d / kResidualScale * (float)_mm512_reduce_add_epi32(r1);
+      }
     }
   }
 }
 
-// The 8 groups of one record's weights as unsigned bytes.
-template <int BITS>
+// The 8 groups of one record's weights as unsigned bytes (after a header of HEADER bytes).
+template <int BITS, int64_t HEADER = 64>
 SGL_AVX512_VNNI inline void load_record_u8(const uint8_t* rec, __m512i* wv) {
-  const uint8_t* u = rec + 64;
+  const uint8_t* u = rec + HEADER;
   if constexpr (BITS == 4) {
     const __m512i lo = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -92,13 +101,25 @@ SGL_AVX512_VNNI inline void load_record_u8(const uint8_t* rec, __m512i* wv) {
   }
 }
 
-// MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns. T = float, or
-// uint16_t for bf16 (rounded by VCVTNEPS2BF16 with HW_BF16, else in software: the same bits but for denormals).
-template <int BITS, int MB, typename T, bool HW_BF16>
+// sum over groups [G0, G1) of u * qa per row (a: the block's activations as int32 words, 4 k values each)
+template <int G0, int G1>
+SGL_AVX512_VNNI inline __m512i q_dot_groups(const __m512i* wv, const int32_t* a) {
+  __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int g = G0; g < G1; ++g) s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(a[g]));
+  return s;
+}
+
+// MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns. FMT: a format
+// code (quant_layout.h). T = float, or uint16_t for bf16 (rounded by VCVTNEPS2BF16 with HW_BF16, else in software: the
+// same bits but for denormals). sh: the activations' half-block sums (kQHeadHalves only).
+template <int FMT, int MB, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const int8_t* qa, const float* da,
-                                       const float* sa, T* y, int64_t ldy, int n) {
-  constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
+                                       const float* sa, const float* sh, T* y, int64_t ldy, int n) {
+  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
+  constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
   const int64_t lda = quant_act_row_bytes(BITS, nb);
+  const __m512 residual = _mm512_set1_ps(1.0f / kResidualScale);
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
@@ -107,25 +128,42 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
     _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
     _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
     __m512i wv[8];
-    load_record_u8<BITS>(rec, wv);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-    const __m512 cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
+    load_record_u8<BITS, header>(rec, wv);
+    __m512 dw, cw, dw1, cw1;  // d, c (kQHeadHalves: of k 0-15; dw1, cw1 of k 16-31)
+    if constexpr (HEAD == kQHeadF16) {
+      dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+      cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
+    } else if constexpr (HEAD == kQHeadF32) {
+      dw = _mm512_loadu_ps(rec);
+      cw = _mm512_loadu_ps(rec + 64);
+    } else {
+      dw = _mm512_loadu_ps(rec);
+      dw1 = _mm512_loadu_ps(rec + 64);
+      cw = _mm512_loadu_ps(rec + 128);
+      cw1 = _mm512_loadu_ps(rec + 192);
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const int32_t* a = (const int32_t*)(qa + i * lda + b * kQBlock);
-      __m512i s = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(a[g]));
-      const __m512 dwa = _mm512_mul_ps(dw, _mm512_set1_ps(da[i * nb + b]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dwa, acc[i]);
-      if constexpr (BITS == 8) {  // the activations' residual pass (quantize_row_q8's q2, right after q)
-        const int32_t* a2 = a + nb * kQBlock / 4;
-        __m512i s2 = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) s2 = _mm512_dpbusd_epi32(s2, wv[g], _mm512_set1_epi32(a2[g]));
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dwa, _mm512_set1_ps(1.0f / kResidualScale)), acc[i]);
+      const int32_t* a2 = a + nb * kQBlock / 4;  // 8-bit weights: the residual pass (quantize_row_q8's q2, after q)
+      const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
+      if constexpr (HEAD != kQHeadHalves) {
+        const __m512 dwa = _mm512_mul_ps(dw, dai);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 8>(wv, a)), dwa, acc[i]);
+        if constexpr (BITS == 8)
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 8>(wv, a2)), _mm512_mul_ps(dwa, residual), acc[i]);
+        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
+      } else {  // groups 0-3 are k 0-15, groups 4-7 k 16-31: each half its own d and c
+        const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 4>(wv, a)), dwa0, acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<4, 8>(wv, a)), dwa1, acc[i]);
+        if constexpr (BITS == 8) {
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 4>(wv, a2)), _mm512_mul_ps(dwa0, residual), acc[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<4, 8>(wv, a2)), _mm512_mul_ps(dwa1, residual), acc[i]);
+        }
+        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
+        acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
       }
-      acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
     }
   }
   const __mmask16 m = (__mmask16)((1u << n) - 1u);
@@ -143,38 +181,43 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
   }
 }
 
-template <int BITS, typename T, bool HW_BF16>
+template <int FMT, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_tile_rows(const uint8_t* tile, int64_t nb, const int8_t* qa, const float* da,
-                                            const float* sa, int64_t M, T* y, int64_t ldy, int n) {
-  const int64_t lda = quant_act_row_bytes(BITS, nb);
+                                            const float* sa, const float* sh, int64_t M, T* y, int64_t ldy, int n) {
+  const int64_t lda = quant_act_row_bytes(quant_format_bits(FMT), nb);
+  const int64_t ldh = sh != nullptr ? 2 * nb : 0;
   int64_t m = 0;
   for (; m + kQMaxRowGroup <= M; m += kQMaxRowGroup)
-    quant_tile<BITS, kQMaxRowGroup, T, HW_BF16>(tile, nb, qa + m * lda, da + m * nb, sa + m * nb, y + m * ldy, ldy, n);
+    quant_tile<FMT, kQMaxRowGroup, T, HW_BF16>(tile, nb, qa + m * lda, da + m * nb, sa + m * nb, sh + m * ldh,
+                                               y + m * ldy, ldy, n);
   const int64_t r = M - m;
   const int8_t* q = qa + m * lda;
   const float* d = da + m * nb;
   const float* s = sa + m * nb;
+  const float* h = sh + m * ldh;
   T* yy = y + m * ldy;
   switch (r) {
-    case 7: quant_tile<BITS, 7, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 6: quant_tile<BITS, 6, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 5: quant_tile<BITS, 5, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 4: quant_tile<BITS, 4, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 3: quant_tile<BITS, 3, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 2: quant_tile<BITS, 2, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
-    case 1: quant_tile<BITS, 1, T, HW_BF16>(tile, nb, q, d, s, yy, ldy, n); break;
+    case 7: quant_tile<FMT, 7, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 6: quant_tile<FMT, 6, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 5: quant_tile<FMT, 5, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 4: quant_tile<FMT, 4, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 3: quant_tile<FMT, 3, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 2: quant_tile<FMT, 2, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
+    case 1: quant_tile<FMT, 1, T, HW_BF16>(tile, nb, q, d, s, h, yy, ldy, n); break;
     default: break;
   }
 }
 
-// Output columns of tiles [t0, t1) of y [M, N] for activations already quantized (qa [M, nb * 32], da/sa [M, nb]).
-template <int BITS, typename T, bool HW_BF16>
+// Output columns of tiles [t0, t1) of y [M, N] for activations already quantized (qa [M, nb * 32], da/sa [M, nb],
+// sh [M, 2 * nb] for kQHeadHalves, else null).
+template <int FMT, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_gemm(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
-                                       const float* sa, int64_t M, T* y, int64_t N, int64_t t0, int64_t t1) {
-  const int64_t tile_bytes = nb * (BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes);
+                                       const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
+                                       int64_t t1) {
+  const int64_t tile_bytes = nb * quant_record_bytes(FMT);
   for (int64_t t = t0; t < t1; ++t) {
     const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
-    quant_tile_rows<BITS, T, HW_BF16>(packed + t * tile_bytes, nb, qa, da, sa, M, y + t * kQTileRows, N, n);
+    quant_tile_rows<FMT, T, HW_BF16>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + t * kQTileRows, N, n);
   }
 }
 

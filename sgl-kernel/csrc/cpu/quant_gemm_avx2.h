@@ -53,11 +53,11 @@ SGL_AVX2 inline void q2_store_i8x32(int8_t* q, const __m256i (&v)[4]) {
 
 // One activation row -> quant_layout.h's int8 blocks (wide = false: q [nb * 32] int8, the AVX-512 level's bytes), or
 // with the residual pass (wide = true, for 8-bit weights) both passes as int16 a16 = 254 qa + r in the same
-// quant_act_row_bytes(8, nb) bytes. da and sa are the AVX-512 level's, bit for bit (same roundings, the residual with
-// one FMA as there).
+// quant_act_row_bytes(8, nb) bytes. da, sa and sh (the half-block sums, when not null) are the AVX-512 level's, bit
+// for bit (same roundings, the residual with one FMA as there).
 template <typename T>
 SGL_AVX2 inline void quantize_row_q8_avx2(const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
-                                          bool wide) {
+                                          bool wide, float* sh = nullptr) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t k0 = b * kQBlock;
@@ -95,6 +95,10 @@ SGL_AVX2 inline void quantize_row_q8_avx2(const T* x, int64_t K, int64_t nb, int
     for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // round to nearest even
     da[b] = d;
     sa[b] = d * (float)q2_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+    if (sh != nullptr) {
+      sh[2 * b] = d * (float)q2_hsum_epi32(_mm256_add_epi32(qi[0], qi[1]));
+      sh[2 * b + 1] = d * (float)q2_hsum_epi32(_mm256_add_epi32(qi[2], qi[3]));
+    }
     if (!wide) {
       q2_store_i8x32(q + k0, qi);
       continue;
@@ -106,6 +110,10 @@ SGL_AVX2 inline void quantize_row_q8_avx2(const T* x, int64_t K, int64_t nb, int
       ri[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_fnmadd_ps(_mm256_cvtepi32_ps(qi[j]), vd, v[j]), inv2));
     sa[b] += d / kResidualScale *
              (float)q2_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(ri[0], ri[1]), _mm256_add_epi32(ri[2], ri[3])));
+    if (sh != nullptr) {
+      sh[2 * b] += d / kResidualScale * (float)q2_hsum_epi32(_mm256_add_epi32(ri[0], ri[1]));
+      sh[2 * b + 1] += d / kResidualScale * (float)q2_hsum_epi32(_mm256_add_epi32(ri[2], ri[3]));
+    }
     // both passes saturated to int8 as the AVX-512 level stores them, then 254 qa + r as int16
     alignas(32) int8_t q8[2][kQBlock];
     q2_store_i8x32(q8[0], qi);
@@ -152,11 +160,15 @@ SGL_AVX2 inline void q2_store_row8(T* y, __m256 v, int n) {
   }
 }
 
-// MB input rows x one half (rows 8h .. 8h + 7) of a tile, all nb blocks; nh valid output rows of the half.
-template <int BITS, int MB, typename T>
+// MB input rows x one half (rows 8h .. 8h + 7) of a tile, all nb blocks; nh valid output rows of the half. FMT: a
+// format code (quant_layout.h); sh: the activations' half-block sums (kQHeadHalves only). The integer sums are kept
+// per half block (KH = 2: k 0-15 in s[0], k 16-31 in s[1]) only where the header scales the halves apart.
+template <int FMT, int MB, typename T>
 SGL_AVX2 inline void quant_half_tile_avx2(const uint8_t* tile, int64_t nb, int h, const int8_t* qa, const float* da,
-                                          const float* sa, T* y, int64_t ldy, int nh) {
-  constexpr int64_t rec_bytes = BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes;
+                                          const float* sa, const float* sh, T* y, int64_t ldy, int nh) {
+  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
+  constexpr int KH = HEAD == kQHeadHalves ? 2 : 1;
+  constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
   const int64_t lda = quant_act_row_bytes(BITS, nb);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MB];
@@ -168,55 +180,80 @@ SGL_AVX2 inline void quant_half_tile_avx2(const uint8_t* tile, int64_t nb, int h
       _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
       _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
     }
-    const uint8_t* u = rec + 64 + 32 * h;
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 16 * h)));
-    const __m256 cw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 32 + 16 * h)));
-    __m256i s[MB];
-    __m256 ds = dw;  // the scale of s: d (Q4), d / 254 (8-bit: s counts a16 units)
+    const uint8_t* u = rec + header + 32 * h;
+    __m256 dw[KH], cw[KH];  // per half block with kQHeadHalves
+    if constexpr (HEAD == kQHeadF16) {
+      dw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 16 * h)));
+      cw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 32 + 16 * h)));
+    } else {
+#pragma GCC unroll 2
+      for (int kh = 0; kh < KH; ++kh) {
+        dw[kh] = _mm256_loadu_ps((const float*)(rec + 64 * kh) + 8 * h);
+        cw[kh] = _mm256_loadu_ps((const float*)(rec + 64 * KH + 64 * kh) + 8 * h);
+      }
+    }
+    __m256i s[KH][MB];
+    float dscale = 1.0f;  // the scale of s beside d: 1 (Q4), 1 / 254 (8-bit: s counts a16 units)
     if constexpr (BITS == 4) {
       const __m256i lo = _mm256_set1_epi8(0x0F);
-      __m256i s16[MB];
+      __m256i s16[KH][MB];
 #pragma GCC unroll 4
-      for (int i = 0; i < MB; ++i) s16[i] = _mm256_setzero_si256();
+      for (int i = 0; i < MB; ++i) s16[0][i] = s16[KH - 1][i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {  // register p: group p in the low nibbles, group p + 4 in the high ones
+      for (int p = 0; p < 4; ++p) {  // register p: group p (k 4p..) in the low nibbles, group p + 4 in the high ones
         const __m256i v = _mm256_loadu_si256((const __m256i*)(u + 64 * p));
         const __m256i wl = _mm256_and_si256(v, lo);
         const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
 #pragma GCC unroll 4
         for (int i = 0; i < MB; ++i) {
           const int32_t* a = (const int32_t*)(qa + i * lda + b * kQBlock);
-          s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(a[p])));
-          s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(a[p + 4])));
+          s16[0][i] = _mm256_add_epi16(s16[0][i], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(a[p])));
+          s16[KH - 1][i] = _mm256_add_epi16(s16[KH - 1][i], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(a[p + 4])));
         }
       }
+#pragma GCC unroll 2
+      for (int kh = 0; kh < KH; ++kh)
 #pragma GCC unroll 4
-      for (int i = 0; i < MB; ++i) s[i] = _mm256_madd_epi16(s16[i], ones);
+        for (int i = 0; i < MB; ++i) s[kh][i] = _mm256_madd_epi16(s16[kh][i], ones);
     } else {
-      __m256i slo[MB], shi[MB];  // int32 lanes: (row, k pair) of rows 0-3 / rows 4-7 of the half
+#pragma GCC unroll 2
+      for (int kh = 0; kh < KH; ++kh) {
+        __m256i slo[MB], shi[MB];  // int32 lanes: (row, k pair) of rows 0-3 / rows 4-7 of the half
 #pragma GCC unroll 4
-      for (int i = 0; i < MB; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
+        for (int i = 0; i < MB; ++i) slo[i] = shi[i] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) {
-        const __m256i wl = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(u + 64 * g)));
-        const __m256i wh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(u + 64 * g + 16)));
+        for (int g = 8 / KH * kh; g < 8 / KH * (kh + 1); ++g) {
+          const __m256i wl = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(u + 64 * g)));
+          const __m256i wh = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(u + 64 * g + 16)));
 #pragma GCC unroll 4
-        for (int i = 0; i < MB; ++i) {
-          const int64_t* a = (const int64_t*)(qa + i * lda + 2 * b * kQBlock);  // a16: 4 k values = 8 bytes
-          const __m256i av = _mm256_set1_epi64x(a[g]);
-          slo[i] = _mm256_add_epi32(slo[i], _mm256_madd_epi16(wl, av));
-          shi[i] = _mm256_add_epi32(shi[i], _mm256_madd_epi16(wh, av));
+          for (int i = 0; i < MB; ++i) {
+            const int64_t* a = (const int64_t*)(qa + i * lda + 2 * b * kQBlock);  // a16: 4 k values = 8 bytes
+            const __m256i av = _mm256_set1_epi64x(a[g]);
+            slo[i] = _mm256_add_epi32(slo[i], _mm256_madd_epi16(wl, av));
+            shi[i] = _mm256_add_epi32(shi[i], _mm256_madd_epi16(wh, av));
+          }
         }
-      }
-      // hadd: [r0 r1 r4 r5 | r2 r3 r6 r7] -> rows in order
+        // hadd: [r0 r1 r4 r5 | r2 r3 r6 r7] -> rows in order
 #pragma GCC unroll 4
-      for (int i = 0; i < MB; ++i) s[i] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(slo[i], shi[i]), 0xD8);
-      ds = _mm256_mul_ps(dw, _mm256_set1_ps(1.0f / kResidualScale));
+        for (int i = 0; i < MB; ++i) s[kh][i] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(slo[i], shi[i]), 0xD8);
+      }
+      dscale = 1.0f / kResidualScale;
+    }
+#pragma GCC unroll 2
+    for (int kh = 0; kh < KH; ++kh) {
+      const __m256 ds = BITS == 4 ? dw[kh] : _mm256_mul_ps(dw[kh], _mm256_set1_ps(dscale));
+#pragma GCC unroll 4
+      for (int i = 0; i < MB; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[kh][i]), _mm256_mul_ps(ds, _mm256_set1_ps(da[i * nb + b])), acc[i]);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MB; ++i) {
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(ds, _mm256_set1_ps(da[i * nb + b])), acc[i]);
-      acc[i] = _mm256_fmadd_ps(cw, _mm256_set1_ps(sa[i * nb + b]), acc[i]);
+      if constexpr (KH == 1) {
+        acc[i] = _mm256_fmadd_ps(cw[0], _mm256_set1_ps(sa[i * nb + b]), acc[i]);
+      } else {
+        acc[i] = _mm256_fmadd_ps(cw[0], _mm256_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
+        acc[i] = _mm256_fmadd_ps(cw[1], _mm256_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -224,10 +261,11 @@ SGL_AVX2 inline void quant_half_tile_avx2(const uint8_t* tile, int64_t nb, int h
 }
 
 // All M input rows x one tile (n valid output rows), in row groups of kQ2MaxRowGroup, half by half.
-template <int BITS, typename T>
+template <int FMT, typename T>
 SGL_AVX2 inline void quant_tile_rows_avx2(const uint8_t* tile, int64_t nb, const int8_t* qa, const float* da,
-                                          const float* sa, int64_t M, T* y, int64_t ldy, int n) {
-  const int64_t lda = quant_act_row_bytes(BITS, nb);
+                                          const float* sa, const float* sh, int64_t M, T* y, int64_t ldy, int n) {
+  const int64_t lda = quant_act_row_bytes(quant_format_bits(FMT), nb);
+  const int64_t ldh = sh != nullptr ? 2 * nb : 0;
   for (int h = 0; h < 2; ++h) {
     const int nh = std::min(kQ2HalfRows, n - kQ2HalfRows * h);
     if (nh <= 0) break;
@@ -235,25 +273,27 @@ SGL_AVX2 inline void quant_tile_rows_avx2(const uint8_t* tile, int64_t nb, const
       const int8_t* q = qa + m * lda;
       const float* d = da + m * nb;
       const float* s = sa + m * nb;
+      const float* hs = sh + m * ldh;
       T* yy = y + m * ldy;
       switch (std::min<int64_t>(kQ2MaxRowGroup, M - m)) {
-        case 4: quant_half_tile_avx2<BITS, 4, T>(tile, nb, h, q, d, s, yy, ldy, nh); break;
-        case 3: quant_half_tile_avx2<BITS, 3, T>(tile, nb, h, q, d, s, yy, ldy, nh); break;
-        case 2: quant_half_tile_avx2<BITS, 2, T>(tile, nb, h, q, d, s, yy, ldy, nh); break;
-        default: quant_half_tile_avx2<BITS, 1, T>(tile, nb, h, q, d, s, yy, ldy, nh); break;
+        case 4: quant_half_tile_avx2<FMT, 4, T>(tile, nb, h, q, d, s, hs, yy, ldy, nh); break;
+        case 3: quant_half_tile_avx2<FMT, 3, T>(tile, nb, h, q, d, s, hs, yy, ldy, nh); break;
+        case 2: quant_half_tile_avx2<FMT, 2, T>(tile, nb, h, q, d, s, hs, yy, ldy, nh); break;
+        default: quant_half_tile_avx2<FMT, 1, T>(tile, nb, h, q, d, s, hs, yy, ldy, nh); break;
       }
     }
   }
 }
 
 // Output columns of tiles [t0, t1) of y [M, N] (quant_gemm.h's quant_gemm at this level).
-template <int BITS, typename T>
+template <int FMT, typename T>
 SGL_AVX2 inline void quant_gemm_avx2(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
-                                     const float* sa, int64_t M, T* y, int64_t N, int64_t t0, int64_t t1) {
-  const int64_t tile_bytes = nb * (BITS == 4 ? kQ4RecordBytes : kQ8RecordBytes);
+                                     const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
+                                     int64_t t1) {
+  const int64_t tile_bytes = nb * quant_record_bytes(FMT);
   for (int64_t t = t0; t < t1; ++t) {
     const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
-    quant_tile_rows_avx2<BITS, T>(packed + t * tile_bytes, nb, qa, da, sa, M, y + t * kQTileRows, N, n);
+    quant_tile_rows_avx2<FMT, T>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + t * kQTileRows, N, n);
   }
 }
 

@@ -18,71 +18,93 @@ namespace {
 bool quant_supported() { return sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx2); }
 
 // One row of activations at `level` into its quant_act_row_bytes(bits, nb) bytes at q: int8 per 32 values and for
-// 8-bit weights the residual pass (AVX-512: a second int8 row; AVX2: both passes as one int16 row), scales, sums.
+// 8-bit weights the residual pass (AVX-512: a second int8 row; AVX2: both passes as one int16 row), scales, sums, and
+// the half-block sums sh where not null.
 template <typename T>
 void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
-                     int bits) {
+                     float* sh, int bits) {
   if (level >= sgl_cpu::CpuIsa::kAvx512Vnni)
-    sgl_cpu::quantize_row_q8(x, K, nb, q, da, sa, bits == 8 ? q + nb * sgl_cpu::kQBlock : nullptr);
+    sgl_cpu::quantize_row_q8(x, K, nb, q, da, sa, bits == 8 ? q + nb * sgl_cpu::kQBlock : nullptr, sh);
   else
-    sgl_cpu::quantize_row_q8_avx2(x, K, nb, q, da, sa, bits == 8);
+    sgl_cpu::quantize_row_q8_avx2(x, K, nb, q, da, sa, bits == 8, sh);
 }
 
 // Tiles [t0, t1) of y at `level`.
-template <int BITS, typename T>
+template <int FMT, typename T>
 void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp, const float* dap,
-                   const float* sap, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1) {
-  if (level >= sgl_cpu::CpuIsa::kAvx512Bf16) sgl_cpu::quant_gemm<BITS, T, true>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-  else if (level == sgl_cpu::CpuIsa::kAvx512Vnni) sgl_cpu::quant_gemm<BITS, T, false>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-  else sgl_cpu::quant_gemm_avx2<BITS, T>(wp, nb, qp, dap, sap, M, yp, N, t0, t1);
+                   const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1) {
+  if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
+    sgl_cpu::quant_gemm<FMT, T, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+  else if (level == sgl_cpu::CpuIsa::kAvx512Vnni)
+    sgl_cpu::quant_gemm<FMT, T, false>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+  else
+    sgl_cpu::quant_gemm_avx2<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
 }
 
-// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N]
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t bits) {
+// The format code as a template argument (quant_layout.h's six).
+template <typename T>
+void quant_gemm_format(int format, sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp,
+                       const float* dap, const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0,
+                       int64_t t1) {
+  switch (format) {
+    case 4: quant_gemm_at<4>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 8: quant_gemm_at<8>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 20: quant_gemm_at<20>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
+  }
+}
+
+// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N].
+// format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format) {
   const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
   TORCH_CHECK(level >= sgl_cpu::CpuIsa::kAvx2, "quant_linear: no kernel at the ISA level '", sgl_cpu::cpu_isa_name(level),
               "' (needs avx2 or above; this CPU's native level is '", sgl_cpu::cpu_isa_name(sgl_cpu::native_isa()), "')");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "quant_linear: x must be a 2-D CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "quant_linear: x must be bf16 or fp32");
-  TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8");
+  TORCH_CHECK(format >= 0 && format < 64 && sgl_cpu::quant_format_valid((int)format),
+              "quant_linear: format must be bits (4 or 8) + 16 * header (0: fp16, 1: fp32, 2: fp32 halves), got ", format);
+  const int bits = sgl_cpu::quant_format_bits((int)format);
+  const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == sgl_cpu::quant_record_bytes((int)bits), "quant_linear: packed must be uint8 [tiles, blocks, ",
-              sgl_cpu::quant_record_bytes((int)bits), "]");
+                  packed.size(2) == rec_bytes, "quant_linear: packed must be uint8 [tiles, blocks, ", rec_bytes, "]");
   const int64_t tiles = packed.size(0), nb = packed.size(1);
   TORCH_CHECK(tiles == (N + sgl_cpu::kQTileRows - 1) / sgl_cpu::kQTileRows, "quant_linear: ", tiles, " tiles for N = ", N);
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K <= nb * sgl_cpu::kQBlock && K > (nb - 1) * sgl_cpu::kQBlock, "quant_linear: K = ", K, " does not match ",
               nb, " blocks");
   at::Tensor xc = x.contiguous();
-  const int64_t lda = sgl_cpu::quant_act_row_bytes((int)bits, nb);
+  const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
+  const bool halves = sgl_cpu::quant_format_head((int)format) == sgl_cpu::kQHeadHalves;
   at::Tensor qa = at::empty({M, lda}, x.options().dtype(at::kChar));
-  at::Tensor ds = at::empty({2, M, nb}, x.options().dtype(at::kFloat));
+  at::Tensor ds = at::empty({halves ? 4 : 2, M, nb}, x.options().dtype(at::kFloat));  // da, sa (, sh [M, nb, 2])
   int8_t* qp = qa.data_ptr<int8_t>();
   float* dap = ds.data_ptr<float>();
   float* sap = dap + M * nb;
+  float* shp = halves ? sap + M * nb : nullptr;
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   // one row of activations: int8 per 32 values (and for 8-bit weights the residual pass), its scales and sums
   sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
+      float* sh = halves ? shp + 2 * m * nb : nullptr;
       if (is_bf16)
         quantize_row_at(level, reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
-                        qp + m * lda, dap + m * nb, sap + m * nb, (int)bits);
+                        qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
       else
-        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, (int)bits);
+        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
     }
   });
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   sgl_cpu::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    if (is_bf16) {
-      uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-      if (bits == 4) quant_gemm_at<4>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-      else quant_gemm_at<8>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-    } else {
-      float* yp = y.data_ptr<float>();
-      if (bits == 4) quant_gemm_at<4>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-      else quant_gemm_at<8>(level, wp, nb, qp, dap, sap, M, yp, N, t0, t1);
-    }
+    if (is_bf16)
+      quant_gemm_format((int)format, level, wp, nb, qp, dap, sap, shp, M,
+                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, t0, t1);
+    else
+      quant_gemm_format((int)format, level, wp, nb, qp, dap, sap, shp, M, y.data_ptr<float>(), N, t0, t1);
   });
   return y;
 }

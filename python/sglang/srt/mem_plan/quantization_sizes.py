@@ -15,14 +15,21 @@ runtime serves on a CPU are charged their packed form, for the merged tensors th
 gate/up as one gate_up: runtime_linear_matrices):
     none          rows * cols * dtype bytes
     w8a8_int8     this runtime's CPU packed form (below) at 8 bits: int8 values + fp16 scale and offset per 32
-    gguf          the runtime's CPU packed form for Q4_0 / Q4_1 (4 bits) and Q8_0 (8 bits); other GGUF types (F16,
-                  F32, K-quants) are requantized to 8-bit blocks at load, as w8a8_int8. The file itself holds
-                  GGUF_BLOCK_BYTES per 32 weights (Q4_0 4.5 bits/weight, Q4_1 5.0, Q8_0 8.5), what llama.cpp keeps.
-                  A MoE file's routed experts (3-D ffn_*_exps tensors) may have other types than its 2-D linear
-                  tensors: their bits are read per layer (gguf_expert_bits), a layer's gate/up at the larger bits of
-                  its two tensors, as the runtime packs them (layers/moe/quant_experts.py).
-CPU packed form (sgl-kernel quant_gemm.h, layers/quantization/packing.py): records of 16 rows x 32 weights with an
-fp16 d and c per row, rows padded to 16 and columns to 32: 16 * 32 * bits / 8 + 64 bytes per record.
+    gguf          the runtime's CPU packed form of each tensor's type (GGUF_PACKED_FORMATS: Q4_0 / Q4_1 at 4 bits,
+                  Q5_0 / Q5_1 / Q8_0 at 8 bits with the fp16 header, Q4_K at 4 bits and Q5_K at 8 with the fp32
+                  header, Q6_K at 8 with the halves header); other GGUF types (F16, F32, Q2_K, Q3_K) are requantized
+                  to 8-bit blocks at load, as w8a8_int8. A file mixes types per tensor (Q4_K_M: Q4_K, Q6_K, Q5_0,
+                  Q8_0), so a file's matrices are sized per layer from its header (gguf_matrix_formats), a merged
+                  matrix (qkv, gate_up) in the join of its tensors' formats, as the loader packs them. The file itself
+                  holds GGUF_BLOCK_BYTES per GGUF_BLOCK_WEIGHTS (Q4_0 4.5 bits/weight, Q4_K 4.5, Q6_K 6.5625, Q8_0
+                  8.5), what llama.cpp keeps. A MoE file's routed experts (3-D ffn_*_exps tensors) may have other
+                  types than its 2-D linear tensors: their bits are read per layer (gguf_expert_bits), a layer's
+                  gate/up at the larger bits of its two tensors, as the runtime packs them (layers/moe/quant_experts.py;
+                  the MoE kernel reads the fp16 header only: K-quant experts are requantized).
+CPU packed form (sgl-kernel quant_layout.h, layers/quantization/packing.py): records of 16 rows x 32 weights, rows
+padded to 16 and columns to 32: 16 * 32 * bits / 8 bytes of levels plus a header per record, 64 bytes (fp16 d, c per
+row), 128 (fp32 d, c per row) or 256 (fp32 d, c per row and half block). A format code names both: bits + 16 *
+header (cpu_format); 4 and 8 are the fp16 header's.
 """
 
 from __future__ import annotations
@@ -40,16 +47,43 @@ GGUF_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32
                       "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256}
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110,
                     "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292}
-# GGUF types the runtime serves from their blocks (bits of the packed form); the rest are requantized to int8 blocks
-GGUF_PACKED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+CPU_PACK_ROWS = 16  # rows per packed record
+CPU_PACK_COLS = 32  # weights per row of a record
+HEAD_F16, HEAD_F32, HEAD_HALVES = 0, 1, 2  # record headers (quant_layout.h's kQHead*)
+CPU_PACK_HEADER_BYTES = {HEAD_F16: CPU_PACK_ROWS * 2 * 2, HEAD_F32: CPU_PACK_ROWS * 4 * 2,
+                         HEAD_HALVES: CPU_PACK_ROWS * 4 * 4}
+
+
+def cpu_format(bits: int, head: int) -> int:
+    """A packed form's format code (quant_layout.h): bits (4 or 8) + 16 * header."""
+    return bits + 16 * head
+
+
+def format_bits(fmt: int) -> int:
+    return fmt & 15
+
+
+def format_head(fmt: int) -> int:
+    return fmt >> 4
+
+
+def join_formats(a: int, b: int) -> int:
+    """The format of one packed matrix holding tensors of formats a and b (a merged qkv / gate_up): the wider bits and
+    the wider header (every narrower record's values fit the wider one exactly)."""
+    return cpu_format(max(format_bits(a), format_bits(b)), max(format_head(a), format_head(b)))
+
+
+# GGUF types the runtime serves from their blocks, exactly: the format code of their packed form (linear tensors);
+# the rest are requantized to int8 blocks
+GGUF_PACKED_FORMATS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 8, "Q5_1": 8, "Q8_0": 8, "Q4_K": cpu_format(4, HEAD_F32),
+                       "Q5_K": cpu_format(8, HEAD_F32), "Q6_K": cpu_format(8, HEAD_HALVES)}
+# those with the fp16 header, which the MoE kernel and the packed vocabulary table also read (bits)
+GGUF_PACKED_BITS = {k: v for k, v in GGUF_PACKED_FORMATS.items() if format_head(v) == HEAD_F16}
 GGUF_REQUANTIZED_BITS = 8
 DENSE_BITS = 16  # what a spec's bit width says for dense (unquantized) weights
 # llama.cpp's stacked expert tensors (blk.N.<name>.weight, [E, rows, cols]) by the fused weight they become
 GGUF_EXPERT_TENSORS = {"ffn_gate_exps": "w13", "ffn_up_exps": "w13", "ffn_down_exps": "w2"}
 
-CPU_PACK_ROWS = 16  # rows per packed record
-CPU_PACK_COLS = 32  # weights per row of a record
-CPU_PACK_HEADER_BYTES = CPU_PACK_ROWS * 2 * 2  # fp16 d and c per row
 
 # formats `sglang plan` sizes that the CPU runtime does not serve (GPU checkpoints)
 PLAN_ONLY_QUANTIZATIONS = ("fp8", "awq", "gptq")
@@ -64,15 +98,20 @@ def gguf_file_bytes(rows: int, cols: int, gguf_type: str) -> int:
     return rows * _cdiv(cols, GGUF_BLOCK_WEIGHTS[gguf_type]) * GGUF_BLOCK_BYTES[gguf_type]
 
 
-def cpu_record_bytes(bits: int) -> int:
-    """Bytes of one packed record: CPU_PACK_ROWS rows x CPU_PACK_COLS weights at `bits`, plus their fp16 d and c."""
-    return CPU_PACK_HEADER_BYTES + CPU_PACK_ROWS * CPU_PACK_COLS * bits // 8
+def cpu_header_bytes(head: int) -> int:
+    return CPU_PACK_HEADER_BYTES[head]
 
 
-def cpu_packed_bytes(rows: int, cols: int, bits: int) -> int:
-    """Bytes of this runtime's packed CPU form of a [rows, cols] weight at 4 or 8 bits (layers/quantization/packing.py
-    builds exactly this many)."""
-    return _cdiv(rows, CPU_PACK_ROWS) * _cdiv(cols, CPU_PACK_COLS) * cpu_record_bytes(bits)
+def cpu_record_bytes(fmt: int) -> int:
+    """Bytes of one packed record: CPU_PACK_ROWS rows x CPU_PACK_COLS weights at the format's bits, plus its header
+    (fmt 4 / 8: bits with the fp16 header)."""
+    return cpu_header_bytes(format_head(fmt)) + CPU_PACK_ROWS * CPU_PACK_COLS * format_bits(fmt) // 8
+
+
+def cpu_packed_bytes(rows: int, cols: int, fmt: int) -> int:
+    """Bytes of this runtime's packed CPU form of a [rows, cols] weight in a format code (4 / 8 bits: the fp16 header;
+    layers/quantization/packing.py builds exactly this many)."""
+    return _cdiv(rows, CPU_PACK_ROWS) * _cdiv(cols, CPU_PACK_COLS) * cpu_record_bytes(fmt)
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,8 @@ class WeightFormat:
     # gguf: the vocabulary table held packed (PACKED_VOCAB_LM_HEAD / PACKED_VOCAB_EMBEDDING, "" for none) and its bits
     packed_vocab: str = ""
     packed_vocab_bits: int = 0
+    # gguf: (runtime projection, e.g. 'qkv_proj', its format code in each layer) from the file (gguf_matrix_formats)
+    matrix_formats: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
 
     @property
     def group_size(self) -> int:
@@ -101,10 +142,18 @@ class WeightFormat:
         if m == "none":
             return rows * cols * dense_bytes
         if m == "gguf":
-            return cpu_packed_bytes(rows, cols, GGUF_PACKED_BITS.get(self.gguf_type, GGUF_REQUANTIZED_BITS))
+            return cpu_packed_bytes(rows, cols, gguf_type_format(self.gguf_type))
         if m == "w8a8_int8":
             return cpu_packed_bytes(rows, cols, 8)
         raise ValueError(f"unknown weight format {m!r}")
+
+    def matrices_bytes(self, name: str, rows: int, cols: int, count: int, dense_bytes: int) -> int:
+        """Bytes of `count` [rows, cols] linear weights of the runtime projection `name` (one per layer): per layer in
+        the file's format for it where matrix_formats has one per layer, else matrix_bytes each."""
+        per_layer = dict(self.matrix_formats).get(name, ())
+        if self.method == "gguf" and len(per_layer) == count:
+            return sum(cpu_packed_bytes(rows, cols, f) for f in per_layer)
+        return count * self.matrix_bytes(rows, cols, dense_bytes)
 
     def routed_expert_layer_bits(self, num_sparse_layers: int) -> Tuple[Tuple[int, int], ...]:
         """(gate/up, down) bits of each MoE layer's routed experts in this runtime's CPU packed form; DENSE_BITS when
@@ -162,9 +211,10 @@ GGUF_LM_HEAD_TENSOR, GGUF_EMBEDDING_TENSOR = "output.weight", "token_embd.weight
 def gguf_packed_vocab(gguf_path: Optional[str]) -> Tuple[str, int]:
     """(which vocabulary table a --quantization gguf start of this file holds packed, its bits), or ("", 0): both
     stay dense in the model dtype. The lm_head's table is the file's output.weight, else (the converter then ties
-    them) its token_embd.weight; it is packed only when its type has a packed form of its own (GGUF_PACKED_BITS:
-    Q4_0, Q4_1, Q8_0), so the logits read the file's own blocks. Other types (F16, F32, K-quants) stay dense: a
-    requantized lm_head would round the logits of a file whose author kept that table wide."""
+    them) its token_embd.weight; it is packed only when its type has a packed form with the fp16 header
+    (GGUF_PACKED_BITS: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the embedding lookup reads those records), so the logits read the
+    file's own blocks. Other types (F16, F32, K-quants) stay dense: a requantized lm_head would round the logits of a
+    file whose author kept that table wide."""
     if not gguf_path:
         return "", 0
     types = {name: kind for name, kind, _ in _weight_tensor_types(gguf_path)}
@@ -188,8 +238,37 @@ def gguf_linear_type(gguf_path: Optional[str]) -> str:
 
 
 def gguf_type_bits(gguf_type: str) -> int:
-    """Bits of the CPU packed form a GGUF tensor of this type is held in (F16, F32, K-quants: requantized)."""
+    """Bits of the fp16-header packed form a GGUF expert tensor of this type is held in (F16, F32, K-quants:
+    requantized; the MoE kernel reads that header only)."""
     return GGUF_PACKED_BITS.get(gguf_type, GGUF_REQUANTIZED_BITS)
+
+
+def gguf_type_format(gguf_type: str) -> int:
+    """The format code a 2-D (linear) GGUF tensor of this type is packed in (requantized types: 8 bits, fp16)."""
+    return GGUF_PACKED_FORMATS.get(gguf_type, GGUF_REQUANTIZED_BITS)
+
+
+# llama.cpp's per-layer linear tensor names (blk.N.<name>.weight) by the HF projection they hold
+GGUF_LINEAR_TENSORS = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+                       "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+
+
+def gguf_matrix_formats(gguf_path: Optional[str]) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """(runtime projection, its format code in each layer, in layer order) of a GGUF file's 2-D linear tensors (header
+    only): q/k/v as one qkv_proj and gate/up as one gate_up_proj in the join of their tensors' formats, as the
+    loader packs them (layers/quantization/linear_method.py). () without a file."""
+    if not gguf_path:
+        return ()
+    layers: Dict[str, Dict[int, int]] = {}
+    for name, kind, dims in _block_tensor_types(gguf_path):
+        layer, _, rest = name.partition(".")
+        proj = GGUF_LINEAR_TENSORS.get(rest[: -len(".weight")])
+        if proj is None or dims != 2:
+            continue
+        per = layers.setdefault(MERGED_PROJECTIONS.get(proj, proj), {})
+        fmt = gguf_type_format(kind)
+        per[int(layer)] = join_formats(per[int(layer)], fmt) if int(layer) in per else fmt
+    return tuple((proj, tuple(per[i] for i in sorted(per))) for proj, per in layers.items())
 
 
 def gguf_expert_bits(gguf_path: Optional[str]) -> Optional[Tuple[Tuple[int, int], ...]]:
@@ -213,10 +292,12 @@ KNOWN_QUANTIZATIONS = ("none", "gguf", "w8a8_int8", *CHECKPOINT_METHODS)
 
 def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] = None,
                   gguf_type: str = "", expert_bits: Optional[Tuple[Tuple[int, int], ...]] = None,
-                  packed_vocab: Tuple[str, int] = ("", 0)) -> WeightFormat:
+                  packed_vocab: Tuple[str, int] = ("", 0),
+                  matrix_formats: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()) -> WeightFormat:
     """The format from --quantization, else from config.json's quantization_config (a quantized checkpoint); the
     checkpoint's settings apply when its quant_method is the one chosen. packed_vocab: gguf_packed_vocab's
-    (table, bits) of a GGUF file (gguf only). ValueError naming an unknown method and the known ones."""
+    (table, bits) of a GGUF file, matrix_formats its gguf_matrix_formats (gguf only). ValueError naming an unknown
+    method and the known ones."""
     cfg = hf_quant_config or {}
     method = quantization or str(cfg.get("quant_method", "none")).lower()
     if method in ("none", ""):
@@ -230,7 +311,8 @@ def weight_format(quantization: Optional[str], hf_quant_config: Optional[dict] =
         return WeightFormat("w8a8_int8", 8)
     if method == "gguf":
         return WeightFormat("gguf", gguf_type_bits(gguf_type), gguf_type=gguf_type, expert_bits=expert_bits,
-                            packed_vocab=packed_vocab[0], packed_vocab_bits=packed_vocab[1])
+                            packed_vocab=packed_vocab[0], packed_vocab_bits=packed_vocab[1],
+                            matrix_formats=matrix_formats)
     source = "--quantization" if quantization else "quantization_config.quant_method"
     raise ValueError(f"{source} {method!r}: the planner knows {', '.join(KNOWN_QUANTIZATIONS)}; a checkpoint in "
                      "another format cannot be sized.")
@@ -243,19 +325,26 @@ MERGED_PROJECTIONS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv
 GATE_UP = "gate_up_proj"
 
 
-def runtime_linear_matrices(groups) -> list[tuple[int, int, int, bool, bool]]:
-    """(rows, cols, count, expert, is gate_up) of the linear weights as this runtime holds them: the linear
-    WeightGroups with q/k/v and gate/up of one module merged (their rows added), in declaration order."""
+def runtime_linear_matrices_named(groups) -> list[tuple[str, int, int, int, bool, bool]]:
+    """(projection, rows, cols, count, expert, is gate_up) of the linear weights as this runtime holds them: the linear
+    WeightGroups with q/k/v and gate/up of one module merged (their rows added), in declaration order; projection is
+    the runtime module's name (qkv_proj, gate_up_proj, o_proj, down_proj, ...)."""
     merged: dict[tuple, list] = {}
     for g in groups:
         if not g.linear:
             continue
         parts = g.module.split(".")
-        name = MERGED_PROJECTIONS.get(parts[-2], "") if len(parts) >= 2 else ""
+        proj = parts[-2] if len(parts) >= 2 else g.module
+        name = MERGED_PROJECTIONS.get(proj, "")
         key = (".".join(parts[:-2]), name, g.shape[1], g.count, g.expert) if name else (g.module,)
-        rows = merged.setdefault(key, [0, g.shape[1], g.count, g.expert, name == GATE_UP])
-        rows[0] += g.shape[0]
+        rows = merged.setdefault(key, [name or proj, 0, g.shape[1], g.count, g.expert, name == GATE_UP])
+        rows[1] += g.shape[0]
     return [tuple(v) for v in merged.values()]
+
+
+def runtime_linear_matrices(groups) -> list[tuple[int, int, int, bool, bool]]:
+    """runtime_linear_matrices_named without the projection: (rows, cols, count, expert, is gate_up)."""
+    return [m[1:] for m in runtime_linear_matrices_named(groups)]
 
 
 def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_bytes: int = 2, ep: int = 1) -> int:
@@ -274,14 +363,14 @@ def quantized_weight_bytes(shape, fmt: WeightFormat, tp: int = 1, dense_dtype_by
                            for g in groups)
     num_sparse = len(shape.text.sparse_layers)
     layer_bits = fmt.routed_expert_layer_bits(num_sparse) if num_sparse else ()
-    for rows, cols, count, expert, gate_up in runtime_linear_matrices(groups):
+    for proj, rows, cols, count, expert, gate_up in runtime_linear_matrices_named(groups):
         dense = count * rows * cols * dense_dtype_bytes
         if expert and fmt.method in ("gguf", "w8a8_int8") and num_sparse:
             # each MoE layer's experts at that layer's bits (count: layers x experts held)
             total += sum(count // num_sparse * cpu_packed_bytes(rows, cols, bits[0 if gate_up else 1])
                          for bits in layer_bits) - dense
         else:
-            total += count * fmt.matrix_bytes(rows, cols, dense_dtype_bytes) - dense
+            total += fmt.matrices_bytes(proj, rows, cols, count, dense_dtype_bytes) - dense
     if fmt.method == "gguf" and fmt.packed_vocab_bits:
         rows, cols = _cdiv(shape.text.vocab_size, tp), shape.text.hidden_size
         total += cpu_packed_bytes(rows, cols, fmt.packed_vocab_bits) - rows * cols * dense_dtype_bytes

@@ -2,11 +2,12 @@
 
     iter_gguf_quantized_weights(gguf_path, model_dir, kinds, packed_names) -> (hf_name, tensor) for load_weights
 
-A quantized tensor comes in the staging form of layers/quantization/packing.py (Q4_0 / Q4_1 / Q8_0 blocks as stored,
-rope rows unpermuted as the dense converter does; other types requantized to 8-bit blocks, packing.staging_q8_blocks)
-under its HF name; a MoE file's stacked expert tensor comes as one staging tensor per expert, under the per-expert
-names the dense converter writes (gguf_moe.py), so FusedMoE's loaders see the same names and shards as for an HF
-checkpoint. The packed vocabulary table (packed_names: packed_vocab_weight_names of the table the loader built
+A quantized tensor comes in a staging form of layers/quantization/packing.py under its HF name, rope rows unpermuted
+as the dense converter does: the blocks of the types with a kernel as stored (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+narrow, Q4_K / Q5_K / Q6_K wide: packing.staging_from_gguf), other types requantized to 8-bit blocks
+(packing.staging_q8_blocks). A MoE file's stacked expert tensor comes as one narrow staging tensor per expert (the
+MoE kernel reads the fp16 header only, so K-quant experts are requantized), under the per-expert names the dense
+converter writes (gguf_moe.py), so FusedMoE's loaders see the same names and shards as for an HF checkpoint. The packed vocabulary table (packed_names: packed_vocab_weight_names of the table the loader built
 packed, its type one with a packed form) comes in the staging form as well. Every other tensor (the embedding and
 lm_head otherwise, norms, routers) is read dense from the converted directory.
 """
@@ -36,14 +37,17 @@ def packed_vocab_weight_names(packed_vocab: str) -> FrozenSet[str]:
     return frozenset([_PACKED_VOCAB_NAMES[packed_vocab]]) if packed_vocab else frozenset()
 
 
-def _staging(data: np.ndarray, tensor_type, rows: int, cols: int) -> Tuple[torch.Tensor, str]:
-    """One [rows, cols] weight's GGUF data -> (staging uint8 [rows, blocks * 36], what it was, for the load log)."""
+def _staging(data: np.ndarray, tensor_type, rows: int, cols: int, wide_ok: bool = True) -> Tuple[torch.Tensor, str]:
+    """One [rows, cols] weight's GGUF data -> (staging uint8 [rows, blocks * 36 or 48], what it was, for the load
+    log). wide_ok False: narrow staging only (MoE experts)."""
     from sglang.srt.layers.quantization import packing
+    from sglang.srt.mem_plan.quantization_sizes import GGUF_PACKED_BITS
 
     ggml_type = int(tensor_type)
-    if ggml_type in packing.GGUF_BLOCK_BYTES:
+    name = packing.GGUF_TYPE_NAMES.get(ggml_type, "")
+    if name and (wide_ok or name in GGUF_PACKED_BITS):
         raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(rows, -1))
-        return packing.staging_from_gguf(raw, ggml_type), packing.GGUF_TYPE_NAMES[ggml_type]
+        return packing.staging_from_gguf(raw, ggml_type), name
     from gguf.quants import dequantize
 
     dense = dequantize(data, tensor_type).astype(np.float32, copy=False).reshape(rows, cols)
@@ -71,7 +75,7 @@ def iter_gguf_quantized_weights(gguf_path: str, model_dir: str, kinds: Dict[str,
             continue
         if len(names) > 1:  # stacked experts [E, rows, cols]: one expert's slab at a time
             for name, slab in zip(names, t.data):
-                staging, kind = _staging(slab, t.tensor_type, shape[1], shape[2])
+                staging, kind = _staging(slab, t.tensor_type, shape[1], shape[2], wide_ok=False)
                 yield name, staging
         else:
             staging, kind = _staging(t.data, t.tensor_type, shape[0], shape[1])

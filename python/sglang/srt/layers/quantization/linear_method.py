@@ -1,10 +1,12 @@
 """QuantLinearMethod: the weights and the GEMM of one quantized LinearBase.
 
 Loading: create_weights gives the layer a staging `weight` that the layer's own weight_loader fills shard by shard
-(q/k/v, gate/up: the same row ranges as the dense path), in the staging form of packing.py for 'gguf' (the GGUF
-iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. When every row has arrived the layer packs it
-(packing.pack) into the buffer `qweight`, the only copy it keeps, and drops the staging weight; `weight` is then
-None. finalize_quantized_layers() checks after loading that no layer was left unpacked. load_packed /
+(q/k/v, gate/up: the same row ranges as the dense path), in a staging form of packing.py for 'gguf' (the GGUF
+iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. The staging weight starts narrow (fp16 d, c);
+the first wide shard (a K-quant's fp32 d, c) widens it and the rows already loaded, and a narrow shard into a wide
+weight is widened, so a merged q/k/v or gate/up of mixed types holds each exactly. When every row has arrived the
+layer packs it (packing.pack, in packing.staging_format's format) into the buffer `qweight`, the only copy it keeps,
+and drops the staging weight; `weight` is then None; `quant_format` is the format code, `quant_bits` its bits. finalize_quantized_layers() checks after loading that no layer was left unpacked. load_packed /
 PACKED_BUFFERS / unpacked_reason are the interface the loader's packed-weights cache and that check use, shared with
 the quantized MoE experts (layers/moe/quant_experts.py).
 Forward: the quant_linear kernel (sgl-kernel/csrc/cpu/quant_gemm.h) when the CPU kernels are in use, else the torch
@@ -21,7 +23,11 @@ from torch import nn
 
 from sglang.jit_kernel.cpu_ops import get_quant_ops
 from sglang.srt.layers.quantization import packing
-from sglang.srt.mem_plan.quantization_sizes import cpu_record_bytes
+from sglang.srt.mem_plan.quantization_sizes import HEAD_HALVES, cpu_format, cpu_record_bytes, format_bits
+
+# every format code a packed weight may have, by its record bytes (all distinct)
+_FORMAT_BY_RECORD_BYTES = {cpu_record_bytes(cpu_format(bits, head)): cpu_format(bits, head)
+                           for bits in (4, 8) for head in range(HEAD_HALVES + 1)}
 
 
 def quant_kernels():
@@ -43,7 +49,7 @@ class QuantLinearMethod:
             staging = torch.empty(rows, cols, dtype=torch.float32)
         layer.weight = nn.Parameter(staging, requires_grad=False)
         layer.weight.weight_loader = self._loader(layer)
-        layer.quant_bits = 0  # 4 or 8 once packed
+        layer.quant_format = layer.quant_bits = 0  # set when packed
         layer.register_buffer("qweight", None)
         layer._quant_rows_loaded = 0
 
@@ -54,20 +60,35 @@ class QuantLinearMethod:
                                  "iterator must yield the staging form (model_loader/gguf_weights.py)")
             if self.method == "w8a8_int8":
                 loaded_weight = loaded_weight.float()
-            type(layer).weight_loader(layer, param, loaded_weight, shard_id)
+            else:
+                loaded_weight = self._match_staging(layer, loaded_weight)
+            # layer.weight, not param: _match_staging may have replaced the parameter the caller looked up
+            type(layer).weight_loader(layer, layer.weight, loaded_weight, shard_id)
             layer._quant_rows_loaded += loaded_weight.shape[0] if shard_id is not None else param.shape[0]
             if layer._quant_rows_loaded >= layer.output_size:
                 self.pack(layer)
 
         return load
 
+    @staticmethod
+    def _match_staging(layer: nn.Module, shard: torch.Tensor) -> torch.Tensor:
+        """The shard in the layer's staging form, widening the layer's staging weight first if the shard is wide."""
+        cols = layer.input_size
+        if packing.is_wide(shard, cols) and not packing.is_wide(layer.weight, cols):
+            loader = layer.weight.weight_loader
+            layer.weight = nn.Parameter(packing.widen(layer.weight.data), requires_grad=False)
+            layer.weight.weight_loader = loader
+        if packing.is_wide(layer.weight, cols) and not packing.is_wide(shard, cols):
+            shard = packing.widen(shard)
+        return shard
+
     def pack(self, layer: nn.Module) -> None:
         staging = layer.weight.data
         if self.method == "w8a8_int8":
             staging = packing.staging_q8_blocks(staging)
-        bits = packing.staging_bits(staging) if self.method == "gguf" else 8
-        layer.qweight = packing.pack(staging, bits)
-        layer.quant_bits = bits
+        fmt = packing.staging_format(staging, layer.input_size) if self.method == "gguf" else 8
+        layer.qweight = packing.pack(staging, fmt)
+        layer.quant_format, layer.quant_bits = fmt, format_bits(fmt)
         del layer.weight
         layer.register_parameter("weight", None)
 
@@ -78,12 +99,12 @@ class QuantLinearMethod:
         """Take an already packed weight (the packed-weights cache) instead of loading shards."""
         packed = buffers["qweight"]
         rows, cols = layer.output_size, layer.input_size
-        bits = 4 if packed.shape[-1] == cpu_record_bytes(4) else 8
-        expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), cpu_record_bytes(bits))
+        fmt = _FORMAT_BY_RECORD_BYTES.get(packed.shape[-1], 8)
+        expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), cpu_record_bytes(fmt))
         if tuple(packed.shape) != expected:
             raise ValueError(f"packed weight {tuple(packed.shape)} does not fit a [{rows}, {cols}] layer {expected}")
         layer.qweight = packed.clone()
-        layer.quant_bits = bits
+        layer.quant_format, layer.quant_bits = fmt, format_bits(fmt)
         layer._quant_rows_loaded = rows
         del layer.weight
         layer.register_parameter("weight", None)
@@ -103,11 +124,11 @@ class QuantLinearMethod:
         x2 = x.reshape(-1, shape[-1])
         ops = quant_kernels() if x2.is_cpu and x2.dtype in (torch.bfloat16, torch.float32) else None
         if ops is not None:
-            out = ops.quant_linear(x2, packed, layer.output_size, layer.quant_bits)
+            out = ops.quant_linear(x2, packed, layer.output_size, layer.quant_format)
             if bias is not None:
                 out = out + bias
         else:
-            w = packing.unpack_dequantize(packed, layer.quant_bits, layer.output_size, layer.input_size, x2.dtype)
+            w = packing.unpack_dequantize(packed, layer.quant_format, layer.output_size, layer.input_size, x2.dtype)
             out = F.linear(x2, w.to(x2.device), bias)
         return out.reshape(*shape[:-1], layer.output_size)
 

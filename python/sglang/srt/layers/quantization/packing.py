@@ -1,15 +1,19 @@
-"""Block-quantized weights: GGUF block formats -> one staging form -> the packed layout of quant_gemm.h.
+"""Block-quantized weights: GGUF block formats -> a staging form -> the packed layout of quant_gemm.h.
 
-Every supported format is written as  w = d * u + c  per block of 32 weights of one row (u unsigned, d and c fp16):
-    Q4_0  (GGUF type 2, 18 B: fp16 d, 16 B nibbles)        u = q in [0, 16),  c = -8 d
-    Q4_1  (GGUF type 3, 20 B: fp16 d, fp16 m, 16 B nibbles) u = q in [0, 16),  c = m
-    Q8_0  (GGUF type 8, 34 B: fp16 d, 32 int8)             u = q + 128,       c = -128 d
+Every supported format is written as  w = d * u + c  per block of 32 weights of one row (u unsigned; gguf_blocks.py
+derives u, d, c from each GGUF type exactly):
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0   d and c fp16 per 32 weights
+    Q4_K, Q5_K                     d and c fp32 per 32 (d * sc and -dmin * m: exact in fp32, not in fp16)
+    Q6_K                           d and c fp32 per 16 (d * sc and -32 d * sc)
     int8 (w8a8_int8, and GGUF types without a kernel): quantized at load per 32 weights of a row, u in [0, 256)
           with a fitted fp16 step d and offset c (staging_q8_blocks; the record is the same as Q8_0's)
-GGUF nibble order: byte j of a Q4 block holds weight j (low nibble) and weight j + 16 (high nibble).
 
-Staging form (what a layer holds while its shards load): uint8 [rows, blocks * 36], per block fp16 d, fp16 c and
-32 bytes of u. Packed form (what the kernel reads): see sgl-kernel/csrc/cpu/quant_gemm.h; rows are padded to a
+Staging forms (what a layer holds while its shards load), uint8 [rows, blocks * bytes per block]:
+    narrow  STAGING_BLOCK_BYTES = 36 per block: fp16 d, fp16 c, 32 bytes of u
+    wide    WIDE_STAGING_BLOCK_BYTES = 48 per block: fp32 d of weights 0-15, of 16-31, fp32 c of each, 32 bytes of u
+A narrow block widens exactly (widen). Packed form (what the kernel reads): see sgl-kernel/csrc/cpu/quant_gemm.h; a
+format code (quantization_sizes.cpu_format) names its bits and header: the fp16 header from narrow staging, from
+wide staging the fp32 header where every block's halves share d and c, else the halves header. Rows are padded to a
 multiple of 16 (d = c = 0) and K to a multiple of 32 (u = 0 for Q4, 128 for 8-bit, so the padding contributes 0).
 """
 
@@ -19,15 +23,18 @@ from typing import Tuple
 
 import torch
 
+from sglang.srt.layers.quantization.gguf_blocks import (GGUF_BLOCK_BYTES, GGUF_Q4_0, GGUF_Q4_1, GGUF_Q8_0,
+                                                        GGUF_TYPE_NAMES, decode_gguf_blocks)
 from sglang.srt.mem_plan import quantization_sizes as sizes
 
-# the packed form's geometry and the GGUF block sizes are mem_plan/quantization_sizes.py's (the plan sizes them)
+__all__ = ["GGUF_BLOCK_BYTES", "GGUF_Q4_0", "GGUF_Q4_1", "GGUF_Q8_0", "GGUF_TYPE_NAMES"]
+
+# the packed form's geometry is mem_plan/quantization_sizes.py's (the plan sizes it)
 BLOCK = sizes.CPU_PACK_COLS
+HALF = BLOCK // 2
 TILE_ROWS = sizes.CPU_PACK_ROWS
 STAGING_BLOCK_BYTES = 4 + BLOCK  # fp16 d, fp16 c, BLOCK bytes of u
-GGUF_Q4_0, GGUF_Q4_1, GGUF_Q8_0 = 2, 3, 8  # ggml type ids
-GGUF_TYPE_NAMES = {GGUF_Q4_0: "Q4_0", GGUF_Q4_1: "Q4_1", GGUF_Q8_0: "Q8_0"}
-GGUF_BLOCK_BYTES = {t: sizes.GGUF_BLOCK_BYTES[name] for t, name in GGUF_TYPE_NAMES.items()}
+WIDE_STAGING_BLOCK_BYTES = 16 + BLOCK  # fp32 d (2 halves), fp32 c (2 halves), BLOCK bytes of u
 LSQ_PASSES = 2  # least-squares refits of an int8 block's step and offset (each kept only where it lowers the error)
 QUANT_CHUNK_WEIGHTS = 1 << 16  # weights quantized at a time by staging_q8_blocks (temporaries in cache)
 
@@ -53,18 +60,37 @@ def parts_from_staging(staging: torch.Tensor) -> Tuple[torch.Tensor, torch.Tenso
     return s[:, :, 4:], d, c
 
 
+def wide_staging_from_parts(u: torch.Tensor, d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """u uint8 [rows, blocks, 32], d and c float32 [rows, blocks, 2] (halves) -> wide staging [rows, blocks * 48]."""
+    rows, blocks = u.shape[:2]
+    head = torch.cat([d, c], dim=2).to(torch.float32).contiguous().view(torch.uint8)  # [rows, blocks, 16]
+    return torch.cat([head, u], dim=2).reshape(rows, blocks * WIDE_STAGING_BLOCK_BYTES)
+
+
+def wide_parts(staging: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Wide staging -> (u uint8 [rows, blocks, 32], d, c float32 [rows, blocks, 2])."""
+    rows = staging.shape[0]
+    s = staging.reshape(rows, -1, WIDE_STAGING_BLOCK_BYTES)
+    dc = s[:, :, :16].contiguous().view(torch.float32)
+    return s[:, :, 16:], dc[:, :, 0:2], dc[:, :, 2:4]
+
+
+def is_wide(staging: torch.Tensor, cols: int) -> bool:
+    """Whether a staging tensor of a [rows, cols] weight is the wide form (its width says: 48 vs 36 per block)."""
+    return staging.shape[-1] == -(-cols // BLOCK) * WIDE_STAGING_BLOCK_BYTES
+
+
+def widen(staging: torch.Tensor) -> torch.Tensor:
+    """Narrow staging -> the wide form of the same weights (fp16 -> fp32 is exact)."""
+    u, d, c = parts_from_staging(staging)
+    return wide_staging_from_parts(u, d.float()[..., None].expand(*d.shape, 2), c.float()[..., None].expand(*c.shape, 2))
+
+
 def staging_from_gguf(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
-    """GGUF blocks uint8 [rows, blocks * block_bytes] of Q4_0 / Q4_1 / Q8_0 -> staging form."""
-    rows = raw.shape[0]
-    b = raw.reshape(rows, -1, GGUF_BLOCK_BYTES[ggml_type])
-    d = b[:, :, 0:2].contiguous().view(torch.float16).squeeze(-1)
-    if ggml_type == GGUF_Q8_0:
-        u = (b[:, :, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-        return staging_from_parts(u, d, d * -128)
-    qs = b[:, :, 4:] if ggml_type == GGUF_Q4_1 else b[:, :, 2:]
-    u = torch.cat([qs & 0x0F, qs >> 4], dim=2)
-    c = b[:, :, 2:4].contiguous().view(torch.float16).squeeze(-1) if ggml_type == GGUF_Q4_1 else d * -8
-    return staging_from_parts(u, d, c)
+    """GGUF blocks uint8 [rows, blocks * block bytes] of a GGUF_TYPE_NAMES type -> narrow staging where the type's d
+    and c are fp16 values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else wide (K-quants)."""
+    u, d, c, narrow = decode_gguf_blocks(raw, ggml_type)
+    return staging_from_parts(u, d[..., 0], c[..., 0]) if narrow else wide_staging_from_parts(u, d, c)
 
 
 def _fp16_down(x: torch.Tensor) -> torch.Tensor:
@@ -139,39 +165,67 @@ def staging_q8_blocks(w: torch.Tensor) -> torch.Tensor:
 
 
 def staging_bits(staging: torch.Tensor) -> int:
-    """4 when every u fits a nibble (Q4_0 / Q4_1 shards), else 8."""
+    """4 when every u of a narrow staging fits a nibble (Q4_0 / Q4_1 shards), else 8."""
     u, _, _ = parts_from_staging(staging)
     return 4 if int(u.max()) < 16 else 8
 
 
-def pack(staging: torch.Tensor, bits: int) -> torch.Tensor:
-    """Staging form [rows, blocks * 36] -> packed uint8 [tiles, blocks, cpu_record_bytes(bits)]."""
-    u, d, c = parts_from_staging(staging)
-    rows, blocks = d.shape
+def staging_format(staging: torch.Tensor, cols: int) -> int:
+    """The format code a staging tensor of a [rows, cols] weight packs to (bits + 16 * header, quant_layout.h): the
+    fewest bits and the smallest header that hold its values exactly."""
+    if not is_wide(staging, cols):
+        return staging_bits(staging)
+    u, d, c = wide_parts(staging)
+    bits = 4 if int(u.max()) < 16 else 8
+    same = torch.equal(d[..., 0], d[..., 1]) and torch.equal(c[..., 0], c[..., 1])
+    return sizes.cpu_format(bits, sizes.HEAD_F32 if same else sizes.HEAD_HALVES)
+
+
+def _tiles(x: torch.Tensor, pad: int, fill: int) -> torch.Tensor:
+    return torch.cat([x, torch.full((pad, *x.shape[1:]), fill, dtype=x.dtype)], dim=0) if pad else x
+
+
+def pack(staging: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Staging form -> packed uint8 [tiles, blocks, cpu_record_bytes(fmt)]; fmt: a format code (4 / 8 from narrow
+    staging, the fp32 headers from wide staging: staging_format)."""
+    bits, head = sizes.format_bits(fmt), sizes.format_head(fmt)
+    if head == sizes.HEAD_F16:
+        u, d, c = parts_from_staging(staging)
+        heads = [d, c]
+    else:
+        u, d, c = wide_parts(staging)
+        heads = [d[..., 0], c[..., 0]] if head == sizes.HEAD_F32 else [d[..., 0], d[..., 1], c[..., 0], c[..., 1]]
+    rows, blocks = u.shape[:2]
     tiles = -(-rows // TILE_ROWS)
     pad = tiles * TILE_ROWS - rows
-    if pad:
-        fill = 0 if bits == 4 else 128
-        u = torch.cat([u, torch.full((pad, blocks, BLOCK), fill, dtype=torch.uint8)], dim=0)
-        d = torch.cat([d, torch.zeros(pad, blocks, dtype=d.dtype)], dim=0)
-        c = torch.cat([c, torch.zeros(pad, blocks, dtype=c.dtype)], dim=0)
+    u = _tiles(u, pad, 0 if bits == 4 else 128)
     # u: [tiles, 16 rows, blocks, 8 groups, 4] -> [tiles, blocks, 8 groups, 16 rows, 4]: a group is one register
     g = u.reshape(tiles, TILE_ROWS, blocks, 8, 4).permute(0, 2, 3, 1, 4)
     if bits == 4:
         g = g[:, :, :4] | (g[:, :, 4:] << 4)
-    head = [x.reshape(tiles, TILE_ROWS, blocks).permute(0, 2, 1).contiguous().view(torch.uint8) for x in (d, c)]
-    return torch.cat([head[0], head[1], g.reshape(tiles, blocks, -1)], dim=2).contiguous()
+    head_bytes = [_tiles(x, pad, 0).reshape(tiles, TILE_ROWS, blocks).permute(0, 2, 1).contiguous().view(torch.uint8)
+                  for x in heads]
+    return torch.cat([*head_bytes, g.reshape(tiles, blocks, -1)], dim=2).contiguous()
 
 
-def unpack_dequantize(packed: torch.Tensor, bits: int, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """Packed form -> dense [rows, cols] of dtype: the torch path for machines without the kernels (per call)."""
+def unpack_dequantize(packed: torch.Tensor, fmt: int, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """Packed form -> dense [rows, cols] of dtype, each weight d * u + c in fp32: the torch path for machines without
+    the kernels (per call)."""
     tiles, blocks, _ = packed.shape
-    d = packed[:, :, :32].contiguous().view(torch.float16).float()  # [tiles, blocks, 16]
-    c = packed[:, :, 32:64].contiguous().view(torch.float16).float()
-    g = packed[:, :, 64:].reshape(tiles, blocks, -1, TILE_ROWS, 4)
+    bits, head = sizes.format_bits(fmt), sizes.format_head(fmt)
+    hb = sizes.cpu_header_bytes(head)
+    if head == sizes.HEAD_F16:
+        d = packed[:, :, :32].contiguous().view(torch.float16).float()  # [tiles, blocks, 16]
+        c = packed[:, :, 32:64].contiguous().view(torch.float16).float()
+        d, c = d[:, :, None], c[:, :, None]  # [tiles, blocks, 1 half, 16 rows]
+    else:
+        f = packed[:, :, :hb].contiguous().view(torch.float32).reshape(tiles, blocks, -1, TILE_ROWS)
+        n = f.shape[2] // 2
+        d, c = f[:, :, :n], f[:, :, n:]  # [tiles, blocks, 1 or 2 halves, 16 rows]
+    g = packed[:, :, hb:].reshape(tiles, blocks, -1, TILE_ROWS, 4)
     if bits == 4:
         g = torch.cat([g & 0x0F, g >> 4], dim=2)
-    u = g.float()  # [tiles, blocks, 8 groups, 16 rows, 4]
-    w = u * d[:, :, None, :, None] + c[:, :, None, :, None]
-    w = w.permute(0, 3, 1, 2, 4).reshape(tiles * TILE_ROWS, blocks * BLOCK)
+    u = g.float().reshape(tiles, blocks, d.shape[2], -1, TILE_ROWS, 4)  # groups 0-3: the first half
+    w = u * d[:, :, :, None, :, None] + c[:, :, :, None, :, None]
+    w = w.reshape(tiles, blocks, 8, TILE_ROWS, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE_ROWS, blocks * BLOCK)
     return w[:rows, :cols].to(dtype)

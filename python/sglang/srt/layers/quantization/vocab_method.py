@@ -1,11 +1,12 @@
 """QuantVocabMethod: a vocabulary table [vocab, hidden] held as packed GGUF blocks (--quantization gguf).
 
-A batch-1 decode step reads the whole lm_head, so its bytes count as much as a layer's: the GGUF file's own Q4_0 /
-Q4_1 / Q8_0 blocks of it (mem_plan/quantization_sizes.gguf_packed_vocab names the table) are loaded into the packed
-layout of the quantized linear layers (packing.py) and the logits are the quant_linear kernel's, as for those layers.
-Where the embedding is tied to the lm_head (SmolLM2) the one packed table serves both: the embedding lookup
-dequantizes only the looked-up rows from their blocks (gathered from the packed records), each value d * u + c
-computed in fp32 exactly as packing.unpack_dequantize does, then cast to the model dtype; no dense copy is kept.
+A batch-1 decode step reads the whole lm_head, so its bytes count as much as a layer's: the GGUF file's own blocks
+of it (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0: the fp16 header's formats; mem_plan/quantization_sizes.gguf_packed_vocab
+names the table) are loaded into the packed layout of the quantized linear layers (packing.py) and the logits are
+the quant_linear kernel's, as for those layers. Where the embedding is tied to the lm_head (SmolLM2) the one packed
+table serves both: the embedding lookup dequantizes only the looked-up rows from their blocks (gathered from the
+packed records), each value d * u + c computed in fp32 exactly as packing.unpack_dequantize does, then cast to the
+model dtype; no dense copy is kept.
 
 Loading, the packed-weights cache and the unpacked check are QuantLinearMethod's (the table is one [vocab, hidden]
 weight whose rows come in one tensor); the layer carries output_size = vocab rows and input_size = hidden.
@@ -104,13 +105,13 @@ class QuantVocabMethod(QuantLinearMethod):
         packed = self._packed(layer)
         ops = quant_kernels() if x.is_cpu and x.dtype in (torch.bfloat16, torch.float32) else None
         if ops is not None:
-            return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_bits)
+            return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format)
         rows, tiles_per_pass = layer.output_size, TORCH_PATH_ROWS // packing.TILE_ROWS
         out = torch.empty(x.shape[0], rows, dtype=x.dtype, device=x.device)
         for t0 in range(0, packed.shape[0], tiles_per_pass):
             r0 = t0 * packing.TILE_ROWS
             n = min(rows - r0, TORCH_PATH_ROWS)
-            w = packing.unpack_dequantize(packed[t0 : t0 + tiles_per_pass], layer.quant_bits, n, layer.input_size,
+            w = packing.unpack_dequantize(packed[t0 : t0 + tiles_per_pass], layer.quant_format, n, layer.input_size,
                                           x.dtype)
             out[:, r0 : r0 + n] = F.linear(x, w.to(x.device))
         return out
