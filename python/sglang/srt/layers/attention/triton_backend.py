@@ -29,6 +29,10 @@ codes (kv_formats.ring_operands), and after each layer's attention the new token
 (QuantizedKVPool.stored_basis, the same rows the kernels attend as fresh) go into the ring, a request's first S also
 into its sink entries (RecentWindow.write). tail() builds only fixed-shape device tensors for a decode step; under a
 CUDA graph it runs inside the captured forward (its first layer), so every replay recomputes it from the graph's inputs.
+
+Windowed / sink / capped layers (layers/radix_attention.py): each launch gets the layer's sliding window, sinks and
+logit cap, and for a layer in a windowed pool with a slot map (mem_cache/swa_pool.py) that map, through which the
+kernels read req_to_token's slots; the kernels read no position below the window (_window_args).
 """
 
 from __future__ import annotations
@@ -219,6 +223,7 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             q, k, v, o, None, None, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len, layer.scaling,
             kv=f.kv_operands(pool, layer.layer_id), ring=f.ring_operands(pool, layer.layer_id, tail),
+            **self._window_args(layer, tail),
         )
         return self._finish(o, layer, stored, tail)
 
@@ -237,9 +242,20 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             q, None, None, o, self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, self.buffers[prefix + "attn_logits"], self.buffers[prefix + "attn_lse"],
             layer.scaling, max_seq_len=md.max_seq_len, kv=kv, k_new=k if fresh else None,
-            v_new=v if fresh else None, ring=f.ring_operands(pool, layer.layer_id, tail),
+            v_new=v if fresh else None, ring=f.ring_operands(pool, layer.layer_id, tail), **self._window_args(layer, tail),
         )
         return self._finish(o, layer, stored, tail)
+
+    def _window_args(self, layer, tail) -> dict:
+        """The kernels' window, sinks, logit cap and, for a layer in a windowed pool with a map (swa_pool.py), the
+        token -> windowed slot map the kernels index req_to_token's slots through."""
+        pool, window = self.token_to_kv_pool, getattr(layer, "sliding_window_size", -1)
+        if window > 0 and tail is not None:
+            raise ValueError("triton: a sliding-window layer over a --kv-cache-dtype with a recent window is not "
+                             "wired; use a plain --kv-cache-dtype (auto, bf16) for this model")
+        loc_map = getattr(pool, "slot_map", None) if pool.is_windowed_layer(layer.layer_id) else None
+        return dict(sliding_window=window, sinks=getattr(layer, "sinks", None),
+                    logit_cap=getattr(layer, "logit_cap", 0.0) or 0.0, loc_map=loc_map)
 
     def _finish(self, o, layer, stored, tail) -> torch.Tensor:
         """The kernel's o [N, H_q, Dv] out of the stored basis, [N, H_q * Dv]; a window takes the new tokens' K/V

@@ -30,6 +30,11 @@ quantized pool is never dequantized into a copy.
 partial_out fp32 [R, H_q, num_kv_splits, Dv] and lse fp32 [R, H_q, num_kv_splits] (R >= B) are the backend's planned
 workspace (mem_plan/backends.py, "attn_logits"/"attn_lse"): passed in, never allocated here.
 
+Windowed layers: with sliding_window W > 0 both kernels take the code positions from max(s_b, seq_len - W) instead of
+s_b (the positions below may be freed; every position read is inside the query's window, so nothing is masked);
+loc_map maps req_to_token's slots to the windowed pool's rows; the merge folds the sink logits (one per query head,
+no value) in after the splits; a logit cap applies cap * tanh(s / cap) to every score, the fresh token's included.
+
 The online-softmax step over a block of keys is online_softmax.attend_key_block, shared with the extend kernel; other
 @triton.jit helpers (tl.cdiv included) are avoided: under the CPU interpreter every such call costs ~0.2 ms.
 """
@@ -51,14 +56,14 @@ from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, Attention
 @lazy_jit
 def _decode_split_kernel(
     Q, K_pool, V_pool, K_scale, V_scale, K_head_scale, V_head_scale, Req_to_token, Req_pool_indices, Seq_lens,
-    Partial_out, Lse, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts, Ring_sinks,
+    Partial_out, Lse, sm_scale, Ring_k, Ring_v, Ring_rows, Ring_counts, Ring_sinks, Loc_map, window, logit_cap,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_kst, stride_ksh, stride_vst, stride_vsh,
     stride_r2t, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_rkt, stride_rkh, stride_rvt, stride_rvh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, HEAD_SCALES: tl.constexpr, FRESH: tl.constexpr,
     RING: tl.constexpr, WINDOW: tl.constexpr, ENTRIES: tl.constexpr, SINKS: tl.constexpr, RING_N: tl.constexpr,
-    SINK_N: tl.constexpr,
+    SINK_N: tl.constexpr, LOC_MAP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -71,11 +76,13 @@ def _decode_split_kernel(
         count = tl.load(Ring_counts + b).to(tl.int64)
         if SINKS:
             sinks = tl.load(Ring_sinks + b).to(tl.int64)
-    seq_len = cached - count - sinks  # the tokens read through the codes: positions [sinks, cached - count)
+    # a window W: the query at position cached + FRESH - 1 sees positions >= cached + FRESH - W only
+    first = tl.maximum(sinks, tl.where(window > 0, cached + FRESH - window, 0))
+    seq_len = cached - count - first  # the tokens read through the codes: positions [first, cached - count)
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
-    start = sinks + split * split_len  # this split's code positions [start, end)
-    end = tl.minimum(start + split_len, sinks + seq_len)
+    start = first + split * split_len  # this split's code positions [start, end)
+    end = tl.minimum(start + split_len, first + seq_len)
     ring_here = (split == 0) & (count + sinks > 0)  # split 0 attends the ring (recent and sink entries)
     if (split < num_splits) & ((end > start) | ring_here):
         row = tl.load(Req_pool_indices + b).to(tl.int64)
@@ -101,11 +108,13 @@ def _decode_split_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
+            if LOC_MAP:  # token-pool slot -> the windowed pool's
+                slots = tl.load(Loc_map + slots, mask=mask_n, other=0).to(tl.int64)
             acc, m_i, l_i = attend_key_block(
                 q, q_sum, m_i, l_i, acc, K_pool + kv_head * stride_kh, V_pool + kv_head * stride_vh,
                 K_scale + kv_head * stride_ksh, V_scale + kv_head * stride_vsh, slots, stride_kt, stride_vt,
                 stride_kst, stride_vst, offs_d, mask_d, offs_dv, mask_dv, mask_n, mask_n[None, :], qk_scale, v_scale,
-                KV_FORMAT)
+                logit_cap, KV_FORMAT)
         if RING:
             ring_row = tl.load(Ring_rows + b).to(tl.int64)
             if (split == 0) & (count > 0):  # positions [cached - count, cached): entries row * E + position % W
@@ -126,12 +135,13 @@ def _decode_split_kernel(
 
 @lazy_jit
 def _decode_merge_kernel(
-    Partial_out, Lse, Seq_lens, O, Q, K_new, V_new, Ring_counts, Ring_sinks, sm_scale,
+    Partial_out, Lse, Seq_lens, O, Q, K_new, V_new, Ring_counts, Ring_sinks, sm_scale, Sink_logits, window, logit_cap,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, V_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_DV: tl.constexpr, FRESH: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RING: tl.constexpr, SINKS: tl.constexpr,
+    SINK_LOGITS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int64) - FRESH  # the tokens the splits read from the pool
@@ -141,7 +151,8 @@ def _decode_merge_kernel(
         count = tl.load(Ring_counts + b).to(tl.int64)
         if SINKS:
             sinks = tl.load(Ring_sinks + b).to(tl.int64)
-    seq_len = seq_len - count - sinks  # ... through the codes (split 0 read the ring and the sinks too)
+    first = tl.maximum(sinks, tl.where(window > 0, seq_len + FRESH - window, 0))  # as the split kernel
+    seq_len = seq_len - count - first  # ... through the codes (split 0 read the ring and the sinks too)
     num_splits = tl.maximum(tl.minimum((seq_len + MIN_SPLIT - 1) // MIN_SPLIT, NUM_SPLITS), 1)
     split_len = (seq_len + num_splits - 1) // num_splits
     offs_h = tl.arange(0, BLOCK_HQ)
@@ -171,11 +182,20 @@ def _decode_merge_kernel(
         k = tl.load(K_new + b * stride_knb + kv_heads[:, None] * stride_knh + offs_d[None, :], mask=mask_qd, other=0.0)
         v = tl.load(V_new + b * stride_vnb + kv_heads[:, None] * stride_vnh + offs_dv[None, :], mask=mask, other=0.0)
         score = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * sm_scale
+        if logit_cap > 0:
+            score = logit_cap * (2.0 * tl.sigmoid(2.0 * score / logit_cap) - 1.0)
         m_new = tl.maximum(m_run, score)
         rescale = tl.exp(m_run - m_new)
         w = tl.exp(score - m_new)
         acc = acc * rescale[:, None] + w[:, None] * v.to(tl.float32)
         weight_sum = weight_sum * rescale + w
+        m_run = m_new
+    if SINK_LOGITS:  # one more term of score sinks[h] and value 0: only the denominator grows
+        sink = tl.load(Sink_logits + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+        m_new = tl.maximum(m_run, sink)
+        rescale = tl.exp(m_run - m_new)
+        acc = acc * rescale[:, None]
+        weight_sum = weight_sum * rescale + tl.exp(sink - m_new)
     tl.store(O + b * stride_ob + offs_h[:, None] * stride_oh + offs_dv[None, :],
              (acc / weight_sum[:, None]).to(O.dtype.element_ty), mask=mask)
 
@@ -185,7 +205,8 @@ def decode_attention_fwd(
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, partial_out: torch.Tensor, lse: torch.Tensor,
     sm_scale: float, tiles: AttentionTiles | None = None, max_seq_len: int | None = None,
     kv: KVOperands | None = None, k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-    ring: RingOperands | None = None,
+    ring: RingOperands | None = None, sliding_window: int = -1, sinks: torch.Tensor | None = None,
+    logit_cap: float = 0.0, loc_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """o[b, h] = softmax(q[b, h] . K_b^T * sm_scale) V_b over the first seq_lens[b] tokens of request b.
 
@@ -201,7 +222,11 @@ def decode_attention_fwd(
     in the V part's (the backend turns them). ring: the pool's recent window (kv_formats.ring_operands): the last
     ring.counts[b] cached tokens of request b, and its first ring.sinks[b], are read from it (in the stored basis),
     not from the codes.
+    sliding_window W > 0: only positions >= seq_len - W are read (the positions below may be freed); sinks fp32 [H_q]:
+    one logit per query head in the softmax's denominator (no value), folded in by the merge; logit_cap > 0: scores
+    become cap * tanh(score / cap); loc_map int32: req_to_token's slots -> rows of the pool (a windowed pool).
     """
+    assert ring is None or sliding_window <= 0, "decode_attention_fwd: a sliding window over a recent-window ring"
     kv = kv or plain_operands(k_pool, v_pool)
     bs, num_q_heads, head_dim = q.shape
     num_kv_heads, v_dim = kv.num_kv_heads, kv.v_dim
@@ -228,21 +253,24 @@ def decode_attention_fwd(
     rings, ring_shape = ring_args(ring, q, seq_lens), ring_constexprs(ring)
     _decode_split_kernel[(bs, num_kv_heads, grid_splits)](
         q, kv.k, kv.v, kv.k_scale, kv.v_scale, kv.k_head_scale, kv.v_head_scale, req_to_token, req_pool_indices,
-        seq_lens, partial_out, lse, sm_scale, *rings[:5],
+        seq_lens, partial_out, lse, sm_scale, *rings[:5], loc_map if loc_map is not None else seq_lens,
+        max(sliding_window, 0), float(logit_cap),
         q.stride(0), q.stride(1), *kv.strides(), req_to_token.stride(0),
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1), *rings[5:],
         GROUP=group, HEAD_DIM=head_dim, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_H=max(MIN_DOT_TILE, triton.next_power_of_2(group)), BLOCK_D=dot_tile(head_dim), BLOCK_DV=block_dv,
         BLOCK_N=tiles.decode_block_n, KV_FORMAT=kv.format_id, HEAD_SCALES=kv.head_scales, FRESH=int(fresh),
-        **ring_shape,
+        **ring_shape, LOC_MAP=int(loc_map is not None),
     )
     _decode_merge_kernel[(bs,)](
         partial_out, lse, seq_lens, o, q, k_new, v_new, rings[3], rings[4], sm_scale,
+        sinks if sinks is not None else q, max(sliding_window, 0), float(logit_cap),
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2), lse.stride(0), lse.stride(1),
         o.stride(0), o.stride(1), q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1),
         NUM_HEADS=num_q_heads, V_DIM=v_dim, NUM_SPLITS=num_splits, MIN_SPLIT=tiles.decode_min_split_tokens,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_DV=block_dv, FRESH=int(fresh), GROUP=group,
         HEAD_DIM=head_dim, BLOCK_D=dot_tile(head_dim), RING=ring_shape["RING"], SINKS=ring_shape["SINKS"],
+        SINK_LOGITS=int(sinks is not None),
     )
     return o
