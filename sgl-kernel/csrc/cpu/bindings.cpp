@@ -301,9 +301,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qk_norm_rope_", &qk_norm_rope_, "Qwen3 q/k head RMSNorm then RoPE, in place on the qkv projection's rows");
   m.def("argmax_rows", &argmax_rows, "fp32 [B, V] -> int64 [B]: each row's first maximum (NaN counts as the maximum)");
   m.def("decode_attention", &sgl_cpu::decode_attention,
-        "Write new K/V to the pool and attend over each request's tokens (bf16 from avx512_bf16, fp32 from avx2)");
+        "Write new K/V to the pool and attend over each request's tokens (bf16 from avx512_bf16, fp32 from avx2); "
+        "sliding_window W >= 1: a query at position p reads keys p - W + 1 .. p only; sinks: fp32 [H] logits joining "
+        "each head's softmax denominator; logit_cap > 0: scores soft-capped; loc_map: int32 token-pool slot -> "
+        "buffer slot, for every req_to_token read and the write at out_cache_loc",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("req_to_token"),
+        py::arg("req_pool_indices"), py::arg("seq_lens"), py::arg("out_cache_loc"), py::arg("scale"),
+        py::arg("sliding_window") = -1, py::arg("sinks") = py::none(), py::arg("logit_cap") = 0.0,
+        py::arg("loc_map") = py::none());
   m.def("extend_attention", &sgl_cpu::extend_attention,
-        "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from avx2)");
+        "Causal attention of a prefill's new tokens over the pool, prefix included (bf16 from avx512_bf16, fp32 from "
+        "avx2); sliding_window, sinks, logit_cap and loc_map as decode_attention",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("req_to_token"), py::arg("req_pool_indices"),
+        py::arg("prefix_lens"), py::arg("extend_lens"), py::arg("scale"), py::arg("sliding_window") = -1,
+        py::arg("sinks") = py::none(), py::arg("logit_cap") = 0.0, py::arg("loc_map") = py::none());
   m.def("extend_attention_quant", &sgl_cpu::extend_attention_quant,
         "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, int2_hadamard, fp8_e4m3, "
         "fp8_e5m2), codes read "

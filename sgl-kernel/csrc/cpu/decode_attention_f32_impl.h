@@ -12,6 +12,8 @@
 //   k_cache  [slots, kv_heads, D] fp32, v_cache likewise
 //   tokens   [seq_len] int64   KV slots of the request's tokens, oldest first
 //   scores   [4 * seq_len] fp32 scratch
+//   sinks    [group] fp32 or null: a learned logit per head joining its softmax denominator; logit_cap > 0: soft-capping
+// (both as decode_attention.h).
 
 template <int D>
 SGL_F32_TARGET inline void f32_prefetch_row(const float* p) {
@@ -19,14 +21,15 @@ SGL_F32_TARGET inline void f32_prefetch_row(const float* p) {
   for (int i = 0; i < D * 4; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + i, _MM_HINT_T0);
 }
 
-// row[0, n) <- exp(row - max(row)); returns 1 / their sum.
-SGL_F32_TARGET inline float f32_softmax_row(float* row, int64_t n) {
+// row[0, n) <- exp(row - m), m = max(row, *sink); returns 1 / (their sum + e^{*sink - m}) (sink null: no term).
+SGL_F32_TARGET inline float f32_softmax_row(float* row, int64_t n, const float* sink) {
   constexpr int W = V::W;
   typename V::reg vmax = V::set1(-INFINITY);
   int64_t i = 0;
   for (; i + W <= n; i += W) vmax = V::max(vmax, V::load(row + i));
   if (i < n) vmax = V::max(vmax, V::load_tail_or(row + i, (int)(n - i), -INFINITY));
-  const typename V::reg m = V::set1(V::hmax(vmax));
+  const float fm = sink ? std::max(V::hmax(vmax), *sink) : V::hmax(vmax);
+  const typename V::reg m = V::set1(fm);
   typename V::reg vsum = V::zero();
   for (i = 0; i + W <= n; i += W) {
     const typename V::reg p = V::exp(V::sub(V::load(row + i), m));
@@ -38,14 +41,30 @@ SGL_F32_TARGET inline float f32_softmax_row(float* row, int64_t n) {
     V::store_tail(row + i, V::exp(V::sub(V::load_tail(row + i, t), m)), t);
     vsum = V::add(vsum, V::load_tail(row + i, t));  // the stored lanes only
   }
-  return 1.0f / V::hsum(vsum);
+  return 1.0f / (sink ? V::hsum(vsum) + std::exp(*sink - fm) : V::hsum(vsum));
+}
+
+// row[0, n) <- cap * tanh(row / cap), tanh(x) = 1 - 2 / (e^{2x} + 1) (V::exp saturates: +-1 at the ends).
+SGL_F32_TARGET inline void f32_soft_cap_row(float* row, int64_t n, float cap) {
+  constexpr int W = V::W;
+  const typename V::reg two_over_cap = V::set1(2.0f / cap), vcap = V::set1(cap), one = V::set1(1.0f),
+                        two = V::set1(2.0f);
+  for (int64_t i = 0; i < n; i += W) {
+    const int t = (int)std::min<int64_t>(W, n - i);
+    const typename V::reg x = t == W ? V::load(row + i) : V::load_tail(row + i, t);
+    const typename V::reg y = V::mul(V::sub(one, V::div(two, V::add(V::exp(V::mul(x, two_over_cap)), one))), vcap);
+    if (t == W)
+      V::store(row + i, y);
+    else
+      V::store_tail(row + i, y, t);
+  }
 }
 
 // G (<= 4) query heads of head_dim D against one KV head.
 template <int D, int G>
 SGL_F32_TARGET inline void f32_attention_heads(const float* q, const float* k_cache, const float* v_cache, int64_t row,
-                                               const int64_t* tokens, int64_t seq_len, float scale, float* scores,
-                                               float* out) {
+                                               const int64_t* tokens, int64_t seq_len, float scale,
+                                               const float* sinks, float logit_cap, float* scores, float* out) {
   using reg = typename V::reg;
   constexpr int W = V::W;
   constexpr int kQ = D / W;  // registers per head row
@@ -68,7 +87,10 @@ SGL_F32_TARGET inline void f32_attention_heads(const float* q, const float* k_ca
   }
   float inv[G];
 #pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) inv[g] = f32_softmax_row(scores + g * seq_len, seq_len);
+  for (int g = 0; g < G; ++g) {
+    if (logit_cap > 0.0f) f32_soft_cap_row(scores + g * seq_len, seq_len, logit_cap);
+    inv[g] = f32_softmax_row(scores + g * seq_len, seq_len, sinks ? sinks + g : nullptr);
+  }
   // 2. out_g = sum_j p[g][j] v_j / sum_g, kVChunk registers of each head at a time
   constexpr int kC = V::kVChunk;
 #pragma GCC unroll 1
@@ -105,19 +127,20 @@ SGL_F32_TARGET inline void f32_attention_heads(const float* q, const float* k_ca
 template <int D>
 SGL_F32_TARGET inline void f32_attention_group_d(const float* q, int64_t group, const float* k_cache,
                                                  const float* v_cache, int64_t kv_heads, int64_t kv_head,
-                                                 const int64_t* tokens, int64_t seq_len, float scale, float* scores,
-                                                 float* out) {
+                                                 const int64_t* tokens, int64_t seq_len, float scale,
+                                                 const float* sinks, float logit_cap, float* scores, float* out) {
   const int64_t row = kv_heads * D;
   const float* kc = k_cache + kv_head * D;
   const float* vc = v_cache + kv_head * D;
   for (int64_t g0 = 0; g0 < group; g0 += 4) {
     const float* qg = q + g0 * D;
     float* og = out + g0 * D;
+    const float* sg = sinks ? sinks + g0 : nullptr;
     switch (std::min<int64_t>(4, group - g0)) {
-      case 1: f32_attention_heads<D, 1>(qg, kc, vc, row, tokens, seq_len, scale, scores, og); break;
-      case 2: f32_attention_heads<D, 2>(qg, kc, vc, row, tokens, seq_len, scale, scores, og); break;
-      case 3: f32_attention_heads<D, 3>(qg, kc, vc, row, tokens, seq_len, scale, scores, og); break;
-      default: f32_attention_heads<D, 4>(qg, kc, vc, row, tokens, seq_len, scale, scores, og); break;
+      case 1: f32_attention_heads<D, 1>(qg, kc, vc, row, tokens, seq_len, scale, sg, logit_cap, scores, og); break;
+      case 2: f32_attention_heads<D, 2>(qg, kc, vc, row, tokens, seq_len, scale, sg, logit_cap, scores, og); break;
+      case 3: f32_attention_heads<D, 3>(qg, kc, vc, row, tokens, seq_len, scale, sg, logit_cap, scores, og); break;
+      default: f32_attention_heads<D, 4>(qg, kc, vc, row, tokens, seq_len, scale, sg, logit_cap, scores, og); break;
     }
   }
 }
@@ -125,11 +148,13 @@ SGL_F32_TARGET inline void f32_attention_group_d(const float* q, int64_t group, 
 // head_dim: one of SGL_DECODE_HEAD_DIMS (decode_attention.h); false otherwise.
 inline bool decode_attention_group(const float* q, int64_t group, const float* k_cache, const float* v_cache,
                                    int64_t kv_heads, int64_t kv_head, int64_t head_dim, const int64_t* tokens,
-                                   int64_t seq_len, float scale, float* scores, float* out) {
+                                   int64_t seq_len, float scale, const float* sinks, float logit_cap, float* scores,
+                                   float* out) {
   switch (head_dim) {
 #define SGL_CASE(D)                                                                                                 \
   case D:                                                                                                           \
-    f32_attention_group_d<D>(q, group, k_cache, v_cache, kv_heads, kv_head, tokens, seq_len, scale, scores, out); \
+    f32_attention_group_d<D>(q, group, k_cache, v_cache, kv_heads, kv_head, tokens, seq_len, scale, sinks,          \
+                             logit_cap, scores, out);                                                               \
     return true;
     SGL_DECODE_HEAD_DIMS(SGL_CASE)
 #undef SGL_CASE

@@ -10,6 +10,12 @@ from sglang.jit_kernel.cpu_ops import get_ops_for_dtype
 # the quantized formats the CPU kernel reads in place (their storage layouts are fixed: mem_plan/kv_quant.py)
 QUANT_KERNEL_FORMATS = ("int8", "int4", "int2_hadamard", "fp8_e4m3", "fp8_e5m2")
 
+# decode_attention / extend_attention take sliding_window=-1, sinks=None (fp32 [H]), logit_cap=0.0 and loc_map=None
+# (int32 token-pool slot -> buffer slot: every req_to_token read and decode's write at out_cache_loc go through it),
+# sgl-kernel/csrc/cpu/window_keys.h: windowed and sink layers may take the fused kernels (the quantized-pool kernel
+# takes none of these).
+WINDOW_KERNELS = True
+
 
 def fused_cpu_decode_available(device, model_dtype, kv_dtype, kv_store_dtype, head_dim: int, v_head_dim) -> bool:
     """Whether decode runs through the fused CPU kernel (and so needs no gather workspace): `sglang plan` asks this
