@@ -208,31 +208,31 @@ class TestKQuantKernels(unittest.TestCase):
             self.ops.quant_linear(torch.randn(1, 256), packed, 16, 40)
 
     def test_mixed_shards_pack_wider_and_serve_exactly(self):
-        """gate Q5_0 (fp16 header) + up Q6_K (halves header) in one MergedColumnParallelLinear: the staging widens,
-        the layer packs format 40, and serves both halves of its rows as the GGUF formula."""
+        """gate Q5_0 (fp16 header) + up Q6_K (halves header) in one MergedColumnParallelLinear, loaded in either order
+        (the narrow staging widens for the wide shard, or the narrow shard widens into the wide staging): the layer
+        packs format 40 and serves both halves of its rows as the GGUF formula."""
         from sglang.srt.layers.linear import MergedColumnParallelLinear
         from sglang.srt.layers.quantization import quantization_config
 
         k, n = 256, 24
-        with quantization_config("gguf"):
-            layer = MergedColumnParallelLinear(k, [n, n])
-        refs = []
-        for shard, kind in enumerate(("Q5_0", "Q6_K")):
-            raw = random_blocks(kind, n, k, self.rng)
-            refs.append(torch.from_numpy(reference(raw, kind)))
-            layer.weight.weight_loader(layer.weight, packing.staging_from_gguf(torch.from_numpy(raw), KINDS[kind]),
-                                       shard)
-        self.assertIsNone(layer.weight)
-        self.assertEqual((layer.quant_format, layer.quant_bits), (40, 8))
-        self.assertEqual(layer.qweight.numel(), qs.cpu_packed_bytes(2 * n, k, qs.join_formats(8, 40)))
-        ref = torch.cat(refs)
-        x = torch.randn(3, k)
-        with cpu_kernels_disabled():
-            torch.testing.assert_close(layer(x).double(), x.double() @ ref.t(), rtol=0, atol=1e-5)
-        out = layer(x).double()
-        bound = error_bound(x, ref, ref.abs(), 8) + (x.double().abs() @ ref.abs().t()) * 2.0**-20
-        self.assertLessEqual(((out - x.double() @ ref.t()).abs() - bound).max().item(), 0)
-
+        raws = {kind: random_blocks(kind, n, k, self.rng) for kind in ("Q5_0", "Q6_K")}
+        ref = torch.cat([torch.from_numpy(reference(raws[kind], kind)) for kind in ("Q5_0", "Q6_K")])
+        for order in ((0, 1), (1, 0)):
+            with quantization_config("gguf"):
+                layer = MergedColumnParallelLinear(k, [n, n])
+            for shard in order:
+                kind = ("Q5_0", "Q6_K")[shard]
+                staging = packing.staging_from_gguf(torch.from_numpy(raws[kind]), KINDS[kind])
+                layer.weight.weight_loader(layer.weight, staging, shard)
+            self.assertIsNone(layer.weight)
+            self.assertEqual((layer.quant_format, layer.quant_bits), (40, 8))
+            self.assertEqual(layer.qweight.numel(), qs.cpu_packed_bytes(2 * n, k, qs.join_formats(8, 40)))
+            x = torch.randn(3, k)
+            with cpu_kernels_disabled():
+                torch.testing.assert_close(layer(x).double(), x.double() @ ref.t(), rtol=0, atol=1e-5)
+            out = layer(x).double()
+            bound = error_bound(x, ref, ref.abs(), 8) + (x.double().abs() @ ref.abs().t()) * 2.0**-20
+            self.assertLessEqual(((out - x.double() @ ref.t()).abs() - bound).max().item(), 0, order)
 
 def write_mixed_gguf(path: str, layer_types, hidden: int, inter: int, heads: int, kv_heads: int, rng) -> None:
     """A llama-layout GGUF tensor table of random blocks: layer_types[i] maps each linear tensor name to its type."""
