@@ -26,18 +26,28 @@ CUDA graphs: `init_forward_metadata_capture_cuda_graph(bs, ...)` builds a decode
 whose indptr / indices / last-page buffers are views of the planned ones (fixed addresses a graph can replay);
 `init_forward_metadata_replay_cuda_graph(bs, ...)` re-plans it for the live batch before the replay.
 
+Windowed layers (layers/radix_attention.py; the plan's num_wrappers = 2 declares kv_indptr_1 / kv_indices_1): a layer in
+the pool's windowed part runs through a second prefill / decode wrapper, planned at the forward's first such layer
+with window_left = W - 1 over that layer's own table: each request's pages from the one holding its window's first
+key (window_metadata.window_start) to its end, named through the pool's slot_map (paged_kv_indices.py), so no freed
+page is read. Sinks go to run(sinks=...) (flashinfer-python >= 0.5 takes them; an older one is refused at the first
+sink layer). Not wired, refused naming the way out: a logit cap, a window shorter than the context on a layer of
+the full pool, two window lengths in one model, and CUDA graphs over windowed layers (--disable-cuda-graph).
+
 The softmax scale is a plan argument in flashinfer; it is head_dim ** -0.5 (every model here) and each layer's
 `scaling` is checked against it.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Sequence
 
 import torch
 
 from sglang.srt.layers.attention.paged_kv_indices import PageTable, build_page_table, extend_lens, seq_lens
 from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
+from sglang.srt.layers.attention.window_metadata import window_start
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_CUDA_CORE_DECODE_GROUP = 4  # query heads per KV head above which decode runs on tensor cores
@@ -87,9 +97,13 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
         check_kernel_dtype(self.backend_name, self.q_dtype)
         self.kv_scales = fp8_layer_scales(self.backend_name, pool)  # [(k_scale, v_scale)] per layer, or None
-        if shape.num_wrappers != 1:
-            raise NotImplementedError("flashinfer: sliding-window / cross attention (two wrappers) is not wired; use "
+        if shape.num_wrappers > 2:
+            raise NotImplementedError("flashinfer: cross attention (a third wrapper) is not wired; use "
                                       "--attention-backend torch_native")
+        self.windowed_wrappers = shape.num_wrappers == 2  # a second wrapper for the windowed layers
+        if self.windowed_wrappers and self.inputs.graph_bs > 0:
+            raise ValueError("flashinfer: CUDA graphs over windowed layers are not wired; start with "
+                             "--disable-cuda-graph, or use --attention-backend triton (its graphs take the window)")
         self.num_q_heads, self.num_kv_heads = shape.num_q_heads, pool.head_num
         self.head_dim, self.page_size = pool.head_dim, pool.page_size
         self.sm_scale = self.head_dim ** -0.5
@@ -99,6 +113,14 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
             fi.BatchPrefillWithPagedKVCacheWrapper(self.buffers["workspace"], "NHD"))
         self.decode_wrapper = self._shared_workspaces(fi.BatchDecodeWithPagedKVCacheWrapper(
             self.buffers["workspace"], "NHD", use_tensor_cores=self.decode_use_tensor_cores))
+        if self.windowed_wrappers:
+            self.win_prefill_wrapper = self._shared_workspaces(
+                fi.BatchPrefillWithPagedKVCacheWrapper(self.buffers["workspace"], "NHD"))
+            self.win_decode_wrapper = self._shared_workspaces(fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.buffers["workspace"], "NHD", use_tensor_cores=self.decode_use_tensor_cores))
+        self.win_window: Optional[int] = None  # the window the windowed wrapper is planned with in this forward
+        self.forward_batch = None
+        self.run_takes_sinks = "sinks" in inspect.signature(fi.BatchPrefillWithPagedKVCacheWrapper.run).parameters
         self.graph_decode_wrappers: dict = {}  # captured batch size -> wrapper with fixed buffers
         self.active_decode_wrapper = self.decode_wrapper
         self.table: Optional[PageTable] = None
@@ -123,6 +145,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
 
     def init_forward_metadata(self, forward_batch) -> None:
         fb, lens = forward_batch, seq_lens(forward_batch)
+        self.forward_batch, self.win_window = fb, None
         if fb.forward_mode.is_decode():
             self.table = self._decode_table(fb.req_pool_indices, lens, fb.req_pool_indices_cpu or None)
             self.active_decode_wrapper = self.decode_wrapper
@@ -187,21 +210,70 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
             raise NotImplementedError(f"flashinfer: layer {layer.layer_id} scales by {layer.scaling}, the plan by "
                                       f"head_dim ** -0.5 = {self.sm_scale}; use --attention-backend torch_native")
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+    def _wrapper(self, layer, decode: bool):
+        """The wrapper of this layer: the full one, or (a layer in the windowed pool) the windowed one, planned at the
+        forward's first windowed layer."""
+        window, lid = getattr(layer, "sliding_window_size", -1), layer.layer_id
+        if getattr(layer, "logit_cap", 0.0) > 0:
+            raise NotImplementedError(f"flashinfer: layer {lid} caps its logits, which is not wired; use "
+                                      "--attention-backend triton or torch_native")
+        if getattr(layer, "sinks", None) is not None and not self.run_takes_sinks:
+            raise NotImplementedError("flashinfer: this flashinfer's run() takes no attention sinks; upgrade "
+                                      "flashinfer-python, or use --attention-backend triton")
+        if not self.token_to_kv_pool.is_windowed_layer(lid):
+            if 0 < window < self.inputs.shape.context_len:
+                raise NotImplementedError(f"flashinfer: layer {lid}'s {window}-token window lives in the full pool and "
+                                          "is not wired there; use --attention-backend triton")
+            return self.active_decode_wrapper if decode else self.prefill_wrapper
+        if not self.windowed_wrappers or window <= 0:
+            raise NotImplementedError(f"flashinfer: layer {lid} lives in the windowed pool but the plan declared "
+                                      f"{self.inputs.shape.num_wrappers} wrapper(s) and its window is {window}")
+        if self.win_window is None:
+            self._plan_windowed(window, decode)
+        elif self.win_window != window:
+            raise NotImplementedError(f"flashinfer: windows of {self.win_window} and {window} tokens in one model "
+                                      "(one windowed wrapper); use --attention-backend triton")
+        return self.win_decode_wrapper if decode else self.win_prefill_wrapper
+
+    def _plan_windowed(self, window: int, decode: bool) -> None:
+        fb, lens, pool = self.forward_batch, seq_lens(self.forward_batch), self.token_to_kv_pool
+        new = [1] * len(lens) if decode else extend_lens(fb)
+        first_pos = [window_start(n - e, window) for n, e in zip(lens, new)]
+        # kv_last_page_len is shared with the full table: plan() takes the host copies, and the device view is read
+        # only by CUDA-graph wrappers, which windowed models do not use
+        t = build_page_table(self.req_to_token_pool.req_to_token, fb.req_pool_indices, lens, self.page_size,
+                             self.buffers["kv_indptr_1"], self.buffers["kv_last_page_len"],
+                             self.buffers["kv_indices_1"], fb.req_pool_indices_cpu or None,
+                             extend_lens_cpu=None if decode else new,
+                             qo_indptr_buf=None if decode else self.buffers["qo_indptr"], first_pos=first_pos,
+                             slot_map=getattr(pool, "slot_map", None))
+        kw = dict(window_left=window - 1, **self._plan_kwargs())
+        if decode:
+            self.win_decode_wrapper.plan(t.kv_indptr_host, t.kv_indices, t.kv_last_page_len_host, self.num_q_heads,
+                                         self.num_kv_heads, self.head_dim, self.page_size, pos_encoding_mode="NONE",
+                                         **kw)
+        else:
+            self.win_prefill_wrapper.plan(t.qo_indptr_host, t.kv_indptr_host, t.kv_indices, t.kv_last_page_len_host,
+                                          self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                                          causal=True, **kw)
+        self.win_window = window
+
+    def _run(self, q, k, v, layer, forward_batch, save_kv_cache: bool, decode: bool) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
         self._check_layer(layer)
+        wrapper = self._wrapper(layer, decode)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.prefill_wrapper.run(self._query(q), self._paged_cache(layer), **self._scales(layer))
+        sinks = getattr(layer, "sinks", None)
+        extra = dict(sinks=sinks.float()) if sinks is not None else {}
+        out = wrapper.run(self._query(q), self._paged_cache(layer), **self._scales(layer), **extra)
         return out.view(q.shape[0], -1)
 
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        return self._run(q, k, v, layer, forward_batch, save_kv_cache, decode=False)
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
-        # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]
-        self._check_layer(layer)
-        if save_kv_cache:
-            self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        out = self.active_decode_wrapper.run(self._query(q), self._paged_cache(layer), **self._scales(layer))
-        return out.view(q.shape[0], -1)
+        return self._run(q, k, v, layer, forward_batch, save_kv_cache, decode=True)
 
 
 BACKEND_CLASS = FlashInferAttnBackend

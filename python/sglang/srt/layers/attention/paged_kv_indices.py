@@ -10,6 +10,11 @@ A request's token i sits in page req_pages[i // page_size] at offset i % page_si
 j * page_size (the first token of its j-th page) is req_to_token[row, j * page_size] // page_size. With page_size 1
 the page ids are the token slots themselves.
 
+A windowed layer's table (first_pos given: FlashInfer's second wrapper) covers request b's positions
+[first_pos[b] // page_size * page_size, seq_lens[b]) only -- whole pages from the one holding its window's first key
+(the scheduler frees only windowed pages wholly below the window, so that page is held) -- and names each page through
+the pool's slot_map (token slot -> windowed slot, page-parallel) when the layer's pool has one.
+
 Everything is written into the backend's planned buffers: the small indptr arrays (views [:B + 1]) from host lists,
 kv_indices (a view [:total pages] of a buffer of R x ceil(context / page_size) entries, mem_plan/backends.py) by one
 gather kernel. No per-step device tensor grows with the batch or its context.
@@ -58,7 +63,8 @@ def _kernel_fills(device: torch.device) -> bool:
 
 def fill_page_ids(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, rows_cpu: Optional[Sequence[int]],
                   pages_per_req: Sequence[int], kv_indptr: torch.Tensor, page_size: int,
-                  out: torch.Tensor) -> torch.Tensor:
+                  out: torch.Tensor, first_pages: Optional[Sequence[int]] = None,
+                  slot_map: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out[:total] = each request's page ids, concatenated in batch order (int32); returns that view. One Triton
     launch on a GPU (triton_ops/page_ids.py); elsewhere (tests on a CPU or the stand-in device) one slice copy per
     request, read through the host's row ids. Nothing of size B x context is allocated on the device."""
@@ -69,12 +75,16 @@ def fill_page_ids(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, ro
     if _kernel_fills(out.device):
         from sglang.srt.layers.attention.triton_ops.page_ids import page_ids_fwd
 
-        page_ids_fwd(req_to_token, req_pool_indices, kv_indptr, page_size, view)
+        firsts = None if first_pages is None else torch.tensor(first_pages, dtype=torch.int64).to(out.device)
+        page_ids_fwd(req_to_token, req_pool_indices, kv_indptr, page_size, view, firsts, slot_map)
         return view
     rows = list(rows_cpu) if rows_cpu is not None else req_pool_indices.tolist()
     start = 0
-    for row, n in zip(rows, pages_per_req):
-        firsts = req_to_token[row, : n * page_size : page_size]  # the slot of each page's first token
+    for b, (row, n) in enumerate(zip(rows, pages_per_req)):
+        p0 = first_pages[b] * page_size if first_pages is not None else 0
+        firsts = req_to_token[row, p0 : p0 + n * page_size : page_size]  # the slot of each page's first token
+        if slot_map is not None:
+            firsts = slot_map[firsts.long()]
         view[start : start + n].copy_(firsts // page_size if page_size > 1 else firsts)
         start += n
     return view
@@ -92,11 +102,16 @@ def build_page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                      page_size: int, kv_indptr_buf: torch.Tensor, last_page_len_buf: torch.Tensor,
                      kv_indices_buf: torch.Tensor, rows_cpu: Optional[Sequence[int]] = None,
                      extend_lens_cpu: Optional[Sequence[int]] = None,
-                     qo_indptr_buf: Optional[torch.Tensor] = None) -> PageTable:
+                     qo_indptr_buf: Optional[torch.Tensor] = None, first_pos: Optional[Sequence[int]] = None,
+                     slot_map: Optional[torch.Tensor] = None) -> PageTable:
     """The page table of one batch, written into the given planned buffers (kv_indices too). rows_cpu: the host's
-    copy of req_pool_indices (the batch was built on the host), for devices without the Triton kernel."""
+    copy of req_pool_indices (the batch was built on the host), for devices without the Triton kernel. first_pos /
+    slot_map: a windowed layer's table (the module docstring)."""
     if len(seq_lens_cpu) + 1 > kv_indptr_buf.numel():
         raise ValueError(f"batch of {len(seq_lens_cpu)} requests exceeds the planned {kv_indptr_buf.numel() - 1} slots")
+    first_pages = [p // page_size for p in first_pos] if first_pos is not None else None
+    if first_pages is not None:  # the table's lengths count from each request's first page
+        seq_lens_cpu = [n - f * page_size for n, f in zip(seq_lens_cpu, first_pages)]
     pages_per_req = [-(-n // page_size) for n in seq_lens_cpu]
     kv_indptr, kv_indptr_host = _fill(kv_indptr_buf, _cumsum0(pages_per_req))
     last_page_len, last_page_len_host = _fill(
@@ -104,7 +119,7 @@ def build_page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     table = PageTable(
         kv_indptr=kv_indptr,
         kv_indices=fill_page_ids(req_to_token, req_pool_indices, rows_cpu, pages_per_req, kv_indptr, page_size,
-                                 kv_indices_buf),
+                                 kv_indices_buf, first_pages, slot_map),
         kv_last_page_len=last_page_len,
         kv_indptr_host=kv_indptr_host,
         kv_last_page_len_host=last_page_len_host,

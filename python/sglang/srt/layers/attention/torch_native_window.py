@@ -78,7 +78,8 @@ class WindowedTorchAttention:
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         """q [N, H, D], k/v [N, KV, D] (this forward's new tokens) -> [N, H * Dv]."""
-        if self.kernel_ops is not None and save_kv_cache:
+        decode = forward_batch.forward_mode.is_decode()
+        if self.kernel_ops is not None and save_kv_cache and (decode or self.backend.cpu_extend_ops is not None):
             return self._kernel_forward(q, k, v, layer, forward_batch)
         pool, lid = self.pool, layer.layer_id
         if save_kv_cache:
@@ -127,7 +128,8 @@ class WindowedTorchAttention:
     def _kernel_forward(self, q, k, v, layer, forward_batch) -> torch.Tensor:
         """sgl-kernel's CPU decode / extend with the window, sinks and cap (cpu_kernel_ops.WINDOW_KERNELS)."""
         pool, lid, ops, fb = self.pool, layer.layer_id, self.kernel_ops, forward_batch
-        kw = dict(sliding_window=layer_window(layer) or -1, sinks=getattr(layer, "sinks", None),
+        sinks = getattr(layer, "sinks", None)
+        kw = dict(sliding_window=layer_window(layer) or -1, sinks=None if sinks is None else sinks.float(),
                   logit_cap=getattr(layer, "logit_cap", 0.0) or 0.0, loc_map=self._loc_map(lid))
         k_buf, v_buf, r2t = pool.get_key_buffer(lid), pool.get_value_buffer(lid), self.backend.req_to_token_pool.req_to_token
         if fb.forward_mode.is_decode():
@@ -145,4 +147,4 @@ class WindowedTorchAttention:
         (identity) for a layer in the full pool or a windowed-only model (its windowed pool is the token pool)."""
         if not self.pool.is_windowed_layer(layer_id):
             return None
-        return getattr(self.pool, "windowed_map", None)
+        return getattr(self.pool, "slot_map", None)

@@ -97,3 +97,18 @@ class WindowTables:
             rows, first, seq = self.batch
             table = self.tables[window] = build_window_table(window, self.req_to_token, rows, first, seq, self.pool)
         return table
+
+
+def windowed_features(model_config, pool) -> str:
+    """What of a model's attention goes beyond plain causal (its windowed / chunked layers, its sinks), in words, or
+    "" when nothing: the startup check of a backend that does not serve them. Read from the planner's shape
+    (model_config.shape.text) and the pool's windowed layers."""
+    text = getattr(getattr(model_config, "shape", None), "text", None)
+    kinds = set(getattr(text, "layer_kinds", ()) or ()) - {"full"}
+    layers = getattr(pool, "layer_num", 0)
+    if any(pool.is_windowed_layer(i) for i in range(layers)):
+        kinds.add("sliding")
+    found = [f"{k}-window layers" for k in sorted(kinds & {"sliding", "chunked"})]
+    if getattr(text, "attention_sinks", False):
+        found.append("attention sinks")
+    return " and ".join(found)
