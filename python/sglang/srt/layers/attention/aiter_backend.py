@@ -27,6 +27,7 @@ import torch
 from sglang.srt.layers.attention.flashinfer_backend import check_kernel_dtype
 from sglang.srt.layers.attention.paged_kv_indices import PageTable, build_page_table, extend_lens, seq_lens
 from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
+from sglang.srt.layers.attention.window_metadata import windowed_features
 from sglang.srt.mem_plan.backends import AITER_PARTITION_TOKENS, aiter_num_partitions
 
 DECODE_SCRATCH_FP32_ARRAYS = 2  # exp sums and max logits, fp32 [B, H_q, P] each
@@ -50,6 +51,10 @@ class AiterAttnBackend(PlannedGpuAttnBackend):
         pool, shape = self.token_to_kv_pool, self.inputs.shape
         if shape.is_mla:
             raise NotImplementedError("aiter: the MLA kernels are not wired; use --attention-backend torch_native")
+        windowed = windowed_features(self.model_config, pool)
+        if windowed:
+            raise ValueError(f"--attention-backend aiter: this model's {windowed} are not wired in AITER's kernels; "
+                             "use --attention-backend triton")
         self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
         check_kernel_dtype(self.backend_name, self.q_dtype)
         if hasattr(pool, "kv_format"):  # a quantized pool (fp8 / int): mha_batch_prefill_func takes no fp8 K/V
