@@ -2,7 +2,9 @@
 
 The cos/sin table [max_position, rotary_dim] is computed once in float32 (then cast to the model dtype) and
 indexed by position. get_rope() hands every layer of a model the same module, so a model holds one table, not one
-per layer (a Llama-3.1-8B table at 128k positions is 64 MiB in bf16). Supported rope_type: default, linear, llama3 (dynamic NTK and yarn are not implemented).
+per layer (a Llama-3.1-8B table at 128k positions is 64 MiB in bf16). Supported rope_type: default, linear, llama3,
+yarn (gpt-oss; its attention factor scales the table, so the CPU rotary kernel applies it too). Dynamic NTK is not
+implemented.
 """
 
 from __future__ import annotations
@@ -39,6 +41,42 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(in_band, smoothed, scaled)
 
 
+def _yarn_inv_freq(rotary_dim: int, base: float, params: dict, max_position: int, device) -> Tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as transformers parameterises it -> (inv_freq [rotary_dim / 2], attention factor).
+
+    Frequency i keeps its trained value where a wavelength fits beta_fast or more times into the original context
+    (extrapolation), is divided by `factor` where it fits fewer than beta_slow times (interpolation), and blends
+    linearly over the dimension band between; cos / sin are multiplied by the attention factor
+    (0.1 ln(factor) + 1 unless the config gives one).
+    """
+    factor = params.get("factor") or max_position / params["original_max_position_embeddings"]
+    original = params["original_max_position_embeddings"]
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def band_edge(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times into `original`
+        return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = band_edge(beta_fast), band_edge(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if high == low:
+        high += 0.001
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
+    extrapolated = _default_inv_freq(rotary_dim, base, device)
+    keep = 1 - ramp  # 1: the trained frequency, 0: the interpolated one
+    inv_freq = extrapolated / factor * ramp + extrapolated * keep
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+
+        def get_mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+        attention_factor = get_mscale(mscale) / get_mscale(mscale_all_dim) if mscale and mscale_all_dim else get_mscale(1)
+    return inv_freq, float(attention_factor)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self,
@@ -57,16 +95,19 @@ class RotaryEmbedding(nn.Module):
         self.max_position_embeddings = max_position_embeddings
         device = torch.empty(0).device  # honours an enclosing `with torch.device(...)`
         inv_freq = _default_inv_freq(rotary_dim, base, device)
+        table_scale = 1.0
         if rope_type == "linear":
             inv_freq = inv_freq / params["factor"]
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, params)
+        elif rope_type == "yarn":
+            inv_freq, table_scale = _yarn_inv_freq(rotary_dim, base, params, max_position_embeddings, device)
         elif rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, linear, llama3.")
+            raise ValueError(f"rope_type {rope_type!r} is not supported; supported: default, linear, llama3, yarn.")
         t = torch.arange(max_position_embeddings, dtype=torch.int64, device=device).to(torch.float32)
         freqs = torch.outer(t, inv_freq)  # [P, rotary_dim / 2]
         # [P, rotary_dim]: cos of each half-frequency, then sin
-        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+        cache = (torch.cat((freqs.cos(), freqs.sin()), dim=-1) * table_scale).to(dtype)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(

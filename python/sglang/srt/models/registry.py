@@ -17,6 +17,7 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "MixtralForCausalLM": (f"{_PKG}.mixtral", "MixtralForCausalLM"),
     "Gemma3ForCausalLM": (f"{_PKG}.gemma3", "Gemma3ForCausalLM"),
     "MistralForCausalLM": (f"{_PKG}.mistral", "MistralForCausalLM"),
+    "GptOssForCausalLM": (f"{_PKG}.gpt_oss", "GptOssForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioForConditionalGeneration"),
