@@ -193,6 +193,7 @@ class BatchRunner:
 
     def run_extend(self, plan: PrefillPlan) -> None:
         self._run_confined(list(zip(plan.reqs, plan.extend_lens)), decode=False)
+        self.memory.free_out_of_window(r for r in plan.reqs if _alive(r))  # windowed layers: pages the window left
         for r in plan.reqs:
             # a live request with more to prefill stays queues.chunked (set by the prefill planner)
             if _alive(r) and r is not self.queues.chunked:
@@ -222,5 +223,6 @@ class BatchRunner:
         assert allocated, "decode memory was checked"
         self._run_confined([(r, 1) for r in reqs], decode=True)
         self.queues.running = [r for r in self.queues.running if _alive(r)]
+        self.memory.free_out_of_window(self.queues.running)
         self.forward_ct += 1
         return True

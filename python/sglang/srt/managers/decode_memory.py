@@ -97,7 +97,7 @@ class DecodeMemory:
     def _shortfall_tokens(self) -> int:
         alloc = self.memory.allocator
         need = sum(alloc.pages_needed(r.alloc_len, 1) for r in self.queues.running)
-        return (need - alloc.num_free_pages()) * self.memory.page_size
+        return (need - alloc.num_allocatable_pages()) * self.memory.page_size  # windowed models: both pools
 
     def _evict_shortfall(self) -> None:
         short = self._shortfall_tokens()

@@ -10,7 +10,10 @@ A running request will still need up to min(remaining_new_tokens, CLIP) KV slots
 SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION when set); we reserve that times
 `new_token_ratio`, an estimate of how much of the budget requests really use. The ratio starts high, decays while
 decode proceeds without trouble and jumps back up after a retraction (decode_memory.py moves it; the planner owns
-it). Every request the planner touches is recorded in `queues.in_step` first, so a fault while preparing fails
+it). On a model whose layers are all windowed (mem_cache/swa_allocator.py: the windowed pool is the token pool) a
+request never holds more than its window (W + 2 (page - 1)) and the chunk it prefills, whatever its length: its
+cost and reservation are capped there (request_pool_cap), or such a model would be admitted one request at a time.
+Every request the planner touches is recorded in `queues.in_step` first, so a fault while preparing fails
 exactly those requests (fault_confinement.py).
 """
 
@@ -25,6 +28,7 @@ from typing import Any, List, Optional
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_plan.layer_pools import window_tokens_per_slot
 
 # Named after upstream's env vars, with upstream's defaults. Only the one upstream documents is read from the
 # environment (docs/upstream_compatibility.md); the others upstream keeps undocumented, and they stay constants here.
@@ -103,6 +107,10 @@ class PrefillPlanner:
         self.schedule_policy = schedule_policy
         self.new_token_ratio = NewTokenRatio(conservativeness)
         self.clip_max_new_tokens = clip_max_new_tokens()
+        alloc = memory.allocator
+        # the most a request holds at once on a windowed-only model (module docstring); None: no cap
+        self.request_pool_cap = (window_tokens_per_slot(alloc.window_tokens, memory.page_size) + chunked_prefill_size
+                                 if getattr(alloc, "windowed_only", False) and alloc.window_tokens else None)
         self.total_prompt_tokens = self.total_cached_tokens = 0
 
     def _admit_encoder(self, req: Req, start: int, n: int, must_progress: bool) -> int:
@@ -110,6 +118,9 @@ class PrefillPlanner:
         if self.encoder_admission is None or req.mm_inputs is None:
             return n
         return self.encoder_admission.admit(req.mm_inputs, start, n, self.memory.page_size, must_progress)
+
+    def _capped(self, tokens: int) -> int:
+        return tokens if self.request_pool_cap is None else min(tokens, self.request_pool_cap)
 
     def end_batch(self) -> None:
         """Nothing is held between batches: the encoder reservation is free again."""
@@ -126,7 +137,8 @@ class PrefillPlanner:
         ratio = self.new_token_ratio.value
         evictable = mem.evictable_tokens()
         free = mem.allocator.available_size()
-        rem_total = free + evictable - sum(reserved_tokens(r, ratio, self.clip_max_new_tokens) for r in queues.running)
+        rem_total = free + evictable - sum(self._capped(reserved_tokens(r, ratio, self.clip_max_new_tokens))
+                                           for r in queues.running)
         rem_chunk = self.chunked_prefill_size
         rem_batch = self.max_prefill_tokens
         ps = mem.page_size
@@ -156,9 +168,9 @@ class PrefillPlanner:
             queues.in_step.append(req)
             slots, node = mem.match_prefix(req)
             ext = req.fill_len - len(slots)
-            cost = ext + reserved_tokens(req, ratio, self.clip_max_new_tokens)
+            cost = self._capped(ext + reserved_tokens(req, ratio, self.clip_max_new_tokens))
             nothing_else = not queues.running and not plan.reqs and queues.chunked is None
-            if cost > rem_total and not (nothing_else and ext <= free + evictable):
+            if cost > rem_total and not (nothing_else and self._capped(ext) <= free + evictable):
                 queues.in_step.pop()
                 break
             n = min(ext, rem_chunk, rem_batch)

@@ -4,6 +4,10 @@ Every KV page is in exactly one of three places:
     the allocator's free list | owned by an unfinished request (slots [prefix_len, alloc_len) of its row) |
     the radix cache (locked by requests that borrow it, or evictable)
 check_integrity() asserts free + owned + cached == total for KV pages, and free + held == total for request slots.
+A model with windowed layers (mem_cache/swa_allocator.py) has windowed pages too: a request owns the windowed pages of
+its own positions [max(prefix_len, windowed_freed_len), alloc_len) -- free_out_of_window frees those the window has
+moved past after every forward -- and the invariant covers them the same way. Without full layers the windowed pool
+is the token pool, so those are also the only token pages a request still owns.
 Rows are read and written through the pool's host copy (ReqToTokenPool.read / write): nothing here waits for a device.
 repair() runs after a fault: if the invariant fails it recomputes both free lists from the holders and the cache.
 """
@@ -27,6 +31,11 @@ class ReqMemory:
         self.tree_cache = tree_cache
         self.page_size = page_size
         self.num_memory_repairs = 0  # faults whose cleanup left the free lists wrong (a bug to fix; should stay 0)
+        self.window_tokens = allocator.window_tokens  # W of the windowed layers; 0: every layer keeps every token
+        if self.window_tokens and tree_cache is not None and not hasattr(tree_cache, "windowed_total_size"):
+            logger.warning("Prefix cache off: this model has sliding-window layers (window %d tokens) and the radix "
+                           "cache does not track their windowed pages.", self.window_tokens)
+            self.tree_cache = None
 
     # ------------------------------------------------------------------ sizes
     def evictable_tokens(self) -> int:
@@ -114,11 +123,34 @@ class ReqMemory:
             self.allocator.free(slots[req.prefix_len : n_cached])  # our duplicates of already cached pages
             self.allocator.free(slots[aligned:])  # the partly filled last page and uncomputed slots
         else:
-            self.allocator.free(slots[req.prefix_len :])
+            self.allocator.free(slots[self._first_owned(req):])
         if req.last_node is not None:
             self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.reset_memory_state()
+
+    def _first_owned(self, req: Req) -> int:
+        """The first position whose token page the request still holds: without full layers the pages the window
+        left were given back whole (their req_to_token entries are stale)."""
+        if self.window_tokens and self.allocator.windowed_only:
+            return max(req.prefix_len, req.windowed_freed_len)
+        return req.prefix_len
+
+    def free_out_of_window(self, reqs: Iterable[Req]) -> None:
+        """After a forward: free each request's own windowed pages that lie wholly below kv_len - W + 1. The next
+        forward's first new token is at kv_len and reads keys from kv_len - W + 1 on (the guarantee the attention
+        backends rely on: layers/attention/window_metadata.py)."""
+        if not self.window_tokens:
+            return
+        ps, pool = self.page_size, self.req_to_token_pool
+        for r in reqs:
+            if r.req_pool_idx is None:
+                continue
+            start = max(r.prefix_len, r.windowed_freed_len)
+            end = (r.kv_len - self.window_tokens + 1) // ps * ps
+            if end > start:
+                self.allocator.free_windowed(pool.read(r.req_pool_idx, start, end)[::ps])  # one slot a page
+                r.windowed_freed_len = end
 
     def flush(self) -> None:
         if self.tree_cache is not None:
@@ -127,17 +159,25 @@ class ReqMemory:
         self.req_to_token_pool.clear()
 
     # ------------------------------------------------------------------ invariants
-    def _owned_pages(self, req: Req) -> int:
+    def _owned_pages(self, req: Req, first: Optional[int] = None) -> int:
         ps = self.page_size
-        return -(-req.alloc_len // ps) - req.prefix_len // ps
+        first = self._first_owned(req) if first is None else first
+        return max(-(-req.alloc_len // ps) - first // ps, 0)
 
     def check_integrity(self, holders: List[Req]) -> None:
-        """free + held by requests + cached == total, for KV pages and for request slots (AssertionError if not)."""
+        """free + held by requests + cached == total, for KV pages, for windowed pages and for request slots
+        (AssertionError if not)."""
         in_use = sum(self._owned_pages(r) for r in holders)
+        windowed = sum(self._owned_pages(r, max(r.prefix_len, r.windowed_freed_len)) for r in holders)
         if self.tree_cache is not None:
             self.tree_cache.check_integrity()
             in_use += self.tree_cache.total_size() // self.page_size
-        self.allocator.check_integrity(in_use)
+            if self.window_tokens:
+                windowed += self.tree_cache.windowed_total_size() // self.page_size
+        if self.window_tokens and not self.allocator.windowed_only:
+            self.allocator.check_integrity(in_use, windowed)
+        else:
+            self.allocator.check_integrity(in_use)
         self.req_to_token_pool.check_integrity(len(holders))
 
     def rebuild_free_lists(self, holders: Iterable[Req]) -> None:
@@ -148,10 +188,10 @@ class ReqMemory:
         pool = self.req_to_token_pool
         for r in holders:
             rows.add(r.req_pool_idx)
-            used_pages.update(s // ps for s in pool.read(r.req_pool_idx, r.prefix_len, r.alloc_len))
+            used_pages.update(s // ps for s in pool.read(r.req_pool_idx, self._first_owned(r), r.alloc_len))
         if self.tree_cache is not None:
             used_pages.update(s // ps for s in self.tree_cache.all_slots())
-        self.allocator.free_pages = [p for p in range(self.allocator.num_pages, 0, -1) if p not in used_pages]
+        self.allocator.rebuild_free_lists(used_pages)
         pool.free_all_but(rows)
 
     def repair(self, holders: List[Req]) -> None:

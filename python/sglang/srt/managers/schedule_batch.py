@@ -10,6 +10,10 @@ Token bookkeeping of a request (all counts in tokens):
                                                   steps alloc_len == kv_len, inside a step the batch's new tokens
                                                   have slots (alloc_len) before the forward computes them (kv_len)
 While decoding, kv_len == len(fill_ids) - 1: the last sampled token has no KV yet and is the next input.
+A model with windowed layers (mem_cache/swa_pool.py) also keeps
+    windowed_freed_len                            positions [prefix_len, windowed_freed_len) of the request's own
+                                                  pages have had their windowed pages freed (the window moved past
+                                                  them; managers/req_memory.py free_out_of_window); page-aligned
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Req:
         self.kv_len = 0
         self.alloc_len = 0
         self.prefix_len = 0
+        self.windowed_freed_len = 0
         self.last_node = None
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_retractions = 0
@@ -200,6 +205,7 @@ class Req:
         self.kv_len = 0
         self.alloc_len = 0
         self.prefix_len = 0
+        self.windowed_freed_len = 0
         self.last_node = None
 
     def __repr__(self) -> str:

@@ -32,6 +32,12 @@ class WindowedTokenPoolAllocator(TokenToKVPoolAllocator):
     def __init__(self, size: int, page_size: int, window_tokens: int):
         super().__init__(size, page_size)
         self.window_tokens = window_tokens
+        self.max_windowed_pages_in_use = 0  # the most held at once (right after an allocation), for /server_info
+
+    def alloc(self, cur_len: int, last_slot: int, num_new: int) -> Optional[List[int]]:
+        slots = super().alloc(cur_len, last_slot, num_new)
+        self.max_windowed_pages_in_use = max(self.max_windowed_pages_in_use, self.num_windowed_pages_in_use())
+        return slots
 
     @property
     def windowed_size(self) -> int:
@@ -63,6 +69,7 @@ class SWATokenToKVPoolAllocator:
         self.slot_map = slot_map
         self.page_map = torch.zeros(self.num_pages + 1, dtype=torch.int64)  # host: token page -> windowed page
         self._offsets = torch.arange(page_size, dtype=slot_map.dtype, device=slot_map.device)
+        self.max_windowed_pages_in_use = 0  # the most held at once (right after an allocation), for /server_info
 
     # ------------------------------------------------------------------ sizes
     def available_size(self) -> int:
@@ -121,6 +128,7 @@ class SWATokenToKVPoolAllocator:
             wpages = self.windowed.free_pages[-n_pages:][::-1]
             del self.windowed.free_pages[len(self.windowed.free_pages) - n_pages:]
             self._set_map(fresh, wpages)
+            self.max_windowed_pages_in_use = max(self.max_windowed_pages_in_use, self.num_windowed_pages_in_use())
         return slots
 
     def _release_windowed(self, token_pages: List[int]) -> None:

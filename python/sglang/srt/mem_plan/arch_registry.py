@@ -56,15 +56,25 @@ def arch_spec(model_type) -> ArchSpec:
     return spec
 
 
+# model_type -> the model implementation (models/registry.py) that reads each layer's window from the planner's shape
+# and is served with its sliding layers in the windowed pool (mem_cache/swa_pool.py). The family module may still
+# declare the architecture planned-only: this list is what serves it.
+SERVED_WITH_WINDOWS = {
+    "mistral": "MistralForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
+SERVED_LAYER_KINDS = frozenset({"full", "sliding"})  # chunked and linear layers: planned, not served
+
+
 def not_served_note(model_type: str, layer_kinds: tuple = ()) -> str:
     """PLANNED_NOT_SERVED for what the planner knows and the runtime does not serve, else '': an architecture without
-    a model implementation (models/registry.py), or a served one whose config gives it sliding / chunked / linear
-    layers (this runtime's models attend over the whole context, so the plan's windowed pools would not be what a
-    start allocates)."""
+    a model implementation (models/registry.py), one whose config gives it chunked / linear layers, or sliding layers
+    on a model that attends over the whole context (only SERVED_WITH_WINDOWS masks and pools them)."""
     spec = arch_spec(model_type)
-    if not spec.served:
+    windowed_model = spec.model_type in SERVED_WITH_WINDOWS
+    if not spec.served and not windowed_model:
         return f"{PLANNED_NOT_SERVED}: {spec.model_type}"
-    other = sorted(set(layer_kinds) - {"full"})
+    other = sorted(set(layer_kinds) - (SERVED_LAYER_KINDS if windowed_model else {"full"}))
     if other:
         return f"{PLANNED_NOT_SERVED}: {spec.model_type} with {' / '.join(other)} layers"
     return ""

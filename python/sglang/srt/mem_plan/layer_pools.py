@@ -235,3 +235,10 @@ def split_kv_cell(text, cell, tp: int = 1, context_len: Optional[int] = None, pa
         windowed_fixed_bytes=win_cell.fixed_bytes if windowed else 0,
         state_bytes_per_slot=state, sliding_as_full=as_full["sliding"], chunked_as_full=as_full["chunked"])
     return dataclasses.replace(cell, num_layers=full), pools
+
+
+def windowed_layer_flags(text, pools: LayerPools) -> tuple[bool, ...]:
+    """Per decoder layer: whether its K/V lives in the windowed pool (a sliding / chunked layer that keeps a window;
+    one priced full by split_kv_cell stays in the full pool, masked by its window all the same)."""
+    kept = {"sliding": pools.sliding_layers > 0, "chunked": pools.chunked_layers > 0}
+    return tuple(kept.get(k, False) for k in (tuple(text.layer_kinds) or ("full",) * text.num_layers))

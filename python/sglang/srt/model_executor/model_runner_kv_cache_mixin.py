@@ -26,9 +26,10 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
+from sglang.srt.mem_cache.swa_pool import SWAKVPool
+from sglang.srt.model_executor.windowed_kv import kv_allocator, windowed_kv_pool, windowed_pool_info
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.server_args_checks import CUDA_GRAPHS_WITH_TP
@@ -63,14 +64,28 @@ class ModelRunnerKVCacheMixin:
     def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
         return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
 
-    def _kv_pool(self, num_tokens: int, r2t: ReqToTokenPool, window_rows: int) -> MHATokenToKVPool:
+    def layer_pools(self):
+        """The plan's split of this model's layers (mem_plan/layer_pools.py), computed as build_plan_inputs does."""
+        from sglang.srt.mem_plan.layer_pools import split_kv_cell
+
+        mc, sa, facts = self.model_config, self.server_args, self.model_facts()
+        cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, sa.tp_size, mc.dtype_name)
+        return split_kv_cell(mc.shape.text, cell, sa.tp_size, facts.context_len, sa.page_size)[1]
+
+    def _kv_pool(self, num_tokens: int, r2t: ReqToTokenPool, window_rows: int,
+                 windowed_tokens: Optional[int] = None) -> MHATokenToKVPool:
         """The KV pool; a format's recent window (int4, fp8 where the backend reads rings) gets window_rows ring rows
-        (+ the scratch row, mem_plan/kv_window.py), handed to r2t's requests while they run (attach_window)."""
+        (+ the scratch row, mem_plan/kv_window.py), handed to r2t's requests while they run (attach_window). A model
+        with windowed layers gets SWAKVPool: its windowed pool holds windowed_tokens (None: num_tokens, a scratch
+        pool), or is the token pool without full layers."""
         from sglang.srt.mem_plan.kv_quant import recent_window
         from sglang.srt.mem_plan.kv_window import KV_WINDOW_SCRATCH_ROWS
 
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
+        pools = self.layer_pools()
+        if pools.windowed_layers:
+            return windowed_kv_pool(self, pools, num_tokens, windowed_tokens, cell)
         windowed = recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend) and window_rows > 0
         pool = create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
                               cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device,
@@ -104,8 +119,11 @@ class ModelRunnerKVCacheMixin:
         kv = self._kv_pool(num_tokens, r2t, 1)
         # the scratch pool's pages resident before the peak is measured (its torch.empty is backed page by page on a
         # CPU): the K/V the forward writes belong to the kv_cache term, not to the activations
-        kv.k_buffer.zero_()
-        kv.v_buffer.zero_()
+        if isinstance(kv, SWAKVPool):
+            kv.zero_()
+        else:
+            kv.k_buffer.zero_()
+            kv.v_buffer.zero_()
         backend = self._attention_backend(r2t, kv, 1, 0)
         slots = torch.arange(page, page + num_tokens, dtype=torch.int64, device=self.device)
         row = r2t.alloc()  # the request's slot, and its ring row (a windowed format)
@@ -220,9 +238,11 @@ class ModelRunnerKVCacheMixin:
         self.chunked_prefill_size = plan.chunked_prefill_size or chunk
         self.req_to_token_pool = ReqToTokenPool(plan.max_running_requests, req_to_token_row_len(self.context_len),
                                                 self.device)
-        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool, plan.kv_window_rows)
+        self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool, plan.kv_window_rows,
+                                              plan.windowed_tokens)
         self.calibrate_kv_scales()
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(plan.max_total_num_tokens, sa.page_size)
+        self.token_to_kv_pool_allocator = kv_allocator(self.token_to_kv_pool, plan, self.server_args.page_size,
+                                                       self.layer_pools().window_tokens)
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
                                                     plan.max_running_requests, plan.cuda_graph_max_bs)
         self.check_allocation()
@@ -262,6 +282,7 @@ class ModelRunnerKVCacheMixin:
                 "window_rows": plan.kv_window_rows,
                 "requests_without_window_row": (self.token_to_kv_pool.window.rows.num_without_row
                                                 if getattr(self.token_to_kv_pool, "window", None) is not None else 0)}
+        info.update(windowed_pool_info(self.token_to_kv_pool_allocator))  # sizes and pages in use (windowed layers)
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:
             info.update(scale_info())
@@ -290,11 +311,14 @@ class ModelRunnerKVCacheMixin:
     def allocated_bytes(self) -> dict:
         """Bytes actually allocated for the planned tables, by plan term."""
         r2t = self.req_to_token_pool.req_to_token
+        swa = self.token_to_kv_pool if isinstance(self.token_to_kv_pool, SWAKVPool) else None
         return {
             "req_to_token": r2t.numel() * r2t.element_size(),
             "kv_cache": self.token_to_kv_pool.mem_usage_bytes(),  # the dummy page included, as the plan charges it
             "kv_window": (self.token_to_kv_pool.window.mem_usage_bytes()
                           if getattr(self.token_to_kv_pool, "window", None) is not None else 0),
+            "kv_windowed": swa.windowed_mem_usage_bytes() if swa is not None else 0,
+            "kv_windowed_map": swa.map_mem_usage_bytes() if swa is not None else 0,
             "attention_workspace_persistent": self.attn_backend.allocated_bytes(),
             "moe_workspace": self.moe_workspace.allocated_bytes() if self.moe_workspace is not None else 0,
         }
@@ -306,6 +330,8 @@ class ModelRunnerKVCacheMixin:
         assert got["req_to_token"] == plan.bytes_of("req_to_token"), (got, plan.bytes_of("req_to_token"))
         assert got["kv_cache"] == plan.bytes_of("kv_cache"), (got, plan.bytes_of("kv_cache"))
         assert got["kv_window"] == plan.bytes_of("kv_window"), (got, plan.bytes_of("kv_window"))
+        for term in ("kv_windowed", "kv_windowed_map"):  # the windowed layers' pool and its slot map
+            assert got[term] == plan.bytes_of(term), (term, got, plan.bytes_of(term))
         assert got["moe_workspace"] == plan.bytes_of("moe_workspace"), (got, plan.bytes_of("moe_workspace"))
         assert got["attention_workspace_persistent"] == declared <= plan.bytes_of("attention_workspace"), (
             got, declared, plan.bytes_of("attention_workspace"))
