@@ -2,7 +2,8 @@
 brute-force fp64 reference (window_cases.py): a hybrid pool whose windowed layers live in their own buffer behind a
 non-identity slot map (Gemma 3 / gpt-oss) and a windowed-only pool (Mistral); positions the window left behind
 read as NaN, so reading one of them fails. Prompts 3x the window, chunked prefill across the window edge, a cached
-prefix, mixed decode, page sizes 1 and 4. Triton runs under the interpreter in a child process (interpreted_run.py
+prefix, mixed decode, page sizes 1 and 4; and the same over the real SWAKVPool and its allocators (swa_pool.py,
+swa_allocator.py), whose freed windowed pages are handed out again. Triton runs under the interpreter in a child process (interpreted_run.py
 says why). FlashInfer runs through the stand-in library (its wrappers made to honour window_left and sinks: wiring,
 not flashinfer's numerics), bf16. What is not wired is refused with a message naming the way out (FlashInfer: a
 logit cap, a full-pool window shorter than the context, CUDA graphs; AITER: any windowed layer or sink)."""
@@ -65,7 +66,7 @@ class TestWindowTables(unittest.TestCase):
 class TestTorchNativeWindow(unittest.TestCase):
     def test_every_case_within_tolerance(self):
         errors = all_cases("torch_native")
-        self.assertEqual(len(errors), 4)
+        self.assertEqual(len(errors), 6)
         for case, err in errors.items():
             with self.subTest(case=case):
                 self.assertLessEqual(err, TOL_FP32, f"{case}: max abs error {err:.3g}")
@@ -94,7 +95,10 @@ class TestTorchNativeWindow(unittest.TestCase):
 class TestTritonWindowInterpreted(unittest.TestCase):
     def test_every_case_within_tolerance(self):
         errors = run_interpreted("triton")
-        self.assertEqual(len(errors), 4)
+        # FlashInfer's windowed page table on a GPU comes from the page-id kernel: each request from its first page,
+        # through the slot map
+        self.assertEqual(errors.pop("page_ids_mismatches"), 0)
+        self.assertEqual(len(errors), 6)
         for case, err in errors.items():
             with self.subTest(case=case):
                 self.assertLessEqual(err, TOL_FP32, f"{case}: max abs error {err:.3g}")

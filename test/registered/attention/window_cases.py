@@ -25,6 +25,8 @@ import torch
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator, WindowedTokenPoolAllocator
+from sglang.srt.mem_cache.swa_pool import SWAKVPool
 from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -33,6 +35,7 @@ from sglang.srt.server_args import ServerArgs
 RESULT_PREFIX = "RESULT_JSON:"
 POOL_TOKENS = 512
 WINDOW = 5  # the windowed pool's layers' window (what the fake pool frees by)
+SWA_WINDOWED_TOKENS = 96  # the real pool's windowed part: 3 requests x (W + a chunk + a page), pages reused
 
 # (window, lives in the windowed pool, sinks, logit cap): gpt-oss's full layer with sinks and its windowed one,
 # a capped windowed layer (Gemma 2), a window as long as the context priced full (Ministral: full pool, still masked)
@@ -127,13 +130,23 @@ class WindowScenario:
 
     def __init__(self, backend: str, layers, windowed_only: bool, page_size: int, dtype=torch.float32,
                  num_q_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16, num_reqs: int = 4, seed: int = 0,
-                 num_wrappers: int = 1, graph_bs: int = 0):
+                 num_wrappers: int = 1, graph_bs: int = 0, real_pool: bool = False):
+        """real_pool: mem_cache/swa_pool.SWAKVPool and its allocators (swa_allocator.py) instead of the fake pool, with
+        a windowed pool of SWA_WINDOWED_TOKENS so freed windowed pages are handed out again."""
         self.gen = torch.Generator().manual_seed(seed)
         self.dtype, self.h, self.kv, self.d = dtype, num_q_heads, num_kv_heads, head_dim
         self.r2t = ReqToTokenPool(num_reqs, req_to_token_row_len(256), "cpu")
         windowed = [i for i, (_, in_windowed, _, _) in enumerate(layers) if in_windowed]
-        self.pool = FakeWindowedPool(page_size, dtype, num_kv_heads, head_dim, windowed, len(layers), windowed_only)
-        self.allocator = TokenToKVPoolAllocator(POOL_TOKENS, page_size)
+        self.real_pool, self.freed = real_pool, {}  # real pool, windowed-only: request row -> positions freed
+        if real_pool:
+            flags = [i in windowed for i in range(len(layers))]
+            w_size = POOL_TOKENS if windowed_only else SWA_WINDOWED_TOKENS
+            self.pool = SWAKVPool(flags, POOL_TOKENS, w_size, page_size, dtype, num_kv_heads, head_dim)
+            self.allocator = (WindowedTokenPoolAllocator(POOL_TOKENS, page_size, WINDOW) if windowed_only else
+                              SWATokenToKVPoolAllocator(POOL_TOKENS, w_size, page_size, WINDOW, self.pool.slot_map))
+        else:
+            self.pool = FakeWindowedPool(page_size, dtype, num_kv_heads, head_dim, windowed, len(layers), windowed_only)
+            self.allocator = TokenToKVPoolAllocator(POOL_TOKENS, page_size)
         shape = AttentionShape(num_q_heads, head_dim, 256, num_kv_heads=num_kv_heads, model_dtype_bytes=dtype.itemsize,
                                kv_dtype_bytes=dtype.itemsize, num_kv_splits=ServerArgs.triton_attention_num_kv_splits,
                                num_wrappers=num_wrappers)
@@ -196,8 +209,20 @@ class WindowScenario:
                         err = float("inf")
                 t += n
         for row, s in zip(rows, seq):  # the scheduler frees windowed pages below the next forward's window
-            self.pool.free_below(self.r2t, row, s - WINDOW + 1)
+            self.free_below(row, s - WINDOW + 1)
         return err
+
+    def free_below(self, row: int, end: int) -> None:
+        if not self.real_pool:
+            return self.pool.free_below(self.r2t, row, end)
+        end = end // self.pool.page_size * self.pool.page_size  # whole pages below the window only
+        if self.pool.windowed_only:  # the token pool is the windowed pool: its slots go back for others to take
+            start = self.freed.get(row, 0)
+            if end > start:
+                self.allocator.free(self.r2t.req_to_token[row, start:end].tolist())
+                self.freed[row] = end
+        elif end > 0:
+            self.allocator.free_windowed(self.r2t.req_to_token[row, :end].tolist())
 
 
 def run_scenario(backend: str, layers, windowed_only: bool, page_size: int, **kw) -> float:
@@ -214,11 +239,13 @@ def run_scenario(backend: str, layers, windowed_only: bool, page_size: int, **kw
     return max(errs)
 
 
-def all_cases(backend: str) -> Dict[str, float]:
+def all_cases(backend: str, **kw) -> Dict[str, float]:
     out = {}
     for page_size in (1, 4):
-        out[f"hybrid|page{page_size}"] = run_scenario(backend, HYBRID_LAYERS, False, page_size)
-        out[f"windowed_only|page{page_size}"] = run_scenario(backend, WINDOWED_ONLY_LAYERS, True, page_size)
+        out[f"hybrid|page{page_size}"] = run_scenario(backend, HYBRID_LAYERS, False, page_size, **kw)
+        out[f"windowed_only|page{page_size}"] = run_scenario(backend, WINDOWED_ONLY_LAYERS, True, page_size, **kw)
+    out["swa_pool|hybrid"] = run_scenario(backend, HYBRID_LAYERS, False, 4, real_pool=True, **kw)
+    out["swa_pool|windowed_only"] = run_scenario(backend, WINDOWED_ONLY_LAYERS, True, 4, real_pool=True, **kw)
     return out
 
 
@@ -279,9 +306,31 @@ def make_windowed_flashinfer():
     return fi
 
 
+def windowed_page_id_mismatches() -> int:
+    """triton_ops.page_ids over a windowed table (each request from its first page, pages named through a
+    page-parallel slot map) against the ids written out here; the count of wrong entries."""
+    from sglang.srt.layers.attention.triton_ops.page_ids import page_ids_fwd
+
+    page, rows, width = 4, 3, 64
+    g = torch.Generator().manual_seed(1)
+    pages = torch.randperm(200, generator=g)[: rows * width // page].view(rows, -1) + 1
+    r2t = (pages.repeat_interleave(page, 1) * page + torch.arange(width) % page).to(torch.int64)
+    perm = torch.randperm(256, generator=g)
+    slot_map = (perm[torch.arange(256 * page) // page] * page + torch.arange(256 * page) % page).to(torch.int32)
+    req, first, n = torch.tensor([2, 0, 1]), [3, 0, 7], [5, 2, 9]
+    indptr = torch.tensor([0, 5, 7, 16], dtype=torch.int32)
+    out = torch.full((16,), -1, dtype=torch.int32)
+    page_ids_fwd(r2t, req, indptr, page, out, torch.tensor(first), slot_map)
+    want = [int(perm[int(pages[r, f + j])]) for r, f, c in zip(req.tolist(), first, n) for j in range(c)]
+    return sum(int(a) != b for a, b in zip(out.tolist(), want))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "triton":
         from sglang.srt.layers.attention.triton_ops.interpreter_blas import use_single_threaded_blas
 
         use_single_threaded_blas()
-    print(RESULT_PREFIX + json.dumps(all_cases(sys.argv[1])))
+    result = all_cases(sys.argv[1])
+    if sys.argv[1] == "triton":
+        result["page_ids_mismatches"] = windowed_page_id_mismatches()
+    print(RESULT_PREFIX + json.dumps(result))
