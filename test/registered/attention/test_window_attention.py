@@ -3,8 +3,8 @@ brute-force fp64 reference (window_cases.py): a hybrid pool whose windowed layer
 non-identity slot map (Gemma 3 / gpt-oss) and a windowed-only pool (Mistral); positions the window left behind
 read as NaN, so reading one of them fails. Prompts 3x the window, chunked prefill across the window edge, a cached
 prefix, mixed decode, page sizes 1 and 4; and the same over the real SWAKVPool and its allocators (swa_pool.py,
-swa_allocator.py), whose freed windowed pages are handed out again. Triton runs under the interpreter in a child process (interpreted_run.py
-says why). FlashInfer runs through the stand-in library (its wrappers made to honour window_left and sinks: wiring,
+swa_allocator.py), whose freed windowed pages are handed out again. Triton runs under the interpreter in a child
+process (interpreted_run.py says why). FlashInfer runs through the stand-in library (its wrappers made to honour window_left and sinks: wiring,
 not flashinfer's numerics), bf16. What is not wired is refused with a message naming the way out (FlashInfer: a
 logit cap, a full-pool window shorter than the context, CUDA graphs; AITER: any windowed layer or sink)."""
 

@@ -5,7 +5,8 @@ Grid (B,): program b reads request b's row r = req_pool_indices[b] and writes it
 (the slot of a page's first token names the page: mem_cache/allocator.py hands out whole pages), BLOCK pages at a
 time. A windowed table (paged_kv_indices.build_page_table with first_pages) starts request b at its page
 first_pages[b] and names each page by its windowed slot, slot_map[req_to_token[r, (first_pages[b] + j) * page_size]]
-// page_size (swa_pool.py: the map is page-parallel). paged_kv_indices.py builds kv_indptr on the host; `out` is the backend's planned kv_indices buffer.
+// page_size (swa_pool.py: the map is page-parallel). paged_kv_indices.py builds kv_indptr on the host; `out` is the
+backend's planned kv_indices buffer.
 """
 
 from __future__ import annotations
