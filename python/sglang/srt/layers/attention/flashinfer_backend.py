@@ -30,8 +30,8 @@ Windowed layers (layers/radix_attention.py; the plan's num_wrappers = 2 declares
 the pool's windowed part runs through a second prefill / decode wrapper, planned at the forward's first such layer
 with window_left = W - 1 over that layer's own table: each request's pages from the one holding its window's first
 key (window_metadata.window_start) to its end, named through the pool's slot_map (paged_kv_indices.py), so no freed
-page is read. Sinks go to run(sinks=...) (flashinfer-python >= 0.5 takes them; an older one is refused at the first
-sink layer). Not wired, refused naming the way out: a logit cap, a window shorter than the context on a layer of
+page is read. Sinks go to run(sinks=...) (flashinfer-python 0.7.4's wrappers take them; a flashinfer whose run() has
+no sinks argument is refused at the first sink layer). Not wired, refused naming the way out: a logit cap, a window shorter than the context on a layer of
 the full pool, two window lengths in one model, and CUDA graphs over windowed layers (--disable-cuda-graph).
 
 The softmax scale is a plan argument in flashinfer; it is head_dim ** -0.5 (every model here) and each layer's
