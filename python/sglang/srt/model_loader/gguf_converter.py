@@ -6,7 +6,8 @@ permuted for its interleaved rope; we undo that so the checkpoint uses the Huggi
 
 MoE files (gguf_moe.py: Qwen3-MoE, Qwen2-MoE, Mixtral) have their stacked expert tensors split into the per-expert
 tensors of a Hugging Face checkpoint. The tokenizer is rebuilt from `tokenizer.ggml.*` metadata with the `tokenizers`
-library (byte-level BPE), and the chat template is copied from `tokenizer.chat_template`.
+library (byte-level BPE; SentencePiece BPE in gguf_spm_tokenizer.py), and the chat template is copied from
+`tokenizer.chat_template`. Gemma 3 files: gguf_gemma3.py.
 --quantization gguf reads the linear layers' blocks from the file instead (gguf_weights.py).
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from sglang.srt.model_loader import gguf_gemma3
 from sglang.srt.model_loader.gguf_moe import (
     SHARED_GATE_HF_SUFFIX,
     MoENames,
@@ -39,6 +41,7 @@ _ARCHS = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
+    gguf_gemma3.ARCH: ("Gemma3ForCausalLM", "gemma3_text", False),
 }
 
 # GGUF tensor name (after "blk.{i}.") -> HF name (after "model.layers.{i}.")
@@ -55,6 +58,8 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# per-architecture names over _LAYER_TENSORS
+_ARCH_LAYER_TENSORS = {gguf_gemma3.ARCH: {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS}}
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 # GGUF token types (llama.cpp's llama_token_type)
@@ -93,7 +98,7 @@ class GGUFMetadata:
             names = self.moe_names.hf_names(layer, rest, suffix)
             if names is not None:
                 return names
-        return [_hf_tensor_name(gguf_name)]
+        return [_hf_tensor_name(gguf_name, self.arch)]
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.file.fields.get(key, default)
@@ -140,17 +145,20 @@ def iter_dequantized_tensors(meta: GGUFMetadata, select=None) -> Iterator[Tuple[
             w = unpermute_rope_rows(w, n_kv_head)
         elif name.endswith(SHARED_GATE_HF_SUFFIX):
             w = w.reshape(1, -1)  # [K] in the file, the [1, K] weight of a Linear(K, 1) in HF
+        elif meta.arch == gguf_gemma3.ARCH:
+            w = gguf_gemma3.unshift_norm(name, w)
         w = np.ascontiguousarray(w)
         yield name, (w if w.flags.writeable else w.copy())
 
 
-def _hf_tensor_name(gguf_name: str) -> str:
+def _hf_tensor_name(gguf_name: str, arch: str = "") -> str:
     base, _, suffix = gguf_name.rpartition(".")  # suffix: weight | bias
     if base.startswith("blk."):
         _, layer, rest = base.split(".", 2)
-        if rest not in _LAYER_TENSORS:
+        names = _ARCH_LAYER_TENSORS.get(arch, _LAYER_TENSORS)
+        if rest not in names:
             raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in this converter.")
-        return f"model.layers.{layer}.{_LAYER_TENSORS[rest]}.{suffix}"
+        return f"model.layers.{layer}.{names[rest]}.{suffix}"
     if base not in _GLOBAL_TENSORS:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face equivalent in this converter.")
     return f"{_GLOBAL_TENSORS[base]}.{suffix}"
@@ -197,19 +205,25 @@ def build_hf_config(meta: GGUFMetadata, tensor_names: List[str]) -> Tuple[dict, 
     }
     if meta.is_moe:
         config.update(moe_config_fields(meta, config["num_hidden_layers"]))
+    if meta.arch == gguf_gemma3.ARCH:
+        config = gguf_gemma3.config_fields(meta, config)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config[k] is not None}
     return config, generation
 
 
 def build_tokenizer_files(meta: GGUFMetadata, out_dir: str) -> None:
-    """Write tokenizer.json + tokenizer_config.json for a byte-level BPE ("gpt2") GGUF vocabulary."""
+    """Write tokenizer.json + tokenizer_config.json for a byte-level BPE ("gpt2") GGUF vocabulary (a SentencePiece
+    one, "llama": gguf_spm_tokenizer.py)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        from sglang.srt.model_loader.gguf_spm_tokenizer import build_spm_tokenizer_files
+
+        return build_spm_tokenizer_files(meta, out_dir)
     if kind != "gpt2":
-        raise ValueError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); pass --tokenizer-path."
-        )
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and SentencePiece "
+                         f"BPE 'llama' are); pass --tokenizer-path.")
     tokens: List[str] = meta.get("tokenizer.ggml.tokens")
     token_types: List[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges")]
