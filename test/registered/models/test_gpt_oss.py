@@ -109,6 +109,17 @@ class TestGptOss(unittest.TestCase):
         names = [n for n, _ in self.model.named_parameters(remove_duplicate=False) if n.endswith("sinks")]
         self.assertEqual(len(names), 4)  # one parameter per layer, not one in the attention and one in the layer
 
+    def test_windows_from_a_start_config_snapshot(self):
+        """A warm start's models read an HFConfigSnapshot (no to_dict, no class attributes): the same windows."""
+        from sglang.srt.configs.hf_config_snapshot import load_hf_config
+        from sglang.srt.models.layer_windows import layer_windows
+
+        with tempfile.TemporaryDirectory() as cache:
+            self.assertIsNotNone(load_hf_config(self.dir, cache).to_dict())  # the first start: AutoConfig
+            snapshot = load_hf_config(self.dir, cache)
+        self.assertFalse(hasattr(snapshot, "to_dict"))
+        self.assertEqual(layer_windows(snapshot, "gpt_oss"), (WINDOW, -1, WINDOW, -1))
+
     def test_greedy_equals_hf_past_the_window(self):
         driver, seq, ref = self.check_greedy(self.hf, self.config, self.model)
         row = driver.new_request()

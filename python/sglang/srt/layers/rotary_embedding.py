@@ -73,7 +73,8 @@ def _yarn_inv_freq(rotary_dim: int, base: float, params: dict, max_position: int
         def get_mscale(m: float) -> float:
             return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
-        attention_factor = get_mscale(mscale) / get_mscale(mscale_all_dim) if mscale and mscale_all_dim else get_mscale(1)
+        both = mscale and mscale_all_dim
+        attention_factor = get_mscale(mscale) / get_mscale(mscale_all_dim) if both else get_mscale(1)
     return inv_freq, float(attention_factor)
 
 

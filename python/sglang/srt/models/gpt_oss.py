@@ -39,7 +39,7 @@ class GptOssAttention(LlamaAttention):
         sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         sinks.weight_loader = self._load_sinks
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.num_kv_heads,
-                                   layer_id=layer_id, sliding_window_size=layer_windows(config)[layer_id],
+                                   layer_id=layer_id, sliding_window_size=layer_windows(config, "gpt_oss")[layer_id],
                                    sinks=sinks)
 
     def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor) -> None:

@@ -12,8 +12,9 @@ from sglang.srt.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForC
 class MistralAttention(LlamaAttention):
     def __init__(self, config, layer_id: int):
         super().__init__(config, layer_id)
+        window = layer_windows(config, "mistral")[layer_id]
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.num_kv_heads,
-                                   layer_id=layer_id, sliding_window_size=layer_windows(config)[layer_id])
+                                   layer_id=layer_id, sliding_window_size=window)
 
 
 class MistralDecoderLayer(LlamaDecoderLayer):

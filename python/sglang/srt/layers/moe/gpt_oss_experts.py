@@ -26,9 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import get_ep_size, get_tp_rank, get_tp_size
+from sglang.srt.distributed.parallel_state import get_ep_size
 from sglang.srt.layers.linear import default_weight_loader
+from sglang.srt.layers.moe.fused_moe_torch import row_pieces
+from sglang.srt.layers.moe.moe_layer import FusedMoE
 from sglang.srt.layers.moe.mxfp4 import GROUP, dequantize_mxfp4
+from sglang.srt.layers.quantization import dense_linear
 from sglang.srt.model_loader.weight_utils import materialize
 
 # checkpoint name under a layer's mlp.experts -> (parameter, what the tensor is)
@@ -48,28 +51,34 @@ def gpt_oss_expert_target(name: str) -> Optional[Tuple[str, int, str]]:
     return f"{m.group('prefix')}.{param}", -1, m.group("proj") + part
 
 
-class GptOssExperts(nn.Module):
+class GptOssExperts(FusedMoE):
+    """A FusedMoE in layout, loading and workspace (the runner attaches the plan's workspace to every FusedMoE, so
+    the planned term is what a start allocates), with its own loaders and forward: no fused_experts implementation
+    takes the biases and the clamped SwiGLU, so the experts always run the torch path below and the attached
+    workspace's buffers go unread. Dense under --quantization (the experts are built like the router)."""
+
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  swiglu_alpha: float, swiglu_limit: float):
-        super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         if get_ep_size() > 1:
             raise ValueError("gpt-oss experts are split by tensor parallelism only: use --ep-size 1")
-        if intermediate_size % self.tp_size:
-            raise ValueError(f"--tp-size {self.tp_size}: gpt-oss experts of intermediate size {intermediate_size} "
-                             "do not split evenly")
-        self.num_experts, self.top_k, self.hidden_size = num_experts, top_k, hidden_size
-        self.intermediate_size = n = intermediate_size // self.tp_size  # N_r
+        with dense_linear():
+            super().__init__(num_experts, top_k, hidden_size, intermediate_size, renormalize=False,
+                             reduce_results=False)
+        n, e = self.intermediate_size, num_experts  # N_r: this rank's intermediate columns
         self.alpha, self.limit = swiglu_alpha, swiglu_limit
-        e, k = num_experts, hidden_size
-        self.w13_weight = nn.Parameter(torch.empty(e, 2 * n, k), requires_grad=False)
         self.w13_bias = nn.Parameter(torch.empty(e, 2 * n), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(e, k, n), requires_grad=False)
-        self.w2_bias = nn.Parameter(torch.empty(e, k), requires_grad=False)
+        self.w2_bias = nn.Parameter(torch.empty(e, hidden_size), requires_grad=False)
         for p in (self.w13_weight, self.w13_bias, self.w2_weight, self.w2_bias):
             p.weight_loader = self.weight_loader
         self._mxfp4: Dict[str, dict] = {}  # projection -> its blocks / scales seen so far (loaded once both are)
-        self._loaded: set = set()
+        self._loaded_tensors: set = set()
+
+    def use_impl(self, impl: str) -> None:
+        """The plan's implementation names the workspace it sized; this layer keeps its torch path (see the class)."""
+        self.impl = impl
+
+    def missing_shards(self) -> list:
+        return [(-1, kind) for kind in self.missing_tensors()]
 
     # ------------------------------------------------------------------ loading
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, kind: str, expert_id: int = -1) -> None:
@@ -82,7 +91,7 @@ class GptOssExperts(nn.Module):
             if len(held) == 2:
                 self._load_mxfp4(proj, held.pop("_blocks"), held.pop("_scales"))
             return
-        n, start = self.intermediate_size, self.tp_rank * self.intermediate_size
+        n, start = self.intermediate_size, self.layout.moe_tp_rank * self.intermediate_size
         if kind == "gate_up_proj":  # [E, K, 2N] interleaved: this rank's gate / up pairs are 2n adjacent columns
             self._set_w13(materialize(loaded.narrow(2, 2 * start, 2 * n)).transpose(1, 2))
         elif kind == "gate_up_proj_bias":  # [E, 2N]
@@ -95,14 +104,14 @@ class GptOssExperts(nn.Module):
             default_weight_loader(self.w2_bias, bias if self.tp_rank == 0 else torch.zeros_like(bias))
         else:
             raise ValueError(f"unknown gpt-oss experts tensor {kind!r}")
-        self._loaded.add(kind.replace("_blocks", "").replace("_scales", ""))
+        self._loaded_tensors.add(kind)
 
     def _set_w13(self, interleaved: torch.Tensor) -> None:
         """interleaved [E, 2n, K] (rows gate 0, up 0, gate 1, ...) -> w13_weight (gate rows, then up rows)."""
         default_weight_loader(self.w13_weight, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], dim=1))
 
     def _load_mxfp4(self, proj: str, blocks, scales) -> None:
-        n, start = self.intermediate_size, self.tp_rank * self.intermediate_size
+        n, start = self.intermediate_size, self.layout.moe_tp_rank * self.intermediate_size
         dtype = self.w13_weight.dtype
         if proj == "gate_up_proj":  # blocks [E, 2N, K/32, 16]: output rows interleaved, this rank's 2n adjacent
             rows = (2 * start, 2 * n)
@@ -116,12 +125,13 @@ class GptOssExperts(nn.Module):
             else:
                 w = dequantize_mxfp4(materialize(blocks), materialize(scales), dtype).narrow(2, start, n)
             default_weight_loader(self.w2_weight, w)
-        self._loaded.add(proj)
+        self._loaded_tensors.add(proj)
 
     def missing_tensors(self) -> List[str]:
-        """Checkpoint tensors of this layer not loaded (an mxfp4 projection with only its blocks or scales among them)."""
+        """Checkpoint tensors of this layer not loaded (an mxfp4 projection with only its blocks or its scales seen
+        counts as not loaded)."""
         want = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
-        return [k for k in want if k not in self._loaded]
+        return [k for k in want if k not in self._loaded_tensors]
 
     # ------------------------------------------------------------------ forward
     def route(self, router_logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -139,15 +149,21 @@ class GptOssExperts(nn.Module):
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         pair_weights = weights.reshape(-1)[order]
         out = torch.zeros(m, self.hidden_size, dtype=torch.float32, device=hidden.device)
-        n, begin = self.intermediate_size, 0
+        # reduced precision on a CPU: GEMMs of power-of-two row counts only (oneDNN keeps state per shape:
+        # fused_moe_torch.py's note)
+        pow2 = hidden.is_cpu and hidden.dtype != torch.float32
+        begin = 0
         for e, count in enumerate(counts):
-            if not count:
-                continue
-            tok = tokens[begin: begin + count]
-            gate_up = F.linear(hidden[tok], self.w13_weight[e], self.w13_bias[e])
-            gate = gate_up[:, :n].clamp(max=self.limit)
-            up = gate_up[:, n:].clamp(min=-self.limit, max=self.limit)
-            y = F.linear((up + 1) * gate * torch.sigmoid(self.alpha * gate), self.w2_weight[e], self.w2_bias[e])
-            out.index_add_(0, tok, y.float() * pair_weights[begin: begin + count, None])
+            for lo, hi in row_pieces(begin, begin + count, pow2):
+                tok = tokens[lo: hi]
+                out.index_add_(0, tok, self._expert(e, hidden[tok]).float() * pair_weights[lo: hi, None])
             begin += count
         return out.to(hidden.dtype)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e on rows x [m, K] -> [m, K] (this rank's columns; the down bias on rank 0 only)."""
+        n = self.intermediate_size
+        gate_up = F.linear(x, self.w13_weight[e], self.w13_bias[e])
+        gate = gate_up[:, :n].clamp(max=self.limit)
+        up = gate_up[:, n:].clamp(min=-self.limit, max=self.limit)
+        return F.linear((up + 1) * gate * torch.sigmoid(self.alpha * gate), self.w2_weight[e], self.w2_bias[e])
