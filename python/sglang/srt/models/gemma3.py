@@ -145,7 +145,7 @@ class Gemma3Model(LlamaModel):
         from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 
         self.config = config
-        windows = layer_windows(config)
+        windows = layer_windows(config, "gemma3_text")
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([Gemma3DecoderLayer(config, i, windows[i])
                                      for i in range(config.num_hidden_layers)])
