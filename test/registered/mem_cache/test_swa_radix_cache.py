@@ -5,17 +5,19 @@ whether it holds windowed K/V, its two lock counts and its last touch (event, po
 insertion and eviction are written over pages with no tree, no splitting and no nodes. Random sequences of
 requests (match + lock + own pages + windowed pages freed as the window moves), finishes (insert + unlock),
 early window releases and evictions must agree with it on every match (length and slots), every freed page of
-each pool, every page's state and every size. The allocator is a fake that logs each page freed from each pool
-and refuses a double free.
+each pool, every page's state and every size. The allocator is the real one (swa_allocator.py) behind a wrapper
+that logs each page freed from each pool and refuses a double free; its own integrity check runs after every step.
+Scenario tests drive the same harness through the cases random sequences rarely reach.
 """
 
 from typing import Dict, List, Set, Tuple
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator, WindowedTokenPoolAllocator
 from sglang.srt.mem_cache.swa_radix_cache import SWARadixCache
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -24,12 +26,18 @@ register_cpu_ci(est_time=20, suite="cpu")
 Event = Tuple[str, int]  # ("full" | "win", token-pool page)
 
 
-class FakeAllocator:
-    """Token pool + a page-parallel windowed pool (windowed_only: one pool). Logs every page freed per pool."""
+class LoggingAllocator:
+    """The real allocator (swa_allocator.py), with its own record of which pages each pool holds: every page freed
+    from each pool is logged, and a page freed that this record does not hold is a double free."""
 
-    def __init__(self, page_size: int, windowed_only: bool, num_pages: int = 4096):
+    def __init__(self, page_size: int, window: int, windowed_only: bool, num_pages: int = 2048):
+        size = num_pages * page_size
+        if windowed_only:
+            self.inner = WindowedTokenPoolAllocator(size, page_size, window)
+        else:
+            slot_map = torch.zeros((num_pages + 1) * page_size, dtype=torch.int32)
+            self.inner = SWATokenToKVPoolAllocator(size, size, page_size, window, slot_map)
         self.ps, self.windowed_only = page_size, windowed_only
-        self.inner = TokenToKVPoolAllocator(num_pages * page_size, page_size)
         self.full_used: Set[int] = set()
         self.win_used: Set[int] = set()
         self.log: Set[Event] = set()
@@ -58,10 +66,18 @@ class FakeAllocator:
             assert p in self.win_used, f"page {p} freed twice (windowed pool)"
             self.win_used.remove(p)
             self.log.add(("win", p))
+        self.inner.free_windowed(slots)
 
     def take_log(self) -> Set[Event]:
         out, self.log = self.log, set()
         return out
+
+    def check(self) -> None:
+        if self.windowed_only:
+            self.inner.check_integrity(len(self.full_used))
+        else:
+            self.inner.check_integrity(len(self.full_used), len(self.win_used))
+            assert {p for p in self.full_used if self.inner.page_map[p] != 0} == self.win_used
 
 
 class Page:
@@ -223,29 +239,112 @@ def tree_sizes(tree: SWARadixCache) -> Dict[str, int]:
                 win_evictable=tree.windowed_evictable_size())
 
 
-def compare(tree, ref, alloc, running) -> None:
-    tree.check_integrity()
-    want = {k: (p.slots, p.windowed, p.lock, p.wlock) for k, p in ref.pages.items()}
-    assert tree_pages(tree) == want
-    assert tree_sizes(tree) == ref.sizes()
-    ps = ref.ps
-    full = {p.slots[0] // ps for p in ref.pages.values() if p.windowed or not ref.wo}
-    win = {p.slots[0] // ps for p in ref.pages.values() if p.windowed}
-    for r in running:
-        own = r["slots"][r["borrowed"] :]
-        full |= {s // ps for s in (own[r["wf"] - r["borrowed"] :] if ref.wo else own)}
-        win |= {s // ps for s in own[r["wf"] - r["borrowed"] :]}
-    assert alloc.full_used == full
-    assert alloc.win_used == (full if ref.wo else win)
+class Harness:
+    """One tree + its reference + the allocator; every operation is done on both and compared."""
+
+    def __init__(self, page_size: int, window: int, windowed_only: bool):
+        self.alloc = LoggingAllocator(page_size, window, windowed_only)
+        self.tree = SWARadixCache(page_size, self.alloc, window)
+        self.ref = Reference(page_size, window, windowed_only)
+        self.ps, self.w, self.wo = page_size, window, windowed_only
+        self.running: List[dict] = []
+
+    def request(self, key: List[int], windowed_pages_freed: int = 0) -> dict:
+        """Match + lock key; own pages for the rest; the first windowed_pages_freed of them freed on their own
+        (what the scheduler does once the window has moved past them: at most those wholly below len - W + 1)."""
+        ps = self.ps
+        key = key[: len(key) // ps * ps]
+        slots, node = self.tree.match_prefix(key)
+        length, want = self.ref.match(key)
+        assert (len(slots), slots) == (length, want), "match disagrees with the reference"
+        self.tree.inc_lock_ref(node)
+        self.ref.lock(key, length)
+        own = self.alloc.alloc(length, slots[-1] if slots else 0, len(key) - length) if len(key) > length else []
+        wf = length + ps * windowed_pages_freed
+        assert wf <= max(length, (len(key) - self.w + 1) // ps * ps), "freed windowed pages the window still reads"
+        self.alloc.free_windowed(own[: wf - length])
+        self.alloc.take_log()
+        r = dict(key=key, slots=slots + own, borrowed=length, wf=wf, node=node, released=False)
+        self.running.append(r)
+        self.compare()
+        return r
+
+    def match(self, key: List[int]) -> int:
+        """A lookup that borrows nothing (touches the LRU order as a request's would)."""
+        slots, _ = self.tree.match_prefix(key)
+        assert (len(slots), slots) == self.ref.match(key), "match disagrees with the reference"
+        return len(slots)
+
+    def max_windowed_pages_freed(self, key: List[int]) -> int:
+        length = len(self.ref_peek(key))
+        aligned = len(key) // self.ps * self.ps
+        return max(0, ((aligned - self.w + 1) // self.ps * self.ps - length) // self.ps)
+
+    def ref_peek(self, key: List[int]) -> List[int]:
+        """The reference's match of key without touching anything."""
+        ps, m = self.ps, 0
+        while (m + 1) * ps <= len(key) and tuple(key[: (m + 1) * ps]) in self.ref.pages:
+            m += 1
+        best = max([j for j in range(m + 1) if all(
+            self.ref.pages[tuple(key[: (i + 1) * ps])].windowed for i in self.ref._window_pages(j * ps))])
+        return key[: best * ps]
+
+    def finish(self, r: dict) -> None:
+        self.running.remove(r)
+        self.tree.insert(r["key"], r["slots"], windowed_from=r["wf"], borrowed_len=r["borrowed"])
+        self.ref.insert(r["key"], r["slots"], r["wf"], r["borrowed"])
+        self.tree.dec_lock_ref(r["node"], window_released=r["released"])
+        self.ref.unlock(r["key"], r["borrowed"], r["released"])
+        assert self.alloc.take_log() == self.ref.take_freed(), "insert / unlock freed other pages than the reference"
+        self.compare()
+
+    def release(self, r: dict) -> None:
+        self.tree.release_window(r["node"])
+        self.ref.release_window(r["key"], r["borrowed"])
+        r["released"] = True
+        self.compare()
+
+    def evict(self, n: int, windowed: bool) -> int:
+        got = self.tree.evict_windowed(n) if windowed else self.tree.evict(n)
+        impl = self.alloc.take_log()
+        by_window = windowed or self.wo
+        step = self.ref.evict_windowed_step if by_window else self.ref.evict_step
+        want = 0
+        # the tree evicts whole nodes, the reference page by page in the same LRU order: the tree's freed
+        # pages must be exactly the reference's first k steps, and k must free >= n unless nothing is left
+        while self.ref.freed != impl:
+            assert self.ref.freed < impl, f"evicted {impl - self.ref.freed} ahead of the reference order"
+            full, win = step()
+            assert (full, win) != (0, 0), f"the tree freed pages the reference cannot: {impl - self.ref.freed}"
+            want += win if by_window else full
+        assert got == want
+        self.ref.take_freed()
+        if got < n:
+            assert step() == (0, 0), "the tree stopped while the reference could still evict"
+        self.compare()
+        return got
+
+    def compare(self) -> None:
+        tree, ref, ps = self.tree, self.ref, self.ps
+        tree.check_integrity()
+        want = {k: (p.slots, p.windowed, p.lock, p.wlock) for k, p in ref.pages.items()}
+        assert tree_pages(tree) == want
+        assert tree_sizes(tree) == ref.sizes()
+        full = {p.slots[0] // ps for p in ref.pages.values() if p.windowed or not ref.wo}
+        win = {p.slots[0] // ps for p in ref.pages.values() if p.windowed}
+        for r in self.running:
+            own = r["slots"][r["borrowed"] :]
+            live = own[r["wf"] - r["borrowed"] :]
+            full |= {s // ps for s in (live if ref.wo else own)}
+            win |= {s // ps for s in live}
+        assert self.alloc.full_used == full
+        assert self.alloc.win_used == (full if ref.wo else win)
+        self.alloc.check()
 
 
 def run_ops(data, page_size: int, window: int, windowed_only: bool, num_ops: int) -> None:
-    alloc = FakeAllocator(page_size, windowed_only)
-    tree = SWARadixCache(page_size, alloc, window, windowed_only)
-    ref = Reference(page_size, window, windowed_only)
+    h = Harness(page_size, window, windowed_only)
     keys: List[List[int]] = []
-    running: List[dict] = []
-    ps = page_size
     for _ in range(num_ops):
         op = data.draw(st.sampled_from(["request", "request", "finish", "finish", "release", "evict", "evict_win"]))
         if op == "request":
@@ -254,54 +353,20 @@ def run_ops(data, page_size: int, window: int, windowed_only: bool, num_ops: int
                 key = base[: data.draw(st.integers(0, len(base)))]
             else:
                 key = []
-            key = key + data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=3 * window + 2 * ps))
-            aligned = len(key) // ps * ps
-            key = key[:aligned]
-            slots, node = tree.match_prefix(key)
-            length, want = ref.match(key)
-            assert (len(slots), slots) == (length, want), "match disagrees with the reference"
-            tree.inc_lock_ref(node)
-            ref.lock(key, length)
-            own = alloc.alloc(length, slots[-1] if slots else 0, aligned - length) if aligned > length else []
-            # the scheduler frees the request's own windowed pages wholly below seq_len - W + 1
-            top = max(length, (aligned - window + 1) // ps * ps)
-            wf = length + ps * data.draw(st.integers(0, (top - length) // ps))
-            alloc.free_windowed(own[: wf - length])
-            alloc.take_log()
+            key = key + data.draw(st.lists(st.integers(0, 1), min_size=0 if key else 1, max_size=3 * window + 2 * page_size))
+            if len(key) < page_size:
+                continue
+            wf_pages = data.draw(st.integers(0, h.max_windowed_pages_freed(key)))
             keys.append(key)
-            running.append(dict(key=key, slots=slots + own, borrowed=length, wf=wf, node=node, released=False))
-        elif op == "finish" and running:
-            r = running.pop(data.draw(st.integers(0, len(running) - 1)))
-            tree.insert(r["key"], r["slots"], windowed_from=r["wf"], borrowed_len=r["borrowed"])
-            ref.insert(r["key"], r["slots"], r["wf"], r["borrowed"])
-            tree.dec_lock_ref(r["node"], window_released=r["released"])
-            ref.unlock(r["key"], r["borrowed"], r["released"])
-            assert alloc.take_log() == ref.take_freed(), "insert / unlock freed other pages than the reference"
+            h.request(key, wf_pages)
+        elif op == "finish" and h.running:
+            h.finish(data.draw(st.sampled_from(h.running)))
         elif op == "release":
-            live = [r for r in running if not r["released"]]
+            live = [r for r in h.running if not r["released"]]
             if live:
-                r = data.draw(st.sampled_from(live))
-                tree.release_window(r["node"])
-                ref.release_window(r["key"], r["borrowed"])
-                r["released"] = True
+                h.release(data.draw(st.sampled_from(live)))
         elif op in ("evict", "evict_win"):
-            n = data.draw(st.integers(0, 4 * window))
-            got = tree.evict(n) if op == "evict" else tree.evict_windowed(n)
-            impl = alloc.take_log()
-            step = ref.evict_windowed_step if (op == "evict_win" or windowed_only) else ref.evict_step
-            want_n = 0
-            # the tree evicts whole nodes, the reference page by page in the same LRU order: the tree's freed
-            # pages must be exactly the reference's first k steps, and k must free >= n unless nothing is left
-            while ref.freed != impl:
-                assert ref.freed < impl, f"evicted {impl - ref.freed} ahead of the reference order"
-                full, win = step()
-                assert (full, win) != (0, 0), f"the tree freed pages the reference cannot: {impl - ref.freed}"
-                want_n += win if (op == "evict_win" or windowed_only) else full
-            assert got == want_n
-            ref.take_freed()
-            if got < n:
-                assert step() == (0, 0), "the tree stopped while the reference could still evict"
-        compare(tree, ref, alloc, running)
+            h.evict(data.draw(st.integers(0, 4 * window)), windowed=op == "evict_win")
 
 
 CASES = [(1, 3, False), (2, 5, False), (4, 8, False), (4, 3, False), (1, 4, True), (4, 8, True), (2, 6, True)]
@@ -316,3 +381,82 @@ def test_swa_radix_agrees_with_page_reference(page_size, window, windowed_only, 
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def _key(n: int, seed: int) -> List[int]:
+    return [(i * 7 + seed) % 5 for i in range(n)]
+
+
+@pytest.mark.parametrize("windowed_only", [False, True])
+def test_hit_needs_the_window_and_tombstones_revive(windowed_only):
+    h = Harness(page_size=2, window=4, windowed_only=windowed_only)
+    shared, x, y = _key(8, 0), [9] * 6, [8] * 6
+    h.finish(h.request(shared + x))
+    h.finish(h.request(shared + y))
+    # two running requests borrow both paths: each window-locks only its last 4 tokens
+    rx, ry = h.request(shared + x + [7, 7]), h.request(shared + y + [7, 7])
+    assert (rx["borrowed"], ry["borrowed"]) == (14, 14) and h.tree.windowed_protected_size() == 8
+    # oldest unpinned first: x's head [8, 10) (rx matched before ry), then the shared part, ancestors first
+    assert h.evict(8, windowed=True) == 10
+    assert h.tree.windowed_total_size() == 10 and h.tree.total_size() == (10 if windowed_only else 20)
+    # the live run after the tombstone holds the window (6 >= 4): a hit of all 14; 2 live tokens are not enough
+    assert len(h.tree.match_prefix(shared + x)[0]) == 14
+    assert len(h.tree.match_prefix(shared + x[:2])[0]) == 0
+    r2 = h.request(shared)  # no hit: computes the shared part itself, with its windowed K/V
+    assert r2["borrowed"] == 0
+    h.finish(r2)
+    # windowed-only: a tombstone holds nothing, so it takes the request's pages whoever borrows the path;
+    # full + windowed: rx and ry borrow the tombstone's token-pool slots, so they stay and r2's copy is freed
+    assert len(h.tree.match_prefix(shared)[0]) == (8 if windowed_only else 0)
+    h.finish(rx)
+    h.finish(ry)
+    if not windowed_only:
+        h.finish(h.request(shared))  # unlocked now: revived with the new request's pages
+        assert len(h.tree.match_prefix(shared)[0]) == 8
+
+
+@pytest.mark.parametrize("windowed_only", [False, True])
+def test_released_window_tombstones_a_locked_leaf_until_unlock(windowed_only):
+    h = Harness(page_size=2, window=4, windowed_only=windowed_only)
+    key = _key(12, 1)
+    h.finish(h.request(key))
+    r = h.request(key)  # a full hit: the leaf is locked, its last 4 tokens window-locked
+    assert r["borrowed"] == 12 and h.tree.windowed_protected_size() == 4
+    assert h.evict(100, windowed=True) == 8  # everything but the window
+    h.release(r)  # the request's own tokens moved past the borrowed window
+    assert h.evict(100, windowed=True) == 4  # the locked leaf becomes a tombstone
+    assert h.tree.windowed_total_size() == 0 and h.tree.protected_size() == (0 if windowed_only else 12)
+    h.finish(r)  # unlocked: a tombstone leaf can never end a hit, so it goes
+    assert h.tree.total_size() == 0 and not h.tree.root.children
+
+
+def test_windowed_eviction_takes_the_root_side_first():
+    h = Harness(page_size=2, window=4, windowed_only=False)
+    key = _key(16, 3)
+    h.finish(h.request(key[:8]))
+    h.finish(h.request(key))  # nodes [0, 4) [4, 8) [8, 16): the borrowed window split the first one at 4
+    assert h.match(key) == 16  # one touch of the whole path: the ancestor is the older
+    assert h.evict(2, windowed=True) == 4  # [0, 4) becomes a tombstone; the leaf stays
+    assert h.match(key) == 16 and h.match(key[:8]) == 8 and h.match(key[:6]) == 0  # [4, 8) holds W = 4
+
+
+def test_long_borrowed_prefix_pins_only_its_window():
+    h = Harness(page_size=2, window=5, windowed_only=False)
+    key = _key(32, 2)
+    h.finish(h.request(key))
+    r = h.request(key + [9, 9])
+    # positions [32 - 5, 32) rounded down to a page: [26, 32)
+    assert h.tree.windowed_protected_size() == 6 and h.tree.protected_size() == 32
+    assert h.evict(100, windowed=True) == 26
+    assert len(h.tree.match_prefix(key)[0]) == 32  # the window is still there: a hit
+    assert len(h.tree.match_prefix(key[:30])[0]) == 0  # [25, 30) reaches into the tombstone
+    h.finish(r)
+
+
+def test_salts_do_not_share():
+    alloc = LoggingAllocator(page_size=1, window=2, windowed_only=False)
+    tree = SWARadixCache(1, alloc, 2)
+    tree.insert([1, 2, 3], alloc.alloc(0, 0, 3), salt="a")
+    assert tree.match_prefix([1, 2, 3])[0] == [] and len(tree.match_prefix([1, 2, 3], salt="a")[0]) == 3
+    assert tree.evict_windowed(3) == 3 and not tree.salt_roots
+    tree.check_integrity()

@@ -50,15 +50,16 @@ class SWATreeNode(TreeNode):
 
 
 class SWARadixCache(RadixCache):
-    """allocator: free(slots) frees token-pool pages and whatever windowed pages they still map;
-    free_windowed(slots) frees only their windowed pages (the same as free when windowed_only)."""
+    """allocator (swa_allocator.py): free(slots) frees token-pool pages and whatever windowed pages they still map;
+    free_windowed(slots) frees only their windowed pages; windowed_only: the windowed pool is the token pool
+    (free_windowed is free)."""
 
-    def __init__(self, page_size: int, allocator, window_tokens: int, windowed_only: bool):
+    def __init__(self, page_size: int, allocator, window_tokens: int):
         if window_tokens <= 0:
             raise ValueError(f"SWARadixCache needs a positive window, got {window_tokens} tokens")
         self.allocator = allocator
         self.window_tokens = window_tokens
-        self.windowed_only = windowed_only
+        self.windowed_only = bool(allocator.windowed_only)
         self._ticks = itertools.count(1)
         super().__init__(page_size, allocator.free)
 
