@@ -136,18 +136,24 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
     } else if constexpr (HEAD == kQHeadF32) {
       dw = _mm512_loadu_ps(rec);
       cw = _mm512_loadu_ps(rec + 64);
-    } else {
+    } else if constexpr (HEAD == kQHeadHalves) {
       dw = _mm512_loadu_ps(rec);
       dw1 = _mm512_loadu_ps(rec + 64);
       cw = _mm512_loadu_ps(rec + 128);
       cw1 = _mm512_loadu_ps(rec + 192);
+    } else {  // kQHeadQ6: d * sc per half (exact in fp32), c = -32 d
+      const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+      dw = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 32)))));
+      dw1 = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 48)))));
+      cw = _mm512_mul_ps(dw, _mm512_set1_ps(-kQ6Offset));
+      cw1 = _mm512_mul_ps(dw1, _mm512_set1_ps(-kQ6Offset));
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const int32_t* a = (const int32_t*)(qa + i * lda + b * kQBlock);
       const int32_t* a2 = a + nb * kQBlock / 4;  // 8-bit weights: the residual pass (quantize_row_q8's q2, after q)
       const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
-      if constexpr (HEAD != kQHeadHalves) {
+      if constexpr (!quant_format_halves(FMT)) {
         const __m512 dwa = _mm512_mul_ps(dw, dai);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 8>(wv, a)), dwa, acc[i]);
         if constexpr (BITS == 8)

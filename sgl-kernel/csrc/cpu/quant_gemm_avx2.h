@@ -167,7 +167,7 @@ template <int FMT, int MB, typename T>
 SGL_AVX2 inline void quant_half_tile_avx2(const uint8_t* tile, int64_t nb, int h, const int8_t* qa, const float* da,
                                           const float* sa, const float* sh, T* y, int64_t ldy, int nh) {
   constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
-  constexpr int KH = HEAD == kQHeadHalves ? 2 : 1;
+  constexpr int KH = quant_format_halves(FMT) ? 2 : 1;
   constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
   const int64_t lda = quant_act_row_bytes(BITS, nb);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -185,6 +185,14 @@ SGL_AVX2 inline void quant_half_tile_avx2(const uint8_t* tile, int64_t nb, int h
     if constexpr (HEAD == kQHeadF16) {
       dw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 16 * h)));
       cw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 32 + 16 * h)));
+    } else if constexpr (HEAD == kQHeadQ6) {  // d * sc per half (exact in fp32), c = -32 d
+      const __m256 d16 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 16 * h)));
+#pragma GCC unroll 2
+      for (int kh = 0; kh < KH; ++kh) {
+        const __m128i sc = _mm_loadl_epi64((const __m128i*)(rec + 32 + 16 * kh + 8 * h));
+        dw[kh] = _mm256_mul_ps(d16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        cw[kh] = _mm256_mul_ps(dw[kh], _mm256_set1_ps(-kQ6Offset));
+      }
     } else {
 #pragma GCC unroll 2
       for (int kh = 0; kh < KH; ++kh) {

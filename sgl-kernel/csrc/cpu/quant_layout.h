@@ -8,7 +8,8 @@
 //                                     Q8_0 / int8: u = q + 128, c = -128 d (int8: a fitted c)
 //   kQHeadF32    fp32 d, c per 32:   Q4_K / Q5_K: d = d_super * sc, c = -dmin * m (6-bit sc, m: 17-bit products,
 //                                     exact in fp32, not in fp16)
-//   kQHeadHalves fp32 d, c per 16:   Q6_K: d = d_super * sc (int8 sc per 16 weights), c = -32 d
+//   kQHeadHalves fp32 d, c per 16:   any of these merged with Q6_K (a q/k/v or gate/up of mixed types)
+//   kQHeadQ6     fp16 d, int8 sc per 16:  Q6_K alone: d = d_super * sc per half block (exact in fp32), c = -32 d
 // Activations are quantized to int8 per block of 32 (a = da * qa, as llama.cpp does for its integer dot products), so
 // one block's dot product is  d * da * sum(u * qa) + c * da * sum(qa):  the integer sum comes from the level's byte
 // dot product, the rest is two fp32 FMAs per block (kQHeadHalves: per half block, with the halves' activation sums).
@@ -18,13 +19,15 @@
 //   [header][u: 8 groups of 4 k values, each group one 64-byte register: lane r = row r's 4 bytes]
 //   header kQHeadF16: [16 x fp16 d][16 x fp16 c]; kQHeadF32: [16 x fp32 d][16 x fp32 c];
 //          kQHeadHalves: [16 x fp32 d of k 0-15][16 x fp32 d of k 16-31][16 x fp32 c of k 0-15][16 x c of k 16-31]
+//          kQHeadQ6: [16 x fp16 d][16 x int8 sc of k 0-15][16 x int8 sc of k 16-31] (64 bytes, as the fp16 header)
 // Groups 0-3 are k 0-15 (the first half), groups 4-7 k 16-31. 4-bit records hold the 8 groups in 4 registers (group g
 // in the low nibbles, group g + 4 in the high nibbles): with the fp16 header 320 bytes per 16 x 32 weights
 // (0.625 B/weight); 8-bit records 576 bytes (1.125 B/weight); the fp32 headers add 64 or 192 bytes. A tile's records
 // are contiguous, so each thread streams one range of memory. One int32 lane per output row: no horizontal sums (AVX2
 // reads each 64-byte group as two 32-byte halves: rows 0-7 and rows 8-15).
 //
-// A format code names bits and header: bits + 16 * header (4, 8: the fp16 header; 20, 24: fp32; 36, 40: halves).
+// A format code names bits and header: bits + 16 * header (4, 8: the fp16 header; 20, 24: fp32; 36, 40: halves;
+// 56: Q6_K's, 8-bit only).
 #pragma once
 
 #include <cstdint>
@@ -35,15 +38,20 @@ constexpr int kQBlock = 32;        // weights (and activations) per scale
 constexpr int kQTileRows = 16;     // output rows per tile (one fp32 / int32 lane each)
 constexpr int64_t kQ4RecordBytes = 64 + 4 * 64;
 constexpr int64_t kQ8RecordBytes = 64 + 8 * 64;
-constexpr int kQHeadF16 = 0, kQHeadF32 = 1, kQHeadHalves = 2;
+constexpr int kQHeadF16 = 0, kQHeadF32 = 1, kQHeadHalves = 2, kQHeadQ6 = 3;
+constexpr float kQ6Offset = 32.0f;  // Q6_K's levels are q - 32
 constexpr int kQHalf = 16;  // k values per half block (kQHeadHalves' scale)
 
 constexpr int quant_format_bits(int format) { return format & 15; }
 constexpr int quant_format_head(int format) { return format >> 4; }
 constexpr bool quant_format_valid(int format) {
-  return (quant_format_bits(format) == 4 || quant_format_bits(format) == 8) && quant_format_head(format) <= kQHeadHalves;
+  return (quant_format_bits(format) == 4 || quant_format_bits(format) == 8) &&
+         (quant_format_head(format) <= kQHeadHalves || (quant_format_head(format) == kQHeadQ6 && quant_format_bits(format) == 8));
 }
-constexpr int64_t quant_header_bytes(int head) { return head == kQHeadF16 ? 64 : head == kQHeadF32 ? 128 : 256; }
+constexpr bool quant_format_halves(int format) { return quant_format_head(format) >= kQHeadHalves; }
+constexpr int64_t quant_header_bytes(int head) {
+  return head == kQHeadF32 ? 128 : head == kQHeadHalves ? 256 : 64;
+}
 // bytes of one packed record of a format code (4 and 8: the fp16 header, kQ4RecordBytes / kQ8RecordBytes)
 constexpr int64_t quant_record_bytes(int format) {
   return quant_header_bytes(quant_format_head(format)) + quant_format_bits(format) * 64;

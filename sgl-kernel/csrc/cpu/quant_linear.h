@@ -41,7 +41,7 @@ void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const i
     sgl_cpu::quant_gemm_avx2<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
 }
 
-// The format code as a template argument (quant_layout.h's six).
+// The format code as a template argument (quant_layout.h's seven).
 template <typename T>
 void quant_gemm_format(int format, sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp,
                        const float* dap, const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0,
@@ -53,6 +53,7 @@ void quant_gemm_format(int format, sgl_cpu::CpuIsa level, const uint8_t* wp, int
     case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
     case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
     case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 56: quant_gemm_at<56>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
     default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
   }
 }
@@ -66,7 +67,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "quant_linear: x must be a 2-D CPU tensor");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "quant_linear: x must be bf16 or fp32");
   TORCH_CHECK(format >= 0 && format < 64 && sgl_cpu::quant_format_valid((int)format),
-              "quant_linear: format must be bits (4 or 8) + 16 * header (0: fp16, 1: fp32, 2: fp32 halves), got ", format);
+              "quant_linear: format must be bits (4 or 8) + 16 * header (0: fp16, 1: fp32, 2: fp32 halves; 3: Q6_K's, "
+              "8 bits only), got ", format);
   const int bits = sgl_cpu::quant_format_bits((int)format);
   const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
@@ -78,7 +80,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
               nb, " blocks");
   at::Tensor xc = x.contiguous();
   const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
-  const bool halves = sgl_cpu::quant_format_head((int)format) == sgl_cpu::kQHeadHalves;
+  const bool halves = sgl_cpu::quant_format_halves((int)format);
   at::Tensor qa = at::empty({M, lda}, x.options().dtype(at::kChar));
   at::Tensor ds = at::empty({halves ? 4 : 2, M, nb}, x.options().dtype(at::kFloat));  // da, sa (, sh [M, nb, 2])
   int8_t* qp = qa.data_ptr<int8_t>();

@@ -132,9 +132,10 @@ class TestWeightFormatRules(unittest.TestCase):
         self.assertEqual(cpu_packed_bytes(576, 1536, 8) * 8 / (576 * 1536), 9.0)
         self.assertEqual(cpu_packed_bytes(17, 33, 8), 4 * (16 * 32 + 64))
         self.assertEqual(weight_format("gguf", None, "Q4_1").matrix_bytes(576, 1536, 2), cpu_packed_bytes(576, 1536, 4))
-        # Q6_K: 8-bit levels with the fp32 halves header (d, c per 16 weights: 256 bytes per record)
-        self.assertEqual(weight_format("gguf", None, "Q6_K").matrix_bytes(576, 1536, 2),
-                         36 * 48 * (16 * 32 + 256))
+        # Q6_K: 8-bit levels with its own header (fp16 d, int8 scale per 16 weights: 64 bytes per record); Q4_K: 4-bit
+        # levels with fp32 d, c per 32 weights (128 bytes)
+        self.assertEqual(weight_format("gguf", None, "Q6_K").matrix_bytes(576, 1536, 2), 36 * 48 * (16 * 32 + 64))
+        self.assertEqual(weight_format("gguf", None, "Q4_K").matrix_bytes(576, 1536, 2), 36 * 48 * (16 * 16 + 128))
         # a GGUF type without a packed form (F16, F32, Q2_K, Q3_K) is requantized at load to 8-bit blocks
         # (model_loader/gguf_weights.py: packing.staging_q8_blocks)
         self.assertEqual(weight_format("gguf", None, "Q3_K").matrix_bytes(576, 1536, 2), cpu_packed_bytes(576, 1536, 8))

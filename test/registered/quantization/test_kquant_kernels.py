@@ -33,7 +33,7 @@ register_cpu_ci(est_time=30, suite="cpu")
 LEVELS = ("avx2", "avx512_vnni", "avx512_bf16", "amx")
 ROWS = 9  # input rows (the AVX-512 row groups of 8 and a tail; AVX2 groups of 4)
 KINDS = {"Q4_K": gb.GGUF_Q4_K, "Q5_K": gb.GGUF_Q5_K, "Q6_K": gb.GGUF_Q6_K, "Q5_0": gb.GGUF_Q5_0, "Q5_1": gb.GGUF_Q5_1}
-FORMATS = {"Q4_K": 20, "Q5_K": 24, "Q6_K": 40, "Q5_0": 8, "Q5_1": 8}  # bits + 16 * header (quant_layout.h)
+FORMATS = {"Q4_K": 20, "Q5_K": 24, "Q6_K": 56, "Q5_0": 8, "Q5_1": 8}  # bits + 16 * header (quant_layout.h)
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q5_0": 22, "Q5_1": 24}
 
 
@@ -104,11 +104,7 @@ def reference(raw: np.ndarray, kind: str) -> np.ndarray:
 
 def magnitudes(staging: torch.Tensor, k: int) -> torch.Tensor:
     """|d| u + |c| per weight (fp64 [n, k]) from either staging form: what fp32 sums of d u and c terms may round."""
-    if packing.is_wide(staging, k):
-        u, d, c = packing.wide_parts(staging)
-    else:
-        u, d, c = packing.parts_from_staging(staging)
-        d, c = d.float()[..., None].expand(*d.shape, 2), c.float()[..., None].expand(*c.shape, 2)
+    u, d, c = packing.wide_parts(staging if packing.is_wide(staging, k) else packing.widen(staging, k))
     half = torch.arange(32) // 16
     mag = u.double() * d.double().abs()[..., half] + c.double().abs()[..., half]
     return mag.reshape(staging.shape[0], -1)[:, :k]
@@ -331,7 +327,7 @@ class TestKQuantPlan(unittest.TestCase):
                 self.assertEqual(layers["qkv"].quant_format, 40 if i == 0 else 20)
                 self.assertEqual(layers["gate_up"].quant_format, 8 if i == 0 else 24)
         self.assertEqual(dict(formats), {"qkv_proj": (40, 20), "o_proj": (20, 24), "gate_up_proj": (8, 24),
-                                         "down_proj": (40, 20)})
+                                         "down_proj": (56, 20)})
         cfg = dict(model_type="llama", hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
                    num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=300,
                    max_position_embeddings=256)

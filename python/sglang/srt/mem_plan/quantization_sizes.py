@@ -17,7 +17,7 @@ gate/up as one gate_up: runtime_linear_matrices):
     w8a8_int8     this runtime's CPU packed form (below) at 8 bits: int8 values + fp16 scale and offset per 32
     gguf          the runtime's CPU packed form of each tensor's type (GGUF_PACKED_FORMATS: Q4_0 / Q4_1 at 4 bits,
                   Q5_0 / Q5_1 / Q8_0 at 8 bits with the fp16 header, Q4_K at 4 bits and Q5_K at 8 with the fp32
-                  header, Q6_K at 8 with the halves header); other GGUF types (F16, F32, Q2_K, Q3_K) are requantized
+                  header, Q6_K at 8 with its own: 1.125 bytes per weight); other GGUF types (F16, F32, Q2_K, Q3_K) are requantized
                   to 8-bit blocks at load, as w8a8_int8. A file mixes types per tensor (Q4_K_M: Q4_K, Q6_K, Q5_0,
                   Q8_0), so a file's matrices are sized per layer from its header (gguf_matrix_formats), a merged
                   matrix (qkv, gate_up) in the join of its tensors' formats, as the loader packs them. The file itself
@@ -28,7 +28,7 @@ gate/up as one gate_up: runtime_linear_matrices):
                   the MoE kernel reads the fp16 header only: K-quant experts are requantized).
 CPU packed form (sgl-kernel quant_layout.h, layers/quantization/packing.py): records of 16 rows x 32 weights, rows
 padded to 16 and columns to 32: 16 * 32 * bits / 8 bytes of levels plus a header per record, 64 bytes (fp16 d, c per
-row), 128 (fp32 d, c per row) or 256 (fp32 d, c per row and half block). A format code names both: bits + 16 *
+row; or Q6_K's fp16 d and int8 sc per half block), 128 (fp32 d, c per row) or 256 (fp32 d, c per row and half block). A format code names both: bits + 16 *
 header (cpu_format); 4 and 8 are the fp16 header's.
 """
 
@@ -49,9 +49,9 @@ GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, 
                     "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292}
 CPU_PACK_ROWS = 16  # rows per packed record
 CPU_PACK_COLS = 32  # weights per row of a record
-HEAD_F16, HEAD_F32, HEAD_HALVES = 0, 1, 2  # record headers (quant_layout.h's kQHead*)
+HEAD_F16, HEAD_F32, HEAD_HALVES, HEAD_Q6 = 0, 1, 2, 3  # record headers (quant_layout.h's kQHead*)
 CPU_PACK_HEADER_BYTES = {HEAD_F16: CPU_PACK_ROWS * 2 * 2, HEAD_F32: CPU_PACK_ROWS * 4 * 2,
-                         HEAD_HALVES: CPU_PACK_ROWS * 4 * 4}
+                         HEAD_HALVES: CPU_PACK_ROWS * 4 * 4, HEAD_Q6: CPU_PACK_ROWS * (2 + 1 + 1)}
 
 
 def cpu_format(bits: int, head: int) -> int:
@@ -69,14 +69,18 @@ def format_head(fmt: int) -> int:
 
 def join_formats(a: int, b: int) -> int:
     """The format of one packed matrix holding tensors of formats a and b (a merged qkv / gate_up): the wider bits and
-    the wider header (every narrower record's values fit the wider one exactly)."""
-    return cpu_format(max(format_bits(a), format_bits(b)), max(format_head(a), format_head(b)))
+    the wider header (every narrower record's values fit the wider one exactly); Q6_K's header holds Q6_K alone, so
+    with another format it joins as the halves header."""
+    if a == b:
+        return a
+    head = max(min(format_head(f), HEAD_HALVES) for f in (a, b))
+    return cpu_format(max(format_bits(a), format_bits(b)), head)
 
 
 # GGUF types the runtime serves from their blocks, exactly: the format code of their packed form (linear tensors);
 # the rest are requantized to int8 blocks
 GGUF_PACKED_FORMATS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 8, "Q5_1": 8, "Q8_0": 8, "Q4_K": cpu_format(4, HEAD_F32),
-                       "Q5_K": cpu_format(8, HEAD_F32), "Q6_K": cpu_format(8, HEAD_HALVES)}
+                       "Q5_K": cpu_format(8, HEAD_F32), "Q6_K": cpu_format(8, HEAD_Q6)}
 # those with the fp16 header, which the MoE kernel and the packed vocabulary table also read (bits)
 GGUF_PACKED_BITS = {k: v for k, v in GGUF_PACKED_FORMATS.items() if format_head(v) == HEAD_F16}
 GGUF_REQUANTIZED_BITS = 8

@@ -16,7 +16,8 @@ The formats (ggml's block layouts; byte offsets within one block; q the stored u
                 fp32 (11 x 6 significant bits), not in fp16
     Q5_K  176 B per 256: as Q4_K plus 32 B of fifth bits (bit j of byte l: weight l of sub-block j)
     Q6_K  210 B per 256: 128 B low nibbles, 64 B high 2-bit pairs, 16 int8 scales (one per 16 weights), fp16 d
-                w = d sc_s (q - 32): d = d * sc_s per half block (exact in fp32), c = -32 d
+                w = d sc_s (q - 32): d = d * sc_s per half block (exact in fp32), c = -32 d; q6_k_parts keeps the
+                factors (fp16 d per block, int8 sc per half block), which packing's Q6_K staging holds
 Nibble order of the 32-weight formats: byte j holds weight j (low nibble) and weight j + 16 (high nibble); of Q4_K
 and Q5_K: 32 bytes per 64 weights, the low nibbles sub-block 2i, the high ones sub-block 2i + 1.
 """
@@ -101,17 +102,26 @@ def _k4_or_k5(b: torch.Tensor, kind: int) -> Parts:
     return u.reshape(rows, nsup * 8, 32), _halves(dj.reshape(rows, -1)), _halves(cj.reshape(rows, -1)), False
 
 
-def _q6_k(b: torch.Tensor) -> Parts:
-    rows, nsup = b.shape[:2]
+def q6_k_parts(raw: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K blocks uint8 [rows, blocks * 210] -> (u uint8 [rows, nb, 32], d float32 [rows, nb] (fp16 values: the
+    super-block's d), sc int8 [rows, nb, 2]): w = d * sc_half * (u - 32)."""
+    rows = raw.shape[0]
+    b = raw.reshape(rows, -1, GGUF_BLOCK_BYTES[GGUF_Q6_K])
+    nsup = b.shape[1]
     ql = b[..., 0:128].reshape(rows, nsup, 2, 2, 32)  # [half n, l or l + 32, l]
     qh = b[..., 128:192].reshape(rows, nsup, 2, 1, 32)
     low = torch.stack([ql[:, :, :, 0] & 0x0F, ql[:, :, :, 1] & 0x0F, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], dim=3)
     high = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)) & 3
     u = (low | (high << 4)).reshape(rows, nsup * 8, 32)  # weight 128 n + 32 quarter + l
-    sc = b[..., 192:208].contiguous().view(torch.int8).float()  # one per 16 weights
-    d = _f16(b[..., 208:210])[..., None] * sc  # [rows, nsup, 16], exact in fp32
-    d = d.reshape(rows, nsup * 8, 2)
-    return u, d, d * -32, False
+    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, nsup * 8, 2)  # one per 16 weights
+    d = _f16(b[..., 208:210]).repeat_interleave(8, dim=1)  # [rows, nsup * 8]
+    return u, d, sc
+
+
+def _q6_k(raw: torch.Tensor) -> Parts:
+    u, d, sc = q6_k_parts(raw)
+    dh = d[..., None] * sc.float()  # exact in fp32 (11 x 8 significant bits)
+    return u, dh, dh * -32, False
 
 
 GGUF_BLOCK_BYTES = {GGUF_Q4_0: 18, GGUF_Q4_1: 20, GGUF_Q5_0: 22, GGUF_Q5_1: 24, GGUF_Q8_0: 34, GGUF_Q4_K: 144,
@@ -127,5 +137,5 @@ def decode_gguf_blocks(raw: torch.Tensor, ggml_type: int) -> Parts:
     if ggml_type in (GGUF_Q4_K, GGUF_Q5_K):
         return _k4_or_k5(b, ggml_type)
     if ggml_type == GGUF_Q6_K:
-        return _q6_k(b)
+        return _q6_k(raw)
     return _block32(b, ggml_type)

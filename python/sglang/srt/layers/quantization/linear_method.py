@@ -2,9 +2,9 @@
 
 Loading: create_weights gives the layer a staging `weight` that the layer's own weight_loader fills shard by shard
 (q/k/v, gate/up: the same row ranges as the dense path), in a staging form of packing.py for 'gguf' (the GGUF
-iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. The staging weight starts narrow (fp16 d, c);
-the first wide shard (a K-quant's fp32 d, c) widens it and the rows already loaded, and a narrow shard into a wide
-weight is widened, so a merged q/k/v or gate/up of mixed types holds each exactly. When every row has arrived the
+iterator converts each tensor's blocks) or dense fp32 for 'w8a8_int8'. The staging weight takes the form of the first
+shard (narrow, q6 or wide: packing.staging_kind); a shard of another form makes the weight and the shard wide (fp32
+d, c per half block), so a merged q/k/v or gate/up of mixed types holds each exactly. When every row has arrived the
 layer packs it (packing.pack, in packing.staging_format's format) into the buffer `qweight`, the only copy it keeps,
 and drops the staging weight; `weight` is then None; `quant_format` is the format code, `quant_bits` its bits. finalize_quantized_layers() checks after loading that no layer was left unpacked. load_packed /
 PACKED_BUFFERS / unpacked_reason are the interface the loader's packed-weights cache and that check use, shared with
@@ -72,14 +72,21 @@ class QuantLinearMethod:
 
     @staticmethod
     def _match_staging(layer: nn.Module, shard: torch.Tensor) -> torch.Tensor:
-        """The shard in the layer's staging form, widening the layer's staging weight first if the shard is wide."""
+        """The shard in the layer's staging form (packing.staging_kind). The first shard sets the form; a shard of
+        another form than the rows already loaded makes both wide (exactly)."""
         cols = layer.input_size
-        if packing.is_wide(shard, cols) and not packing.is_wide(layer.weight, cols):
-            loader = layer.weight.weight_loader
-            layer.weight = nn.Parameter(packing.widen(layer.weight.data), requires_grad=False)
+        have, kind = packing.staging_kind(layer.weight, cols), packing.staging_kind(shard, cols)
+        if have == kind:
+            return shard
+        loader = layer.weight.weight_loader
+        if layer._quant_rows_loaded == 0:
+            staging = torch.empty(layer.weight.shape[0], shard.shape[1], dtype=torch.uint8)
+        else:
+            staging = layer.weight.data if have == packing.WIDE else packing.widen(layer.weight.data, cols)
+            shard = shard if kind == packing.WIDE else packing.widen(shard, cols)
+        if staging is not layer.weight.data:
+            layer.weight = nn.Parameter(staging, requires_grad=False)
             layer.weight.weight_loader = loader
-        if packing.is_wide(layer.weight, cols) and not packing.is_wide(shard, cols):
-            shard = packing.widen(shard)
         return shard
 
     def pack(self, layer: nn.Module) -> None:

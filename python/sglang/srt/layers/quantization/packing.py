@@ -4,16 +4,19 @@ Every supported format is written as  w = d * u + c  per block of 32 weights of 
 derives u, d, c from each GGUF type exactly):
     Q4_0, Q4_1, Q5_0, Q5_1, Q8_0   d and c fp16 per 32 weights
     Q4_K, Q5_K                     d and c fp32 per 32 (d * sc and -dmin * m: exact in fp32, not in fp16)
-    Q6_K                           d and c fp32 per 16 (d * sc and -32 d * sc)
+    Q6_K                           fp16 d and int8 sc per 16 (d * sc and -32 d * sc, in fp32 where used)
     int8 (w8a8_int8, and GGUF types without a kernel): quantized at load per 32 weights of a row, u in [0, 256)
           with a fitted fp16 step d and offset c (staging_q8_blocks; the record is the same as Q8_0's)
 
 Staging forms (what a layer holds while its shards load), uint8 [rows, blocks * bytes per block]:
     narrow  STAGING_BLOCK_BYTES = 36 per block: fp16 d, fp16 c, 32 bytes of u
+    q6      Q6_STAGING_BLOCK_BYTES = 40 per block: fp16 d, int8 sc of weights 0-15, of 16-31, 4 zero bytes, 32 bytes
+            of u (w = d sc (u - 32))
     wide    WIDE_STAGING_BLOCK_BYTES = 48 per block: fp32 d of weights 0-15, of 16-31, fp32 c of each, 32 bytes of u
-A narrow block widens exactly (widen). Packed form (what the kernel reads): see sgl-kernel/csrc/cpu/quant_gemm.h; a
-format code (quantization_sizes.cpu_format) names its bits and header: the fp16 header from narrow staging, from
-wide staging the fp32 header where every block's halves share d and c, else the halves header. Rows are padded to a
+Their widths tell them apart for a given number of columns (staging_kind); narrow and q6 blocks widen exactly
+(widen). Packed form (what the kernel reads): see sgl-kernel/csrc/cpu/quant_layout.h; a format code
+(quantization_sizes.cpu_format) names its bits and header: the fp16 header from narrow staging, Q6_K's from q6
+staging, from wide staging the fp32 header where every block's halves share d and c, else the halves header. Rows are padded to a
 multiple of 16 (d = c = 0) and K to a multiple of 32 (u = 0 for Q4, 128 for 8-bit, so the padding contributes 0).
 """
 
@@ -23,8 +26,8 @@ from typing import Tuple
 
 import torch
 
-from sglang.srt.layers.quantization.gguf_blocks import (GGUF_BLOCK_BYTES, GGUF_Q4_0, GGUF_Q4_1, GGUF_Q8_0,
-                                                        GGUF_TYPE_NAMES, decode_gguf_blocks)
+from sglang.srt.layers.quantization.gguf_blocks import (GGUF_BLOCK_BYTES, GGUF_Q4_0, GGUF_Q4_1, GGUF_Q6_K,
+                                                        GGUF_Q8_0, GGUF_TYPE_NAMES, decode_gguf_blocks, q6_k_parts)
 from sglang.srt.mem_plan import quantization_sizes as sizes
 
 __all__ = ["GGUF_BLOCK_BYTES", "GGUF_Q4_0", "GGUF_Q4_1", "GGUF_Q8_0", "GGUF_TYPE_NAMES"]
@@ -35,6 +38,9 @@ HALF = BLOCK // 2
 TILE_ROWS = sizes.CPU_PACK_ROWS
 STAGING_BLOCK_BYTES = 4 + BLOCK  # fp16 d, fp16 c, BLOCK bytes of u
 WIDE_STAGING_BLOCK_BYTES = 16 + BLOCK  # fp32 d (2 halves), fp32 c (2 halves), BLOCK bytes of u
+Q6_STAGING_BLOCK_BYTES = 8 + BLOCK  # fp16 d, int8 sc (2 halves), 4 zero bytes, BLOCK bytes of u
+NARROW, Q6, WIDE = "narrow", "q6", "wide"  # staging kinds
+Q6_OFFSET = 32  # Q6_K's levels are u - 32
 LSQ_PASSES = 2  # least-squares refits of an int8 block's step and offset (each kept only where it lowers the error)
 QUANT_CHUNK_WEIGHTS = 1 << 16  # weights quantized at a time by staging_q8_blocks (temporaries in cache)
 
@@ -75,20 +81,46 @@ def wide_parts(staging: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch
     return s[:, :, 16:], dc[:, :, 0:2], dc[:, :, 2:4]
 
 
+def q6_staging_from_parts(u: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """u uint8 [rows, blocks, 32], d [rows, blocks] (fp16 values), sc int8 [rows, blocks, 2] -> q6 staging."""
+    rows, blocks = u.shape[:2]
+    pad = torch.zeros(rows, blocks, 4, dtype=torch.uint8)
+    out = torch.cat([_fp16_bytes(d), sc.contiguous().view(torch.uint8), pad, u], dim=2)
+    return out.reshape(rows, blocks * Q6_STAGING_BLOCK_BYTES)
+
+
+def q6_parts(staging: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q6 staging -> (u uint8 [rows, blocks, 32], d fp16 [rows, blocks], sc int8 [rows, blocks, 2])."""
+    s = staging.reshape(staging.shape[0], -1, Q6_STAGING_BLOCK_BYTES)
+    return s[:, :, 8:], s[:, :, 0:2].contiguous().view(torch.float16).squeeze(-1), s[:, :, 2:4].contiguous().view(
+        torch.int8)
+
+
+def staging_kind(staging: torch.Tensor, cols: int) -> str:
+    """NARROW, Q6 or WIDE: which staging form a tensor of a [rows, cols] weight is (its width per block says)."""
+    per_block = staging.shape[-1] // -(-cols // BLOCK)
+    return {STAGING_BLOCK_BYTES: NARROW, Q6_STAGING_BLOCK_BYTES: Q6, WIDE_STAGING_BLOCK_BYTES: WIDE}[per_block]
+
+
 def is_wide(staging: torch.Tensor, cols: int) -> bool:
-    """Whether a staging tensor of a [rows, cols] weight is the wide form (its width says: 48 vs 36 per block)."""
-    return staging.shape[-1] == -(-cols // BLOCK) * WIDE_STAGING_BLOCK_BYTES
+    return staging_kind(staging, cols) == WIDE
 
 
-def widen(staging: torch.Tensor) -> torch.Tensor:
-    """Narrow staging -> the wide form of the same weights (fp16 -> fp32 is exact)."""
+def widen(staging: torch.Tensor, cols: int) -> torch.Tensor:
+    """Narrow or q6 staging -> the wide form of the same weights (fp16 -> fp32 and d * sc are exact)."""
+    if staging_kind(staging, cols) == Q6:
+        u, d, sc = q6_parts(staging)
+        dh = d.float()[..., None] * sc.float()
+        return wide_staging_from_parts(u, dh, dh * -Q6_OFFSET)
     u, d, c = parts_from_staging(staging)
     return wide_staging_from_parts(u, d.float()[..., None].expand(*d.shape, 2), c.float()[..., None].expand(*c.shape, 2))
 
 
 def staging_from_gguf(raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
     """GGUF blocks uint8 [rows, blocks * block bytes] of a GGUF_TYPE_NAMES type -> narrow staging where the type's d
-    and c are fp16 values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else wide (K-quants)."""
+    and c are fp16 values (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), q6 staging for Q6_K, else wide (Q4_K, Q5_K)."""
+    if ggml_type == GGUF_Q6_K:
+        return q6_staging_from_parts(*q6_k_parts(raw))
     u, d, c, narrow = decode_gguf_blocks(raw, ggml_type)
     return staging_from_parts(u, d[..., 0], c[..., 0]) if narrow else wide_staging_from_parts(u, d, c)
 
@@ -173,8 +205,11 @@ def staging_bits(staging: torch.Tensor) -> int:
 def staging_format(staging: torch.Tensor, cols: int) -> int:
     """The format code a staging tensor of a [rows, cols] weight packs to (bits + 16 * header, quant_layout.h): the
     fewest bits and the smallest header that hold its values exactly."""
-    if not is_wide(staging, cols):
+    kind = staging_kind(staging, cols)
+    if kind == NARROW:
         return staging_bits(staging)
+    if kind == Q6:
+        return sizes.cpu_format(8, sizes.HEAD_Q6)
     u, d, c = wide_parts(staging)
     bits = 4 if int(u.max()) < 16 else 8
     same = torch.equal(d[..., 0], d[..., 1]) and torch.equal(c[..., 0], c[..., 1])
@@ -192,6 +227,9 @@ def pack(staging: torch.Tensor, fmt: int) -> torch.Tensor:
     if head == sizes.HEAD_F16:
         u, d, c = parts_from_staging(staging)
         heads = [d, c]
+    elif head == sizes.HEAD_Q6:
+        u, d, sc = q6_parts(staging)
+        heads = [d, sc[..., 0], sc[..., 1]]
     else:
         u, d, c = wide_parts(staging)
         heads = [d[..., 0], c[..., 0]] if head == sizes.HEAD_F32 else [d[..., 0], d[..., 1], c[..., 0], c[..., 1]]
@@ -218,6 +256,10 @@ def unpack_dequantize(packed: torch.Tensor, fmt: int, rows: int, cols: int, dtyp
         d = packed[:, :, :32].contiguous().view(torch.float16).float()  # [tiles, blocks, 16]
         c = packed[:, :, 32:64].contiguous().view(torch.float16).float()
         d, c = d[:, :, None], c[:, :, None]  # [tiles, blocks, 1 half, 16 rows]
+    elif head == sizes.HEAD_Q6:
+        sc = packed[:, :, 32:64].contiguous().view(torch.int8).float().reshape(tiles, blocks, 2, TILE_ROWS)
+        d = packed[:, :, :32].contiguous().view(torch.float16).float()[:, :, None] * sc
+        c = d * -Q6_OFFSET
     else:
         f = packed[:, :, :hb].contiguous().view(torch.float32).reshape(tiles, blocks, -1, TILE_ROWS)
         n = f.shape[2] // 2
