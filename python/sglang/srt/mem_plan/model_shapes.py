@@ -154,8 +154,12 @@ class ModelShape:
         if s.is_mla:
             return AttentionShape(nq, s.kv_lora_rank + s.qk_rope_head_dim, context_len, v_head_dim=s.kv_lora_rank,
                                   is_mla=True, num_kv_heads=1, **common)
+        # FlashInfer plans windowed layers with a second wrapper over their own page table (flashinfer_backend.py);
+        # a window as long as the context masks nothing and is attended as a full layer
+        bounds = {"sliding": s.sliding_window, "chunked": s.attention_chunk_size}
+        windowed = any(0 < bounds.get(k, 0) < context_len for k in s.layer_kinds)
         return AttentionShape(nq, s.head_dim, context_len, num_kv_heads=kv_heads_per_rank(s.num_kv_heads, tp),
-                              **common)
+                              num_wrappers=2 if windowed else 1, **common)
 
     # ---- declared runtime terms ----
     def activation_bytes(self, num_tokens: int, tp: int = 1, dtype: Optional[str] = None, device: str = "cuda",
