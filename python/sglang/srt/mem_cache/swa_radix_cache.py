@@ -365,7 +365,8 @@ class SWARadixCache(RadixCache):
             win += len(n.key) if n.windowed else 0
             win_prot += len(n.key) if n.window_lock_ref else 0
         got = (self._full_total, self._full_protected, self._win_total, self._win_protected)
-        assert (full, full_prot, win, win_prot) == got, f"swa radix size drift: {(full, full_prot, win, win_prot)} != {got}"
+        want = (full, full_prot, win, win_prot)
+        assert want == got, f"swa radix size drift: {want} != {got}"
 
     def all_slots(self) -> List[int]:
         """Token-pool slots the cache holds (a windowed-only model's tombstones hold none)."""
