@@ -137,7 +137,7 @@ def test_long_borrowed_prefix_pins_only_its_window():
 def test_salts_do_not_share():
     alloc = LoggingAllocator(page_size=1, window=2, windowed_only=False)
     tree = SWARadixCache(1, alloc, 2)
-    tree.insert([1, 2, 3], alloc.alloc(0, 0, 3), salt="a")
+    tree.insert([1, 2, 3], alloc.alloc(0, 0, 3), salt="a", windowed_from=0, borrowed_len=0)
     assert tree.match_prefix([1, 2, 3])[0] == [] and len(tree.match_prefix([1, 2, 3], salt="a")[0]) == 3
     assert tree.evict_windowed(3) == 3 and not tree.salt_roots
     tree.check_integrity()

@@ -196,13 +196,14 @@ class SWARadixCache(RadixCache):
         return slots, (path[best - 1] if best else self._root(salt, create=False))
 
     # ------------------------------------------------------------------ insert
-    def insert(self, key: List[int], value: List[int], salt: Optional[str] = None, windowed_from: int = 0,
-               borrowed_len: int = 0) -> int:
+    def insert(self, key: List[int], value: List[int], salt: Optional[str] = None, *, windowed_from: int,
+               borrowed_len: int) -> int:
         """Cache a finished request's key -> value (page-aligned). value[:borrowed_len] is the prefix it borrowed
         from this cache (untouched); the cache takes ownership of every slot in value[borrowed_len:] -- keeping it,
         or freeing it when the tokens are already cached -- so the caller frees none of them. Positions below
         windowed_from carry no windowed K/V (the request freed those pages; on a windowed-only model those
-        entries are not slots at all). Returns how many leading tokens were already cached."""
+        entries are not slots at all). Returns how many leading tokens were already cached. Both bounds are
+        required: RadixCache.insert's caller frees value[prefix_len:cached] itself, which here would free twice."""
         ps = self.page_size
         assert len(key) == len(value) and len(key) % ps == 0
         assert windowed_from % ps == 0 and borrowed_len % ps == 0, "windowed_from / borrowed_len not page aligned"
