@@ -16,7 +16,7 @@ from sglang.srt.layers.moe.mxfp4 import dequantize_mxfp4
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.paged_forward import PagedForwardDriver
 
-from test_mistral import load_served  # noqa: E402 (the same directory)
+from test_mistral import load_served, mock_served  # noqa: E402 (the same directory)
 
 register_cpu_ci(est_time=25, suite="cpu")
 
@@ -25,15 +25,17 @@ VOCAB = 512
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
-def make_gpt_oss():
+def make_gpt_oss(**overrides):
+    """overrides: GptOssConfig fields (a tokenizer's vocab_size / eos_token_id)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     rope = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
             "original_max_position_embeddings": 32, "rope_theta": 150000.0}  # positions past 32 use the scaled band
-    cfg = GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
-                       num_experts_per_tok=2, sliding_window=WINDOW, max_position_embeddings=256,
-                       initializer_range=0.3, rope_parameters=rope, tie_word_embeddings=False)
+    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                  sliding_window=WINDOW, max_position_embeddings=256, initializer_range=0.3, rope_parameters=rope,
+                  tie_word_embeddings=False)
+    cfg = GptOssConfig(**{**fields, **overrides})
     model = GptOssForCausalLM(cfg).float().eval()
     with torch.no_grad():  # HF initialises the expert biases to zero and the sinks small: make them matter
         for layer in model.model.layers:
@@ -134,6 +136,29 @@ class TestGptOss(unittest.TestCase):
         got = [driver.extend([row], [self.prompt[s: s + 11]], logits_indices=torch.arange(len(self.prompt[s: s + 11])))
                for s in range(0, len(self.prompt), 11)]
         torch.testing.assert_close(torch.cat(got), ref, atol=1e-4, rtol=1e-4)
+
+    def test_bf16_agrees_with_fp32_as_well_as_hf_bf16(self):
+        """The bf16 path (fp32 sinks beside bf16 scores, the CPU attention kernels where they load, bf16 experts in
+        power-of-two row pieces) against the fp32 reference, beside transformers' own bf16 run of the same model (this
+        random model is ill-conditioned in bf16: HF's own bf16 argmax agrees on ~80% of the positions)."""
+        import copy
+
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader import load_model
+
+        with mock_served():
+            config = ModelConfig.from_pretrained(self.dir, dtype="bfloat16")
+        model = load_model(config)
+        seq = self.prompt + self.prompt[:16]
+        driver = PagedForwardDriver(model, config, max_reqs=2, max_tokens=512)
+        ours = driver.extend([driver.new_request()], [seq], logits_indices=torch.arange(len(seq)))
+        with torch.no_grad():
+            ref = self.hf(torch.tensor([seq])).logits[0]
+            hf_bf16 = copy.deepcopy(self.hf).to(torch.bfloat16)(torch.tensor([seq])).logits[0].float()
+        agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        hf_agree = (hf_bf16.argmax(-1) == ref.argmax(-1)).float().mean().item()
+        self.assertGreaterEqual(agree, hf_agree - 0.1, (agree, hf_agree))
+        self.assertLess((ours - ref).abs().max().item(), 2 * (hf_bf16 - ref).abs().max().item())
 
     def test_mxfp4_dequantizer_matches_transformers(self):
         from transformers.integrations.mxfp4 import convert_moe_packed_tensors

@@ -18,15 +18,19 @@ WINDOW = 16
 VOCAB = 512
 
 
-def load_served(path: str):
-    """ModelConfig + model of a saved checkpoint. Until the windowed pool serves windowed configs (issue 41, the
-    runtime's check_served), the config is resolved as `sglang plan` resolves it."""
+def mock_served():
+    """Until the windowed pool serves windowed configs (issue 41, the runtime's check_served), configs are resolved
+    as `sglang plan` resolves them."""
     from sglang.srt.configs import resolved
 
     real = resolved.resolve_model
-    with mock.patch.object(resolved, "resolve_model", lambda *a, **k: real(*a, **{**k, "planning": True})), \
-            mock.patch("sglang.srt.configs.model_config.resolve_model",
-                       lambda *a, **k: real(*a, **{**k, "planning": True})):
+    return mock.patch("sglang.srt.configs.model_config.resolve_model",
+                      lambda *a, **k: real(*a, **{**k, "planning": True}))
+
+
+def load_served(path: str):
+    """ModelConfig + model (fp32) of a saved checkpoint."""
+    with mock_served():
         config = ModelConfig.from_pretrained(path, dtype="float32")
     return config, load_model(config)
 
