@@ -32,7 +32,8 @@ from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
 from sglang.srt.mem_plan.quantization_sizes import (PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_expert_bits,
-                                                    gguf_linear_type, gguf_packed_vocab, weight_format)
+                                                    gguf_linear_type, gguf_matrix_formats, gguf_packed_vocab,
+                                                    weight_format)
 
 # Set to 1 to allow --context-length beyond the model's max_position_embeddings (upstream's variable name).
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -258,4 +259,5 @@ def served_weight_format(quantization: str, gguf_path: Optional[str]) -> WeightF
     gguf = quantization == "gguf"
     return weight_format(quantization, None, gguf_linear_type(gguf_path) if gguf else "",
                          gguf_expert_bits(gguf_path) if gguf else None,
-                         gguf_packed_vocab(gguf_path) if gguf else ("", 0))
+                         gguf_packed_vocab(gguf_path) if gguf else ("", 0),
+                         gguf_matrix_formats(gguf_path) if gguf else ())
