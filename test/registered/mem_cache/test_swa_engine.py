@@ -12,7 +12,7 @@ from sglang.srt.mem_plan.layer_pools import request_pool_tokens
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import spread_random_weights
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=150, suite="cpu")
 
 WINDOW, PAGE, CHUNK, VOCAB = 16, 4, 24, 512
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -92,6 +92,8 @@ def test_greedy_equals_hf_past_the_window_with_retraction(engine, hf_model):
     for p, o in zip(prompts, outs):
         assert o["output_ids"] == _hf_greedy(hf_model[0], p, 24)
     engine.scheduler.check_integrity()
+    # what the requests left is the prefix cache's (its windowed pages too); flushed, the pool is empty
+    assert _windowed(engine)["windowed_pages_in_use"] > 0 and engine.flush_cache()
     assert _windowed(engine)["windowed_pages_in_use"] == 0
 
 
@@ -121,6 +123,20 @@ def test_windowed_pages_bounded_through_a_long_generation(engine, hf_model):
     sched.check_integrity()
     print(f"windowed tokens in use: max sampled {max(seen)}, max at allocation {info['windowed_tokens_in_use_max']}, "
           f"bound {bound}")
+
+
+def test_prefix_hit_borrows_the_window(engine, hf_model):
+    """A cached prefix whose window is still held is a hit (mem_cache/swa_radix_cache.py): the request borrows it,
+    prefills the rest in chunks past the window edge, and decodes HF's tokens; a later request of the same prompt
+    hits too."""
+    base = _prompts(1, WINDOW, seed=3)[0]  # 16 tokens: nothing leaves the window before it is cached
+    engine.generate(input_ids=[base], sampling_params=dict(GREEDY, max_new_tokens=1))
+    longer = base + _prompts(1, 3 * WINDOW, seed=4)[0]
+    for _ in range(2):
+        out = engine.generate(input_ids=[longer], sampling_params=dict(GREEDY, max_new_tokens=12))[0]
+        assert out["meta_info"]["cached_tokens"] >= WINDOW
+        assert out["output_ids"] == _hf_greedy(hf_model[0], longer, 12)
+        engine.scheduler.check_integrity()
 
 
 def test_start_allocates_the_plan(engine):

@@ -100,9 +100,10 @@ class DecodeMemory:
         return (need - alloc.num_allocatable_pages()) * self.memory.page_size  # windowed models: both pools
 
     def _evict_shortfall(self) -> None:
-        short = self._shortfall_tokens()
-        if short > 0 and self.memory.tree_cache is not None:
-            self.memory.tree_cache.evict(short)
+        if self._shortfall_tokens() > 0:  # free in every pool a page comes from (req_memory.evict_for)
+            alloc = self.memory.allocator
+            self.memory.evict_for(sum(alloc.pages_needed(r.alloc_len, 1) for r in self.queues.running)
+                                  * self.memory.page_size)
 
     def make_room(self) -> None:
         """Room for one more token per running request: evict cached prefixes, then retract requests."""

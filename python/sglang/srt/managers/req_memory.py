@@ -20,6 +20,7 @@ from typing import Iterable, List, Optional, Tuple
 from sglang.srt.managers.fault_confinement import SchedulerStateCorrupt
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.mem_cache.swa_radix_cache import SWARadixCache
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +33,10 @@ class ReqMemory:
         self.page_size = page_size
         self.num_memory_repairs = 0  # faults whose cleanup left the free lists wrong (a bug to fix; should stay 0)
         self.window_tokens = allocator.window_tokens  # W of the windowed layers; 0: every layer keeps every token
-        if self.window_tokens and tree_cache is not None and not hasattr(tree_cache, "windowed_total_size"):
-            logger.warning("Prefix cache off: this model has sliding-window layers (window %d tokens) and the radix "
-                           "cache does not track their windowed pages.", self.window_tokens)
-            self.tree_cache = None
+        if self.window_tokens and tree_cache is not None and not isinstance(tree_cache, SWARadixCache):
+            # the plain radix cache knows token pages only: the windowed one also tracks each node's windowed pages
+            self.tree_cache = SWARadixCache(page_size, allocator, self.window_tokens)
+        self.windowed_cache = isinstance(self.tree_cache, SWARadixCache)
 
     # ------------------------------------------------------------------ sizes
     def evictable_tokens(self) -> int:
@@ -77,14 +78,26 @@ class ReqMemory:
             last = self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0]
         slots = self.allocator.alloc(cur, last, num_new)
         if slots is None and self.tree_cache is not None:
-            need = self.allocator.pages_needed(cur, num_new) * self.page_size
-            self.tree_cache.evict(need - self.allocator.available_size())
+            self.evict_for(self.allocator.pages_needed(cur, num_new) * self.page_size)
             slots = self.allocator.alloc(cur, last, num_new)
         if slots is None:
             return None
         self.req_to_token_pool.write(req.req_pool_idx, cur, slots)
         req.alloc_len = cur + num_new
         return slots
+
+    def evict_for(self, num_tokens: int) -> None:
+        """Evict cached prefixes until num_tokens are free in the token pool and, with a separate windowed pool, in
+        that one too (windowed-only eviction first tombstones cached nodes, freeing their windowed pages alone)."""
+        if self.tree_cache is None:
+            return
+        short = num_tokens - self.allocator.available_size()
+        if short > 0:
+            self.tree_cache.evict(short)
+        if self.windowed_cache and not self.allocator.windowed_only:
+            short = num_tokens - self.allocator.windowed_available_size()
+            if short > 0:
+                self.tree_cache.evict_windowed(short)
 
     def alloc_decode(self, reqs: List[Req]) -> bool:
         """A slot for the next token of each request (a decode step), recorded with one table write; False if one
@@ -98,7 +111,7 @@ class ReqMemory:
         for r, c, lst in zip(reqs, cur, last):
             got = self.allocator.alloc(c, lst, 1)
             if got is None and self.tree_cache is not None:
-                self.tree_cache.evict(self.allocator.pages_needed(c, 1) * ps - self.allocator.available_size())
+                self.evict_for(self.allocator.pages_needed(c, 1) * ps)
                 got = self.allocator.alloc(c, lst, 1)
             if got is None:
                 break
@@ -117,14 +130,23 @@ class ReqMemory:
             return
         ps = self.page_size
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.alloc_len)
-        if cache and self.tree_cache is not None:
+        if cache and self.windowed_cache:
+            # the windowed cache takes every slot of ours it is given, keeping or freeing it (swa_radix_cache.py)
+            aligned = req.kv_len // ps * ps
+            self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned], req.cache_salt,
+                                   windowed_from=min(max(req.prefix_len, req.windowed_freed_len), aligned),
+                                   borrowed_len=req.prefix_len)
+            self.allocator.free(slots[aligned:])  # the partly filled last page and uncomputed slots
+        elif cache and self.tree_cache is not None:
             aligned = req.kv_len // ps * ps
             n_cached = self.tree_cache.insert(req.fill_ids[:aligned], slots[:aligned], req.cache_salt)
             self.allocator.free(slots[req.prefix_len : n_cached])  # our duplicates of already cached pages
             self.allocator.free(slots[aligned:])  # the partly filled last page and uncomputed slots
         else:
             self.allocator.free(slots[self._first_owned(req):])
-        if req.last_node is not None:
+        if req.last_node is not None and self.windowed_cache:
+            self.tree_cache.dec_lock_ref(req.last_node, window_released=req.window_released)
+        elif req.last_node is not None:
             self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.reset_memory_state()
@@ -151,6 +173,11 @@ class ReqMemory:
             if end > start:
                 self.allocator.free_windowed(pool.read(r.req_pool_idx, start, end)[::ps])  # one slot a page
                 r.windowed_freed_len = end
+            # the borrowed prefix's window is read no more once the request's own tokens cover its window
+            if (self.windowed_cache and r.last_node is not None and not r.window_released
+                    and r.kv_len - self.window_tokens + 1 >= r.prefix_len):
+                self.tree_cache.release_window(r.last_node)
+                r.window_released = True
 
     def flush(self) -> None:
         if self.tree_cache is not None:

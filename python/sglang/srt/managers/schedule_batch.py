@@ -14,6 +14,8 @@ A model with windowed layers (mem_cache/swa_pool.py) also keeps
     windowed_freed_len                            positions [prefix_len, windowed_freed_len) of the request's own
                                                   pages have had their windowed pages freed (the window moved past
                                                   them; managers/req_memory.py free_out_of_window); page-aligned
+    window_released                               the borrowed prefix's window lock was dropped (the request's own
+                                                  tokens cover its window now: mem_cache/swa_radix_cache.py)
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Req:
         self.alloc_len = 0
         self.prefix_len = 0
         self.windowed_freed_len = 0
+        self.window_released = False
         self.last_node = None
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_retractions = 0
@@ -206,6 +209,7 @@ class Req:
         self.alloc_len = 0
         self.prefix_len = 0
         self.windowed_freed_len = 0
+        self.window_released = False
         self.last_node = None
 
     def __repr__(self) -> str:

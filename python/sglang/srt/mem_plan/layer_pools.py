@@ -50,9 +50,11 @@ A model with both pools maps each token-pool slot to its windowed slot (mem_cach
 token-pool slots for every layer): kv_windowed_map, int32 x kv_pool_rows(T), a per-token cost of the full pool. A
 model without full layers has no map (its windowed pool is the token pool).
 
-Prefix caching: the radix cache keeps full-layer KV only. Windowed KV and linear state are freed with their request
-(no snapshots of either: the cap of that term is 0), so on these models a cached prefix saves no windowed or linear
-layer's work; the plan charges nothing for it.
+Prefix caching: on a windowed model the radix cache (mem_cache/swa_radix_cache.py) keeps what a finished request
+still held of its window beside its full-layer KV; like cached full-layer pages, those windowed pages are evictable
+(on their own, leaving the full-layer pages cached) whenever a running request needs one, so T_w bounds the running
+requests only and the plan charges the cache nothing. Linear state is freed with its request (no snapshots: the cap
+of that term is 0).
 """
 
 from __future__ import annotations
