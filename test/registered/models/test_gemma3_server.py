@@ -1,7 +1,8 @@
 """Gemma 3 behind the HTTP server, through the real openai client: a random checkpoint (test_gemma3.py's, window 16,
 one global layer among sliding ones) with the SmolLM2 tokenizer. A completion of a prompt longer than 3x the window,
 prefilled in 32-token chunks, is HF transformers' greedy continuation of the same ids and every prompt position's
-logprob (echo) is HF's within 2e-3; a chat completion streamed and not gives the same text; a bad field is a 400 naming it and the server keeps serving."""
+logprob (echo) is HF's within 2e-3; a chat completion streamed and not gives the same text; a bad field is a 400
+naming it and the server keeps serving."""
 
 import os
 import tempfile
