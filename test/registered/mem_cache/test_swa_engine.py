@@ -5,6 +5,10 @@ prefilled in 24-token chunks that cut the window edge, with a decode OOM that re
 tokens in use stay within slots x (window + chunk + page) through a long generation (the pages the window left are
 freed after every forward); the start allocates what the plan says; free + owned == total for both pools."""
 
+import contextlib
+import io
+import json
+
 import pytest
 import torch
 
@@ -155,6 +159,25 @@ def test_start_allocates_the_plan(engine):
         assert plan.windowed_tokens < plan.max_total_num_tokens
         assert got["kv_windowed_map"] == (plan.max_total_num_tokens + PAGE) * 4
         assert got["kv_cache"] > 0
+
+
+def test_dry_run_plans_the_start(engine, hf_model):
+    """`sglang plan` with the same flags predicts the start's pools: the token pool and the windowed pool within 3%
+    (the start measures weights and activations, the dry run uses formulas), the same terms."""
+    from sglang.cli.plan import main as plan_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = plan_main(["--device", "cpu", "--model-path", hf_model[1], "--dtype", "float32",
+                            "--max-total-memory-gb", "1", "--chunked-prefill-size", str(CHUNK),
+                            "--page-size", str(PAGE), "--json"])
+    assert status == 0
+    planned, served = json.loads(buf.getvalue())["plan"], engine.get_server_info()["memory_plan"]
+    assert [t["name"] for t in planned["terms"]] == [t["name"] for t in served["terms"]]
+    for key in ("max_total_num_tokens", "windowed_tokens"):
+        assert abs(planned[key] - served[key]) <= 0.03 * served[key], (key, planned[key], served[key])
+    print(f"plan vs start: T {planned['max_total_num_tokens']} / {served['max_total_num_tokens']}, "
+          f"T_w {planned['windowed_tokens']} / {served['windowed_tokens']}")
 
 
 def test_served_windowed_models_exist():

@@ -62,6 +62,8 @@ def arch_spec(model_type) -> ArchSpec:
 SERVED_WITH_WINDOWS = {
     "mistral": "MistralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 SERVED_LAYER_KINDS = frozenset({"full", "sliding"})  # chunked and linear layers: planned, not served
 
