@@ -151,3 +151,18 @@ def test_windowed_only_pool_is_the_token_pool():
     assert alloc.num_windowed_pages_in_use() == 2 and alloc.windowed_available_size() == 12
     with pytest.raises(ValueError, match="token pool"):
         SWAKVPool((True,), 16, 8, 2, torch.float32, 1, 2)
+
+
+@pytest.mark.parametrize("kv_format", ["int4", "fp8_e4m3"])
+def test_quantized_kv_with_windowed_layers_is_refused(kv_format):
+    """The windowed pool keeps plain K/V: a quantized --kv-cache-dtype is refused at start, naming the flag and what
+    to use instead."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_plan.layer_pools import LayerPools
+    from sglang.srt.model_executor.windowed_kv import windowed_kv_pool
+
+    runner = SimpleNamespace(model_config=SimpleNamespace(kv_cache_dtype_name=kv_format))
+    pools = LayerPools(full_layers=1, sliding_layers=3, window_tokens=16, windowed_cell_bytes=64)
+    with pytest.raises(ValueError, match=f"--kv-cache-dtype {kv_format} .*1 full, 3 sliding.*--kv-cache-dtype auto"):
+        windowed_kv_pool(runner, pools, 64, 32, cell=None)
