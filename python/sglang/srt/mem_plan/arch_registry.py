@@ -63,7 +63,6 @@ SERVED_WITH_WINDOWS = {
     "mistral": "MistralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
 }
 SERVED_LAYER_KINDS = frozenset({"full", "sliding"})  # chunked and linear layers: planned, not served
 
