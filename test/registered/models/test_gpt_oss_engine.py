@@ -1,0 +1,101 @@
+"""gpt-oss and Mistral served through sglang.Engine: fp32 greedy tokens equal HF transformers' on random checkpoints
+(test_gpt_oss.py / test_mistral.py build them; window 16), with gpt-oss's experts in float and in mxfp4.
+
+Each engine runs: prompts 3x the window prefilled in 32-token chunks (every chunk edge inside or across a window);
+prompts sharing a cached prefix longer than the window (prefix-cache hits); more requests than the tiny KV pool holds
+at once (retraction, gpt-oss). After each, the allocator is idle and intact.
+"""
+
+import os
+
+import pytest
+import torch
+
+from sglang import Engine
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import assert_idle_and_intact, hf_greedy, shutdown
+
+from test_gpt_oss import VOCAB, WINDOW, make_gpt_oss, write_mxfp4_checkpoint  # noqa: E402 (the same directory)
+from test_mistral import make_mistral  # noqa: E402
+
+register_cpu_ci(est_time=120, suite="cpu")
+
+CHUNK = 32
+FLAGS = dict(dtype="float32", skip_tokenizer_init=True, max_total_tokens=256, chunked_prefill_size=CHUNK,
+             log_level="warning", random_seed=0)
+LONG = [[(29 * j + 7 * i + 1) % VOCAB for j in range(3 * WINDOW + 5 * i)] for i in range(3)]
+PREFIX = [(17 * j + 2) % VOCAB for j in range(2 * WINDOW + 9)]
+SUFFIXES = [[400, 401], [7, 8, 9], [250]]
+# 8 x (11-14 prompt + 32 new) tokens exceed the 256-token full pool: decode must retract
+RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
+
+
+def greedy(n):
+    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+
+
+def save(kind: str, root: str) -> str:
+    torch.manual_seed(0)
+    path = os.path.join(root, kind)
+    if kind == "mistral":
+        make_mistral(WINDOW).float().eval().save_pretrained(path)
+    else:
+        make_gpt_oss().save_pretrained(os.path.join(root, "gpt_oss"))
+        if kind == "gpt_oss_mxfp4":
+            write_mxfp4_checkpoint(os.path.join(root, "gpt_oss"), path)
+    return path
+
+
+def scenarios(engine) -> dict:
+    out = {"long": [o["output_ids"] for o in engine.generate(input_ids=LONG, sampling_params=greedy(16))]}
+    assert_idle_and_intact(engine)
+    engine.flush_cache()
+    engine.generate(input_ids=[PREFIX + [1]], sampling_params=greedy(1))  # caches the shared prefix
+    outs = engine.generate(input_ids=[PREFIX + s for s in SUFFIXES], sampling_params=greedy(10))
+    out["prefix"] = [o["output_ids"] for o in outs]
+    out["prefix_hits"] = [o["meta_info"]["cached_tokens"] for o in outs]
+    assert_idle_and_intact(engine)
+    before = engine.scheduler.num_retractions
+    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
+    out["num_retractions"] = engine.scheduler.num_retractions - before
+    assert_idle_and_intact(engine)
+    return out
+
+
+def reference(path: str) -> dict:
+    """HF's greedy tokens (transformers reads an mxfp4 directory dequantized on a CPU: the same values as ours,
+    test_gpt_oss checks them bit for bit)."""
+    return {"long": hf_greedy(path, LONG, 16), "prefix": hf_greedy(path, [PREFIX + s for s in SUFFIXES], 10),
+            "retraction": hf_greedy(path, RETRACT, 32)}
+
+
+# gpt-oss at tp=2 diverges from HF after the first token (Mistral at tp=2 does not): not yet served, left out here
+@pytest.fixture(scope="module", params=[("gpt_oss", 1), ("gpt_oss_mxfp4", 1), ("mistral", 1)],
+                ids=["gpt_oss-tp1", "gpt_oss_mxfp4-tp1", "mistral-tp1"])
+def served(request, tmp_path_factory):
+    kind, tp = request.param
+    path = save(kind, str(tmp_path_factory.mktemp(kind)))
+    engine = Engine(model_path=path, tp_size=tp, **FLAGS)
+    try:
+        return scenarios(engine), reference(path), kind
+    finally:
+        shutdown(engine)
+
+
+def test_prompts_3x_the_window_in_chunks(served):
+    got, ref, _ = served
+    assert all(len(p) >= 3 * WINDOW for p in LONG)
+    assert got["long"] == ref["long"]
+
+
+def test_prefix_cache_hits(served):
+    got, ref, _ = served
+    assert all(h > WINDOW for h in got["prefix_hits"]), got["prefix_hits"]
+    assert got["prefix"] == ref["prefix"]
+
+
+def test_retraction(served):
+    got, ref, kind = served
+    if kind != "mistral":  # its windowed pool frees pages as the window moves: 8 requests may fit
+        assert got["num_retractions"] > 0
+    assert got["retraction"] == ref["retraction"]
