@@ -1,0 +1,169 @@
+"""Gemma 3 (one full layer of four, the others a 16-token window: a full pool, a windowed pool and the slot map between
+them) served over HTTP, through the real openai client: a random fp32 checkpoint with the SmolLM2 tokenizer.
+
+Against HF transformers' fp32 greedy tokens on the same checkpoint:
+- completions of prompts 3x the window, prefilled in 24-token chunks (every chunk edge cuts a window);
+- the same prompt twice: the second is a prefix-cache hit (usage.prompt_tokens_details.cached_tokens covers at least
+  the window, --enable-cache-report) and decodes the same tokens;
+- ten concurrent requests overfill the 256-token full pool: decode retracts (the server's
+  sglang:num_retracted_requests_total moves) and every request still decodes HF's tokens;
+- /server_info reports the windowed pool (its window, its own pool, what it holds), and a bad field is a 400.
+The Engine runs of the same scenarios (tp=1) are test_swa_engine.py's (Gemma 3, Mistral) and test_gpt_oss_engine.py's
+(gpt-oss at tp=1 and 2, Mistral); gpt-oss over HTTP is test_gpt_oss_server.py's.
+
+Gemma 3 at tp=2 (test_gemma3_tp2_equals_hf, the Engine) does not equal HF yet: its tokens leave HF's once the local
+rope base (10) differs from the global one (1e4); with one base for both kinds, or with every layer full, tp=2 equals
+HF, and tp=1 equals it with both bases. Marked a strict expected failure until that is fixed."""
+
+import os
+import tempfile
+import threading
+import unittest
+
+import pytest
+import requests
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import default_model_dir
+from sglang.test.test_utils import openai_client, popen_launch_server
+
+from test_gemma3 import WINDOW, make_gemma3  # noqa: E402 (the same directory)
+
+register_cpu_ci(est_time=150, suite="cpu")
+
+CHUNK, POOL = 24, 256
+assert CHUNK % WINDOW != 0  # chunk edges fall inside windows
+
+
+def _prompts(n, length, seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (length - 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+def _metric(base_url, name):
+    for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+class TestWindowedServing(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from transformers import AutoTokenizer
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.tok = AutoTokenizer.from_pretrained(default_model_dir())
+        torch.manual_seed(0)
+        cls.vocab = (len(cls.tok) + 63) // 64 * 64
+        cls.hf = make_gemma3(vocab_size=cls.vocab, eos_token_id=None, bos_token_id=None, pad_token_id=0).float().eval()
+        path = os.path.join(cls.tmp.name, "model")
+        cls.hf.save_pretrained(path)
+        cls.tok.save_pretrained(path)
+        cls.server = popen_launch_server(path, other_args=[
+            "--dtype", "float32", "--max-total-tokens", str(POOL), "--chunked-prefill-size",
+            str(CHUNK), "--enable-cache-report", "--enable-metrics", "--random-seed", "0"])
+        cls.client = openai_client(cls.server.base_url, timeout=120)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.kill()
+        cls.tmp.cleanup()
+
+    def hf_greedy(self, ids, n):
+        with torch.no_grad():
+            x = torch.tensor([ids])
+            y = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                 min_new_tokens=n, pad_token_id=0)
+        return y[0, len(ids):].tolist()
+
+    def complete(self, ids, n):
+        """Greedy completion of token ids: (its text, the usage)."""
+        out = self.client.completions.create(model=self.model, prompt=ids, max_tokens=n, temperature=0,
+                                             extra_body={"ignore_eos": True, "skip_special_tokens": False})
+        return out.choices[0].text, out.usage
+
+    def assert_hf(self, ids, n, text):
+        self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, n)))
+
+    def test_1_prompts_3x_the_window_in_chunks(self):
+        for ids in _prompts(3, 3 * WINDOW, seed=1, vocab=self.vocab):
+            text, usage = self.complete(ids, 16)
+            self.assertEqual((usage.prompt_tokens, usage.completion_tokens), (len(ids), 16))
+            self.assert_hf(ids, 16, text)
+
+    def test_2_prefix_hit(self):
+        """A shared prefix 3x the window, cached by a request that ends as its prefill does (so its window's tokens
+        are still held), is a hit for every later prompt that extends it, repeated or not."""
+        prefix = _prompts(1, 3 * WINDOW, seed=2, vocab=self.vocab)[0]
+        self.complete(prefix, 1)
+        ids = prefix + _prompts(1, 7, seed=6, vocab=self.vocab)[0]
+        for _ in range(2):
+            text, usage = self.complete(ids, 10)
+            cached = usage.prompt_tokens_details.cached_tokens
+            self.assertGreaterEqual(cached, 2 * WINDOW)  # the prefix, borrowed with its window
+            self.assertLess(cached, len(ids))
+            self.assert_hf(ids, 10, text)
+
+    def test_3_retraction_decodes_hf_tokens(self):
+        prompts = _prompts(10, 3 * WINDOW, seed=3, vocab=self.vocab)  # 10 x (48 prompt + 40 new) >> the pool
+        before = _metric(self.server.base_url, "sglang:num_retracted_requests_total")
+        outs = [None] * len(prompts)
+
+        def run(i):
+            outs[i] = self.complete(prompts[i], 40)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertGreater(_metric(self.server.base_url, "sglang:num_retracted_requests_total"), before)
+        for ids, out in zip(prompts, outs):
+            self.assert_hf(ids, 40, out[0])
+
+    def test_4_windowed_pool_idle_and_bad_field(self):
+        import openai
+
+        info = requests.get(f"{self.server.base_url}/server_info", timeout=30).json()
+        kv = info["kv_cache"]
+        self.assertEqual(kv["windowed_window_tokens"], WINDOW)
+        self.assertFalse(kv["windowed_pool_is_token_pool"])  # Gemma 3 keeps a full layer: a pool of its own
+        self.assertGreater(kv["windowed_pool_tokens"], 0)
+        # only the cached prefixes' window pages are held now: at most the pool, and the peak stayed bounded
+        self.assertLessEqual(kv["windowed_tokens_in_use"], kv["windowed_pool_tokens"])
+        with self.assertRaises(openai.BadRequestError) as err:
+            self.client.completions.create(model=self.model, prompt="hi", max_tokens=-3)
+        self.assertIn("max_tokens", str(err.exception))
+        out = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, temperature=0)
+        self.assertEqual(out.usage.completion_tokens, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="Gemma 3 at tp=2 leaves HF's tokens when the local and global rope bases differ")
+def test_gemma3_tp2_equals_hf(tmp_path):
+    from sglang import Engine
+
+    torch.manual_seed(0)  # the server's checkpoint and first prompts: tp=2 leaves HF's tokens at the 10th
+    vocab = 49152  # SmolLM2's tokenizer, rounded up to 64
+    hf = make_gemma3(vocab_size=vocab, eos_token_id=None, bos_token_id=None, pad_token_id=0).float().eval()
+    hf.save_pretrained(str(tmp_path))
+    prompts = _prompts(2, 3 * WINDOW, seed=1, vocab=vocab)
+    engine = Engine(model_path=str(tmp_path), dtype="float32", tp_size=2, skip_tokenizer_init=True,
+                    chunked_prefill_size=CHUNK, max_total_tokens=POOL, log_level="warning")
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 16,
+                                                                   "ignore_eos": True})
+    finally:
+        engine.shutdown()
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            x = torch.tensor([ids])
+            ref = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16,
+                              min_new_tokens=16, pad_token_id=0)[0, len(ids):].tolist()
+        assert out["output_ids"] == ref
+
+
+if __name__ == "__main__":
+    unittest.main()
