@@ -4,7 +4,6 @@ not), with local and global RoPE bases that differ and q/k/layer norms whose wei
 
 import tempfile
 import unittest
-from unittest import mock
 
 import torch
 
@@ -19,14 +18,8 @@ WINDOW = 16
 
 
 def load_served(path: str):
-    """ModelConfig + model of a saved checkpoint. Until the windowed pool serves windowed configs (issue 41, the
-    runtime's check_served refuses them), the config is resolved as `sglang plan` resolves it."""
-    from sglang.srt.configs import resolved
-
-    real = resolved.resolve_model
-    planning = lambda *a, **k: real(*a, **{**k, "planning": True})  # noqa: E731
-    with mock.patch("sglang.srt.configs.model_config.resolve_model", planning):
-        config = ModelConfig.from_pretrained(path, dtype="float32")
+    """ModelConfig + model of a saved checkpoint, resolved as a start resolves it."""
+    config = ModelConfig.from_pretrained(path, dtype="float32")
     return config, load_model(config)
 
 

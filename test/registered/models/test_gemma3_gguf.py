@@ -7,7 +7,6 @@ transformers' on a short prompt and on one longer than the 512-token window."""
 import glob
 import tempfile
 import unittest
-from unittest import mock
 
 import torch
 
@@ -27,16 +26,11 @@ LONG_PROMPT = " ".join(f"The quick brown fox jumps over the lazy dog number {i}.
 
 
 def load_planned(path: str):
-    """ModelConfig + fp32 model of a converted directory, the config resolved as `sglang plan` resolves it: until the
-    windowed pool lands (issue 41) a start refuses sliding layers before loading."""
-    from sglang.srt.configs import resolved
+    """ModelConfig + fp32 model of a converted directory, resolved as a start resolves it."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader import load_model
 
-    real = resolved.resolve_model
-    planning = lambda *a, **k: real(*a, **{**k, "planning": True})  # noqa: E731
-    with mock.patch("sglang.srt.configs.model_config.resolve_model", planning):
-        config = ModelConfig.from_pretrained(path, dtype="float32")
+    config = ModelConfig.from_pretrained(path, dtype="float32")
     return config, load_model(config)
 
 

@@ -16,7 +16,7 @@ from sglang.srt.layers.moe.mxfp4 import dequantize_mxfp4
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.paged_forward import PagedForwardDriver
 
-from test_mistral import load_served, mock_served  # noqa: E402 (the same directory)
+from test_mistral import load_served  # noqa: E402 (the same directory)
 
 register_cpu_ci(est_time=25, suite="cpu")
 
@@ -146,8 +146,7 @@ class TestGptOss(unittest.TestCase):
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.model_loader import load_model
 
-        with mock_served():
-            config = ModelConfig.from_pretrained(self.dir, dtype="bfloat16")
+        config = ModelConfig.from_pretrained(self.dir, dtype="bfloat16")
         model = load_model(config)
         seq = self.prompt + self.prompt[:16]
         driver = PagedForwardDriver(model, config, max_reqs=2, max_tokens=512)

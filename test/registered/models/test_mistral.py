@@ -3,7 +3,6 @@ tokens equal HF transformers' on a prompt 3x the window, prefilled whole and in 
 
 import tempfile
 import unittest
-from unittest import mock
 
 import torch
 
@@ -18,20 +17,9 @@ WINDOW = 16
 VOCAB = 512
 
 
-def mock_served():
-    """Until the windowed pool serves windowed configs (issue 41, the runtime's check_served), configs are resolved
-    as `sglang plan` resolves them."""
-    from sglang.srt.configs import resolved
-
-    real = resolved.resolve_model
-    return mock.patch("sglang.srt.configs.model_config.resolve_model",
-                      lambda *a, **k: real(*a, **{**k, "planning": True}))
-
-
 def load_served(path: str):
     """ModelConfig + model (fp32) of a saved checkpoint."""
-    with mock_served():
-        config = ModelConfig.from_pretrained(path, dtype="float32")
+    config = ModelConfig.from_pretrained(path, dtype="float32")
     return config, load_model(config)
 
 
