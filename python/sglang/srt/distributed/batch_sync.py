@@ -8,7 +8,11 @@ forward it broadcasts the ForwardBatch's host fields plus what the other ranks c
 so each rank's req_to_token holds, for every running request, the same row as rank 0's. With a quantized KV's recent
 window (mem_cache/recent_window.py) also, in both modes, each request's ring row as rank 0 assigned it and the ring
 rows handed out since the last forward: every rank empties those before the forward reads them (a reused row would
-otherwise hold the previous request's entries on the followers only), so every rank reads the same K/V. Messages:
+otherwise hold the previous request's entries on the followers only), so every rank reads the same K/V. With windowed
+layers beside full ones (mem_cache/swa_pool.py) also the slot map's entries of the slots the forward names (EXTEND:
+the full rows; DECODE: out_cache_loc): only rank 0's allocator sets the map, and a follower whose map stayed 0 put
+every windowed layer's K/V on the dummy page. Entries a follower keeps stale (pages rank 0 freed since) lie below
+every request's window, which no backend reads. Messages:
     ("forward", packed batch)   run the forward (followers discard the logits)
     ("ping", None)              nothing to run: rank 0 checks, while idle, that every rank is still there (a
                                 collective with a dead rank fails), so a rank lost on another node is noticed
@@ -40,9 +44,11 @@ def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach().to("cpu")
 
 
-def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor, window=None) -> dict:
+def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor, window=None,
+                       slot_map: Optional[torch.Tensor] = None) -> dict:
     """Host copy of the batch (before move_to_device) and, for EXTEND, the requests' req_to_token rows; window: rank
-    0's recent window (its ring rows follow the requests: WindowRows), or None."""
+    0's recent window (its ring rows follow the requests: WindowRows), or None; slot_map: rank 0's token slot ->
+    windowed slot map (SWAKVPool.slot_map), or None."""
     if fb.mm_inputs is not None:
         raise RuntimeError("multimodal batches cannot run with --tp-size > 1")
     msg = {"forward_mode": int(fb.forward_mode), "batch_size": fb.batch_size, "pooling": fb.pooling,
@@ -54,15 +60,19 @@ def pack_forward_batch(fb: ForwardBatch, req_to_token: torch.Tensor, window=None
     if fb.forward_mode.is_extend():
         rows = fb.req_pool_indices.tolist()
         msg["rows"] = torch.cat([_cpu(req_to_token[row, :n]) for row, n in zip(rows, fb.seq_lens_cpu)])
+    if slot_map is not None:
+        named = msg["rows"] if fb.forward_mode.is_extend() else msg["out_cache_loc"]
+        msg["slot_map"] = (named, _cpu(slot_map[named.to(slot_map.device, torch.int64)]))
     if window is not None and window.rows is not None:
         rows = fb.req_pool_indices.tolist()
         msg["window"] = (rows, window.rows.lookup(rows), window.rows.take_fresh())
     return msg
 
 
-def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor, window=None) -> ForwardBatch:
-    """The batch rank 0 packed, with this rank's req_to_token rows (and its recent window's ring rows: window) brought
-    to the same content."""
+def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor, window=None,
+                         slot_map: Optional[torch.Tensor] = None) -> ForwardBatch:
+    """The batch rank 0 packed, with this rank's req_to_token rows (its recent window's ring rows: window; its
+    windowed slot map's entries: slot_map) brought to the same content."""
     mode = ForwardMode(msg["forward_mode"])
     fb = ForwardBatch(forward_mode=mode, batch_size=msg["batch_size"], pooling=msg.get("pooling"),
                       prompt_logprob_block_rows=msg.get("prompt_logprob_block_rows", 0),
@@ -79,6 +89,9 @@ def unpack_forward_batch(msg: dict, req_to_token: torch.Tensor, window=None) -> 
         req_to_token[torch.tensor(rows, device=device), cols] = fb.out_cache_loc.to(device, req_to_token.dtype)
     if window is not None and "window" in msg:
         window.apply(*msg["window"])
+    if slot_map is not None and "slot_map" in msg:
+        slots, entries = msg["slot_map"]
+        slot_map[slots.to(slot_map.device, torch.int64)] = entries.to(slot_map.device, slot_map.dtype)
     return fb
 
 

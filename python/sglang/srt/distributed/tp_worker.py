@@ -43,8 +43,9 @@ def follower_loop(runner) -> None:
         num_forwards += 1
         if num_forwards == fault_at:
             raise RuntimeError(f"injected fault ({FAULT_ENV}) in forward {num_forwards}")
-        fb = unpack_forward_batch(payload, runner.req_to_token_pool.req_to_token,
-                                  getattr(getattr(runner, "token_to_kv_pool", None), "window", None))
+        pool = getattr(runner, "token_to_kv_pool", None)
+        fb = unpack_forward_batch(payload, runner.req_to_token_pool.req_to_token, getattr(pool, "window", None),
+                                  getattr(pool, "slot_map", None))
         runner.forward_local(fb)
 
 

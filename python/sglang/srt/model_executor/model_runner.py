@@ -186,7 +186,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         try:
             tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token_host,
-                                                             self.req_to_token_pool.window)))
+                                                             self.req_to_token_pool.window,
+                                                             getattr(self.token_to_kv_pool, "slot_map", None))))
             return self.forward_local(forward_batch)
         except Exception as e:  # noqa: BLE001
             raise TpRankFailure(f"TP rank 0: the forward failed, the ranks are out of step: "
