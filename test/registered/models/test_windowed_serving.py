@@ -20,7 +20,6 @@ import tempfile
 import threading
 import unittest
 
-import pytest
 import requests
 import torch
 
