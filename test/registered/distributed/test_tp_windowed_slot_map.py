@@ -3,10 +3,9 @@
 Only rank 0's allocator sets the pool's slot map (token slot -> windowed slot); a follower learns it from batch_sync.
 Two ranks are stood up in one process (each a ReqToTokenPool and an SWAKVPool; only rank 0 an allocator), rank 0's
 batches go through pack -> pickle -> unpack, each rank writes the same K/V for the batch's new tokens (as its model
-would), and then every windowed layer's K/V over each request's window must be the one written at those positions, on both
-ranks. The case that
-broke: a follower's map stayed all 0, so every windowed layer wrote and read the dummy page (Gemma 3 at tp=2 left HF
-greedy at the 9th token).
+would), and then every windowed layer's K/V over each request's window must be the one written at those positions,
+on both ranks. The case that broke: a follower's map stayed all 0, so every windowed layer wrote and read the dummy
+page (Gemma 3 at tp=2 left HF greedy at the 10th token).
 """
 
 import pickle

@@ -184,10 +184,10 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         from sglang.srt.distributed.batch_sync import FORWARD, TpRankFailure, pack_forward_batch
         from sglang.srt.distributed.communication_op import tp_broadcast_object
 
+        slot_map = getattr(getattr(self, "token_to_kv_pool", None), "slot_map", None)  # windowed layers' (swa_pool)
         try:
             tp_broadcast_object((FORWARD, pack_forward_batch(forward_batch, self.req_to_token_pool.req_to_token_host,
-                                                             self.req_to_token_pool.window,
-                                                             getattr(self.token_to_kv_pool, "slot_map", None))))
+                                                             self.req_to_token_pool.window, slot_map)))
             return self.forward_local(forward_batch)
         except Exception as e:  # noqa: BLE001
             raise TpRankFailure(f"TP rank 0: the forward failed, the ranks are out of step: "
