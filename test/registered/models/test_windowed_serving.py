@@ -5,9 +5,13 @@ Against HF transformers' fp32 greedy tokens on the same checkpoint:
 - completions of prompts 3x the window, prefilled in 24-token chunks (every chunk edge cuts a window);
 - the same prompt twice: the second is a prefix-cache hit (usage.prompt_tokens_details.cached_tokens covers at least
   the window, --enable-cache-report) and decodes the same tokens;
-- ten concurrent requests overfill the 256-token full pool: decode retracts (the server's
-  sglang:num_retracted_requests_total moves) and every request still decodes HF's tokens;
-- /server_info reports the windowed pool (its window, its own pool, what it holds), and a bad field is a 400.
+- ten concurrent requests (48 prompt + 440 new tokens each, native /generate) overfill the 4,224-token full pool:
+  decode retracts (the server's sglang:num_retracted_requests_total moves) and every token is still HF's greedy
+  choice (teacher-forced: HF's logits over prompt + output in one forward);
+- /server_info reports the windowed pool (its window, its own pool, what it holds), and a bad field is a 400;
+- a 4,096-token generation holds its window, not its history: /server_info's windowed tokens in use, sampled by a
+  thread throughout it, stay within slots x (window + chunk + page) (the full pool holds all 4,104 tokens), and its
+  tokens are HF's greedy choices (teacher-forced).
 The Engine runs of the same scenarios (tp=1) are test_swa_engine.py's (Gemma 3, Mistral) and test_gpt_oss_engine.py's
 (gpt-oss at tp=1 and 2, Mistral); gpt-oss over HTTP is test_gpt_oss_server.py's.
 
@@ -18,6 +22,7 @@ HF, and tp=1 equals it with both bases. Marked a strict expected failure until t
 import os
 import tempfile
 import threading
+import time
 import unittest
 
 import requests
@@ -29,9 +34,11 @@ from sglang.test.test_utils import openai_client, popen_launch_server
 
 from test_gemma3 import WINDOW, make_gemma3  # noqa: E402 (the same directory)
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=170, suite="cpu")
 
-CHUNK, POOL = 24, 256
+CHUNK, POOL = 24, 4224  # the full pool holds one 4,096-token generation (test_5)
+LONG_NEW = 4096
+RETRACT_NEW = 440  # 10 x (48 + 440) > POOL, while the admission estimate (new_token_ratio ~0.7) admits all ten
 assert CHUNK % WINDOW != 0  # chunk edges fall inside windows
 
 
@@ -56,7 +63,8 @@ class TestWindowedServing(unittest.TestCase):
         cls.tok = AutoTokenizer.from_pretrained(default_model_dir())
         torch.manual_seed(0)
         cls.vocab = (len(cls.tok) + 63) // 64 * 64
-        cls.hf = make_gemma3(vocab_size=cls.vocab, eos_token_id=None, bos_token_id=None, pad_token_id=0).float().eval()
+        cls.hf = make_gemma3(vocab_size=cls.vocab, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+                             max_position_embeddings=2 * POOL).float().eval()
         path = os.path.join(cls.tmp.name, "model")
         cls.hf.save_pretrained(path)
         cls.tok.save_pretrained(path)
@@ -87,6 +95,22 @@ class TestWindowedServing(unittest.TestCase):
     def assert_hf(self, ids, n, text):
         self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, n)))
 
+    def generate_ids(self, ids, n):
+        """Greedy continuation's token ids from the native /generate endpoint."""
+        out = requests.post(f"{self.server.base_url}/generate", timeout=900, json={
+            "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}})
+        self.assertEqual(out.status_code, 200, out.text)
+        return out.json()["output_ids"]
+
+    def assert_hf_teacher_forced(self, ids, new):
+        """Each new token is HF's greedy choice after the same history: HF's logits over prompt + new in one forward
+        (one pass instead of hundreds of generate steps), the token HF's argmax or within fp32 noise of its max."""
+        with torch.no_grad():
+            logits = self.hf(torch.tensor([ids + new])).logits[0, len(ids) - 1: -1]
+        gap = logits.max(-1).values - logits[torch.arange(len(new)), torch.tensor(new)]
+        self.assertLessEqual(gap.max().item(), 1e-3)
+        self.assertGreaterEqual((gap == 0).float().mean().item(), 0.99)
+
     def test_1_prompts_3x_the_window_in_chunks(self):
         for ids in _prompts(3, 3 * WINDOW, seed=1, vocab=self.vocab):
             text, usage = self.complete(ids, 16)
@@ -107,12 +131,12 @@ class TestWindowedServing(unittest.TestCase):
             self.assert_hf(ids, 10, text)
 
     def test_3_retraction_decodes_hf_tokens(self):
-        prompts = _prompts(10, 3 * WINDOW, seed=3, vocab=self.vocab)  # 10 x (48 prompt + 40 new) >> the pool
+        prompts = _prompts(10, 3 * WINDOW, seed=3, vocab=self.vocab)  # 10 x (48 prompt + 440 new) > the pool
         before = _metric(self.server.base_url, "sglang:num_retracted_requests_total")
         outs = [None] * len(prompts)
 
         def run(i):
-            outs[i] = self.complete(prompts[i], 40)
+            outs[i] = self.generate_ids(prompts[i], RETRACT_NEW)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
         for t in threads:
@@ -121,7 +145,8 @@ class TestWindowedServing(unittest.TestCase):
             t.join()
         self.assertGreater(_metric(self.server.base_url, "sglang:num_retracted_requests_total"), before)
         for ids, out in zip(prompts, outs):
-            self.assert_hf(ids, 40, out[0])
+            self.assertEqual(len(out), RETRACT_NEW)
+            self.assert_hf_teacher_forced(ids, out)
 
     def test_4_windowed_pool_idle_and_bad_field(self):
         import openai
@@ -138,6 +163,45 @@ class TestWindowedServing(unittest.TestCase):
         self.assertIn("max_tokens", str(err.exception))
         out = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, temperature=0)
         self.assertEqual(out.usage.completion_tokens, 2)
+
+    def test_5_windowed_pages_bounded_through_a_4k_generation(self):
+        """A thread samples /server_info while one request generates 4,096 tokens: the windowed pool never holds more
+        than one request's window + chunk + page (its pages below the window are freed after every forward), at
+        every sample, and the samples cover the whole generation."""
+        base = self.server.base_url
+        self.assertEqual(requests.post(f"{base}/flush_cache", timeout=30).status_code, 200)  # the cache's windows
+        info = requests.get(f"{base}/server_info", timeout=30).json()
+        self.assertEqual(info["kv_cache"]["windowed_tokens_in_use"], 0)
+        page = info["memory_plan"]["page_size"]
+        bound = 1 * (WINDOW + CHUNK + page)  # slots (one request) x (window + chunk + page)
+        prompt = _prompts(1, 8, seed=7, vocab=self.vocab)[0]
+        done, samples, result = threading.Event(), [], {}
+
+        def generate():
+            try:
+                result["ids"] = self.generate_ids(prompt, LONG_NEW)
+            finally:
+                done.set()
+
+        gen = threading.Thread(target=generate)
+        start = time.monotonic()
+        gen.start()
+        while not done.is_set():
+            kv = requests.get(f"{base}/server_info", timeout=30).json()["kv_cache"]
+            samples.append((time.monotonic() - start, kv["windowed_tokens_in_use"]))
+            time.sleep(0.05)
+        gen.join()
+        elapsed = time.monotonic() - start
+        self.assertEqual(len(result["ids"]), LONG_NEW)
+        held = [s for s in samples if s[1] > 0]  # taken while the request held its window
+        self.assertGreaterEqual(len(held), 20, samples)
+        self.assertLessEqual(held[0][0], 0.2 * elapsed)  # from the start of the generation ...
+        self.assertGreaterEqual(held[-1][0], 0.8 * elapsed)  # ... to its end
+        self.assertLessEqual(max(t for _, t in samples), bound, samples)
+        print(f"4k generation: {len(samples)} samples over {elapsed:.1f} s, windowed tokens in use max "
+              f"{max(t for _, t in samples)}, bound {bound}")
+        self.assert_hf_teacher_forced(prompt, result["ids"])  # the windowed pages, reused ~100 times, held the right K/V
+
 
 
 def test_gemma3_tp2_equals_hf(tmp_path):
