@@ -13,11 +13,8 @@ Against HF transformers' fp32 greedy tokens on the same checkpoint:
   thread throughout it, stay within slots x (window + chunk + page) (the full pool holds all 4,104 tokens), and its
   tokens are HF's greedy choices (teacher-forced).
 The Engine runs of the same scenarios (tp=1) are test_swa_engine.py's (Gemma 3, Mistral) and test_gpt_oss_engine.py's
-(gpt-oss at tp=1 and 2, Mistral); gpt-oss over HTTP is test_gpt_oss_server.py's.
-
-Gemma 3 at tp=2 (test_gemma3_tp2_equals_hf, the Engine) does not equal HF yet: its tokens leave HF's once the local
-rope base (10) differs from the global one (1e4); with one base for both kinds, or with every layer full, tp=2 equals
-HF, and tp=1 equals it with both bases. Marked a strict expected failure until that is fixed."""
+(gpt-oss at tp=1 and 2, Mistral); gpt-oss over HTTP is test_gpt_oss_server.py's, Mistral's test_mistral_server.py's.
+Gemma 3 at tp=2 through the Engine: test_gemma3_tp2_equals_hf."""
 
 import os
 import tempfile
