@@ -19,7 +19,7 @@ from sglang.test.test_utils import openai_client, popen_launch_server
 
 from test_mistral import WINDOW, make_mistral  # noqa: E402 (the same directory)
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 CHUNK = 24
 assert CHUNK % WINDOW != 0  # chunk edges fall inside windows
