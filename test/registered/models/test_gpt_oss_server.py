@@ -6,17 +6,16 @@ concurrent requests that overfill the pool (decode retracts: sglang:num_retracte
 completion streamed and not gives the same text; a bad field is a 400 naming it and the server keeps serving."""
 
 import os
-import re
 import tempfile
 import threading
 import unittest
 
-import requests
 import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir
 from sglang.test.test_utils import openai_client, popen_launch_server
+from sglang.test.windowed_server_checks import WindowedServerChecks, random_ids
 
 from test_gpt_oss import WINDOW, make_gpt_oss  # noqa: E402 (the same directory)
 
@@ -29,12 +28,7 @@ MESSAGES = [{"role": "user", "content": "Name three colors."}]
 POOL = 256  # 10 x (48 prompt + 40 new) overfill it
 
 
-def _random_ids(n, length, seed, vocab):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (length,), generator=g).tolist() for _ in range(n)]
-
-
-class TestGptOssServer(unittest.TestCase):
+class TestGptOssServer(WindowedServerChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         from transformers import AutoTokenizer
@@ -68,34 +62,13 @@ class TestGptOssServer(unittest.TestCase):
         self.assertEqual(out.choices[0].text, self.tok.decode(ref))
         self.assertEqual(out.usage.prompt_tokens, len(ids))
 
-    def hf_greedy(self, ids, n):
-        with torch.no_grad():
-            return self.hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
-
-    def complete(self, ids, n):
-        """Greedy completion of token ids: (its text, the usage)."""
-        out = self.client.completions.create(model=self.model, prompt=ids, max_tokens=n, temperature=0,
-                                             extra_body={"ignore_eos": True, "skip_special_tokens": False})
-        return out.choices[0].text, out.usage
-
-    def retractions(self) -> float:
-        text = requests.get(f"{self.server.base_url}/metrics", timeout=30).text
-        return float(re.search(r"^sglang:num_retracted_requests_total(?:\{[^}]*\})? (\S+)$", text, re.M).group(1))
-
     def test_prefix_hit_equals_hf(self):
-        prefix = _random_ids(1, 3 * WINDOW, seed=2, vocab=self.vocab)[0]
-        self.complete(prefix, 1)  # ends as its prefill does: the window's tokens are cached with the prefix
-        for suffix in ([11, 12, 13, 14, 15, 16, 17], [300, 301]):
-            ids = prefix + suffix
-            text, usage = self.complete(ids, 10)
-            cached = usage.prompt_tokens_details.cached_tokens
-            self.assertGreaterEqual(cached, 2 * WINDOW)  # the prefix, borrowed with its window
-            self.assertLess(cached, len(ids))
-            self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, 10)))
+        self.check_prefix_hit(WINDOW)
 
     def test_retraction_decodes_hf_tokens(self):
-        prompts = _random_ids(10, 3 * WINDOW, seed=3, vocab=self.vocab)
-        before, outs = self.retractions(), [None] * len(prompts)
+        prompts = random_ids(10, 3 * WINDOW, seed=3, vocab=self.vocab)
+        retracted = "sglang:num_retracted_requests_total"
+        before, outs = self.metric(retracted), [None] * len(prompts)
 
         def run(i):
             outs[i] = self.complete(prompts[i], 40)[0]
@@ -105,7 +78,7 @@ class TestGptOssServer(unittest.TestCase):
             t.start()
         for t in threads:
             t.join()
-        self.assertGreater(self.retractions(), before)
+        self.assertGreater(self.metric(retracted), before)
         for ids, text in zip(prompts, outs):
             self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, 40)))
 
@@ -119,13 +92,7 @@ class TestGptOssServer(unittest.TestCase):
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in stream if c.choices), text)
 
     def test_bad_field_is_a_400_and_the_server_keeps_serving(self):
-        import openai
-
-        with self.assertRaises(openai.BadRequestError) as err:
-            self.client.completions.create(model=self.model, prompt="hi", max_tokens=-3)
-        self.assertIn("max_tokens", str(err.exception))
-        out = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, temperature=0)
-        self.assertEqual(out.usage.completion_tokens, 2)
+        self.check_bad_field()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir
 from sglang.test.test_utils import openai_client, popen_launch_server
+from sglang.test.windowed_server_checks import WindowedServerChecks
 
 from test_mistral import WINDOW, make_mistral  # noqa: E402 (the same directory)
 
@@ -28,7 +29,7 @@ PROMPT = ("The river ran past the old mill, where the miller kept his sacks of g
           "village came down the lane each evening to watch the swallows dip over the pond beyond the orchard wall.")
 
 
-class TestMistralServer(unittest.TestCase):
+class TestMistralServer(WindowedServerChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         from transformers import AutoTokenizer
@@ -52,18 +53,6 @@ class TestMistralServer(unittest.TestCase):
         cls.server.kill()
         cls.tmp.cleanup()
 
-    def hf_greedy(self, ids, n):
-        with torch.no_grad():
-            x = torch.tensor([ids])
-            y = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                                 min_new_tokens=n, pad_token_id=0)
-        return y[0, len(ids):].tolist()
-
-    def complete(self, prompt, n):
-        out = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=n, temperature=0,
-                                             extra_body={"ignore_eos": True, "skip_special_tokens": False})
-        return out.choices[0].text, out.usage
-
     def test_completion_past_the_window_equals_hf(self):
         ids = self.tok(PROMPT)["input_ids"]
         self.assertGreater(len(ids), 3 * WINDOW)
@@ -72,25 +61,10 @@ class TestMistralServer(unittest.TestCase):
         self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, 16)))
 
     def test_prefix_hit_equals_hf(self):
-        g = torch.Generator().manual_seed(2)
-        prefix = torch.randint(2, self.vocab, (3 * WINDOW,), generator=g).tolist()
-        self.complete(prefix, 1)  # ends as its prefill does: the window's tokens are cached with the prefix
-        for suffix in ([11, 12, 13, 14, 15, 16, 17], [300, 301]):
-            ids = prefix + suffix
-            text, usage = self.complete(ids, 10)
-            cached = usage.prompt_tokens_details.cached_tokens
-            self.assertGreaterEqual(cached, 2 * WINDOW)  # the prefix, borrowed with its window
-            self.assertLess(cached, len(ids))
-            self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, 10)))
+        self.check_prefix_hit(WINDOW)
 
     def test_bad_field_is_a_400_and_the_server_keeps_serving(self):
-        import openai
-
-        with self.assertRaises(openai.BadRequestError) as err:
-            self.client.completions.create(model=self.model, prompt="hi", max_tokens=-3)
-        self.assertIn("max_tokens", str(err.exception))
-        out = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, temperature=0)
-        self.assertEqual(out.usage.completion_tokens, 2)
+        self.check_bad_field()
 
 
 if __name__ == "__main__":

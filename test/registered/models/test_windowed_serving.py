@@ -28,6 +28,7 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir
 from sglang.test.test_utils import openai_client, popen_launch_server
+from sglang.test.windowed_server_checks import WindowedServerChecks
 
 from test_gemma3 import WINDOW, make_gemma3  # noqa: E402 (the same directory)
 
@@ -44,14 +45,7 @@ def _prompts(n, length, seed, vocab):
     return [torch.randint(2, vocab, (length - 3 * i,), generator=g).tolist() for i in range(n)]
 
 
-def _metric(base_url, name):
-    for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
-class TestWindowedServing(unittest.TestCase):
+class TestWindowedServing(WindowedServerChecks, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         from transformers import AutoTokenizer
@@ -75,19 +69,6 @@ class TestWindowedServing(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.kill()
         cls.tmp.cleanup()
-
-    def hf_greedy(self, ids, n):
-        with torch.no_grad():
-            x = torch.tensor([ids])
-            y = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                                 min_new_tokens=n, pad_token_id=0)
-        return y[0, len(ids):].tolist()
-
-    def complete(self, ids, n):
-        """Greedy completion of token ids: (its text, the usage)."""
-        out = self.client.completions.create(model=self.model, prompt=ids, max_tokens=n, temperature=0,
-                                             extra_body={"ignore_eos": True, "skip_special_tokens": False})
-        return out.choices[0].text, out.usage
 
     def assert_hf(self, ids, n, text):
         self.assertEqual(text, self.tok.decode(self.hf_greedy(ids, n)))
@@ -129,7 +110,7 @@ class TestWindowedServing(unittest.TestCase):
 
     def test_3_retraction_decodes_hf_tokens(self):
         prompts = _prompts(10, 3 * WINDOW, seed=3, vocab=self.vocab)  # 10 x (48 prompt + 440 new) > the pool
-        before = _metric(self.server.base_url, "sglang:num_retracted_requests_total")
+        before = self.metric("sglang:num_retracted_requests_total")
         outs = [None] * len(prompts)
 
         def run(i):
@@ -140,14 +121,12 @@ class TestWindowedServing(unittest.TestCase):
             t.start()
         for t in threads:
             t.join()
-        self.assertGreater(_metric(self.server.base_url, "sglang:num_retracted_requests_total"), before)
+        self.assertGreater(self.metric("sglang:num_retracted_requests_total"), before)
         for ids, out in zip(prompts, outs):
             self.assertEqual(len(out), RETRACT_NEW)
             self.assert_hf_teacher_forced(ids, out)
 
     def test_4_windowed_pool_idle_and_bad_field(self):
-        import openai
-
         info = requests.get(f"{self.server.base_url}/server_info", timeout=30).json()
         kv = info["kv_cache"]
         self.assertEqual(kv["windowed_window_tokens"], WINDOW)
@@ -155,11 +134,7 @@ class TestWindowedServing(unittest.TestCase):
         self.assertGreater(kv["windowed_pool_tokens"], 0)
         # only the cached prefixes' window pages are held now: at most the pool, and the peak stayed bounded
         self.assertLessEqual(kv["windowed_tokens_in_use"], kv["windowed_pool_tokens"])
-        with self.assertRaises(openai.BadRequestError) as err:
-            self.client.completions.create(model=self.model, prompt="hi", max_tokens=-3)
-        self.assertIn("max_tokens", str(err.exception))
-        out = self.client.completions.create(model=self.model, prompt="hi", max_tokens=2, temperature=0)
-        self.assertEqual(out.usage.completion_tokens, 2)
+        self.check_bad_field()
 
     def test_5_windowed_pages_bounded_through_a_4k_generation(self):
         """A thread samples /server_info while one request generates 4,096 tokens: the windowed pool never holds more
