@@ -255,26 +255,10 @@ def build_tokenizer_files(meta: GGUFMetadata, out_dir: str) -> None:
         tok.add_tokens(user)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
 
-    def token_or_none(key: str):
-        idx = meta.get(key)
-        return tokens[idx] if idx is not None and 0 <= idx < len(tokens) else None
+    from sglang.srt.model_loader.gguf_spm_tokenizer import write_tokenizer_config
 
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token_or_none("tokenizer.ggml.bos_token_id"),
-        "eos_token": token_or_none("tokenizer.ggml.eos_token_id"),
-        "unk_token": token_or_none("tokenizer.ggml.unknown_token_id"),
-        "pad_token": token_or_none("tokenizer.ggml.padding_token_id"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(meta.arch_get("context_length", 2048)),
-    }
-    template = meta.get("tokenizer.chat_template")
-    if template:
-        tokenizer_config["chat_template"] = template
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config, f, indent=2, ensure_ascii=False)
+    write_tokenizer_config(meta, tokens, out_dir, bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                           bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
 # The converted directory is a sharded HF checkpoint: shard 1 holds what every start reads dense (embedding, norms,

@@ -71,10 +71,21 @@ def build_spm_tokenizer_files(meta, out_dir: str) -> None:
         tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
 
+    write_tokenizer_config(meta, tokens, out_dir, add_bos, add_eos)
+
+
+def write_tokenizer_config(meta, tokens: List[str], out_dir: str, add_bos: bool, add_eos: bool) -> None:
+    """tokenizer_config.json of a converted GGUF vocabulary (either tokenizer model): its special tokens by the
+    header's ids, the BOS / EOS rule, the context length and the file's chat template when it has one."""
+
+    def token_of(key: str):
+        idx = meta.get(key)
+        return tokens[idx] if idx is not None and 0 <= idx < len(tokens) else None
+
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
+        "bos_token": token_of("tokenizer.ggml.bos_token_id"),
+        "eos_token": token_of("tokenizer.ggml.eos_token_id"),
         "unk_token": token_of("tokenizer.ggml.unknown_token_id"),
         "pad_token": token_of("tokenizer.ggml.padding_token_id"),
         "add_bos_token": add_bos,
