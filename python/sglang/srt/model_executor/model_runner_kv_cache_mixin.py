@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.mla_pool import create_mla_pool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_cache.swa_pool import SWAKVPool
 from sglang.srt.model_executor.windowed_kv import kv_allocator, windowed_kv_pool, windowed_pool_info
@@ -83,6 +84,9 @@ class ModelRunnerKVCacheMixin:
 
         mc = self.model_config
         cell = mc.shape.kv_cell(mc.kv_cache_dtype_name, self.server_args.tp_size, mc.dtype_name)
+        if cell.is_mla:  # one latent row per token and layer, replicated on every TP rank (mla_pool.py)
+            return create_mla_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
+                                   cell.kv_lora_rank, cell.qk_rope_head_dim, mc.num_hidden_layers, self.device)
         pools = self.layer_pools()
         if pools.windowed_layers:
             return windowed_kv_pool(self, pools, num_tokens, windowed_tokens, cell)
@@ -119,7 +123,7 @@ class ModelRunnerKVCacheMixin:
         kv = self._kv_pool(num_tokens, r2t, 1)
         # the scratch pool's pages resident before the peak is measured (its torch.empty is backed page by page on a
         # CPU): the K/V the forward writes belong to the kv_cache term, not to the activations
-        if isinstance(kv, SWAKVPool):
+        if isinstance(kv, SWAKVPool) or getattr(kv, "is_mla", False):
             kv.zero_()
         else:
             kv.k_buffer.zero_()
@@ -282,6 +286,9 @@ class ModelRunnerKVCacheMixin:
                 "window_rows": plan.kv_window_rows,
                 "requests_without_window_row": (self.token_to_kv_pool.window.rows.num_without_row
                                                 if getattr(self.token_to_kv_pool, "window", None) is not None else 0)}
+        if cell.is_mla:  # the latent pool: one row of c_kv | k_pe per token and layer, the same on every rank
+            info.update(pool_layout="mla_latent", row_width=cell.kv_lora_rank + cell.qk_rope_head_dim,
+                        kv_lora_rank=cell.kv_lora_rank, qk_rope_head_dim=cell.qk_rope_head_dim)
         info.update(windowed_pool_info(self.token_to_kv_pool_allocator))  # sizes and pages in use (windowed layers)
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:

@@ -38,6 +38,8 @@ stores them in) and only the tokens of earlier forwards through their codes: the
 fresh_v, the gather path puts them over their gathered rows. The codes are written all the same, for later forwards.
 A token's own key and its chunk's keys are what its query weighs most (docs/kv_quantization.md: int4's decode top-1
 vs bf16 91.9% -> 95.1%, perplexity +4.4% -> +0.6% on the quick set).
+
+An MLA layer on a latent pool (mem_cache/mla_pool.py) is attended by torch_native_mla.py: MQA over the latent rows.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, AttentionLayer
 from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_ops, fused_cpu_quant_ops
 from sglang.srt.layers.attention.quant_kernel_operands import QuantOperandCache
+from sglang.srt.layers.attention.torch_native_mla import MLATorchAttention, is_mla_layer
 from sglang.srt.layers.attention.torch_native_window import WindowedTorchAttention, needs_window_path
 from sglang.srt.mem_cache.recent_window import WindowTail
 from sglang.srt.mem_plan.backends import DECODE_GATHER_TOKENS
@@ -101,8 +104,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         pool = self.token_to_kv_pool
         self.cpu_decode_ops = fused_cpu_decode_ops(
             self.device, getattr(self.model_config, "dtype", None), pool.dtype, getattr(pool, "store_dtype", pool.dtype),
-            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None),
-        )
+            getattr(pool, "head_dim", 0), getattr(pool, "v_head_dim", None))
         self.cpu_extend_ops = self.cpu_decode_ops if hasattr(self.cpu_decode_ops, "extend_attention") else None
         self.cpu_quant_ops = fused_cpu_quant_ops(
             self.device, getattr(self.model_config, "dtype", None), getattr(pool, "kv_format", ""),
@@ -115,6 +117,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         # path); False reads them back through the codes, as FlashInfer's paged API does (its tests compare so)
         self.fresh_reads = is_quantized(getattr(pool, "kv_format", ""))
         self.windowed = WindowedTorchAttention(self)  # windowed / sink / capped layers (torch_native_window.py)
+        self.mla = MLATorchAttention(self) if getattr(pool, "is_mla", False) else None  # latent pool: torch_native_mla
 
     # ------------------------------------------------------------------ metadata (once per forward)
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -133,18 +136,15 @@ class TorchNativeAttnBackend(AttentionBackend):
                 md.tail_host = t.host_lists()
 
     def _init_metadata(self, forward_batch: "ForwardBatch") -> None:
-        fb = forward_batch
+        fb, device = forward_batch, forward_batch.seq_lens.device
         seq_lens_cpu: List[int] = fb.seq_lens_cpu or fb.seq_lens.tolist()
-        device = fb.seq_lens.device
         if fb.forward_mode.is_extend():
             extend_lens = fb.extend_seq_lens_cpu or (fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else None)
-            prefix_lens = fb.extend_prefix_lens_cpu or (
-                fb.extend_prefix_lens.tolist() if fb.extend_prefix_lens is not None else None
-            )
+            prefix_lens = fb.extend_prefix_lens_cpu or (fb.extend_prefix_lens.tolist()
+                                                        if fb.extend_prefix_lens is not None else None)
             if prefix_lens is None:
                 prefix_lens = [s - e for s, e in zip(seq_lens_cpu, extend_lens)]
-            if extend_lens is None:
-                extend_lens = [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
+            extend_lens = extend_lens or [s - p for s, p in zip(seq_lens_cpu, prefix_lens)]
             if self.cpu_extend_ops is not None or self.cpu_quant_ops is not None:
                 lens = torch.tensor([prefix_lens, extend_lens], dtype=torch.int64)
                 rows = (fb.req_pool_indices.to(torch.int64), lens[0], lens[1])
@@ -155,9 +155,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                 else:
                     self.forward_metadata = TorchNativeMetadata(quant_rows=rows)
                 return
-            self.forward_metadata = TorchNativeMetadata(
-                extend_reqs=self._extend_requests(fb, seq_lens_cpu, prefix_lens, extend_lens, device)
-            )
+            self.forward_metadata = TorchNativeMetadata(extend_reqs=self._extend_requests(
+                fb, seq_lens_cpu, prefix_lens, extend_lens, device))
             return
 
         if self.cpu_decode_ops is not None:
@@ -310,6 +309,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self._forward(self._forward_decode, q, k, v, layer, forward_batch, save_kv_cache)
 
     def _forward(self, path, q, k, v, layer, forward_batch, save_kv_cache: bool) -> torch.Tensor:
+        if self.mla is not None and is_mla_layer(layer, self.token_to_kv_pool):
+            return self.mla.forward(q, k, layer, forward_batch, save_kv_cache)
         out = (self.windowed.forward if needs_window_path(layer) else path)(q, k, v, layer, forward_batch, save_kv_cache)
         self._remember(layer, k, v)
         return out
