@@ -30,6 +30,12 @@ codes (kv_formats.ring_operands), and after each layer's attention the new token
 into its sink entries (RecentWindow.write). tail() builds only fixed-shape device tensors for a decode step; under a
 CUDA graph it runs inside the captured forward (its first layer), so every replay recomputes it from the graph's inputs.
 
+MLA (DeepSeek V2/V3, Kimi-K2; mem_cache/mla_pool.py, pool.is_mla): the model calls every layer in the absorbed form,
+q [N, H, kv_lora + rope], k [N, 1, kv_lora + rope] (the latent row), v = k[..., :kv_lora]. The pool stores the row
+once; decode runs triton_ops/mla_decode.py (split-KV over the latent rows, each block loaded once for keys and
+values, the same planned attn_logits / attn_lse: the plan's MLA v_head_dim is kv_lora), extend the general extend
+kernel with V as a view of the rows (triton_ops/mla_extend.py). The output is latent [N, H * kv_lora].
+
 Windowed / sink / capped layers (layers/radix_attention.py): each launch gets the layer's sliding window, sinks and
 logit cap, and for a layer in a windowed pool with a slot map (mem_cache/swa_pool.py) that map, through which the
 kernels read req_to_token's slots; the kernels read no position below the window (_window_args).
@@ -212,6 +218,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
+        if self._is_mla(layer):
+            return self._mla_extend(q, k, layer, forward_batch, save_kv_cache)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
@@ -229,6 +237,8 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         # q: [B, H, D], k/v: [B, KV, D] -> [B, H * Dv]; a plain pool's decode reads the new token from the pool
+        if self._is_mla(layer):
+            return self._mla_decode(q, k, layer, forward_batch, save_kv_cache)
         if save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         md = self.forward_metadata
@@ -245,6 +255,42 @@ class TritonAttnBackend(PlannedGpuAttnBackend):
             v_new=v if fresh else None, ring=f.ring_operands(pool, layer.layer_id, tail), **self._window_args(layer, tail),
         )
         return self._finish(o, layer, stored, tail)
+
+    # ------------------------------------------------------------------ MLA (latent rows, absorbed form)
+    def _is_mla(self, layer) -> bool:
+        """An MLA layer over the latent pool: q / k are [N, H | 1, kv_lora + rope], V is k's first v_head_dim columns
+        (mem_cache/mla_pool.py); a layer of another shape over that pool is a wiring error."""
+        pool = self.token_to_kv_pool
+        if not getattr(pool, "is_mla", False):
+            return False
+        if layer.v_head_dim != pool.kv_lora_rank:
+            raise ValueError(f"triton: layer {layer.layer_id} has v_head_dim {layer.v_head_dim} over an MLA pool whose "
+                             f"values are its rows' first {pool.kv_lora_rank} columns")
+        return True
+
+    def _mla_extend(self, q, k, layer, fb, save_kv_cache: bool) -> torch.Tensor:
+        """New tokens over their cached latent rows and, causally, their own rows k [N, 1, L] (mla_extend.py)."""
+        pool, md = self.token_to_kv_pool, self.forward_metadata
+        if save_kv_cache:
+            pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, None)
+        o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
+        self.ops.mla_extend_fwd(q, k, o, pool.get_key_buffer(layer.layer_id), self.req_to_token_pool.req_to_token,
+                                fb.req_pool_indices, md.qo_start, md.extend_lens, md.prefix_lens, md.max_extend_len,
+                                layer.scaling)
+        return o.view(q.shape[0], -1)
+
+    def _mla_decode(self, q, k, layer, fb, save_kv_cache: bool) -> torch.Tensor:
+        """Split-KV decode over the latent rows (mla_decode.py), the current token's row read back from the pool; the
+        workspace is the planned attn_logits [R, H, splits, kv_lora] / attn_lse (AttentionShape v_head_dim)."""
+        pool, md = self.token_to_kv_pool, self.forward_metadata
+        if save_kv_cache:
+            pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, None)
+        o = q.new_empty(q.shape[0], q.shape[1], layer.v_head_dim)
+        prefix = "cuda_graph_" if md.cuda_graph else ""
+        self.ops.mla_decode_fwd(q, pool.get_key_buffer(layer.layer_id), o, self.req_to_token_pool.req_to_token,
+                                fb.req_pool_indices, fb.seq_lens, self.buffers[prefix + "attn_logits"],
+                                self.buffers[prefix + "attn_lse"], layer.scaling, max_seq_len=md.max_seq_len)
+        return o.view(q.shape[0], -1)
 
     def _window_args(self, layer, tail) -> dict:
         """The kernels' window, sinks, logit cap and, for a layer in a windowed pool with a map (swa_pool.py), the
