@@ -64,16 +64,23 @@ SERVED_WITH_WINDOWS = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
 }
+# model_type -> the model implementation that serves an architecture its family module declares planned-only: the
+# MLA models, cached as latent rows in the MLA pool (mem_cache/mla_pool.py; kimi_k2 is deepseek_v3 by alias).
+SERVED_MLA = {
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+}
 SERVED_LAYER_KINDS = frozenset({"full", "sliding"})  # chunked and linear layers: planned, not served
 
 
 def not_served_note(model_type: str, layer_kinds: tuple = ()) -> str:
     """PLANNED_NOT_SERVED for what the planner knows and the runtime does not serve, else '': an architecture without
-    a model implementation (models/registry.py), one whose config gives it chunked / linear layers, or sliding layers
-    on a model that attends over the whole context (only SERVED_WITH_WINDOWS masks and pools them)."""
+    a model implementation (models/registry.py; SERVED_WITH_WINDOWS and SERVED_MLA name the ones served beside their
+    family's declaration), one whose config gives it chunked / linear layers, or sliding layers on a model that
+    attends over the whole context (only SERVED_WITH_WINDOWS masks and pools them)."""
     spec = arch_spec(model_type)
     windowed_model = spec.model_type in SERVED_WITH_WINDOWS
-    if not spec.served and not windowed_model:
+    if not spec.served and not windowed_model and spec.model_type not in SERVED_MLA:
         return f"{PLANNED_NOT_SERVED}: {spec.model_type}"
     other = sorted(set(layer_kinds) - (SERVED_LAYER_KINDS if windowed_model else {"full"}))
     if other:

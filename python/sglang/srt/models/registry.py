@@ -18,6 +18,8 @@ MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "Gemma3ForCausalLM": (f"{_PKG}.gemma3", "Gemma3ForCausalLM"),
     "MistralForCausalLM": (f"{_PKG}.mistral", "MistralForCausalLM"),
     "GptOssForCausalLM": (f"{_PKG}.gpt_oss", "GptOssForCausalLM"),
+    "DeepseekV2ForCausalLM": (f"{_PKG}.deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": (f"{_PKG}.deepseek_v2", "DeepseekV3ForCausalLM"),
     "LlavaForConditionalGeneration": (f"{_PKG}.llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (f"{_PKG}.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen2AudioForConditionalGeneration": (f"{_PKG}.qwen2_audio", "Qwen2AudioForConditionalGeneration"),
