@@ -48,6 +48,15 @@ MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
 
+# Why --enable-dp-attention is refused (the flag exists so that upstream's command lines get this answer, not "unknown
+# argument"): it splits one TP group's batch across ranks around attention, and this runtime's TP ranks run the batch
+# rank 0 schedules, in lockstep, with no per-rank batches to gather at the MoE layers and scatter back after them.
+DP_ATTENTION_REFUSAL = (
+    "--enable-dp-attention is not supported: this runtime's tensor-parallel ranks run one batch, scheduled by rank 0, "
+    "in lockstep, so attention cannot take per-rank batches that the MoE layers gather and scatter. An MLA model "
+    "(DeepSeek V2/V3, Kimi-K2) at --tp-size N keeps its latent KV cache replicated on every rank instead (the plan "
+    "counts it so); for independent replicas use --dp-size. Drop --enable-dp-attention.")
+
 # `sglang serve --help` groups the flags under upstream's section names (upstream's server_args.add_cli_args);
 # the order here is the order of --help. A field belongs to the section declared above it in ServerArgs.
 SERVER_ARGS_GROUPS = (
@@ -286,6 +295,9 @@ class ServerArgs:
         "flags are per replica, like --tp-size's per rank; on CPU the replicas share the RAM, so each plans from "
         "available RAM / N (managers/data_parallel_controller.py).",
     )
+    enable_dp_attention: bool = _f(
+        False, "Upstream's data-parallel attention (attention replicated, each rank its own requests' batch; experts "
+        "tensor-parallel). Refused here: see DP_ATTENTION_REFUSAL.")
     load_balance_method: str = _f(
         "round_robin",
         "How --dp-size picks a replica: round_robin; shortest_queue (fewest unfinished requests); total_tokens "
@@ -336,6 +348,8 @@ class ServerArgs:
                 )
 
         server_args_checks.check_values(self)  # numbers, parallelism, request limits
+        if self.enable_dp_attention:
+            raise ValueError(DP_ATTENTION_REFUSAL)
         # the grammar packages are extras, not base dependencies (python/pyproject.toml says why): refused at launch
         # (and by `sglang plan`), not at a request; outlines is refused with the reason
         refusal = grammar_backend_refusal(self.grammar_backend)

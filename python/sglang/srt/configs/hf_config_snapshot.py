@@ -181,9 +181,19 @@ def load_hf_config(model_path: str, cache_dir: Optional[str]):
         snap = read_snapshot(model_path, cache_dir)
         if snap is not None:
             return snap
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    from sglang.srt.mem_plan.arch_registry import canonical_model_type
+    from sglang.srt.mem_plan.model_shapes import load_config
+
+    model_type = load_config(model_path).get("model_type")
+    canonical = canonical_model_type(model_type) if model_type else None
+    if model_type not in CONFIG_MAPPING and canonical in CONFIG_MAPPING:
+        # a model_type transformers reads only through the checkpoint's own code whose config is an architecture it
+        # knows (Kimi-K2: DeepSeek-V3's keys under model_type kimi_k2): read by that architecture's config class
+        config = CONFIG_MAPPING[canonical].from_pretrained(model_path)
+    else:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
     if cache_dir is not None:
         write_snapshot(config, model_path, cache_dir)
     return config
