@@ -12,6 +12,7 @@ W_UV before the comparison.
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import List, Sequence
 
@@ -77,17 +78,21 @@ class MLAHarness:
             req_to_token_pool=self.r2t, token_to_kv_pool=self.pool,
         )
 
-    def step(self, rows: Sequence[int], new_lens: Sequence[int]) -> float:
+    def step(self, rows: Sequence[int], new_lens: Sequence[int], recorder=None) -> float:
         """One forward of every layer; the max abs error of the backend's output (through W_UV) against the expanded
-        form over each request's whole sequence."""
+        form over each request's whole sequence. recorder: a context entered around each backend call only (an
+        AllocationRecorder: what the backend allocates, not the reference)."""
+        around = recorder if recorder is not None else contextlib.nullcontext()
         fb = self.batch(rows, new_lens)
         fb.attn_backend = self.backend
-        self.backend.init_forward_metadata(fb)
+        with around:
+            self.backend.init_forward_metadata(fb)
         total, err = sum(new_lens), 0.0
         for layer, w in zip(self.layers, self.weights):
             q_nope, q_pe, q = w.queries(total, self.dtype)
             k = torch.randn(total, 1, self.lora + self.rope, generator=self.gen).to(self.dtype)
-            out = self.backend.forward(q, k, k[..., : self.lora], layer, fb)
+            with around:
+                out = self.backend.forward(q, k, k[..., : self.lora], layer, fb)
             assert out.shape == (total, self.num_heads * self.lora), tuple(out.shape)
             got, start = w.up(out), 0
             for row, n in zip(rows, new_lens):

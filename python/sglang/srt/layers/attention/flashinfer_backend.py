@@ -34,6 +34,10 @@ page is read. Sinks go to run(sinks=...) (flashinfer-python 0.7.4's wrappers tak
 no sinks argument is refused at the first sink layer). Not wired, refused naming the way out: a logit cap, a window shorter than the context on a layer of
 the full pool, two window lengths in one model, and CUDA graphs over windowed layers (--disable-cuda-graph).
 
+MLA models (the latent pool, pool.is_mla): every layer runs through BatchMLAPagedAttentionWrapper instead
+(flashinfer_mla.py: the row split into its ckv / kpe views, planned at a forward's first layer with that layer's
+scale); the paged wrappers are not built.
+
 The softmax scale is a plan argument in flashinfer; it is head_dim ** -0.5 (every model here) and each layer's
 `scaling` is checked against it.
 """
@@ -45,6 +49,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from sglang.srt.layers.attention.flashinfer_mla import FlashInferMLA
 from sglang.srt.layers.attention.paged_kv_indices import PageTable, build_page_table, extend_lens, seq_lens
 from sglang.srt.layers.attention.planned_gpu_backend import PlannedGpuAttnBackend
 from sglang.srt.layers.attention.window_metadata import window_start
@@ -96,6 +101,10 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
         pool, shape = self.token_to_kv_pool, self.inputs.shape
         self.q_dtype = getattr(self.model_config, "dtype", None) or pool.dtype
         check_kernel_dtype(self.backend_name, self.q_dtype)
+        # an MLA model (the latent pool, mem_cache/mla_pool.py): every layer through the MLA wrapper (flashinfer_mla.py)
+        self.mla = FlashInferMLA(self) if getattr(pool, "is_mla", False) else None
+        if self.mla is not None:
+            return
         self.kv_scales = fp8_layer_scales(self.backend_name, pool)  # [(k_scale, v_scale)] per layer, or None
         if shape.num_wrappers > 2:
             raise NotImplementedError("flashinfer: cross attention (a third wrapper) is not wired; use "
@@ -144,6 +153,8 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
                      self.num_kv_heads, self.head_dim, self.page_size, pos_encoding_mode="NONE", **self._plan_kwargs())
 
     def init_forward_metadata(self, forward_batch) -> None:
+        if self.mla is not None:
+            return self.mla.init_forward_metadata(forward_batch)
         fb, lens = forward_batch, seq_lens(forward_batch)
         self.forward_batch, self.win_window = fb, None
         if fb.forward_mode.is_decode():
@@ -165,6 +176,7 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
                                                  seq_lens_cpu: Sequence[int],
                                                  rows_cpu: Optional[Sequence[int]] = None) -> None:
         """Build the fixed-buffer decode wrapper of batch size bs (<= the planned graph batch) and plan it."""
+        assert self.mla is None, "flashinfer: MLA with CUDA graphs is refused at construction"
         if not 1 <= bs <= self.inputs.graph_bs:
             raise ValueError(f"flashinfer: graph batch {bs} is outside the planned 1..{self.inputs.graph_bs}")
         self.graph_decode_wrappers[bs] = self._shared_workspaces(self.kernels.BatchDecodeWithPagedKVCacheWrapper(
@@ -260,6 +272,8 @@ class FlashInferAttnBackend(PlannedGpuAttnBackend):
 
     def _run(self, q, k, v, layer, forward_batch, save_kv_cache: bool, decode: bool) -> torch.Tensor:
         # q: [N, H, D], k/v: [N, KV, D] -> [N, H * Dv]
+        if self.mla is not None:
+            return self.mla.forward(q, k, layer, forward_batch, save_kv_cache)
         self._check_layer(layer)
         wrapper = self._wrapper(layer, decode)
         if save_kv_cache:
