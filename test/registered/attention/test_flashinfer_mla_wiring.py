@@ -14,7 +14,7 @@ import torch
 from flashinfer_mla_standin import add_mla_wrapper
 from mla_backend_harness import MLA_STEPS, MLAHarness, run_mla_steps
 
-from sglang.test.attention_standins import AllocationRecorder, install, make_flashinfer
+from sglang.test.attention_standins import AllocationRecorder, install, make_aiter, make_flashinfer
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="cpu")
@@ -92,6 +92,13 @@ class TestFlashInferMLAWiring(unittest.TestCase):
             h.layers[1].scaling *= 2
             with self.assertRaisesRegex(NotImplementedError, "one plan per forward"):
                 h.step([h.new_request()], [4])
+
+
+class TestAiterRefusesMLA(unittest.TestCase):
+    def test_refused_naming_the_backends_that_serve_it(self):
+        with install(make_aiter()):
+            with self.assertRaisesRegex(NotImplementedError, "aiter: MLA .*--attention-backend triton"):
+                MLAHarness("aiter", dtype=torch.bfloat16)
 
 
 if __name__ == "__main__":

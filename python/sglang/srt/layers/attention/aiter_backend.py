@@ -50,7 +50,9 @@ class AiterAttnBackend(PlannedGpuAttnBackend):
         super().__init__(**kwargs)
         pool, shape = self.token_to_kv_pool, self.inputs.shape
         if shape.is_mla:
-            raise NotImplementedError("aiter: the MLA kernels are not wired; use --attention-backend torch_native")
+            raise NotImplementedError("--attention-backend aiter: MLA (DeepSeek V2/V3, Kimi-K2: the latent KV pool) is "
+                                      "not wired to AITER's MLA kernels; use --attention-backend triton (its MLA "
+                                      "decode kernel runs on ROCm) or torch_native")
         windowed = windowed_features(self.model_config, pool)
         if windowed:
             raise ValueError(f"--attention-backend aiter: this model's {windowed} are not wired in AITER's kernels; "
