@@ -5,7 +5,8 @@ The start holds the latent pool (mem_cache/mla_pool.py): kv_cache bytes == (toke
 (kv_lora_rank + qk_rope_head_dim) x 4 B, computed here from config.json, and at tp=2 EVERY rank holds that same pool
 (the latent is replicated, not split by heads; the plan says so). `sglang plan` with the same flags predicts the
 start's token count within 3% (the start measures weights and activations, the dry run uses formulas), and
-/server_info's kv_cache names the latent layout and its row width.
+/server_info's kv_cache names the latent layout and its row width. A quantized --kv-cache-dtype is refused at start,
+naming the flag.
 """
 
 import contextlib
@@ -20,7 +21,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=75, suite="cpu")
 
 KV_TOKENS_TOLERANCE = 0.03
 CHUNK = 64
@@ -83,3 +84,12 @@ def test_plan_predicts_the_v3_start(tmp_path, tp):
     assert abs(planned["max_total_num_tokens"] - tokens) <= KV_TOKENS_TOLERANCE * tokens, (planned, served)
     print(f"V3 tp={tp}: plan {planned['max_total_num_tokens']} tokens / start {tokens} tokens "
           f"({(planned['max_total_num_tokens'] - tokens) / tokens:+.2%}), kv_cache {pool_bytes:,} B per rank")
+
+
+def test_quantized_latent_cache_is_refused_naming_the_flag(tmp_path):
+    path = str(tmp_path / "v3")
+    make_v3(path)
+    with pytest.raises(Exception, match="--kv-cache-dtype fp8_e4m3"):
+        engine = Engine(model_path=path, skip_tokenizer_init=True, log_level="error", dtype="float32",
+                        chunked_prefill_size=CHUNK, max_total_memory_gb=1, kv_cache_dtype="fp8_e4m3")
+        shutdown(engine)
