@@ -19,6 +19,7 @@
 #include "isa.h"
 #include "kernels_f32.h"
 #include "logits.h"
+#include "mla_attention_op.h"
 #include "moe_router.h"
 #include "norm.h"
 #include "quant_attention_op.h"
@@ -315,6 +316,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("req_to_token"), py::arg("req_pool_indices"),
         py::arg("prefix_lens"), py::arg("extend_lens"), py::arg("scale"), py::arg("sliding_window") = -1,
         py::arg("sinks") = py::none(), py::arg("logit_cap") = 0.0, py::arg("loc_map") = py::none());
+  m.def("mla_decode", &sgl_cpu::mla_decode,
+        "MLA decode in the absorbed form (bf16 from avx512_bf16, fp32 from avx2): the new latent rows k_new [B, 1, L] "
+        "written at out_cache_loc, then q [B, H, L] attends over each request's rows of the latent pool [slots, 1, L], "
+        "V = their first kv_lora_rank columns -> [B, H * kv_lora_rank]",
+        py::arg("q"), py::arg("k_new"), py::arg("kv_cache"), py::arg("kv_lora_rank"), py::arg("req_to_token"),
+        py::arg("req_pool_indices"), py::arg("seq_lens"), py::arg("out_cache_loc"), py::arg("scale"));
+  m.def("mla_extend", &sgl_cpu::mla_extend,
+        "MLA extend (causal, cached prefix included) over the latent pool, as mla_decode; k_new / out_cache_loc: "
+        "the new rows, written first where given",
+        py::arg("q"), py::arg("kv_cache"), py::arg("kv_lora_rank"), py::arg("req_to_token"),
+        py::arg("req_pool_indices"), py::arg("prefix_lens"), py::arg("extend_lens"), py::arg("scale"),
+        py::arg("k_new") = py::none(), py::arg("out_cache_loc") = py::none());
   m.def("extend_attention_quant", &sgl_cpu::extend_attention_quant,
         "extend (or decode: extend_lens 1) attention over a quantized KV pool (int8, int4, int2_hadamard, fp8_e4m3, "
         "fp8_e5m2), codes read "

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers.attention.cpu_kernel_ops import mla_cpu_ops, mla_decode, mla_extend
+
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -37,12 +39,23 @@ class MLATorchAttention:
         self.backend = backend
         self.pool = backend.token_to_kv_pool
         self.kv_lora_rank = self.pool.kv_lora_rank
+        self.cpu_ops = mla_cpu_ops(backend.device, getattr(backend.model_config, "dtype", None), self.pool.dtype,
+                                   self.pool.store_dtype, self.pool.head_dim, self.kv_lora_rank)
 
     def kernel_attention(self, q: torch.Tensor, k: torch.Tensor, layer, fb: "ForwardBatch",
                          save_kv_cache: bool) -> Optional[torch.Tensor]:
         """The compiled CPU MLA kernel's output [N, H * kv_lora_rank] (it writes the K rows itself), or None: the
-        torch path below. No kernel serves here yet."""
-        return None
+        torch path below (no kernel at this CPU level or dtype, or save_kv_cache=False: the kernel reads the pool)."""
+        if self.cpu_ops is None or not save_kv_cache:
+            return None
+        table, rows = self.backend.req_to_token_pool.req_to_token, self.pool.get_key_buffer(layer.layer_id)
+        if not fb.forward_mode.is_extend():
+            return mla_decode(self.cpu_ops, q, k, rows, self.kv_lora_rank, table, fb.req_pool_indices, fb.seq_lens,
+                              fb.out_cache_loc, layer.scaling)
+        ext = fb.extend_seq_lens if fb.extend_seq_lens is not None else torch.tensor(fb.extend_seq_lens_cpu)
+        pre = fb.extend_prefix_lens if fb.extend_prefix_lens is not None else fb.seq_lens - ext
+        return mla_extend(self.cpu_ops, q, rows, self.kv_lora_rank, table, fb.req_pool_indices, pre, ext,
+                          layer.scaling, k, fb.out_cache_loc)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, layer, fb: "ForwardBatch", save_kv_cache: bool) -> torch.Tensor:
         # q [N, H, L], k [N, 1, L] -> [N, H * kv_lora_rank]
