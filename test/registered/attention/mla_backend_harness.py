@@ -78,15 +78,20 @@ class MLAHarness:
             req_to_token_pool=self.r2t, token_to_kv_pool=self.pool,
         )
 
-    def step(self, rows: Sequence[int], new_lens: Sequence[int], recorder=None) -> float:
+    def step(self, rows: Sequence[int], new_lens: Sequence[int], recorder=None, graph: bool = False) -> float:
         """One forward of every layer; the max abs error of the backend's output (through W_UV) against the expanded
         form over each request's whole sequence. recorder: a context entered around each backend call only (an
-        AllocationRecorder: what the backend allocates, not the reference)."""
+        AllocationRecorder: what the backend allocates, not the reference). graph: a decode step set up by the
+        backend's CUDA-graph capture hook (its graph workspace and full grid) instead of init_forward_metadata."""
         around = recorder if recorder is not None else contextlib.nullcontext()
         fb = self.batch(rows, new_lens)
         fb.attn_backend = self.backend
         with around:
-            self.backend.init_forward_metadata(fb)
+            if graph:
+                assert fb.forward_mode.is_decode()
+                self.backend.init_forward_metadata_capture_cuda_graph(len(rows), fb.req_pool_indices, fb.seq_lens_cpu)
+            else:
+                self.backend.init_forward_metadata(fb)
         total, err = sum(new_lens), 0.0
         for layer, w in zip(self.layers, self.weights):
             q_nope, q_pe, q = w.queries(total, self.dtype)
@@ -112,13 +117,15 @@ MLA_STEPS = [("abc", [5, 17, 9]), ("abc", [3, 1, 8]), ("abc", [1, 1, 1]), ("abc"
              ("abcd", [2, 1, 4, 11])]
 
 
-def run_mla_steps(h: MLAHarness) -> List[float]:
-    """The MLA_STEPS through h; the max abs error of each."""
+def run_mla_steps(h: MLAHarness, graph_decode: bool = False) -> List[float]:
+    """The MLA_STEPS through h (graph_decode: the decode steps through the CUDA-graph hooks); the max abs error of
+    each."""
     rows = {}
     errors = []
     for names, lens in MLA_STEPS:
         for name in names:
             if name not in rows:
                 rows[name] = h.new_request()
-        errors.append(h.step([rows[n] for n in names], lens))
+        decode = all(n == 1 for n in lens) and len(errors) > 0
+        errors.append(h.step([rows[n] for n in names], lens, graph=graph_decode and decode))
     return errors

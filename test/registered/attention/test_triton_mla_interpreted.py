@@ -1,10 +1,10 @@
 """The Triton MLA kernels and the Triton backend's MLA path under the Triton interpreter on CPU, against the EXPANDED
 multi-head form in float64 (random W_UK / W_UV; triton_mla_cases.py): the absorbed decode (split-KV over the latent
 rows, triton_ops/mla_decode.py) and the absorbed extend with a cached prefix (triton_ops/mla_extend.py), page sizes
-1 and 16, mixed lengths, both tile sets (the GPU tiles cut these shapes into several key blocks, splits and head
-blocks), fp32 and fp16; then TritonAttnBackend over the latent pool (mem_cache/mla_pool.py) through prefill, extends
-over cached prefixes and decode steps (mla_backend_harness.py). The work runs in a child process with
-TRITON_INTERPRET=1 (interpreted_run.py says why)."""
+1 and 16, mixed lengths, both tile sets and the GPU's heads / rows per program (these shapes then span several key
+blocks, splits, query blocks and head blocks), fp32 and fp16; then TritonAttnBackend over the latent pool
+(mem_cache/mla_pool.py) through prefill, extends over cached prefixes and decode steps (mla_backend_harness.py). The
+work runs in a child process with TRITON_INTERPRET=1 (interpreted_run.py says why)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from triton_mla_cases import DECODE_CASES, EXTEND_CASES, RESULT_PREFIX, TOL
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=90, suite="cpu")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {str(d): d for d in TOL}
@@ -54,11 +54,14 @@ class TestTritonMLAInterpreted(unittest.TestCase):
             self.assertGreater(self.result["kernels"][key], 1e-2, key)
 
     def test_backend_over_the_latent_pool(self):
-        """Prefill, extends over cached prefixes, decode steps and a late request, through TritonAttnBackend."""
-        runs = self.result["backend"]
-        self.assertEqual(set(runs), {f"{torch.float32}|1", f"{torch.float32}|16", f"{torch.float16}|16"})
+        """Prefill, extends over cached prefixes, decode steps and a late request, through TritonAttnBackend; once
+        more with the decode steps set up by its CUDA-graph hook (the graph workspace, every split launched)."""
+        runs = dict(self.result["backend"])
+        self.assertTrue(runs.pop("graph_workspace_written"))  # the graph decode used the planned graph workspace
+        self.assertFalse(runs.pop("eager_workspace_written"))  # ... not the eager one
+        self.assertEqual(set(runs), {f"{torch.float32}|1", f"{torch.float32}|16", f"{torch.float16}|16", "graph"})
         for key, step_errors in runs.items():
-            dtype = DTYPES[key.split("|")[0]]
+            dtype = torch.float32 if key == "graph" else DTYPES[key.split("|")[0]]
             for i, err in enumerate(step_errors):
                 with self.subTest(run=key, step=i):
                     self.assertLessEqual(err, TOL[dtype])

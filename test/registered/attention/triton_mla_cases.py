@@ -116,7 +116,7 @@ def run_decode(seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, 
 
 
 def run_extend(prefix_lens, extend_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, tiles=None,
-               scale_error=1.0):
+               heads_per_program=None, rows_per_program=None, scale_error=1.0):
     """Max abs error of mla_extend_fwd (absorbed, a cached prefix read from the pool) against the expanded form."""
     from sglang.srt.layers.attention.triton_ops import mla_extend_fwd
 
@@ -130,7 +130,8 @@ def run_extend(prefix_lens, extend_lens, num_heads, lora, rope, nope, v_head, pa
     o = torch.full((total, num_heads, lora), float("nan"), dtype=dtype)
     qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
     mla_extend_fwd(q, k_new, o, p.rows, p.req_to_token, p.table_rows, qo_start, torch.tensor(extend_lens),
-                   torch.tensor(prefix_lens), max(extend_lens), p.scale * scale_error, tiles=tiles)
+                   torch.tensor(prefix_lens), max(extend_lens), p.scale * scale_error, tiles=tiles,
+                   heads_per_program=heads_per_program, rows_per_program=rows_per_program)
     out = p.up(o)
     err, start = 0.0, 0
     for b, (a, e) in enumerate(zip(prefix_lens, extend_lens)):
@@ -148,9 +149,12 @@ DECODE_CASES = [
          heads_per_program=16),
     dict(seq_lens=[130, 9], num_heads=8, lora=96, rope=16, nope=32, v_head=24, num_splits=8),
 ]
-# no prefix, a prefix ending mid-page, a one-token extend after a prefix, an extend spanning query blocks
+# no prefix, a prefix ending mid-page, a one-token extend after a prefix, an extend spanning query blocks; the
+# second case as on a GPU (16 heads and 32 rows per program: two tokens x 16 heads, a second, partly masked head block)
 EXTEND_CASES = [
     dict(prefix_lens=[0, 21, 40], extend_lens=[6, 35, 1], num_heads=8, lora=64, rope=32, nope=48, v_head=40),
+    dict(prefix_lens=[0, 300], extend_lens=[19, 4], num_heads=20, lora=96, rope=16, nope=32, v_head=24,
+         heads_per_program=16, rows_per_program=32),
 ]
 
 
@@ -183,8 +187,16 @@ def backend_errors() -> dict:
     from mla_backend_harness import MLAHarness, run_mla_steps
 
     runs = [(torch.float32, 1), (torch.float32, 16), (torch.float16, 16)]
-    return {f"{dtype}|{page_size}": run_mla_steps(MLAHarness("triton", page_size=page_size, dtype=dtype))
-            for dtype, page_size in runs}
+    errors = {f"{dtype}|{page_size}": run_mla_steps(MLAHarness("triton", page_size=page_size, dtype=dtype))
+              for dtype, page_size in runs}
+    # decode through the CUDA-graph hooks: the planned cuda_graph_attn_* workspace and every split launched
+    h = MLAHarness("triton", page_size=16, dtype=torch.float32, graph_bs=4)
+    for name in ("attn_lse", "cuda_graph_attn_lse"):
+        h.backend.buffers[name].fill_(float("nan"))
+    errors["graph"] = run_mla_steps(h, graph_decode=True)
+    errors["graph_workspace_written"] = bool(h.backend.buffers["cuda_graph_attn_lse"].isfinite().any())
+    errors["eager_workspace_written"] = bool(h.backend.buffers["attn_lse"].isfinite().any())
+    return errors
 
 
 if __name__ == "__main__":

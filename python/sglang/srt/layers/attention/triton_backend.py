@@ -33,8 +33,8 @@ CUDA graph it runs inside the captured forward (its first layer), so every repla
 MLA (DeepSeek V2/V3, Kimi-K2; mem_cache/mla_pool.py, pool.is_mla): the model calls every layer in the absorbed form,
 q [N, H, kv_lora + rope], k [N, 1, kv_lora + rope] (the latent row), v = k[..., :kv_lora]. The pool stores the row
 once; decode runs triton_ops/mla_decode.py (split-KV over the latent rows, each block loaded once for keys and
-values, the same planned attn_logits / attn_lse: the plan's MLA v_head_dim is kv_lora), extend the general extend
-kernel with V as a view of the rows (triton_ops/mla_extend.py). The output is latent [N, H * kv_lora].
+values, the same planned attn_logits / attn_lse: the plan's MLA v_head_dim is kv_lora), extend mla_extend.py (the
+cached prefix through req_to_token, then the new rows causally). The output is latent [N, H * kv_lora].
 
 Windowed / sink / capped layers (layers/radix_attention.py): each launch gets the layer's sliding window, sinks and
 logit cap, and for a layer in a windowed pool with a slot map (mem_cache/swa_pool.py) that map, through which the

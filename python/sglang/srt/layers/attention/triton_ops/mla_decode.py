@@ -21,11 +21,34 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted, lazy_jit
+from sglang.srt.layers.attention.triton_ops.jit_mode import interpreted, lazy_jit, lazy_jit_helper
 from sglang.srt.layers.attention.triton_ops.tiles import AttentionTiles, default_tiles, dot_tile
 
 # query heads per program on a GPU: 16 rows is tl.dot's minimum, and a [16, 512] fp32 accumulator fits the registers
 GPU_HEADS_PER_PROGRAM = 16
+
+
+@lazy_jit_helper
+def attend_latent_block(q_c, q_pe, m_i, l_i, acc, Kv, rows, stride_kt, offs_c, mask_c, offs_r, mask_r, mask_n,
+                        mask_s, sm_scale, LORA: tl.constexpr):
+    """One online-softmax step (online_softmax.py's state: m_i, l_i, acc per query row) over the latent rows `rows`
+    [BLOCK_N] of Kv: they are loaded once, [BLOCK_N, C], and serve as the keys' first LORA columns and, as they are,
+    as the values. mask_n [BLOCK_N]: rows in range; mask_s [ROWS, BLOCK_N]: which keys each query row sees (a row that
+    sees none of the block keeps its state)."""
+    c = tl.load(Kv + rows[:, None] * stride_kt + offs_c[None, :], mask=mask_n[:, None] & mask_c[None, :],
+                other=0.0).to(q_c.dtype)  # [BLOCK_N, C]
+    pe = tl.load(Kv + rows[None, :] * stride_kt + LORA + offs_r[:, None], mask=mask_r[:, None] & mask_n[None, :],
+                 other=0.0).to(q_pe.dtype)  # [R, BLOCK_N]
+    scores = tl.dot(q_c, tl.trans(c), input_precision="ieee")
+    scores += tl.dot(q_pe, pe, input_precision="ieee")
+    scores = tl.where(mask_s, scores * sm_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: p = 0, not NaN
+    p = tl.exp(scores - m_safe[:, None])
+    rescale = tl.exp(m_i - m_safe)
+    l_i = l_i * rescale + tl.sum(p, 1)
+    acc = acc * rescale[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
+    return acc, m_new, l_i
 
 
 @lazy_jit
@@ -63,20 +86,8 @@ def _mla_split_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
             slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0).to(tl.int64)
-            # the latent rows of this block: the keys' first LORA columns and, as they are, the values
-            c = tl.load(Kv + slots[:, None] * stride_kt + offs_c[None, :], mask=mask_n[:, None] & mask_c[None, :],
-                        other=0.0).to(q_c.dtype)  # [BLOCK_N, C]
-            pe = tl.load(Kv + slots[None, :] * stride_kt + LORA + offs_r[:, None],
-                         mask=mask_r[:, None] & mask_n[None, :], other=0.0).to(q_pe.dtype)  # [R, BLOCK_N]
-            scores = tl.dot(q_c, tl.trans(c), input_precision="ieee")
-            scores += tl.dot(q_pe, pe, input_precision="ieee")
-            scores = tl.where(mask_n[None, :], scores * sm_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))  # finite: the block's first key is in range
-            p = tl.exp(scores - m_new[:, None])
-            rescale = tl.exp(m_i - m_new)
-            l_i = l_i * rescale + tl.sum(p, 1)
-            acc = acc * rescale[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
-            m_i = m_new
+            acc, m_i, l_i = attend_latent_block(q_c, q_pe, m_i, l_i, acc, Kv, slots, stride_kt, offs_c, mask_c,
+                                                offs_r, mask_r, mask_n, mask_n[None, :], sm_scale, LORA)
         out = Partial_out + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_c[None, :]
         tl.store(out, acc / l_i[:, None], mask=mask_h[:, None] & mask_c[None, :])
         tl.store(Lse + b * stride_lb + heads * stride_lh + split, m_i + tl.log(l_i), mask=mask_h)
