@@ -46,8 +46,9 @@ MARKERS = {"register_cpu_ci": "cpu", "register_cuda_ci": "cuda", "register_amd_c
 PYTEST_NO_TESTS_COLLECTED = 5
 FAULTHANDLER_TIMEOUT_S = 300
 # files declared shorter than this share a process with their neighbours in the order: each process pays ~4 s
-# (interpreter, pytest, torch and sglang imports) before its first test
-GROUP_EST_S = 120
+# (interpreter, pytest, torch and sglang imports) before its first test; at 300 the cpu suite runs in ~26 processes
+# instead of ~60 at 120
+GROUP_EST_S = 300
 TAIL_LINES = 60
 ABORT_GRACE_S = 10  # a hung group's time to print its stacks before SIGKILL
 LEAK_GRACE_S = 3  # a finished group's children's time to exit by themselves before they count as left running
