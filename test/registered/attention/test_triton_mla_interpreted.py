@@ -3,7 +3,7 @@ multi-head form in float64 (random W_UK / W_UV; triton_mla_cases.py): the absorb
 rows, triton_ops/mla_decode.py) and the absorbed extend with a cached prefix (triton_ops/mla_extend.py), page sizes
 1 and 16, mixed lengths, both tile sets and the GPU's heads / rows per program (these shapes then span several key
 blocks, splits, query blocks and head blocks), fp32 and fp16; then TritonAttnBackend over the latent pool
-(mem_cache/mla_pool.py) through prefill, extends over cached prefixes and decode steps (mla_backend_harness.py). The
+(mem_cache/mla_pool.py) through prefill, extends over cached prefixes and decode steps (mla_backend_steps.py). The
 work runs in a child process with TRITON_INTERPRET=1 (interpreted_run.py says why)."""
 
 import json

@@ -2,7 +2,7 @@
 
 Shared by test_triton_mla_interpreted.py, which runs this file as a child process with TRITON_INTERPRET=1 (triton
 fixes its interpreter mode at import; interpreted_run.py says why) and reads its one RESULT_JSON line: the kernels'
-errors and the Triton backend's over the MLA pool (mla_backend_harness.py). Not a test file itself (run_suite
+errors and the Triton backend's over the MLA pool (mla_backend_steps.py). Not a test file itself (run_suite
 collects test_*.py only).
 
 The reference never sees a latent: per head h, K_h = c_kv @ W_UK[h]^T ++ k_pe and V_h = c_kv @ W_UV[h]^T (random
@@ -183,14 +183,15 @@ def kernel_errors() -> dict:
 
 
 def backend_errors() -> dict:
-    """TritonAttnBackend over the MLA pool (mla_backend_harness.MLA_STEPS): {'dtype|page_size': [error per step]}."""
-    from mla_backend_harness import MLAHarness, run_mla_steps
+    """TritonAttnBackend over the MLA pool (mla_backend_steps.MLA_STEPS): {'dtype|page_size': [error per step]}, and
+    the decode steps through its CUDA-graph hook ('graph'), with which of its workspaces those wrote."""
+    from mla_backend_steps import mla_harness, run_mla_steps
 
     runs = [(torch.float32, 1), (torch.float32, 16), (torch.float16, 16)]
-    errors = {f"{dtype}|{page_size}": run_mla_steps(MLAHarness("triton", page_size=page_size, dtype=dtype))
+    errors = {f"{dtype}|{page_size}": run_mla_steps(mla_harness("triton", page_size=page_size, dtype=dtype))
               for dtype, page_size in runs}
-    # decode through the CUDA-graph hooks: the planned cuda_graph_attn_* workspace and every split launched
-    h = MLAHarness("triton", page_size=16, dtype=torch.float32, graph_bs=4)
+    # the planned cuda_graph_attn_* workspace and every split launched
+    h = mla_harness("triton", page_size=16, graph_bs=4)
     for name in ("attn_lse", "cuda_graph_attn_lse"):
         h.backend.buffers[name].fill_(float("nan"))
     errors["graph"] = run_mla_steps(h, graph_decode=True)
