@@ -221,11 +221,28 @@ def check_cpu_quant_level(quantization: str) -> None:
                          "dequantized once at load) or use --quantization none.")
 
 
+def checkpoint_quant_config(model_path: Optional[str]) -> Optional[dict]:
+    """config.json's quantization_config of a local model directory (None elsewhere)."""
+    path = os.path.join(model_path, "config.json") if model_path and os.path.isdir(model_path) else ""
+    if not os.path.isfile(path):
+        return None
+    import json
+
+    with open(path) as f:
+        return json.load(f).get("quantization_config")
+
+
 def served_quantization(sa, gguf_path: Optional[str], device: str, dtype: str,
-                        kernels: Callable[[], bool] = cpu_quant_kernels) -> str:
-    """The linear layers' format the runtime serves: 'none' | 'gguf' | 'w8a8_int8' (layers/quantization); ValueError
-    for flags it refuses. The kernels are asked only where they decide: unset --quantization, a .gguf, a CPU."""
+                        kernels: Callable[[], bool] = cpu_quant_kernels, hf_quant_config: Optional[dict] = None) -> str:
+    """The linear layers' format the runtime serves: 'none' | 'gguf' | 'w8a8_int8' | 'fp8' (an fp8 block checkpoint
+    on one GPU; layers/quantization); ValueError for flags it refuses. hf_quant_config: the checkpoint's
+    quantization_config (read from --model-path's config.json when None). The kernels are asked only where they
+    decide: unset --quantization, a .gguf, a CPU."""
     from sglang.srt.layers.quantization import resolve_quantization  # torch-free
+    from sglang.srt.layers.quantization.fp8_block_config import is_fp8_block_checkpoint
+
+    if hf_quant_config is None and gguf_path is None:
+        hf_quant_config = checkpoint_quant_config(getattr(sa, "model_path", None))
 
     if sa.quantization in ("gguf", "w8a8_int8") and device == "cpu":
         check_cpu_quant_level(sa.quantization)
@@ -234,19 +251,23 @@ def served_quantization(sa, gguf_path: Optional[str], device: str, dtype: str,
     # without bf16: mem_plan/dtypes.py) keeps the blocks and runs fp32 activations through them
     explicit_fp32 = dtype == "float32" and sa.dtype != "auto"
     return resolve_quantization(sa.quantization, gguf_path is not None, device, explicit_fp32, sa.tp_size,
-                                kernels() if decides else True)
+                                kernels() if decides else True, is_fp8_block_checkpoint(hf_quant_config))
 
 
 def planned_weight_format(sa, hf_quant_config: Optional[dict], gguf_path: Optional[str], device: str, dtype: str,
                           kernels: Callable[[], bool] = cpu_quant_kernels) -> WeightFormat:
     """The format `sglang plan` charges the weights in: the served format, else (unset / none) the checkpoint's
-    quantization_config; fp8, awq and gptq are sized for the dry run only (the CPU server refuses them)."""
-    quant = sa.quantization
-    if quant not in PLAN_ONLY_QUANTIZATIONS:
-        quant = served_quantization(sa, gguf_path, device, dtype, kernels)
-        if quant != "none":
+    quantization_config; fp8, awq and gptq are sized for the dry run only (the CPU server refuses them), except an
+    fp8 block checkpoint: dequantized at load, it is charged dense in the model dtype; served by the fp8 GEMM (one
+    GPU), its blocks."""
+    from sglang.srt.layers.quantization.fp8_block_config import is_fp8_block_checkpoint
+
+    quant, fp8_blocks = sa.quantization, is_fp8_block_checkpoint(hf_quant_config)
+    if quant not in PLAN_ONLY_QUANTIZATIONS or (fp8_blocks and quant == "fp8"):
+        quant = served_quantization(sa, gguf_path, device, dtype, kernels, hf_quant_config or {})
+        if quant in ("gguf", "w8a8_int8") or (quant == "none" and fp8_blocks):
             return served_weight_format(quant, gguf_path)
-        quant = None
+        quant = None if quant == "none" else quant
     return weight_format(quant, hf_quant_config)
 
 

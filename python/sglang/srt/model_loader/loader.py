@@ -4,7 +4,9 @@ quantization (resolved by layers.quantization.resolve_quantization): 'none' load
 'gguf' builds quantized linear layers and MoE experts, and the file's packed vocabulary table where it has one
 (mem_plan/quantization_sizes.gguf_packed_vocab: the lm_head, or the embedding tied to it), and reads their tensors
 as blocks from gguf_path (the rest from the converted directory; model_loader/gguf_weights.py); 'w8a8_int8'
-quantizes the dense checkpoint's linear and expert weights to 8-bit blocks as they load.
+quantizes the dense checkpoint's linear and expert weights to 8-bit blocks as they load. An fp8 block checkpoint
+(quantization_config fp8 with weight_block_size) is dequantized to the model dtype as it is read
+(layers/quantization/fp8_block.py), except the layers an fp8 GEMM serves ('fp8', the GPU: fp8_block_linear.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.quantization import quantization_config
+from sglang.srt.layers.quantization.fp8_block import dequantized_fp8_weights, fp8_kept_names
+from sglang.srt.layers.quantization.fp8_block_config import fp8_block_format
 from sglang.srt.mem_plan.kv_quant import kv_scale_name
 from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 from sglang.srt.models.registry import get_model_class
@@ -119,6 +123,7 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
 
         packed_vocab = gguf_packed_vocab(gguf_path)[0]  # the table the plan prices packed (configs/resolved.py)
     model = build_model(model_config, device, quantization, packed_vocab)
+    fp8 = fp8_block_format(getattr(model_config.hf_config, "quantization_config", None))
     kinds: Dict[str, int] = {}
     if quantization == "gguf":
         from sglang.srt.model_loader.gguf_weights import (
@@ -138,6 +143,8 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
             weights = iter_gguf_quantized_weights(gguf_path, model_config.model_path, kinds, packed_names)
     else:
         weights = safetensors_weights_iterator(model_config.model_path)
+        if fp8 is not None:
+            weights = dequantized_fp8_weights(weights, fp8, model_config.dtype, fp8_kept_names(model, quantization))
     # fp8 KV scales (k_scale / v_scale) are no parameter: the runner gives them to the KV pool (kv_calibration.py)
     weights = (nw for nw in weights if kv_scale_name(nw[0]) is None)
     # packing is many small uint8 operators: one thread is ~10x faster than two threads' OpenMP hand-offs on a
@@ -150,6 +157,8 @@ def load_model(model_config: ModelConfig, device: str = None, quantization: str 
         _save_packed_cache(model, os.path.join(model_config.model_path, PACKED_CACHE_FILE))
     model.eval()
     what = str(model_config.dtype).replace("torch.", "")
+    if fp8 is not None:
+        what += ", fp8 blocks " + ("served by the fp8 GEMM" if quantization == "fp8" else "dequantized at load")
     if quantization != "none":
         if "packed-cache" in kinds:
             detail = "from the packed-weights cache"

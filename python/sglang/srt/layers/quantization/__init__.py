@@ -31,10 +31,21 @@ _state = threading.local()
 
 
 def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, device: str, explicit_float32: bool,
-                         tp_size: int = 1, kernels: bool = True) -> str:
+                         tp_size: int = 1, kernels: bool = True, checkpoint_fp8: bool = False) -> str:
     """The weight format a start uses; raises ValueError (naming the flag) for combinations that cannot work.
     kernels: whether quant_linear runs here (without it a quantized layer dequantizes per call, so unset stays
-    'none', and an explicit --quantization w8a8_int8 is refused: it would be many times slower than dense)."""
+    'none', and an explicit --quantization w8a8_int8 is refused: it would be many times slower than dense).
+    checkpoint_fp8: the checkpoint is fp8 blocks (fp8_block.py). Unset on a GPU then serves them with the
+    block-fp8 GEMM ('fp8'); on a CPU, and with 'none', they are dequantized once at load to --dtype ('none');
+    'w8a8_int8' requantizes the dequantized weights to 8-bit blocks."""
+    if checkpoint_fp8 and quantization in (None, "fp8"):
+        if device == "cuda":
+            return "fp8"
+        if quantization == "fp8":
+            raise ValueError("--quantization fp8 on a CPU: the block-fp8 GEMM runs on GPUs; leave --quantization "
+                             "unset (the fp8 blocks are dequantized once at load to --dtype) or use --quantization "
+                             "w8a8_int8.")
+        return "none"
     if quantization is None:
         served = model_is_gguf and device == "cpu" and not explicit_float32 and tp_size == 1 and kernels
         return "gguf" if served else "none"
