@@ -182,8 +182,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
 // returns (out, residual_out); residual_out is x + residual (or undefined without a residual)
 std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                            const at::Tensor& weight, double eps) {
-  const bool f32 = residual.has_value() ? check_kernel_dtype("rmsnorm", {&x, &weight, &*residual})
-                                        : check_kernel_dtype("rmsnorm", {&x, &weight});
+  // bf16 rows with a float32 weight: Gemma's norm, the fp32 scale (1 + w) applied before the one rounding
+  const bool f32_scale = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kFloat;
+  const bool f32 = residual.has_value() ? check_kernel_dtype("rmsnorm", {&x, f32_scale ? &x : &weight, &*residual})
+                                        : check_kernel_dtype("rmsnorm", {&x, f32_scale ? &x : &weight});
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rmsnorm: x must be a contiguous [rows, hidden] tensor");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.numel() == hidden && weight.is_contiguous(), "rmsnorm: weight must have ", hidden, " elements");
@@ -201,6 +203,9 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optio
       if (f32)
         SGL_F32_CALL(rmsnorm_row, f32_ptr(x) + o, has_res ? f32_ptr(*residual) + o : nullptr, f32_ptr(weight),
                      f32_ptr(out) + o, has_res ? f32_ptr(res_out) + o : nullptr, hidden, feps);
+      else if (f32_scale)
+        sgl_cpu::rmsnorm_row_f32_scale(bf16_ptr(x) + o, has_res ? bf16_ptr(*residual) + o : nullptr, f32_ptr(weight),
+                                       bf16_ptr(out) + o, has_res ? bf16_ptr(res_out) + o : nullptr, hidden, feps);
       else
         sgl_cpu::rmsnorm_row(bf16_ptr(x) + o, has_res ? bf16_ptr(*residual) + o : nullptr, bf16_ptr(weight),
                              bf16_ptr(out) + o, has_res ? bf16_ptr(res_out) + o : nullptr, hidden, feps);
@@ -222,6 +227,21 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
       else
         sgl_cpu::silu_and_mul_row(bf16_ptr(x) + r * 2 * inter, bf16_ptr(out) + r * inter, inter);
     }
+  });
+  return out;
+}
+
+// [rows, 2I] -> [rows, I], bf16 only (Gemma's MLP; fp32 models take torch's gelu)
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && !check_kernel_dtype("gelu_tanh_and_mul", {&x}),
+              "gelu_tanh_and_mul: bfloat16 only");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0,
+              "gelu_tanh_and_mul: x must be contiguous [rows, 2I]");
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  at::Tensor out = at::empty({rows, inter}, x.options());
+  sgl_cpu::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      sgl_cpu::gelu_tanh_and_mul_row(bf16_ptr(x) + r * 2 * inter, bf16_ptr(out) + r * inter, inter);
   });
   return out;
 }
@@ -269,8 +289,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_linear", &amx_linear, "x [M <= 64, K] @ weight [N, K]^T in bf16 with AMX tiles, weights in place");
   m.def("pack_linear_weight", &pack_linear_weight, "weight [N, K] -> the same weights in gemm_bf16.h's VNNI layout");
   m.def("packed_linear", &packed_linear, "x [M, K] @ W^T from a packed weight (AVX-512 BF16, no AMX), any M");
-  m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add");
+  m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add; a float32 weight on bfloat16 "
+        "rows is applied in fp32 before the one rounding (Gemma's 1 + w)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu_tanh(gate) * up on a merged [gate | up] bf16 tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");
   m.def("pool_stress", &pool_stress, "regions run back to back: indices run twice or never (0 when the pool is correct)");
   m.def("decode_attention_head_dims", &sgl_cpu::decode_attention_head_dims, "head_dim values decode_attention supports");

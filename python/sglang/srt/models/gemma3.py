@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_ops_for_dtype
 from sglang.srt.configs.model_config import get_rope_parameters
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.radix_attention import RadixAttention
@@ -50,6 +51,12 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """x: [..., hidden]. With residual: (norm(x + residual), x + residual), the sum in x's dtype as HF adds."""
+        if x.is_cpu and x.dim() == 2 and (residual is None or residual.is_contiguous()):
+            x = x.contiguous()  # a k slice of the fused qkv output (one KV head) is a strided view
+            ops = get_ops_for_dtype(x.dtype)  # the CPU kernel: the same fp32 math with the fp32 scale, one rounding
+            if ops is not None:
+                out, residual_out = ops.rmsnorm(x, residual, self.scale, self.variance_epsilon)
+                return out if residual is None else (out, residual_out)
         if residual is not None:
             x = x + residual
             residual = x
@@ -80,7 +87,12 @@ class Gemma3MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, 2I / tp] -> 2 x [N, I / tp]
+        gate_up = self.gate_up_proj(x)  # [N, 2I / tp]
+        if gate_up.dtype == torch.bfloat16 and gate_up.is_cpu and gate_up.dim() == 2 and gate_up.is_contiguous():
+            ops = get_cpu_ops()
+            if ops is not None:  # the CPU kernel: torch's two roundings (gelu to bf16, then the product)
+                return self.down_proj(ops.gelu_tanh_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # 2 x [N, I / tp]
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
