@@ -7,7 +7,8 @@
 - a quantized --kv-cache-dtype is refused naming the flag;
 - attention: the absorbed MQA the model calls equals the EXPANDED form (every head's K/V decompressed with random
   W_UK / W_UV) in float64 (sglang.test.mla_reference), at page sizes 1 and 16, over prefill, a chunk after a cached
-  prefix, ragged decode steps and decode row groups.
+  prefix, ragged decode steps and decode row groups; a chunk over a cached prefix stays within the transient the plan
+  declares for torch_native's extend.
 """
 
 import json
@@ -21,7 +22,7 @@ from sglang.srt.mem_plan.model_shapes import model_shape_from_config
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.mla_reference import MLAHarness, max_abs_diff
 
-register_cpu_ci(est_time=10, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mem_plan", "fixtures")
 MLA_FIXTURES = ("deepseek-v3", "deepseek-v2-lite", "kimi-k2-instruct")
@@ -93,6 +94,31 @@ class TestTorchNativeMLA(unittest.TestCase):
         h = MLAHarness("torch_native", page_size=16, dtype=torch.bfloat16, seed=3)
         h.backend.decode_gather_tokens = 40  # a ragged batch of max_len 33 goes one request per row group
         self._run(h, [(30, 7, 18), (2, 1, 3), (1, 1, 1)], tol=0.05)
+
+    def test_extend_stays_within_the_declared_transient(self):
+        """A chunk over a cached prefix at DeepSeek's row width (576) and 16 heads peaks under the extend_attention
+        bound the plan reserves for torch_native (backends.extend_attention_workspace_bytes): the scores stay tiled."""
+        from sglang.srt.mem_plan.backends import extend_attention_workspace_bytes
+        from sglang.srt.mem_plan.measure import cpu_peak_rss_bytes, measure_peak
+
+        if cpu_peak_rss_bytes() <= 0:
+            self.skipTest("no peak RSS on this platform")
+        heads, prefix, chunk = 16, 1536, 512
+        h = MLAHarness("torch_native", num_heads=heads, kv_lora_rank=512, qk_rope_head_dim=64, dtype=torch.bfloat16,
+                       num_layers=1, num_reqs=1, context_len=2048, pool_tokens=2048)
+        row = h.new_request()
+        fb = h.batch([row], [prefix])
+        h.backend.init_forward_metadata(fb)
+        h.backend.forward(h.rand(prefix, heads, h.L).bfloat16(), h.rand(prefix, 1, h.L).bfloat16(), None, h.layers[0], fb)
+        h.history[row][0] = torch.zeros(prefix, h.L)  # the harness's count of the request's tokens
+        fb = h.batch([row], [chunk])
+        q, k = h.rand(chunk, heads, h.L).bfloat16(), h.rand(chunk, 1, h.L).bfloat16()
+        h.backend.init_forward_metadata(fb)
+        with measure_peak("cpu") as m:
+            out = h.backend.forward(q, k, None, h.layers[0], fb)
+        self.assertEqual(tuple(out.shape), (chunk, heads * 512))
+        bound = extend_attention_workspace_bytes(heads, 1, h.L, 2, chunk, prefix + chunk)
+        self.assertLess(m.increase_bytes, bound, (m.increase_bytes, bound))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ MQA with v_head_dim = kv_lora_rank != head_dim = L, and nothing per head is ever
   decode   row groups of at most the backend's decode_gather_tokens padded tokens: a padded slot table, one gather,
            one SDPA call with the H heads as H queries of the single key head (no expansion)
 
+SDPA is called with V = the whole row (v is k) and the output's first kv_lora_rank columns kept: torch's CPU flash
+kernel needs equal q/k/v widths, and only it keeps the scores tiled. With V as the kv_lora_rank-wide view SDPA falls
+back to its math path, which holds [H, q_len, seq_len] scores: at H 16, L 576, 1,024 new tokens over 4,096, bf16, the
+peak was 961 MiB against 43 MiB with v = k, and against the 209 MiB the plan declares (backends.extend_attention).
+
 The metadata is the backend's own (TorchNativeMetadata: extend_reqs; max_len / ragged / seq_lens_host): an MLA pool
 has no fused kernel there (its v_head_dim != head_dim), so _init_metadata always takes the torch path's branch.
 `kernel_attention` is the one place a compiled CPU MLA kernel plugs in.
@@ -66,12 +71,11 @@ class MLATorchAttention:
             self.pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, None)
         return self._extend(q, k, layer) if fb.forward_mode.is_extend() else self._decode(q, layer, fb)
 
-    def _rows(self, layer, kv_indices: torch.Tensor, dtype: torch.dtype):
-        """kv_indices [B, Lk] -> K [B, 1, Lk, L] and V [B, 1, Lk, kv_lora_rank] (a view of K) from one gather."""
+    def _rows(self, layer, kv_indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """kv_indices [B, Lk] -> the latent rows [B, 1, Lk, L], one gather (they are K, and V is their first columns)."""
         bs, n = kv_indices.shape
         k, _ = self.pool.gather_kv(layer.layer_id, kv_indices.reshape(-1), dtype)  # [B * Lk, 1, L]
-        k = k.view(bs, n, 1, k.shape[-1]).transpose(1, 2)
-        return k, k[..., : self.kv_lora_rank]
+        return k.view(bs, n, 1, k.shape[-1]).transpose(1, 2)
 
     def _extend(self, q: torch.Tensor, k: torch.Tensor, layer) -> torch.Tensor:
         md, num_heads, dv = self.backend.forward_metadata, q.shape[1], self.kv_lora_rank
@@ -81,13 +85,14 @@ class MLATorchAttention:
             q_b = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, L]
             if req.kv_indices is None:  # no cached prefix: the new rows as computed, causal
                 k_b = k[rows].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, 1, q_len, L]
-                out = F.scaled_dot_product_attention(q_b, k_b, k_b[..., :dv], is_causal=True, scale=layer.scaling,
+                out = F.scaled_dot_product_attention(q_b, k_b, k_b, is_causal=True, scale=layer.scaling,
                                                      enable_gqa=True)
             else:
-                k_b, v_b = self._rows(layer, req.kv_indices, q.dtype)  # [1, 1, seq_len, L]
-                out = F.scaled_dot_product_attention(q_b, k_b, v_b, attn_mask=req.attn_mask, scale=layer.scaling,
+                k_b = self._rows(layer, req.kv_indices, q.dtype)  # [1, 1, seq_len, L]
+                out = F.scaled_dot_product_attention(q_b, k_b, k_b, attn_mask=req.attn_mask, scale=layer.scaling,
                                                      enable_gqa=True)
-            outs.append(out[0].transpose(0, 1).reshape(req.q_len, num_heads * dv))  # [1, H, q, dv] -> [q, H * dv]
+            # [1, H, q, L] -> the values' columns [q, H * dv]
+            outs.append(out[0, ..., :dv].transpose(0, 1).reshape(req.q_len, num_heads * dv))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _decode(self, q: torch.Tensor, layer, fb: "ForwardBatch") -> torch.Tensor:
@@ -107,6 +112,6 @@ class MLATorchAttention:
             kv_indices.masked_fill_(~valid, 0)  # req_to_token past seq_len is uninitialised: the dummy page instead
             attn_mask = valid.view(-1, 1, 1, max_len)
         bs, num_heads, _ = q.shape
-        k, v = self._rows(layer, kv_indices, q.dtype)  # [b, 1, max_len, L], [b, 1, max_len, kv_lora]
-        out = F.scaled_dot_product_attention(q.unsqueeze(1), k, v, attn_mask=attn_mask, scale=layer.scaling)
-        return out.reshape(bs, num_heads * self.kv_lora_rank)  # [b, 1, H, kv_lora] -> [b, H * kv_lora]
+        k = self._rows(layer, kv_indices, q.dtype)  # [b, 1, max_len, L]
+        out = F.scaled_dot_product_attention(q.unsqueeze(1), k, k, attn_mask=attn_mask, scale=layer.scaling)
+        return out[..., : self.kv_lora_rank].reshape(bs, num_heads * self.kv_lora_rank)  # [b, 1, H, L] -> [b, H * dv]
