@@ -17,7 +17,7 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu")
 
 STEPS = ("prefill", "decode", "sample", "detokenize")
 SPEC = ";".join(f"{s}:error:rid=victim-{s}" for s in STEPS)
@@ -85,6 +85,6 @@ def test_soak_script_short_run():
     spec = importlib.util.spec_from_file_location("fault_soak", path)
     soak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(soak)
-    result = soak.run_soak(duration_s=20, concurrency=8, fault_every_steps=5, max_tokens=8)
+    result = soak.run_soak(duration_s=10, concurrency=8, fault_every_steps=5, max_tokens=8)
     assert result["requests_failed_by_injection"] >= 1, result  # faults did fire
     assert soak.passed(result), result
