@@ -17,7 +17,7 @@ from mla_backend_steps import MLA_STEPS, backend_calls_in, mla_harness, run_mla_
 from sglang.test.attention_standins import AllocationRecorder, install, make_aiter, make_flashinfer
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="cpu")
+register_cpu_ci(est_time=20, suite="cpu")
 
 BF16_TOL = 3e-2  # bf16 query and rows: a few ulps at |out| ~ 1; a wrong key set or split is off by O(0.1..1)
 FP16_TOL = 3e-3

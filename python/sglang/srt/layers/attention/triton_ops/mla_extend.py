@@ -26,6 +26,7 @@ from sglang.srt.layers.attention.triton_ops.tiles import MIN_DOT_TILE, Attention
 # (token, head) rows per program on a GPU: a [32, 512] fp32 accumulator and [32, 512 + 64] query, as decode's 16 heads
 # twice (the general extend kernel's 64 rows of 1024-wide padded keys would not fit)
 GPU_ROWS_PER_PROGRAM = 32
+GPU_NUM_WARPS = 8  # the [32, 512] fp32 accumulator is 64 KiB: 64 registers a thread over 8 warps, 128 over 4
 
 
 @lazy_jit
@@ -118,6 +119,6 @@ def mla_extend_fwd(
         q.stride(0), q.stride(1), k_rows.stride(0), o.stride(0), o.stride(1), kv_rows.stride(0),
         req_to_token.stride(0),
         NUM_HEADS=num_heads, LORA=lora, ROPE=rope, BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_C=dot_tile(lora),
-        BLOCK_R=dot_tile(rope), BLOCK_N=tiles.extend_block_n,
+        BLOCK_R=dot_tile(rope), BLOCK_N=tiles.extend_block_n, num_warps=GPU_NUM_WARPS,
     )
     return o
