@@ -10,6 +10,9 @@ gelu_tanh_and_mul (bf16 [rows, gate | up] -> gelu_tanh(gate) * up; activation.h)
 rounded to bf16 then times up, rounded. The kernel's tanh is not torch's (Sleef's), so the gelu may differ where
 1 + tanh(u) cancels to a few fp32 ulps: only for |gelu| < 1e-3, by at most 2 fp32 ulps of 1 (2.4e-7). Everywhere else
 the bf16 values are equal, and the product is exactly the rounded product of that gelu and up.
+
+The attention prologue (qk_norm_rope_ with the fp32 scales, in place on the fused qkv rows) gives the q and k of the
+module path (two GemmaRMSNorm calls, two rotations) bit for bit, local and global layers (their own rope tables).
 """
 
 import unittest
@@ -76,6 +79,38 @@ class TestGemmaNormKernel(unittest.TestCase):
                     self.assertTrue(torch.equal(gelu[big], ref_gelu[big]))
                     self.assertLessEqual((gelu.float() - ref_gelu.float()).abs().max().item(), 2.4e-7)
                     self.assertTrue(torch.equal(self.ops.gelu_tanh_and_mul(x), gelu * up))
+
+    def test_attention_prologue_equals_module_path(self):
+        from transformers import Gemma3TextConfig
+
+        from sglang.srt.models.gemma3 import Gemma3Attention
+
+        cfg = Gemma3TextConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                               intermediate_size=256, num_hidden_layers=2, vocab_size=64, sliding_window=8,
+                               max_position_embeddings=512)
+        torch.manual_seed(3)
+        for window in (8, -1):
+            torch.set_default_dtype(torch.bfloat16)  # as the loader builds a bf16 model (the rope table in bf16)
+            try:
+                attn = Gemma3Attention(cfg, layer_id=0, window=window)
+            finally:
+                torch.set_default_dtype(torch.float32)
+            for norm in (attn.q_norm, attn.k_norm):
+                norm.weight.data = torch.randn(64) * 0.5
+                norm.refresh()
+            qkv = torch.randn(5, (4 + 2) * 64).to(torch.bfloat16)
+            positions = torch.tensor([0, 3, 17, 200, 511])
+            fused = qkv.clone()
+            self.assertTrue(attn._kernel_prologue_(positions, fused))
+            q, k, _ = qkv.split([4 * 64, 64, 64], dim=-1)
+            q = attn.q_norm(q.reshape(5 * 4, 64))
+            k = attn.k_norm(k.reshape(5, 64))
+            q, _ = attn.rotary_emb._forward_torch(positions, q.view(5, 4, 64))
+            k, _ = attn.rotary_emb._forward_torch(positions, k.view(5, 1, 64))
+            with self.subTest(window=window):
+                self.assertTrue(torch.equal(fused[:, :256].view(5, 4, 64), q))
+                self.assertTrue(torch.equal(fused[:, 256:320].view(5, 1, 64), k))
+                self.assertTrue(torch.equal(fused[:, 320:], qkv[:, 320:]))  # v untouched
 
     def test_model_norm_takes_the_kernel(self):
         norm = GemmaRMSNorm(640)

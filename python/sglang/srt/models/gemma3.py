@@ -118,13 +118,31 @@ class Gemma3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         n = hidden_states.shape[0]
-        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden_states)  # [N, (H + 2KV) * D]
+        if self._kernel_prologue_(positions, qkv):
+            q, k, v = qkv.view(n, -1, self.head_dim).split([self.num_heads, self.num_kv_heads, self.num_kv_heads], 1)
+            return self.o_proj(self.attn(q, k, v, forward_batch))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(n * self.num_heads, self.head_dim)).view(n, self.num_heads, self.head_dim)
         k = self.k_norm(k.reshape(n * self.num_kv_heads, self.head_dim)).view(n, self.num_kv_heads, self.head_dim)
         q, _ = self.rotary_emb(positions, q)
         k, _ = self.rotary_emb(positions, k)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+    def _kernel_prologue_(self, positions: torch.Tensor, qkv: torch.Tensor) -> bool:
+        """bf16 on a CPU with the kernels: both per-head norms (their fp32 scales) and RoPE in one in-place call on
+        qkv (qk_norm_rope.h; the same values as the module path's norms and rotations, without its copies)."""
+        if not (qkv.dtype == torch.bfloat16 and qkv.is_cpu and qkv.dim() == 2 and positions.dim() == 1
+                and positions.dtype == torch.int64):
+            return False
+        ops, table = get_cpu_ops(), self.rotary_emb.cos_sin_cache
+        if ops is None or table.dtype != torch.bfloat16 or self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
+            return False
+        ops.qk_norm_rope_(qkv, positions, self.q_norm.scale, self.k_norm.scale, self.q_norm.variance_epsilon,
+                          self.num_heads, self.num_kv_heads, self.head_dim, table)
+        return True
 
 
 class Gemma3DecoderLayer(nn.Module):
