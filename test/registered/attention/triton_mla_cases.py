@@ -66,7 +66,7 @@ class MLAWeights:
 class LatentProblem(MLAWeights):
     """MLA weights and a one-layer paged latent pool with shuffled pages holding every request's rows."""
 
-    def __init__(self, seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, seed=0, max_ctx=512):
+    def __init__(self, seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, seed=0):
         g = torch.Generator().manual_seed(seed)
         super().__init__(num_heads, lora, rope, nope, v_head, g)
         self.dtype = dtype
@@ -76,7 +76,7 @@ class LatentProblem(MLAWeights):
         slots_total = (num_pages + 1) * page_size
         # rows in the KV dtype; the reference reads the same rounded values
         self.rows = torch.randn(slots_total, 1, lora + rope, generator=g).to(dtype)
-        self.req_to_token = torch.zeros(len(seq_lens) + 3, max_ctx, dtype=torch.int64)
+        self.req_to_token = torch.zeros(len(seq_lens) + 3, max(seq_lens) + 2 * page_size, dtype=torch.int64)
         self.table_rows = torch.arange(len(seq_lens), 0, -1, dtype=torch.int64) + 1  # row != batch index
         used = 0
         for b, n in enumerate(seq_lens):
@@ -93,7 +93,7 @@ class LatentProblem(MLAWeights):
 
 
 def run_decode(seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, num_splits, tiles=None,
-               heads_per_program=None, scale_error=1.0):
+               heads_per_program=None, scale_error=1.0, device="cpu"):
     """Max abs error of mla_decode_fwd (absorbed) against the expanded form (scale_error != 1 runs the kernel with a
     wrong softmax scale, to show the comparison can fail)."""
     from sglang.srt.layers.attention.triton_ops import mla_decode_fwd
@@ -102,12 +102,14 @@ def run_decode(seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, 
     bs = len(seq_lens)
     q_nope, q_pe, q = p.queries(bs)
     slots_r = bs + 2  # the workspace is sized for the planned slots
-    partial = torch.full((slots_r, num_heads, num_splits, lora), float("nan"))
-    lse = torch.full((slots_r, num_heads, num_splits), float("nan"))
-    o = torch.full((bs, num_heads, lora), float("nan"), dtype=dtype)
-    mla_decode_fwd(q, p.rows, o, p.req_to_token, p.table_rows, torch.tensor(seq_lens), partial, lse,
-                   p.scale * scale_error, tiles=tiles, max_seq_len=max(seq_lens), heads_per_program=heads_per_program)
-    out = p.up(o)
+    d = dict(device=device)
+    partial = torch.full((slots_r, num_heads, num_splits, lora), float("nan"), **d)
+    lse = torch.full((slots_r, num_heads, num_splits), float("nan"), **d)
+    o = torch.full((bs, num_heads, lora), float("nan"), dtype=dtype, **d)
+    mla_decode_fwd(q.to(device), p.rows.to(device), o, p.req_to_token.to(device), p.table_rows.to(device),
+                   torch.tensor(seq_lens, **d), partial, lse, p.scale * scale_error, tiles=tiles,
+                   max_seq_len=max(seq_lens), heads_per_program=heads_per_program)
+    out = p.up(o.cpu())
     err = 0.0
     for b, n in enumerate(seq_lens):
         ref = p.expanded(q_nope[b : b + 1], q_pe[b : b + 1], p.seq_rows(b, n), [n - 1])
@@ -116,7 +118,7 @@ def run_decode(seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, 
 
 
 def run_extend(prefix_lens, extend_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, tiles=None,
-               heads_per_program=None, rows_per_program=None, scale_error=1.0):
+               heads_per_program=None, rows_per_program=None, scale_error=1.0, device="cpu"):
     """Max abs error of mla_extend_fwd (absorbed, a cached prefix read from the pool) against the expanded form."""
     from sglang.srt.layers.attention.triton_ops import mla_extend_fwd
 
@@ -127,12 +129,14 @@ def run_extend(prefix_lens, extend_lens, num_heads, lora, rope, nope, v_head, pa
     # the new tokens' rows are what the pool holds at their slots (the backend writes them before attending)
     k_new = torch.cat([p.rows[p.req_to_token[p.table_rows[b], a:s]] for b, (a, s) in
                        enumerate(zip(prefix_lens, seq_lens))])
-    o = torch.full((total, num_heads, lora), float("nan"), dtype=dtype)
+    d = dict(device=device)
+    o = torch.full((total, num_heads, lora), float("nan"), dtype=dtype, **d)
     qo_start = torch.tensor([0] + extend_lens[:-1]).cumsum(0)
-    mla_extend_fwd(q, k_new, o, p.rows, p.req_to_token, p.table_rows, qo_start, torch.tensor(extend_lens),
-                   torch.tensor(prefix_lens), max(extend_lens), p.scale * scale_error, tiles=tiles,
+    mla_extend_fwd(q.to(device), k_new.to(device), o, p.rows.to(device), p.req_to_token.to(device),
+                   p.table_rows.to(device), qo_start.to(device), torch.tensor(extend_lens, **d),
+                   torch.tensor(prefix_lens, **d), max(extend_lens), p.scale * scale_error, tiles=tiles,
                    heads_per_program=heads_per_program, rows_per_program=rows_per_program)
-    out = p.up(o)
+    out = p.up(o.cpu())
     err, start = 0.0, 0
     for b, (a, e) in enumerate(zip(prefix_lens, extend_lens)):
         ref = p.expanded(q_nope[start : start + e], q_pe[start : start + e], p.seq_rows(b, a + e),
@@ -155,6 +159,18 @@ EXTEND_CASES = [
     dict(prefix_lens=[0, 21, 40], extend_lens=[6, 35, 1], num_heads=8, lora=64, rope=32, nope=48, v_head=40),
     dict(prefix_lens=[0, 300], extend_lens=[19, 4], num_heads=20, lora=96, rope=16, nope=32, v_head=24,
          heads_per_program=16, rows_per_program=32),
+]
+
+
+# DeepSeek V2/V3's widths (kv_lora 512, rope 64, nope 128, v_head 128) at 128 heads (tp 1) and 16 (tp 8): compiled on a
+# GPU only (test_triton_mla_gpu.py), with the kernels' default heads and rows per program
+DEEPSEEK_DECODE_CASES = [
+    dict(seq_lens=[1, 100, 700], num_heads=128, lora=512, rope=64, nope=128, v_head=128, num_splits=8),
+    dict(seq_lens=[33, 1000], num_heads=16, lora=512, rope=64, nope=128, v_head=128, num_splits=4),
+]
+DEEPSEEK_EXTEND_CASES = [
+    dict(prefix_lens=[0, 300], extend_lens=[50, 70], num_heads=128, lora=512, rope=64, nope=128, v_head=128),
+    dict(prefix_lens=[17, 0], extend_lens=[1, 200], num_heads=16, lora=512, rope=64, nope=128, v_head=128),
 ]
 
 
