@@ -17,12 +17,12 @@ E4M3_MAX = 448.0
 LINEAR_PARTS = (".self_attn.", ".mlp.")  # the converted modules: every attention / MLP projection
 
 
-def make_random_qwen3_bf16(path: str, seed: int = 0) -> str:
-    """A random Qwen3 whose projections hold whole 128-blocks and ragged ones (intermediate 320: 2.5 blocks)."""
+def make_random_qwen3_bf16(path: str, seed: int = 0, intermediate_size: int = 320) -> str:
+    """A random Qwen3 whose projections hold whole 128-blocks and, at intermediate 320 (2.5 blocks), ragged ones."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
+    cfg = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=intermediate_size, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
                       rope_theta=10000.0, tie_word_embeddings=False, eos_token_id=1, bos_token_id=0,
                       torch_dtype="bfloat16")

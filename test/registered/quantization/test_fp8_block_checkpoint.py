@@ -8,6 +8,7 @@ Qwen3 (fp8_block_fixtures.py quantizes each 128x128 block itself; ragged blocks 
   not the bf16 ones: exact token equality is not the claim);
 - `sglang plan --device cpu` charges the weights the runtime holds (the dense dtype, not the checkpoint's fp8 bytes):
   weights term - the CPU load residual == the bytes of every tensor held;
+- --quantization fp8 (the GPU path) holds the checkpoint's blocks as stored, and `sglang plan --gpu` prices them;
 - a TP rank's narrowed read (Fp8BlockSlice) == the same rows / columns of the whole dequantized tensor;
 - refusals: --quantization fp8 on a CPU, an fp8 tensor of a module modules_to_not_convert names, a weight without
   its scales, a per-tensor fp8 checkpoint; --quantization w8a8_int8 composes (dequantized, then 8-bit blocks).
@@ -43,7 +44,7 @@ from sglang.test.engine_fixtures import shutdown  # noqa: E402
 from sglang.test.tensor_bytes import tensor_bytes  # noqa: E402
 from sglang.test.top1_agreement import teacher_forced_agreement  # noqa: E402
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=50, suite="cpu")
 
 PROMPTS = [[5, 17, 300, 42, 9], [100, 200, 300], [7] * 12, list(range(20, 60)), [3, 1, 4, 1, 5, 9, 2, 6]]
 NEW_TOKENS = 16
@@ -140,6 +141,43 @@ def test_w8a8_int8_composes_and_fp8_on_cpu_is_refused(checkpoints, bf16_tokens):
         assert rate >= 0.9
     finally:
         shutdown(engine)
+
+
+def test_gpu_path_holds_the_blocks_the_plan_prices(tmp_path):
+    """--quantization fp8 (what a GPU start resolves for this checkpoint) built and loaded here on the CPU: the
+    projections hold the checkpoint's fp8 weights and block scales as stored, the module modules_to_not_convert
+    names (down_proj, stored bf16) is dense, and `sglang plan --gpu H200` charges exactly the tensors held. (The
+    kernels these layers run: test_fp8_block_gemm_interpreted.py.)"""
+    from safetensors.torch import load_file
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.server_args import ServerArgs
+
+    bf16 = make_random_qwen3_bf16(str(tmp_path / "bf16"), intermediate_size=384)  # gate/up on block boundaries
+    path = str(tmp_path / "fp8")
+    write_fp8_block_checkpoint(bf16, path, not_converted=("lm_head", "mlp.down_proj"), keep_dense=("mlp.down_proj",))
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    config = ModelConfig.from_server_args(ServerArgs(model_path=path, dtype="bfloat16"), path)
+    model = load_model(config, "cpu", "fp8")
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}."
+        qkv, down = layer.self_attn.qkv_proj, layer.mlp.down_proj
+        assert qkv.weight.dtype == torch.float8_e4m3fn and down.weight.dtype == torch.bfloat16
+        assert down.weight_scale_inv is None and torch.equal(down.weight, stored[prefix + "mlp.down_proj.weight"])
+        parts = [prefix + f"self_attn.{p}_proj.weight" for p in "qkv"]
+        assert torch.equal(qkv.weight.view(torch.uint8), torch.cat([stored[p] for p in parts]).view(torch.uint8))
+        assert torch.equal(qkv.weight_scale_inv, torch.cat([stored[p + "_scale_inv"] for p in parts]))
+        up = layer.mlp.gate_up_proj.weight_scale_inv
+        assert torch.equal(up, torch.cat([stored[prefix + f"mlp.{p}_proj.weight_scale_inv"] for p in ("gate", "up")]))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = plan_main(["--gpu", "H200", "--model-path", path, "--dtype", "bfloat16", "--attention-backend",
+                            "triton", "--max-total-tokens", "1024", "--json"])
+    assert status == 0, buf.getvalue()
+    weights = next(t["num_bytes"] for t in json.loads(buf.getvalue())["plan"]["terms"] if t["name"] == "weights")
+    print(f"GPU plan weights {weights:,} B, tensors held with --quantization fp8 {tensor_bytes(model):,} B")
+    assert weights == tensor_bytes(model)
 
 
 def test_tp_rank_reads_only_its_rows_and_columns(tmp_path):

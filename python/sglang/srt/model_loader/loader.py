@@ -22,7 +22,8 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.quantization import quantization_config
-from sglang.srt.layers.quantization.fp8_block import dequantized_fp8_weights, fp8_kept_names
+from sglang.srt.layers.quantization.fp8_block import dequantized_fp8_weights
+from sglang.srt.layers.quantization.fp8_block_linear import fp8_kept_names, keep_dense_layers
 from sglang.srt.layers.quantization.fp8_block_config import fp8_block_format
 from sglang.srt.mem_plan.kv_quant import kv_scale_name
 from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
@@ -51,9 +52,15 @@ def build_model(model_config: ModelConfig, device: str = "meta", quantization: s
     """The model with uninitialised weights of model_config.dtype on `device` ("meta" allocates nothing);
     packed_vocab: the vocabulary table built packed ('gguf' only; layers/quantization/quantization_config)."""
     cls = get_model_class(model_config.architecture)
+    fp8 = fp8_block_format(getattr(model_config.hf_config, "quantization_config", None)) if quantization == "fp8" \
+        else None
+    block = (fp8.block_n, fp8.block_k) if fp8 is not None else (128, 128)
     with (set_default_torch_dtype(model_config.dtype), torch.device(device),
-          quantization_config(quantization, packed_vocab)):
-        return cls(model_config.hf_config)
+          quantization_config(quantization, packed_vocab, block)):
+        model = cls(model_config.hf_config)
+    if fp8 is not None:
+        keep_dense_layers(model, fp8)
+    return model
 
 
 @contextlib.contextmanager

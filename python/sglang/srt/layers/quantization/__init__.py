@@ -62,18 +62,19 @@ def resolve_quantization(quantization: Optional[str], model_is_gguf: bool, devic
 
 
 @contextlib.contextmanager
-def quantization_config(method: str, packed_vocab: str = "") -> Iterator[None]:
+def quantization_config(method: str, packed_vocab: str = "", fp8_block: tuple = (128, 128)) -> Iterator[None]:
     """Inside this block every LinearBase built takes `method`'s weights ('none': the dense weight). packed_vocab
     ('gguf' only): the vocabulary table built packed, quantization_sizes.PACKED_VOCAB_LM_HEAD (the lm_head) or
-    PACKED_VOCAB_EMBEDDING (the embedding, which the tied lm_head then reads); "" keeps both dense."""
+    PACKED_VOCAB_EMBEDDING (the embedding, which the tied lm_head then reads); "" keeps both dense. fp8_block
+    ('fp8' only): the checkpoint's weight_block_size [rows, cols]."""
     if packed_vocab and method != "gguf":
         raise ValueError(f"a packed vocabulary table is served from a GGUF file's blocks, not with {method!r}")
-    old = getattr(_state, "method", "none"), getattr(_state, "packed_vocab", "")
-    _state.method, _state.packed_vocab = method, packed_vocab
+    old = getattr(_state, "method", "none"), getattr(_state, "packed_vocab", ""), getattr(_state, "fp8_block", None)
+    _state.method, _state.packed_vocab, _state.fp8_block = method, packed_vocab, tuple(fp8_block)
     try:
         yield
     finally:
-        _state.method, _state.packed_vocab = old
+        _state.method, _state.packed_vocab, _state.fp8_block = old
 
 
 def dense_linear():
@@ -93,6 +94,10 @@ def linear_quant_method(layer) -> Optional["QuantLinearMethod"]:
     method = current_quantization()
     if method == "none":
         return None
+    if method == "fp8":  # an fp8 block checkpoint's layers on a GPU (fp8_block_linear.py)
+        from sglang.srt.layers.quantization.fp8_block_linear import Fp8BlockLinearMethod
+
+        return Fp8BlockLinearMethod(_state.fp8_block)
     from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
 
     return QuantLinearMethod(method)

@@ -85,7 +85,7 @@ def _read(t) -> torch.Tensor:
     return t.materialize() if isinstance(t, CheckpointSlice) else t
 
 
-def _is_fp8(t) -> bool:
+def is_fp8_tensor(t) -> bool:
     if isinstance(t, CheckpointSlice):  # one element read tells the stored dtype
         t = t[tuple(slice(0, 1) for _ in range(t.dim()))]
     return t.dtype == FP8_DTYPE
@@ -114,7 +114,7 @@ def dequantized_fp8_weights(weights: Iterable[Tuple[str, object]], fmt: Fp8Block
             else:
                 scales_waiting[base] = tensor
             continue
-        if not _is_fp8(tensor):
+        if not is_fp8_tensor(tensor):
             yield name, tensor
             continue
         if hf_not_converted(module_of(name), fmt.not_converted):
@@ -135,11 +135,3 @@ def dequantized_fp8_weights(weights: Iterable[Tuple[str, object]], fmt: Fp8Block
         raise ValueError(f"checkpoint tensor {next(iter(scales_waiting))}{SCALE_SUFFIX} has no fp8 weight "
                          f"{next(iter(scales_waiting))}; the checkpoint is incomplete.")
 
-
-def fp8_kept_names(model: torch.nn.Module, quantization: str) -> Callable[[str], bool]:
-    """Which checkpoint tensors stay fp8: those of the layers the fp8 GEMM serves (quantization 'fp8'), none else."""
-    if quantization != "fp8":
-        return lambda name: False
-    from sglang.srt.layers.quantization.fp8_block_linear import fp8_served_tensor_names
-
-    return fp8_served_tensor_names(model)
