@@ -16,6 +16,7 @@ import os
 import sys
 
 import torch
+from triton_attention_cases import PagedKV
 
 RESULT_PREFIX = "RESULT_JSON:"
 # max abs error of the final per-head output (|out| ~ 1) against the float64 expanded form
@@ -64,26 +65,17 @@ class MLAWeights:
 
 
 class LatentProblem(MLAWeights):
-    """MLA weights and a one-layer paged latent pool with shuffled pages holding every request's rows."""
+    """MLA weights and a one-layer paged latent pool with shuffled pages holding every request's rows
+    (triton_attention_cases.PagedKV)."""
 
     def __init__(self, seq_lens, num_heads, lora, rope, nope, v_head, page_size, dtype, seed=0):
         g = torch.Generator().manual_seed(seed)
         super().__init__(num_heads, lora, rope, nope, v_head, g)
         self.dtype = dtype
-        pages_per_req = [-(-n // page_size) for n in seq_lens]
-        num_pages = sum(pages_per_req) + 3
-        order = torch.randperm(num_pages, generator=g) + 1  # page 0: the dummy page
-        slots_total = (num_pages + 1) * page_size
-        # rows in the KV dtype; the reference reads the same rounded values
-        self.rows = torch.randn(slots_total, 1, lora + rope, generator=g).to(dtype)
-        self.req_to_token = torch.zeros(len(seq_lens) + 3, max(seq_lens) + 2 * page_size, dtype=torch.int64)
-        self.table_rows = torch.arange(len(seq_lens), 0, -1, dtype=torch.int64) + 1  # row != batch index
-        used = 0
-        for b, n in enumerate(seq_lens):
-            pages = order[used : used + pages_per_req[b]]
-            used += pages_per_req[b]
-            slots = (pages[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)[:n]
-            self.req_to_token[self.table_rows[b], :n] = slots
+        # the latent rows are a one-head K pool of width lora + rope (its V pool, one column wide, goes unused); the
+        # rows are in the KV dtype and the reference reads the same rounded values
+        kv = PagedKV(seq_lens, 1, lora + rope, 1, page_size, dtype, max_ctx=max(seq_lens) + 2 * page_size, seed=seed)
+        self.rows, self.req_to_token, self.table_rows = kv.k_pool, kv.req_to_token, kv.rows
 
     def seq_rows(self, b, n):
         return self.rows[self.req_to_token[self.table_rows[b], :n], 0]  # [n, lora + rope]
