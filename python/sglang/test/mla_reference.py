@@ -24,8 +24,9 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.mla_pool import MLATokenToKVPool
 from sglang.srt.mem_plan.backends import AttentionShape, BackendInputs
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, move_to_device
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.server_args import ServerArgs
+from sglang.test.attention_harness import BackendHarness
 
 
 class MLAHarness:
@@ -54,6 +55,7 @@ class MLAHarness:
         # kv_b_proj's two halves per layer, float64 (the reference's; the backend sees them cast to dtype)
         self.w_uk = [self.rand(num_heads, qk_nope_head_dim, kv_lora_rank) / kv_lora_rank ** 0.5 for _ in self.layers]
         self.w_uv = [self.rand(num_heads, v_head_dim, kv_lora_rank) / kv_lora_rank ** 0.5 for _ in self.layers]
+        self.lens: Dict[int, int] = {}  # request row -> tokens stored (BackendHarness.batch keeps it)
         self.history: Dict[int, List[torch.Tensor]] = {}  # request row -> per layer its tokens' latent rows [n, L] fp64
 
     def rand(self, *shape) -> torch.Tensor:
@@ -61,32 +63,16 @@ class MLAHarness:
 
     def new_request(self) -> int:
         row = self.r2t.alloc()
+        self.lens[row] = 0
         self.history[row] = [torch.zeros(0, self.L, dtype=torch.float64) for _ in self.layers]
         return row
 
     def batch(self, rows: Sequence[int], new_lens: Sequence[int]) -> ForwardBatch:
-        """Allocate slots for new_lens[b] more tokens of request rows[b] and describe that step."""
-        prefix = [self.history[r][0].shape[0] for r in rows]
-        locs: List[int] = []
-        for row, p, n in zip(rows, prefix, new_lens):
-            last = int(self.r2t.req_to_token[row, p - 1]) if p else 0
-            slots = self.allocator.alloc(p, last, n)
-            assert slots is not None, "harness pool too small"
-            self.r2t.req_to_token[row, p : p + n] = torch.tensor(slots)
-            locs += slots
-        seq = [p + n for p, n in zip(prefix, new_lens)]
-        decode = all(n == 1 for n in new_lens) and all(p > 0 for p in prefix)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=len(rows),
-            input_ids=torch.zeros(len(locs), dtype=torch.int64),
-            positions=torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq)]),
-            req_pool_indices=torch.tensor(list(rows)), seq_lens=torch.tensor(seq), out_cache_loc=torch.tensor(locs),
-            seq_lens_cpu=seq, extend_prefix_lens_cpu=[] if decode else prefix,
-            extend_seq_lens_cpu=[] if decode else list(new_lens),
-            extend_prefix_lens=None if decode else torch.tensor(prefix),
-            extend_seq_lens=None if decode else torch.tensor(list(new_lens)),
-            req_to_token_pool=self.r2t, token_to_kv_pool=self.pool, attn_backend=self.backend)
-        return move_to_device(fb, self.device)
+        """Allocate slots for new_lens[b] more tokens of request rows[b] and describe that step (BackendHarness's
+        batch over these pools, allocator and counts)."""
+        fb = BackendHarness.batch(self, rows, new_lens)
+        fb.attn_backend = self.backend
+        return fb
 
     def step(self, rows: Sequence[int], new_lens: Sequence[int]):
         """One forward of new_lens[b] tokens per request through every layer: (backend, fp64 expanded reference) per
