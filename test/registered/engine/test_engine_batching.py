@@ -6,7 +6,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, shutdown
 
-register_cpu_ci(est_time=70, suite="cpu")
+register_cpu_ci(est_time=250, suite="cpu")
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -40,8 +40,8 @@ def unretracted(engine, prompts, max_new):
 
 def test_16_concurrent_equal_each_alone(engine):
     prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) + str(i) for i in range(16)]
-    ref = alone(engine, prompts, 20)
-    outs = engine.generate(prompts, dict(GREEDY, max_new_tokens=20))
+    ref = alone(engine, prompts, 12)  # 16 runs alone are most of this module's time: 12 tokens each
+    outs = engine.generate(prompts, dict(GREEDY, max_new_tokens=12))
     assert [o["output_ids"] for o in outs] == ref
     engine.scheduler.check_integrity()
 
@@ -125,10 +125,11 @@ def test_multibyte_characters_never_split(engine):
 
 def test_retraction_under_tiny_pool(engine):
     prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(8)]
-    ref = unretracted(engine, prompts, 60)
-    tiny = Engine(dtype="float32", max_total_tokens=320, chunked_prefill_size=128, log_level="warning")
+    ref = unretracted(engine, prompts, 40)
+    # 8 x (~11 prompt + 40 new) tokens, ~1.7x the pool: requests are retracted
+    tiny = Engine(dtype="float32", max_total_tokens=240, chunked_prefill_size=128, log_level="warning")
     try:
-        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=60))
+        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=40))
         assert tiny.scheduler.num_retractions > 0
         assert [o["output_ids"] for o in outs] == ref
         tiny.scheduler.check_integrity()
@@ -139,15 +140,16 @@ def test_retraction_under_tiny_pool(engine):
 
 def test_retraction_with_pages(engine):
     prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(8)]
-    ref = unretracted(engine, prompts, 50)
-    tiny = Engine(dtype="float32", max_total_tokens=384, page_size=4, chunked_prefill_size=128,
+    ref = unretracted(engine, prompts, 32)
+    # 8 x (~8 prompt + 32 new) tokens in 4-token pages, ~1.25x the pool: requests are retracted
+    tiny = Engine(dtype="float32", max_total_tokens=264, page_size=4, chunked_prefill_size=128,
                   log_level="warning")
     try:
-        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=50))
+        outs = tiny.generate(prompts, dict(GREEDY, max_new_tokens=32))
         assert tiny.scheduler.num_retractions > 0
         assert [o["output_ids"] for o in outs] == ref
         # shared prefixes with page-aligned caching
-        outs2 = tiny.generate(prompts, dict(GREEDY, max_new_tokens=50))
+        outs2 = tiny.generate(prompts, dict(GREEDY, max_new_tokens=32))
         assert [o["output_ids"] for o in outs2] == ref
         tiny.scheduler.check_integrity()
     finally:
