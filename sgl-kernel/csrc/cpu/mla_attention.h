@@ -136,10 +136,12 @@ inline int64_t mla_row_scratch_floats(int64_t hg, int64_t len, int64_t kv) {
   return hg * (mla_scores_ld(len) + 1 + kv);
 }
 
-// The hg heads of one query row over its len latent rows. scratch: mla_row_scratch_floats(hg, len, kv) floats.
+// hg query heads over the latent rows tokens[0, len): hg / per_row consecutive query rows of one request, per_row
+// heads each, the block's row i reading the first len - (rows - 1 - i) keys (causal; one row: every head all len).
+// Their q rows and outputs are consecutive. scratch: mla_row_scratch_floats(hg, len, kv) floats.
 SGL_AVX512_BF16 inline void mla_attention_row(const uint16_t* q, int64_t hg, const uint16_t* cache, int64_t L,
-                                              int64_t kv, const int64_t* tokens, int64_t len, float scale,
-                                              float* scratch, uint16_t* out) {
+                                              int64_t kv, const int64_t* tokens, int64_t len, int64_t per_row,
+                                              float scale, float* scratch, uint16_t* out) {
   const int64_t ld = mla_scores_ld(len);
   float* scores = scratch;
   float* inv = scratch + hg * ld;
@@ -163,8 +165,13 @@ SGL_AVX512_BF16 inline void mla_attention_row(const uint16_t* q, int64_t hg, con
       }
     }
   }
-  // 2. softmax per head row (unnormalised exp(s - max); inv = 1 / sum)
-  for (int64_t h = 0; h < hg; ++h) inv[h] = f32_avx512::f32_softmax_row(scores + h * ld, len, nullptr);
+  // 2. softmax of each head row over its own keys (unnormalised exp(s - max); inv = 1 / sum); the keys past them
+  // (later rows' of a causal block) get probability 0, so the output pass adds exact zeros for them
+  for (int64_t h = 0; h < hg; ++h) {
+    const int64_t n = len - (hg / per_row - 1 - h / per_row);
+    inv[h] = f32_avx512::f32_softmax_row(scores + h * ld, n, nullptr);
+    std::fill(scores + h * ld + n, scores + h * ld + len, 0.0f);
+  }
   // 3. acc = P . K[:, :kv] a block of keys at a time (its rows stay in L1/L2 while every column chunk and head block
   // passes over them), 32 columns per tile (16 for an odd last chunk); then out = acc * inv, rounded to bf16
   std::fill(acc, acc + hg * kv, 0.0f);

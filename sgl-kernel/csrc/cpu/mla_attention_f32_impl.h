@@ -98,11 +98,11 @@ SGL_F32_TARGET inline void mla_value_heads_f32(const float* cache, int64_t L, co
   }
 }
 
-// The hg heads of one query row over its len latent rows (mla_attention.h's mla_attention_row, fp32; the same scratch
-// layout, mla_row_scratch_floats).
+// hg query heads of hg / per_row consecutive rows over their latent rows (mla_attention.h's mla_attention_row, fp32;
+// the same arguments and scratch layout).
 SGL_F32_TARGET inline void mla_attention_row(const float* q, int64_t hg, const float* cache, int64_t L, int64_t kv,
-                                             const int64_t* tokens, int64_t len, float scale, float* scratch,
-                                             float* out) {
+                                             const int64_t* tokens, int64_t len, int64_t per_row, float scale,
+                                             float* scratch, float* out) {
   constexpr int W = V::W;
   const int64_t ld = mla_scores_ld(len);
   float* scores = scratch;
@@ -126,7 +126,11 @@ SGL_F32_TARGET inline void mla_attention_row(const float* q, int64_t hg, const f
       }
     }
   }
-  for (int64_t h = 0; h < hg; ++h) inv[h] = f32_softmax_row(scores + h * ld, len, nullptr);
+  for (int64_t h = 0; h < hg; ++h) {  // each head row over its own keys; the rest probability 0
+    const int64_t n = len - (hg / per_row - 1 - h / per_row);
+    inv[h] = f32_softmax_row(scores + h * ld, n, nullptr);
+    std::fill(scores + h * ld + n, scores + h * ld + len, 0.0f);
+  }
   std::fill(acc, acc + hg * kv, 0.0f);
   for (int64_t j0 = 0; j0 < len; j0 += kMlaValueKeys) {
     const int64_t nj = std::min(kMlaValueKeys, len - j0);

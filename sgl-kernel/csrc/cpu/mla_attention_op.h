@@ -5,8 +5,8 @@
 //   fp32 pool  mla_attention_f32_impl.h, 512-bit / 256-bit    level avx512_vnni and up / avx2
 // Decode is extend with one new token per request (prefix seq_len - 1): the same rows, tasks and arithmetic, so a
 // prompt's row i equals the decode of that token bit for bit. New latent rows, where given, are written to the pool
-// at out_cache_loc first. Tasks: one per (query row, head group), split over the threads by keys x heads; a head group
-// is every head unless there are too few rows to keep the threads busy, or the scores would outgrow the scratch cap.
+// at out_cache_loc first. Tasks (mla_tasks): a block of a request's consecutive rows with every head, or one row with
+// a group of heads; split over the threads by keys x rows x heads.
 #pragma once
 
 #include <torch/extension.h>
@@ -37,26 +37,47 @@ namespace f32_avx2 {
 constexpr int64_t kMlaScratchFloats = int64_t(1) << 21;
 
 inline void mla_row_task(const uint16_t* q, int64_t hg, const uint16_t* cache, int64_t L, int64_t kv,
-                         const int64_t* tokens, int64_t len, float scale, float* scratch, uint16_t* out) {
-  mla_attention_row(q, hg, cache, L, kv, tokens, len, scale, scratch, out);
+                         const int64_t* tokens, int64_t len, int64_t per_row, float scale, float* scratch,
+                         uint16_t* out) {
+  mla_attention_row(q, hg, cache, L, kv, tokens, len, per_row, scale, scratch, out);
 }
 inline void mla_row_task(const float* q, int64_t hg, const float* cache, int64_t L, int64_t kv, const int64_t* tokens,
-                         int64_t len, float scale, float* scratch, float* out) {
-  SGL_F32_CALL(mla_attention_row, q, hg, cache, L, kv, tokens, len, scale, scratch, out);
+                         int64_t len, int64_t per_row, float scale, float* scratch, float* out) {
+  SGL_F32_CALL(mla_attention_row, q, hg, cache, L, kv, tokens, len, per_row, scale, scratch, out);
 }
 
-// Heads per task: all H, or fewer where rows alone give under 2 tasks per thread or the scores would pass the cap;
-// a multiple of the output tile's 8 heads (4 for 4-8 heads).
-inline int64_t mla_head_group(int64_t rows, int64_t H, int64_t max_len) {
+// A task: query rows [r0, r0 + rows) of one request and their heads [h0, h0 + heads) (rows > 1: all heads).
+struct MlaTask {
+  int64_t r0, rows, h0, heads;
+};
+
+// The tasks of a batch. Heads per task: all H, or fewer where rows alone give under 2 tasks per thread or one row's
+// scores would pass the cap (a multiple of the output tile's 8 heads, 4 for 4-8 heads). With all heads, a request's
+// consecutive new rows are blocked (up to 16, within the cap, at least 2 blocks per thread): every key row is read
+// once for the block, the causal keys past a row's own getting probability 0.
+inline std::vector<MlaTask> mla_tasks(const ExtendRows& e, int64_t N, int64_t H, int64_t kv, int64_t* scratch_floats) {
   const int64_t threads = ThreadPool::instance().num_threads();
+  const int64_t per_head = mla_scores_ld(e.max_len) + 1 + kv;  // a head's scratch at the longest row
   int64_t hg = H;
-  if (rows < 2 * threads) {
-    const int64_t parts = (2 * threads + rows - 1) / std::max<int64_t>(rows, 1);
+  if (N < 2 * threads) {
+    const int64_t parts = (2 * threads + N - 1) / std::max<int64_t>(N, 1);
     hg = (H + parts - 1) / parts;
   }
-  hg = std::min(hg, std::max<int64_t>(1, kMlaScratchFloats / std::max<int64_t>(mla_scores_ld(max_len), 1)));
+  hg = std::min(hg, std::max<int64_t>(1, kMlaScratchFloats / per_head));
   const int64_t unit = hg > 8 ? 8 : 4;
-  return std::min(H, std::max<int64_t>(unit, (hg + unit - 1) / unit * unit));
+  hg = std::min(H, std::max<int64_t>(unit, (hg + unit - 1) / unit * unit));
+  int64_t block = 1;
+  if (hg == H)
+    block = std::max<int64_t>(1, std::min({int64_t(16), kMlaScratchFloats / (H * per_head), N / (2 * threads)}));
+  std::vector<MlaTask> tasks;
+  const int64_t B = (int64_t)e.q_start.size() - 1;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = e.q_start[b]; r < e.q_start[b + 1]; r += block) {
+      const int64_t rows = std::min(block, e.q_start[b + 1] - r);
+      for (int64_t h0 = 0; h0 < H; h0 += hg) tasks.push_back({r, rows, h0, std::min(hg, H - h0)});
+    }
+  *scratch_floats = std::max(hg, block * H) * per_head;
+  return tasks;
 }
 
 // q [N, H, L]; the latent pool as [slots, L] (from [slots, 1, L]); k_new [N, 1, L] and loc [N] or both absent.
@@ -97,15 +118,17 @@ at::Tensor mla_attention_t(const char* op, const at::Tensor& q, at::Tensor& kv_c
   const T* qp = decode_ptr<T>(qc);
   at::Tensor out = at::empty({N, H * kv}, q.options());
   T* outp = decode_ptr<T>(out);
-  const int64_t hg = mla_head_group(N, H, e.max_len), groups = (H + hg - 1) / hg;
-  std::vector<int64_t> cost(N * groups);
-  for (int64_t t = 0; t < (int64_t)cost.size(); ++t)
-    cost[t] = (e.len(t / groups) + kTaskOverheadKeys) * std::min(hg, H - (t % groups) * hg);
+  int64_t scratch_floats = 0;
+  const std::vector<MlaTask> tasks = mla_tasks(e, N, H, kv, &scratch_floats);
+  std::vector<int64_t> cost(tasks.size());
+  for (size_t t = 0; t < tasks.size(); ++t)
+    cost[t] = (e.len(tasks[t].r0 + tasks[t].rows - 1) + kTaskOverheadKeys) * tasks[t].rows * tasks[t].heads;
   const float fscale = (float)scale;
-  parallel_tasks_by_cost(cost, mla_row_scratch_floats(hg, e.max_len, kv), [&](int64_t t, float* scratch) {
-    const int64_t r = t / groups, h0 = (t % groups) * hg;
-    mla_row_task(qp + (r * H + h0) * L, std::min(hg, H - h0), cache, L, kv, e.keys(r), e.len(r), fscale, scratch,
-                 outp + (r * H + h0) * kv);
+  parallel_tasks_by_cost(cost, scratch_floats, [&](int64_t i, float* scratch) {
+    const MlaTask& t = tasks[i];
+    const int64_t last = t.r0 + t.rows - 1;  // the block's rows share their request's keys: the last reads them all
+    mla_row_task(qp + (t.r0 * H + t.h0) * L, t.rows * t.heads, cache, L, kv, e.keys(t.r0), e.len(last), t.heads,
+                 fscale, scratch, outp + (t.r0 * H + t.h0) * kv);
   });
   return out;
 }
