@@ -15,6 +15,7 @@ import torch
 BLOCK = 128
 E4M3_MAX = 448.0
 LINEAR_PARTS = (".self_attn.", ".mlp.")  # the converted modules: every attention / MLP projection
+ROUTER = ".mlp.gate.weight"  # a MoE router stays bf16 (as in DeepSeek-V3's published checkpoint)
 
 
 def make_random_qwen3_bf16(path: str, seed: int = 0, intermediate_size: int = 320) -> str:
@@ -67,7 +68,8 @@ def write_fp8_block_checkpoint(bf16_dir: str, out_dir: str, not_converted=("lm_h
     tensors = load_file(os.path.join(bf16_dir, "model.safetensors"))
     out, values = {}, {}
     for name, t in tensors.items():
-        linear = name.endswith(".weight") and t.dim() == 2 and any(p in name for p in LINEAR_PARTS)
+        linear = name.endswith(".weight") and t.dim() == 2 and any(p in name for p in LINEAR_PARTS) and \
+            not name.endswith(ROUTER)
         if linear and not any(k in name for k in keep_dense):
             q, s = quantize_block(t)
             out[name], out[name + "_scale_inv"] = q, s
@@ -86,3 +88,25 @@ def write_fp8_block_checkpoint(bf16_dir: str, out_dir: str, not_converted=("lm_h
         if os.path.isfile(os.path.join(bf16_dir, extra)):
             shutil.copy(os.path.join(bf16_dir, extra), out_dir)
     return values
+
+
+def make_random_deepseek_v3_bf16(path: str, seed: int = 0) -> str:
+    """A random DeepSeek-V3 (MLA with q_lora, a dense first layer, then routed + shared experts with noaux_tc
+    routing) of hidden 256, saved in bf16 like the published checkpoints' non-fp8 tensors. Projections at std 0.02:
+    at 0.04 top-1 agreement with the fp8 copy sits at 95%, the gaps between a random model's top tokens that small."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                           num_hidden_layers=3, num_attention_heads=4, q_lora_rank=192, kv_lora_rank=128,
+                           qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, first_k_dense_replace=1,
+                           n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                           norm_topk_prob=True, routed_scaling_factor=2.5, max_position_embeddings=512,
+                           eos_token_id=None, bos_token_id=None, tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = DeepseekV3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 1.0 if "embed" in name or "lm_head" in name else 0.02)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    return path

@@ -8,6 +8,8 @@ Qwen3 (fp8_block_fixtures.py quantizes each 128x128 block itself; ragged blocks 
   not the bf16 ones: exact token equality is not the claim);
 - `sglang plan --device cpu` charges the weights the runtime holds (the dense dtype, not the checkpoint's fp8 bytes):
   weights term - the CPU load residual == the bytes of every tensor held;
+- a random DeepSeek-V3 (MLA, dense first layer, routed + shared experts) in fp8 blocks: held weights == the
+  reference, teacher-forced agreement with the bf16 V3 through the Engine >= 95%, plan == tensors held;
 - --quantization fp8 (the GPU path) holds the checkpoint's blocks as stored, and `sglang plan --gpu` prices them;
 - a TP rank's narrowed read (Fp8BlockSlice) == the same rows / columns of the whole dequantized tensor;
 - refusals: --quantization fp8 on a CPU, an fp8 tensor of a module modules_to_not_convert names, a weight without
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_block_fixtures import (  # noqa: E402
     BLOCK,
     dequantize_reference,
+    make_random_deepseek_v3_bf16,
     make_random_qwen3_bf16,
     quantize_block,
     write_fp8_block_checkpoint,
@@ -44,7 +47,7 @@ from sglang.test.engine_fixtures import shutdown  # noqa: E402
 from sglang.test.tensor_bytes import tensor_bytes  # noqa: E402
 from sglang.test.top1_agreement import teacher_forced_agreement  # noqa: E402
 
-register_cpu_ci(est_time=50, suite="cpu")
+register_cpu_ci(est_time=80, suite="cpu")
 
 PROMPTS = [[5, 17, 300, 42, 9], [100, 200, 300], [7] * 12, list(range(20, 60)), [3, 1, 4, 1, 5, 9, 2, 6]]
 NEW_TOKENS = 16
@@ -120,6 +123,51 @@ def test_engine_holds_the_dequantized_weights_and_the_plan_prices_them(checkpoin
         held = tensor_bytes(model)
         print(f"plan weights {weights - CPU_LOAD_RESIDUAL_BYTES:,} B (+ load residual), tensors held {held:,} B")
         assert weights - CPU_LOAD_RESIDUAL_BYTES == held
+    finally:
+        shutdown(engine)
+
+
+def _plan_weights(path: str, *flags: str) -> int:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = plan_main(["--model-path", path, "--dtype", "bfloat16", "--chunked-prefill-size", "64",
+                            "--max-total-tokens", "1024", "--json", *flags])
+    assert status == 0, buf.getvalue()
+    return next(t["num_bytes"] for t in json.loads(buf.getvalue())["plan"]["terms"] if t["name"] == "weights")
+
+
+def test_deepseek_v3_fp8_blocks(tmp_path):
+    """A random DeepSeek-V3 (MLA with q_lora, a dense first layer, 8 routed + 1 shared experts; hidden 256) in fp8
+    blocks (experts, shared expert, MLA projections; the router bf16) served on CPU: the held weights the model keeps
+    under their checkpoint names (kv_a_proj_with_mqa's 160 rows: a ragged block) == the reference dequantization,
+    greedy tokens vs the bf16 V3 teacher-forced >= 95%, plan == tensors held."""
+    bf16 = make_random_deepseek_v3_bf16(str(tmp_path / "bf16"))
+    fp8 = str(tmp_path / "fp8")
+    values = write_fp8_block_checkpoint(bf16, fp8)
+    engine = Engine(model_path=bf16, **FLAGS)
+    try:
+        reference = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+    finally:
+        shutdown(engine)
+    engine = Engine(model_path=fp8, **FLAGS)
+    try:
+        runner = engine.scheduler.model_runner
+        params = dict(runner.model.named_parameters())
+        same_name = [n for n, v in values.items() if n in params and params[n].shape == v.shape]
+        for name in same_name:
+            assert torch.equal(params[name], values[name].to(torch.bfloat16)), name
+        assert "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in same_name
+        # teacher-forced through the Engine (the paged test driver has no latent pool): one request per position,
+        # the prompt plus the bf16 run before it, one greedy token
+        forced = [p + run[:j] for p, run in zip(PROMPTS, reference) for j in range(NEW_TOKENS)]
+        outs = engine.generate(input_ids=forced, sampling_params={**GREEDY, "max_new_tokens": 1})
+        rate = sum(o["output_ids"][0] == t for o, t in zip(outs, [t for run in reference for t in run])) / len(forced)
+        print(f"DeepSeek-V3 fp8 blocks vs bf16: teacher-forced top-1 agreement {rate:.3f} ({len(forced)} positions); "
+              f"{len(same_name)} tensors checked by name")
+        assert rate >= 0.95
+        weights, held = _plan_weights(fp8, "--device", "cpu") - CPU_LOAD_RESIDUAL_BYTES, tensor_bytes(runner.model)
+        print(f"DeepSeek-V3 plan weights {weights:,} B, tensors held {held:,} B")
+        assert weights == held
     finally:
         shutdown(engine)
 
