@@ -148,5 +148,5 @@ class DeepseekMLAttention(nn.Module):
         k = torch.cat((c_kv.unsqueeze(1), k_pe), dim=-1)  # [N, 1, L]
         o = self.attn(q_attn, k, k[..., : self.kv_lora], forward_batch)  # [N, H * kv_lora]
         # W_UV per head: [H, N, kv_lora] @ [H, kv_lora, v] -> [H, N, v] -> [N, H * v]
-        o = torch.bmm(o.view(n, self.num_heads, self.kv_lora).transpose(0, 1), self.kv_b_proj.w_uv().transpose(1, 2))
+        o = torch.bmm(o.reshape(n, self.num_heads, self.kv_lora).transpose(0, 1), self.kv_b_proj.w_uv().transpose(1, 2))
         return self.o_proj(o.transpose(0, 1).reshape(n, self.num_heads * self.v_head_dim))

@@ -77,9 +77,10 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         super().load_weights(model_tensors())
         if skipped:
             layers = sorted({int(_LAYER_INDEX.match(n).group(1)) for n in skipped})
-            logger.info("Skipped %d tensors of the multi-token-prediction layer(s) %s (model.layers.{%s}.*): "
-                        "not part of the %d-layer model served here", len(skipped), layers,
-                        ",".join(map(str, layers)), num_layers)
+            which = str(layers[0]) if len(layers) == 1 else "{" + ",".join(map(str, layers)) + "}"
+            logger.info("Skipped %d tensors of model.layers.%s.*, the multi-token-prediction layer "
+                        "(num_nextn_predict_layers): not part of the %d-layer model served here", len(skipped), which,
+                        num_layers)
         check_experts_loaded(self)
 
 
