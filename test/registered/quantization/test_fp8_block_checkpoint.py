@@ -9,7 +9,8 @@ Qwen3 (fp8_block_fixtures.py quantizes each 128x128 block itself; ragged blocks 
 - `sglang plan --device cpu` charges the weights the runtime holds (the dense dtype, not the checkpoint's fp8 bytes):
   weights term - the CPU load residual == the bytes of every tensor held;
 - a random DeepSeek-V3 (MLA, dense first layer, routed + shared experts) in fp8 blocks: held weights == the
-  reference, teacher-forced agreement with the bf16 V3 through the Engine >= 95%, plan == tensors held;
+  reference, teacher-forced agreement with the bf16 V3 through the Engine >= 95%, plan == tensors held; the GPU
+  path refuses it (routed experts: no block-fp8 MoE kernel);
 - --quantization fp8 (the GPU path) holds the checkpoint's blocks as stored, and `sglang plan --gpu` prices them;
 - a TP rank's narrowed read (Fp8BlockSlice) == the same rows / columns of the whole dequantized tensor;
 - refusals: --quantization fp8 on a CPU, an fp8 tensor of a module modules_to_not_convert names, a weight without
@@ -170,6 +171,13 @@ def test_deepseek_v3_fp8_blocks(tmp_path):
         assert weights == held
     finally:
         shutdown(engine)
+    # the GPU path (--quantization fp8) has no block-fp8 MoE kernel: refused before building, naming the way out
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--quantization none"):
+        load_model(ModelConfig.from_server_args(ServerArgs(model_path=fp8, dtype="bfloat16"), fp8), "meta", "fp8")
 
 
 def test_w8a8_int8_composes_and_fp8_on_cpu_is_refused(checkpoints, bf16_tokens):

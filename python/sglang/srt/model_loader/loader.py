@@ -24,7 +24,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.quantization import quantization_config
 from sglang.srt.layers.quantization.fp8_block import dequantized_fp8_weights
 from sglang.srt.layers.quantization.fp8_block_linear import fp8_kept_names, keep_dense_layers
-from sglang.srt.layers.quantization.fp8_block_config import fp8_block_format
+from sglang.srt.layers.quantization.fp8_block_config import check_fp8_path_model, fp8_block_format
 from sglang.srt.mem_plan.kv_quant import kv_scale_name
 from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 from sglang.srt.models.registry import get_model_class
@@ -55,6 +55,8 @@ def build_model(model_config: ModelConfig, device: str = "meta", quantization: s
     fp8 = fp8_block_format(getattr(model_config.hf_config, "quantization_config", None)) if quantization == "fp8" \
         else None
     block = (fp8.block_n, fp8.block_k) if fp8 is not None else (128, 128)
+    if fp8 is not None:
+        check_fp8_path_model(model_config.hf_config)
     with (set_default_torch_dtype(model_config.dtype), torch.device(device),
           quantization_config(quantization, packed_vocab, block)):
         model = cls(model_config.hf_config)

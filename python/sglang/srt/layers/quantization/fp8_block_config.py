@@ -51,3 +51,18 @@ def fp8_block_format(quant_config: Optional[dict]) -> Optional[Fp8BlockFormat]:
                          "checkpoints with dynamic activation scales (input_scale tensors are not read).")
     not_converted = tuple(cfg.get("modules_to_not_convert") or ()) + tuple(cfg.get("ignored_layers") or ())
     return Fp8BlockFormat(int(block[0]), int(block[1]), not_converted)
+
+
+
+ROUTED_EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def check_fp8_path_model(hf_config) -> None:
+    """ValueError for a model the fp8 GPU path cannot hold as `sglang plan` prices it: routed experts have no
+    block-fp8 kernel here (they would be dequantized, more bytes than the checkpoint's blocks the plan charges)."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    if any(getattr(text, f, None) for f in ROUTED_EXPERT_FIELDS):
+        raise ValueError("--quantization fp8 (an fp8 block checkpoint on a GPU) with routed experts: this runtime has "
+                         "no block-fp8 MoE kernel, so the experts would be held dequantized, more than `sglang plan` "
+                         "charges for the checkpoint's blocks. Use --quantization none (every weight dequantized "
+                         "once to --dtype, as the plan then charges).")
