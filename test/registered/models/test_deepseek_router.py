@@ -122,5 +122,35 @@ class TestRefusals(unittest.TestCase):
             GroupedTopK.deepseek_v3(cfg)
 
 
+class TestServedConfigs(unittest.TestCase):
+    def test_published_configs_are_served_and_routed(self):
+        """DeepSeek-V3, V2-Lite and Kimi-K2's config.json (mem_plan fixtures; Kimi's model_type kimi_k2 needs its
+        own code in transformers, read here by DeepseekV3Config) start past check_served and build their routing."""
+        import os
+        import shutil
+        import tempfile
+
+        from sglang.srt.configs.hf_config_snapshot import load_hf_config
+        from sglang.srt.mem_plan.arch_registry import not_served_note
+
+        fixtures = os.path.join(os.path.dirname(__file__), "..", "mem_plan", "fixtures")
+        expect = {"deepseek-v3": ("deepseek_v3", 8, 4), "deepseek-v2-lite": ("deepseek_v2", 1, 1),
+                  "kimi-k2-instruct": ("deepseek_v3", 1, 1)}
+        for name, (canonical, groups, kept) in expect.items():
+            with self.subTest(name), tempfile.TemporaryDirectory() as tmp:
+                shutil.copy(os.path.join(fixtures, name, "config.json"), tmp)
+                cfg = load_hf_config(tmp, None)
+                self.assertEqual(not_served_note(cfg.model_type), "")
+                routing = getattr(GroupedTopK, canonical)(cfg)
+                self.assertEqual((routing.num_groups, routing.topk_groups), (groups, kept))
+
+    def test_dp_attention_refused_naming_why(self):
+        from sglang.srt.server_args import ServerArgs
+
+        with self.assertRaisesRegex(ValueError, "--enable-dp-attention is not supported: .*lockstep.*replicated"):
+            ServerArgs(enable_dp_attention=True)
+        self.assertFalse(ServerArgs().enable_dp_attention)
+
+
 if __name__ == "__main__":
     unittest.main()
