@@ -30,6 +30,7 @@ from sglang.srt.layers.attention import backend_resolution as br
 from sglang.srt.mem_plan.arch_registry import check_served
 from sglang.srt.mem_plan.build import ModelFacts
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from sglang.srt.mem_plan.kv_quant import is_quantized, mla_kv_dtype_error
 from sglang.srt.mem_plan.model_shapes import ModelShape, model_shape_from_config
 from sglang.srt.mem_plan.quantization_sizes import (PLAN_ONLY_QUANTIZATIONS, WeightFormat, gguf_expert_bits,
                                                     gguf_linear_type, gguf_matrix_formats, gguf_packed_vocab,
@@ -98,8 +99,11 @@ def resolve_model(config: dict, device: str, dtype: str = "auto", kv_cache_dtype
     if not planning:
         check_served(shape.text.model_type, shape.text.layer_kinds)
     dtype_name = resolve_model_dtype(dtype, device, shape.text.dtype)
+    kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype_name)
+    if not planning and shape.text.is_mla and is_quantized(kv_dtype):
+        raise ValueError(mla_kv_dtype_error(kv_cache_dtype))
     return ModelFacts(shape, resolve_context_len(context_length, shape.text.max_position_embeddings), dtype_name,
-                      resolve_kv_cache_dtype(kv_cache_dtype, dtype_name))
+                      kv_dtype)
 
 
 def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
@@ -109,8 +113,6 @@ def fused_cpu_decode(model: ModelFacts, device: str) -> bool:
     its device, `sglang plan --device cpu` this machine."""
     from sglang.srt.layers.attention.cpu_kernel_ops import fused_cpu_decode_available, fused_cpu_quant_ops
     from sglang.srt.mem_plan.dtypes import torch_dtype
-
-    from sglang.srt.mem_plan.kv_quant import is_quantized
 
     head_dim = model.shape.text.head_dim
     if is_quantized(model.kv_cache_dtype):

@@ -18,13 +18,8 @@ from typing import Optional
 import torch
 
 from sglang.srt.mem_cache.memory_pool import KVCache
-from sglang.srt.mem_plan.kv_quant import is_quantized
+from sglang.srt.mem_plan.kv_quant import is_quantized, mla_kv_dtype_error
 from sglang.srt.mem_plan.sizes import kv_pool_rows
-
-
-def mla_kv_dtype_error(kv_cache_dtype: str) -> str:
-    return (f"--kv-cache-dtype {kv_cache_dtype}: an MLA model (DeepSeek V2/V3, Kimi-K2) caches one latent row per "
-            f"token in the model dtype here; quantized latent rows are not served. Use --kv-cache-dtype auto.")
 
 
 class MLATokenToKVPool(KVCache):

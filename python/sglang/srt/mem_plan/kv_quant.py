@@ -239,3 +239,10 @@ def _help() -> str:
 
 
 KV_CACHE_DTYPE_HELP = _help()
+
+
+def mla_kv_dtype_error(kv_cache_dtype: str) -> str:
+    """Why a start refuses a quantized KV cache on an MLA model (resolved.resolve_model, before loading anything; the
+    pool, mem_cache/mla_pool.py, checks it again). `sglang plan` still prices it: GPU runtimes serve fp8 latents."""
+    return (f"--kv-cache-dtype {kv_cache_dtype}: an MLA model (DeepSeek V2/V3, Kimi-K2) caches one latent row per "
+            f"token in the model dtype here; quantized latent rows are not served. Use --kv-cache-dtype auto.")
