@@ -115,7 +115,8 @@ class TestRefusals(unittest.TestCase):
             GroupedTopK.deepseek_v3(DeepseekV3Config(n_routed_experts=16, n_group=8, topk_group=2,
                                                      num_experts_per_tok=8))
         with self.assertRaisesRegex(ValueError, "topk_method 'noaux_tc' is not served"):
-            GroupedTopK.deepseek_v2(DeepseekV2Config(n_routed_experts=16, num_experts_per_tok=2, topk_method="noaux_tc"))
+            GroupedTopK.deepseek_v2(DeepseekV2Config(n_routed_experts=16, num_experts_per_tok=2,
+                                                     topk_method="noaux_tc"))
         cfg = DeepseekV3Config(n_routed_experts=16, n_group=4, topk_group=2)
         cfg.scoring_func = "softmax"
         with self.assertRaisesRegex(ValueError, "scoring_func 'softmax'.*sigmoid"):

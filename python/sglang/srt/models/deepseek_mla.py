@@ -29,7 +29,8 @@ from torch import nn
 from sglang.srt.configs.model_config import get_rope_parameters
 from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear, default_weight_loader
+from sglang.srt.layers.linear import (MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear,
+                                      default_weight_loader)
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -131,7 +132,8 @@ class DeepseekMLAttention(nn.Module):
             x = x.contiguous()
         return self.rotary_emb(positions, x)[0]
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                forward_batch: ForwardBatch) -> torch.Tensor:
         n = hidden_states.shape[0]
         if self.q_lora:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))

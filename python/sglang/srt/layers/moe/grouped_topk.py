@@ -73,7 +73,8 @@ class GroupedTopK:
         DeepseekV3TopkRouter applies it whatever topk_method says; the published configs say noaux_tc)."""
         _check_scoring(config, SIGMOID)
         return cls(config.n_routed_experts, config.num_experts_per_tok, SIGMOID, getattr(config, "n_group", None) or 1,
-                   getattr(config, "topk_group", None) or 1, GROUP_TOP2_SUM, bool(getattr(config, "norm_topk_prob", False)),
+                   getattr(config, "topk_group", None) or 1, GROUP_TOP2_SUM,
+                   bool(getattr(config, "norm_topk_prob", False)),
                    float(getattr(config, "routed_scaling_factor", 1.0) or 1.0))
 
     def select(self, router_logits: torch.Tensor, correction_bias: Optional[torch.Tensor] = None
