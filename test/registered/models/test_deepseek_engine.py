@@ -24,7 +24,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 
-register_cpu_ci(est_time=100, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 VOCAB = 512
 CHUNK = 16

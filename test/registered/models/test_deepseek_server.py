@@ -21,7 +21,7 @@ from sglang.test.windowed_server_checks import WindowedServerChecks, random_ids
 
 from test_deepseek_engine import KV_LORA, ROPE, make_deepseek  # noqa: E402 (the same directory)
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu")
 
 POOL = 256  # 10 x (24 prompt + 32 new) overfill it
 CHUNK = 16
