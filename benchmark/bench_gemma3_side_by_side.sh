@@ -59,7 +59,11 @@ run_one() {  # name port cmd...
   echo "$name ready=${ready}s c32_tok/s=[${t# }] c32_stream_tok/s=[${st# }] c32_chat_stream_tok/s=[${ch# }] chat_itl_p50_ms=[${itl# }] bs1_tok/s=[${b# }] rss=$(rss_group $pid)MiB"
   kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; sleep 1
 }
-LLAMA=$PEERS/llama/build/bin/llama-server
+# LLAMA_SERVER: another llama-server build. On Xeons with AMX in a VM, the GGML_NATIVE build of peers-setup.sh dies
+# with "Illegal instruction" in its AMX Q8_0 repack (tilezero in tinygemm_kernel_amx) at the first batch; a build with
+# -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON (AVX2, FMA, F16C,
+# BMI2, AVX_VNNI on) runs, with its AVX-512 repacks kept (--no-repack would drop those too).
+LLAMA=${LLAMA_SERVER:-$PEERS/llama/build/bin/llama-server}
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) flags: $(grep -m1 -o -w -E 'amx_bf16|amx_int8|avx512_bf16|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 for x in ${@:-ours llama vllm}; do case $x in
   ours) run_one ours 31951 sglang serve --model-path "$GGUF" --host 127.0.0.1 --port 31951 ;;
