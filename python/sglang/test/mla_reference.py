@@ -107,4 +107,7 @@ class MLAHarness:
 
 
 def max_abs_diff(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
-    return max(float((g - w).abs().max()) for g, w in zip(got, want))
+    """The largest |got - want| over every pair; a NaN anywhere (an output never written) counts as infinite, since
+    Python's max() would otherwise keep whichever came first."""
+    diffs = [(g - w).abs() for g, w in zip(got, want)]
+    return max(float("inf") if bool(d.isnan().any()) else float(d.max()) for d in diffs)
