@@ -227,9 +227,13 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
     # refused as a start refuses them (the same functions, the same messages): the backend, the context length,
     # the weight format, a --tp-size the model cannot be split over
     try:
-        choice = plan_backend(sa.attention_backend, gpu.platform if gpu is not None else None)
+        requested, platform = sa.attention_backend, gpu.platform if gpu is not None else None
+        choice = plan_backend(requested, platform)
         sa = dataclasses.replace(sa, attention_backend=choice.name)
         model, path = model_facts(sa, "cuda" if gpu is not None else "cpu")
+        if model.shape.text.is_mla:  # as the runner re-resolves once the config is read
+            choice = plan_backend(requested, platform, mla=True)
+            sa = dataclasses.replace(sa, attention_backend=choice.name)
         from sglang.srt.mem_plan.kv_quant import check_kv_format_backend
 
         check_kv_format_backend(model.kv_cache_dtype, choice.name)  # as the runner refuses it

@@ -1,8 +1,11 @@
 """The attention backend is resolved once, by one function, for `sglang serve` and `sglang plan`: CUDA -> flashinfer
 when installed, else triton; ROCm -> aiter when installed, else triton; CPU -> torch_native; a named backend wins
-and one the platform cannot run is refused with the reason. The plan JSON and /server_info say which and why."""
+and one the platform cannot run is refused with the reason. The plan JSON and /server_info say which and why. An MLA
+model (DeepSeek, Kimi-K2) defaults to triton on both GPU platforms: flashinfer's MLA wrapper runs only without CUDA
+graphs and aiter's MLA is refused, so their defaults would be refused starts."""
 
 import json
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -97,3 +100,23 @@ def test_the_server_resolves_once_and_says_why():
     assert calls == [(None, "cpu")]
     assert info["attention_backend"] == {"name": "torch_native", "reason": "the cpu default"}
     json.dumps(info)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_mla_models_default_to_triton_on_gpus(platform):
+    choice = resolve_attention_backend(None, platform, installed("flashinfer", "aiter", "triton"), mla=True)
+    assert choice.name == "triton" and "MLA" in choice.reason
+    assert resolve_attention_backend("flashinfer" if platform == "cuda" else "aiter", platform, mla=True).reason \
+        .startswith("--attention-backend")  # a named backend still wins (and is checked by the backend itself)
+    assert resolve_attention_backend(None, "cpu", mla=True).name == "torch_native"
+
+
+@pytest.mark.parametrize("gpu", ["h200", "mi300x"])
+def test_plan_of_an_mla_model_charges_triton(gpu):
+    """`sglang plan` resolves the MLA default as the runner does once it has read the config; a dense model keeps
+    the vendor default (test_plan_resolves_through_the_servers_function)."""
+    v3 = str(Path(__file__).resolve().parents[1] / "mem_plan" / "fixtures" / "deepseek-v3")
+    status, result, _ = plan_cli.run(["--model-path", v3, "--gpu", gpu, "--tp", "8"])
+    assert status == 0 and result["attention_backend"] == "triton"
+    terms = {t["name"]: t for t in result["plan"]["terms"]}
+    assert terms["attention_workspace"]["detail"].startswith("triton: ")

@@ -54,26 +54,26 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_backend(requested: Optional[str], device: str) -> br.BackendChoice:
+def resolve_backend(requested: Optional[str], device: str, mla: bool = False) -> br.BackendChoice:
     """The backend a start on this live device uses; ValueError before any weight loads when it cannot run here
-    (a named backend is checked first, so the message names its device and package)."""
+    (a named backend is checked first, so the message names its device and package). mla: an MLA model."""
     from sglang.srt.layers.attention.attention_registry import check_attention_backend
 
     if requested is not None:
         check_attention_backend(requested, device)
-    choice = br.resolve_attention_backend(requested, br.device_platform(device))
+    choice = br.resolve_attention_backend(requested, br.device_platform(device), mla=mla)
     check_attention_backend(choice.name, device)
     return choice
 
 
-def plan_backend(requested: Optional[str], gpu_platform: Optional[str]) -> br.BackendChoice:
+def plan_backend(requested: Optional[str], gpu_platform: Optional[str], mla: bool = False) -> br.BackendChoice:
     """What `sglang plan` charges: on a GPU preset, the backend a server installed with that GPU's extra resolves to;
     without one (--device cpu: this machine), exactly the server's resolve_backend."""
     if gpu_platform is None:
-        return resolve_backend(requested, "cpu")
+        return resolve_backend(requested, "cpu", mla)
     return br.resolve_attention_backend(requested, gpu_platform, installed=lambda module: True,
                                         installed_note=f"as a server installed with "
-                                                       f"`pip install \"{br.GPU_EXTRAS[gpu_platform]}\"`")
+                                                       f"`pip install \"{br.GPU_EXTRAS[gpu_platform]}\"`", mla=mla)
 
 
 def resolve_context_len(requested: Optional[int], max_position_embeddings: int) -> int:

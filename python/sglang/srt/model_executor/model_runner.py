@@ -63,10 +63,9 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         # the one resolution of the backend (`sglang plan` calls the same functions, configs/resolved.py); everything
         # after reads the resolved name from self.server_args
         self.attention_backend_choice = resolve_backend(server_args.attention_backend, self.device)
+        requested_backend = server_args.attention_backend
         server_args = dataclasses.replace(server_args, attention_backend=self.attention_backend_choice.name)
         self.server_args = server_args
-        logger.info("Attention backend: %s (%s)", self.attention_backend_choice.name,
-                    self.attention_backend_choice.reason)
         # tensor parallel: join the group before anything is measured (measurements are reduced over the ranks)
         self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
         ranks_per_node = server_args.tp_size // server_args.nnodes
@@ -86,6 +85,12 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.model_path = resolve_model_path(server_args, dense_linears=False)  # completed below where needed
         self.tokenizer_path = server_args.tokenizer_path or self.model_path
         self.model_config = ModelConfig.from_server_args(server_args, self.model_path)
+        if self.model_config.shape.text.is_mla:  # the config read: an MLA model's GPU default differs (before weights)
+            self.attention_backend_choice = resolve_backend(requested_backend, self.device, mla=True)
+            server_args = dataclasses.replace(server_args, attention_backend=self.attention_backend_choice.name)
+            self.server_args = server_args
+        logger.info("Attention backend: %s (%s)", self.attention_backend_choice.name,
+                    self.attention_backend_choice.reason)
         self.dtype = self.model_config.dtype
         if server_args.is_embedding:
             from sglang.srt.configs.pooling import resolve_pooling
@@ -99,8 +104,10 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         # the linear layers' weight format (layers/quantization/): the default CPU start serves GGUF blocks
         self.gguf_path = gguf_source_path(server_args)
-        self.quantization = served_quantization(server_args, self.gguf_path, self.device,
-                                                self.model_config.dtype_name)
+        # the checkpoint's quantization_config as the loaded config holds it (a hub id's too, not only a local path)
+        hf_quant = getattr(self.model_config.hf_config, "quantization_config", None)
+        self.quantization = served_quantization(server_args, self.gguf_path, self.device, self.model_config.dtype_name,
+                                                hf_quant_config=hf_quant if isinstance(hf_quant, dict) else None)
         # --quantization gguf: the vocabulary table held packed, from the file's header, read before the RSS
         # baseline below (the parse leaves ~20 MB in this process that loading the weights does not cost)
         self.packed_vocab = ""

@@ -21,6 +21,10 @@ from sglang.srt.mem_plan.backends import ATTENTION_BACKENDS
 PLATFORMS = ("cpu", "cuda", "rocm")
 # platform -> the backends tried in order when none is named (the last one always runs there)
 PLATFORM_DEFAULTS = {"cuda": ("flashinfer", "triton"), "rocm": ("aiter", "triton"), "cpu": ("torch_native",)}
+# An MLA model (DeepSeek V2/V3, Kimi-K2) on a GPU defaults to triton: its MLA kernels run with CUDA graphs on CUDA and
+# ROCm, while flashinfer's MLA wrapper runs only without CUDA graphs and aiter's MLA kernels are not wired here
+MLA_DEFAULT_REASON = ("an MLA model: triton's MLA kernels (flashinfer's MLA wrapper runs only without CUDA graphs, "
+                      "aiter's MLA is not wired)")
 # backend -> the platforms it runs on (triton on a CPU only under the Triton interpreter: tests)
 BACKEND_PLATFORMS = {"torch_native": ("cpu", "cuda", "rocm"), "triton": ("cuda", "rocm", "cpu"),
                      "flashinfer": ("cuda",), "aiter": ("rocm",)}
@@ -64,9 +68,10 @@ def platform_problem(name: str, platform: str) -> Optional[str]:
 
 def resolve_attention_backend(requested: Optional[str], platform: str,
                               installed: Callable[[str], bool] = module_installed,
-                              installed_note: str = "") -> BackendChoice:
+                              installed_note: str = "", mla: bool = False) -> BackendChoice:
     """The backend a start on `platform` uses, and why. `installed(module)` says whether a vendor library is there
-    (the server: importable here; `sglang plan`: assumed from the GPU extra, `installed_note` says so)."""
+    (the server: importable here; `sglang plan`: assumed from the GPU extra, `installed_note` says so). mla: the
+    model attends through MLA (a GPU default is then triton, MLA_DEFAULT_REASON)."""
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; one of {', '.join(PLATFORMS)}")
     if requested is not None:
@@ -76,6 +81,8 @@ def resolve_attention_backend(requested: Optional[str], platform: str,
         if problem:
             raise ValueError(problem)
         return BackendChoice(requested, f"--attention-backend {requested}")
+    if mla and platform in GPU_EXTRAS:
+        return BackendChoice("triton", f"the {platform} default for {MLA_DEFAULT_REASON}")
     candidates = PLATFORM_DEFAULTS[platform]
     skipped = []
     for name in candidates:
