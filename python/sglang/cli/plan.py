@@ -270,6 +270,10 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
     ]
     upstream = upstream_comparison(inputs, backend, gpu, shape.text.vocab_size) if gpu else None
     served_note = not_served_note(shape.text.model_type, shape.text.layer_kinds)  # planned, not served (the words a start refuses with)
+    if not served_note and gpu is not None and model.weight_format.method == "fp8":
+        from sglang.srt.layers.quantization.fp8_block_config import fp8_path_refusal
+
+        served_note = fp8_path_refusal(load_config(path))  # priced as the checkpoint's blocks; a start refuses it
     try:
         plan = plan_memory(inputs)
         if served_note:

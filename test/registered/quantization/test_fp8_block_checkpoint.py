@@ -279,3 +279,14 @@ def test_checkpoints_that_contradict_their_config_are_refused():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q", "-s"])
+
+
+def test_plan_notes_what_the_gpu_fp8_path_refuses():
+    """DeepSeek-V3's published fp8 config on 8x H200: the plan prices the checkpoint's blocks and notes, in the words
+    the loader refuses with, that a start refuses its routed experts on the fp8 path (no block-fp8 MoE kernel)."""
+    from sglang.cli import plan as plan_cli
+
+    v3 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mem_plan", "fixtures", "deepseek-v3")
+    status, result, text = plan_cli.run(["--model-path", v3, "--gpu", "h200", "--tp", "8"])
+    assert status == 0 and "routed experts: this runtime has no block-fp8 MoE kernel" in result["plan"]["notes"][-1]
+    assert "routed experts" in text

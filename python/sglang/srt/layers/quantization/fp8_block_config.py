@@ -57,12 +57,23 @@ def fp8_block_format(quant_config: Optional[dict]) -> Optional[Fp8BlockFormat]:
 ROUTED_EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
+FP8_ROUTED_EXPERTS_REFUSAL = (
+    "--quantization fp8 (an fp8 block checkpoint on a GPU) with routed experts: this runtime has no block-fp8 MoE "
+    "kernel, so the experts would be held dequantized, more than `sglang plan` charges for the checkpoint's blocks. "
+    "Use --quantization none (every weight dequantized once to --dtype, as the plan then charges).")
+
+
+def fp8_path_refusal(config: dict) -> str:
+    """check_fp8_path_model's message for a config.json dict ('' when the fp8 GPU path holds the model): what
+    `sglang plan` notes beside a plan it prices but a start refuses."""
+    text = config.get("text_config") or config
+    return FP8_ROUTED_EXPERTS_REFUSAL if any(text.get(f) for f in ROUTED_EXPERT_FIELDS) else ""
+
+
 def check_fp8_path_model(hf_config) -> None:
     """ValueError for a model the fp8 GPU path cannot hold as `sglang plan` prices it: routed experts have no
     block-fp8 kernel here (they would be dequantized, more bytes than the checkpoint's blocks the plan charges)."""
     text = getattr(hf_config, "text_config", None) or hf_config
     if any(getattr(text, f, None) for f in ROUTED_EXPERT_FIELDS):
-        raise ValueError("--quantization fp8 (an fp8 block checkpoint on a GPU) with routed experts: this runtime has "
-                         "no block-fp8 MoE kernel, so the experts would be held dequantized, more than `sglang plan` "
-                         "charges for the checkpoint's blocks. Use --quantization none (every weight dequantized "
-                         "once to --dtype, as the plan then charges).")
+        raise ValueError(FP8_ROUTED_EXPERTS_REFUSAL)
+
