@@ -11,6 +11,7 @@
 #include "isa.h"
 #include "quant_gemm.h"
 #include "quant_gemm_avx2.h"
+#include "quant_gemm_amx.h"
 
 namespace {
 
@@ -29,11 +30,18 @@ void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, i
     sgl_cpu::quantize_row_q8_avx2(x, K, nb, q, da, sa, bits == 8, sh);
 }
 
-// Tiles [t0, t1) of y at `level`.
+// True when quant_linear takes the AMX-INT8 tiles (quant_gemm_amx.h) for M input rows at `level`.
+inline bool quant_uses_amx(sgl_cpu::CpuIsa level, int64_t M) {
+  return level >= sgl_cpu::CpuIsa::kAmx && M >= sgl_cpu::kQAmxMinRows;
+}
+
+// Tiles [t0, t1) of y at `level` (M rows; with AMX the activations are padded to a multiple of 16 rows).
 template <int FMT, typename T>
 void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp, const float* dap,
                    const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1) {
-  if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
+  if (quant_uses_amx(level, M))
+    sgl_cpu::quant_gemm_amx<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+  else if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
     sgl_cpu::quant_gemm<FMT, T, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
   else if (level == sgl_cpu::CpuIsa::kAvx512Vnni)
     sgl_cpu::quant_gemm<FMT, T, false>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
@@ -81,12 +89,17 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   at::Tensor xc = x.contiguous();
   const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
   const bool halves = sgl_cpu::quant_format_halves((int)format);
-  at::Tensor qa = at::empty({M, lda}, x.options().dtype(at::kChar));
-  at::Tensor ds = at::empty({halves ? 4 : 2, M, nb}, x.options().dtype(at::kFloat));  // da, sa (, sh [M, nb, 2])
+  // the AMX tiles read 16 input rows at a time: Mp rows, those past M zero (their outputs are never stored)
+  const int64_t Mp = quant_uses_amx(level, M) ? (M + sgl_cpu::kQAmxRows - 1) / sgl_cpu::kQAmxRows * sgl_cpu::kQAmxRows
+                                              : M;
+  at::Tensor qa = at::empty({Mp, lda}, x.options().dtype(at::kChar));
+  if (Mp > M) qa.narrow(0, M, Mp - M).zero_();
+  at::Tensor ds = Mp > M ? at::zeros({halves ? 4 : 2, Mp, nb}, x.options().dtype(at::kFloat))
+                         : at::empty({halves ? 4 : 2, M, nb}, x.options().dtype(at::kFloat));  // da, sa (, sh [Mp, nb, 2])
   int8_t* qp = qa.data_ptr<int8_t>();
   float* dap = ds.data_ptr<float>();
-  float* sap = dap + M * nb;
-  float* shp = halves ? sap + M * nb : nullptr;
+  float* sap = dap + Mp * nb;
+  float* shp = halves ? sap + Mp * nb : nullptr;
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   // one row of activations: int8 per 32 values (and for 8-bit weights the residual pass), its scales and sums
   sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {

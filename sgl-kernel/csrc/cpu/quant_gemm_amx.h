@@ -1,0 +1,190 @@
+// The quantized GEMM on AMX-INT8 tiles (level amx, from kQAmxMinRows input rows): the same packed records, the same
+// int8 activations and the same fp32 accumulation as quant_gemm.h, so the result is bit-identical to the VNNI path;
+// only the integer dot products move to TDPBSUD, which is where the VNNI path spends its time once several input rows
+// share each weight record (16 VPDPBUSD per row per 32-value record of an 8-bit format, 8 of a 4-bit one).
+//
+// Tiles: one record's 8 groups of 4 k values are, as stored, the rows of an AMX "B" tile (row g: 16 output rows x 4
+// bytes), so an 8-bit record is loaded in place (stride 64) and a 4-bit one after unpacking its nibbles to 512 bytes.
+// The activations of 16 input rows are the "A" tile (16 rows x 32 bytes, row stride = the activation row's bytes),
+// signed, against the unsigned weight bytes: TDPBSUD. Each block's int32 sums are stored (one 1 KiB tile store) and
+// scaled in fp32 exactly as quant_tile does: d * da * dot (+ the residual pass for 8-bit weights) + c * sa.
+// The halves formats (kQHeadHalves, kQHeadQ6) take k 0-15 and 16-31 as two 4-row B tiles against two 16-byte A tiles.
+//   tmm0, tmm1: C (main: whole block or half 0, half 1)   tmm2, tmm3: C of the residual pass (halves)
+//   tmm4, tmm5: A (main / residual, or half 0 / half 1)   tmm6, tmm7: B (whole block, or half 0 / half 1)
+// The caller pads the activations (qa, da, sa, sh) to a multiple of 16 rows with zeros.
+#pragma once
+
+#include <cstring>
+
+#include "amx_gemm.h"  // TileConfig
+#include "quant_gemm.h"
+
+#define SGL_AMX_INT8 \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma")))
+
+namespace sgl_cpu {
+
+constexpr int kQAmxMinRows = 8;  // fewer input rows: the VNNI path (a weight record feeds too few rows to pay)
+constexpr int kQAmxRows = 16;    // input rows per A tile
+
+template <bool HALVES>
+SGL_AMX_INT8 inline void quant_amx_configure() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 4; ++t) {  // C: 16 input rows x 16 int32
+    cfg.rows[t] = kQAmxRows;
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 4; t < 6; ++t) {  // A: 16 input rows x 32 (halves: 16) int8
+    cfg.rows[t] = kQAmxRows;
+    cfg.colsb[t] = HALVES ? 16 : 32;
+  }
+  for (int t = 6; t < 8; ++t) {  // B: 8 (halves: 4) groups x 16 output rows x 4 bytes
+    cfg.rows[t] = HALVES ? 4 : 8;
+    cfg.colsb[t] = 64;
+  }
+  __asm__ __volatile__("" : : "r"(&cfg) : "memory");  // the stores above are read by ldtilecfg (see amx_gemm.h)
+  _tile_loadconfig(&cfg);
+}
+
+// 16 input rows (qa rows lda apart, already offset to the first) x one tile of 16 output rows, all nb blocks.
+template <int FMT, typename T, bool HW_BF16>
+SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const int8_t* qa, int64_t lda, const float* da,
+                                        const float* sa, const float* sh, T* y, int64_t ldy, int rows, int n) {
+  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
+  constexpr bool HALVES = quant_format_halves(FMT);
+  constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
+  const __m512 residual = _mm512_set1_ps(1.0f / kResidualScale);
+  alignas(64) int32_t c[4][kQAmxRows][16];
+  alignas(64) uint8_t unpacked[8 * 64];
+  __m512 acc[kQAmxRows];
+#pragma GCC unroll 16
+  for (int i = 0; i < kQAmxRows; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rec = tile + b * rec_bytes;
+    _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
+    _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
+    const uint8_t* w = rec + header;
+    if constexpr (BITS == 4) {
+      __m512i wv[8];
+      load_record_u8<4, header>(rec, wv);
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) _mm512_store_si512(unpacked + 64 * g, wv[g]);
+      w = unpacked;
+    }
+    const int8_t* a = qa + b * kQBlock;
+    const int8_t* a2 = a + nb * kQBlock;  // 8-bit weights: the residual pass (quantize_row_q8's q2, after q)
+    if constexpr (!HALVES) {
+      _tile_loadd(6, w, 64);
+      _tile_loadd(4, a, lda);
+      _tile_zero(0);
+      _tile_dpbsud(0, 4, 6);
+      _tile_stored(0, c[0], 64);
+      if constexpr (BITS == 8) {
+        _tile_loadd(5, a2, lda);
+        _tile_zero(1);
+        _tile_dpbsud(1, 5, 6);
+        _tile_stored(1, c[1], 64);
+      }
+    } else {
+      _tile_loadd(6, w, 64);
+      _tile_loadd(7, w + 4 * 64, 64);
+      _tile_loadd(4, a, lda);
+      _tile_loadd(5, a + kQHalf, lda);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 5, 7);
+      _tile_stored(0, c[0], 64);
+      _tile_stored(1, c[1], 64);
+      if constexpr (BITS == 8) {
+        _tile_loadd(4, a2, lda);
+        _tile_loadd(5, a2 + kQHalf, lda);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_dpbsud(2, 4, 6);
+        _tile_dpbsud(3, 5, 7);
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+      }
+    }
+    __m512 dw, cw, dw1, cw1;  // as quant_tile
+    if constexpr (HEAD == kQHeadF16) {
+      dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+      cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
+    } else if constexpr (HEAD == kQHeadF32) {
+      dw = _mm512_loadu_ps(rec);
+      cw = _mm512_loadu_ps(rec + 64);
+    } else if constexpr (HEAD == kQHeadHalves) {
+      dw = _mm512_loadu_ps(rec);
+      dw1 = _mm512_loadu_ps(rec + 64);
+      cw = _mm512_loadu_ps(rec + 128);
+      cw1 = _mm512_loadu_ps(rec + 192);
+    } else {
+      const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+      dw = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 32)))));
+      dw1 = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 48)))));
+      cw = _mm512_mul_ps(dw, _mm512_set1_ps(-kQ6Offset));
+      cw1 = _mm512_mul_ps(dw1, _mm512_set1_ps(-kQ6Offset));
+    }
+    // the same fp32 operations in the same order as quant_tile, so the two paths agree bit for bit
+#pragma GCC unroll 16
+    for (int i = 0; i < kQAmxRows; ++i) {
+      const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
+      const __m512i dot0 = _mm512_load_si512(c[0][i]);
+      if constexpr (!HALVES) {
+        const __m512 dwa = _mm512_mul_ps(dw, dai);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa, acc[i]);
+        if constexpr (BITS == 8)
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), _mm512_mul_ps(dwa, residual), acc[i]);
+        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
+      } else {
+        const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa0, acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), dwa1, acc[i]);
+        if constexpr (BITS == 8) {
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[2][i])), _mm512_mul_ps(dwa0, residual), acc[i]);
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[3][i])), _mm512_mul_ps(dwa1, residual), acc[i]);
+        }
+        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
+        acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
+      }
+    }
+  }
+  const __mmask16 m = (__mmask16)((1u << n) - 1u);
+  if constexpr (sizeof(T) == 4) {
+    for (int i = 0; i < rows; ++i) _mm512_mask_storeu_ps((float*)(y + i * ldy), m, acc[i]);
+  } else if constexpr (HW_BF16) {
+    alignas(64) float buf[kQAmxRows * 16];
+#pragma GCC unroll 16
+    for (int i = 0; i < kQAmxRows; ++i) _mm512_store_ps(buf + 16 * i, acc[i]);
+    q_store_bf16_hw((uint16_t*)y, ldy, buf, rows, n);
+  } else {
+    for (int i = 0; i < rows; ++i) _mm256_mask_storeu_epi16((uint16_t*)(y + i * ldy), m, bf16_round_soft(acc[i]));
+  }
+}
+
+// Output columns of tiles [t0, t1) of y [M, N]; qa / da / sa / sh hold ceil(M / 16) * 16 rows (the padding zero).
+template <int FMT, typename T>
+SGL_AMX_INT8 inline void quant_gemm_amx(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
+                                        const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
+                                        int64_t t1) {
+  constexpr bool HALVES = quant_format_halves(FMT);
+  const int64_t tile_bytes = nb * quant_record_bytes(FMT);
+  const int64_t lda = quant_act_row_bytes(quant_format_bits(FMT), nb);
+  const int64_t ldh = HALVES ? 2 * nb : 0;
+  quant_amx_configure<HALVES>();
+  for (int64_t t = t0; t < t1; ++t) {
+    const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
+    // each 16-row group of inputs against this tile's records (a tile's records stay in L1/L2 between the groups)
+    for (int64_t m0 = 0; m0 < M; m0 += kQAmxRows) {
+      const int rows = (int)std::min<int64_t>(kQAmxRows, M - m0);
+      quant_tile_amx<FMT, T, true>(packed + t * tile_bytes, nb, qa + m0 * lda, lda, da + m0 * nb, sa + m0 * nb,
+                                   HALVES ? sh + m0 * ldh : nullptr, y + m0 * N + t * kQTileRows, N, rows, n);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace sgl_cpu
