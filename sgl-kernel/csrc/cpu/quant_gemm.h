@@ -110,6 +110,29 @@ SGL_AVX512_VNNI inline __m512i q_dot_groups(const __m512i* wv, const int32_t* a)
   return s;
 }
 
+// A record's per-row scales d, c (kQHeadHalves / kQHeadQ6: of k 0-15; dw1, cw1 of k 16-31), from its header.
+template <int HEAD>
+SGL_AVX512_VNNI inline void load_record_scales(const uint8_t* rec, __m512& dw, __m512& cw, __m512& dw1, __m512& cw1) {
+  if constexpr (HEAD == kQHeadF16) {
+    dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+    cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
+  } else if constexpr (HEAD == kQHeadF32) {
+    dw = _mm512_loadu_ps(rec);
+    cw = _mm512_loadu_ps(rec + 64);
+  } else if constexpr (HEAD == kQHeadHalves) {
+    dw = _mm512_loadu_ps(rec);
+    dw1 = _mm512_loadu_ps(rec + 64);
+    cw = _mm512_loadu_ps(rec + 128);
+    cw1 = _mm512_loadu_ps(rec + 192);
+  } else {  // kQHeadQ6: d * sc per half (exact in fp32), c = -32 d
+    const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+    dw = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 32)))));
+    dw1 = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 48)))));
+    cw = _mm512_mul_ps(dw, _mm512_set1_ps(-kQ6Offset));
+    cw1 = _mm512_mul_ps(dw1, _mm512_set1_ps(-kQ6Offset));
+  }
+}
+
 // MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns. FMT: a format
 // code (quant_layout.h). T = float, or uint16_t for bf16 (rounded by VCVTNEPS2BF16 with HW_BF16, else in software: the
 // same bits but for denormals). sh: the activations' half-block sums (kQHeadHalves only).
@@ -130,24 +153,7 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
     __m512i wv[8];
     load_record_u8<BITS, header>(rec, wv);
     __m512 dw, cw, dw1, cw1;  // d, c (kQHeadHalves: of k 0-15; dw1, cw1 of k 16-31)
-    if constexpr (HEAD == kQHeadF16) {
-      dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-      cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
-    } else if constexpr (HEAD == kQHeadF32) {
-      dw = _mm512_loadu_ps(rec);
-      cw = _mm512_loadu_ps(rec + 64);
-    } else if constexpr (HEAD == kQHeadHalves) {
-      dw = _mm512_loadu_ps(rec);
-      dw1 = _mm512_loadu_ps(rec + 64);
-      cw = _mm512_loadu_ps(rec + 128);
-      cw1 = _mm512_loadu_ps(rec + 192);
-    } else {  // kQHeadQ6: d * sc per half (exact in fp32), c = -32 d
-      const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-      dw = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 32)))));
-      dw1 = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 48)))));
-      cw = _mm512_mul_ps(dw, _mm512_set1_ps(-kQ6Offset));
-      cw1 = _mm512_mul_ps(dw1, _mm512_set1_ps(-kQ6Offset));
-    }
+    load_record_scales<HEAD>(rec, dw, cw, dw1, cw1);
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
       const int32_t* a = (const int32_t*)(qa + i * lda + b * kQBlock);

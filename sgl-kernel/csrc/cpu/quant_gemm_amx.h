@@ -109,25 +109,8 @@ SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const i
         _tile_stored(3, c[3], 64);
       }
     }
-    __m512 dw, cw, dw1, cw1;  // as quant_tile
-    if constexpr (HEAD == kQHeadF16) {
-      dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-      cw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 32)));
-    } else if constexpr (HEAD == kQHeadF32) {
-      dw = _mm512_loadu_ps(rec);
-      cw = _mm512_loadu_ps(rec + 64);
-    } else if constexpr (HEAD == kQHeadHalves) {
-      dw = _mm512_loadu_ps(rec);
-      dw1 = _mm512_loadu_ps(rec + 64);
-      cw = _mm512_loadu_ps(rec + 128);
-      cw1 = _mm512_loadu_ps(rec + 192);
-    } else {
-      const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
-      dw = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 32)))));
-      dw1 = _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(rec + 48)))));
-      cw = _mm512_mul_ps(dw, _mm512_set1_ps(-kQ6Offset));
-      cw1 = _mm512_mul_ps(dw1, _mm512_set1_ps(-kQ6Offset));
-    }
+    __m512 dw, cw, dw1, cw1;
+    load_record_scales<HEAD>(rec, dw, cw, dw1, cw1);
     // the same fp32 operations in the same order as quant_tile, so the two paths agree bit for bit
 #pragma GCC unroll 16
     for (int i = 0; i < kQAmxRows; ++i) {
