@@ -153,6 +153,32 @@ def _chunk_layout(extend_lens: Sequence[int], chunk_size: int, device):
     return token_of_slot.to(device), first_chunk, n_chunks
 
 
+# Elements of one [chunks, nh, chunk, chunk] decay-weight block: the intra-chunk part runs over blocks of chunks this
+# size at most, so a long prefill's temporaries stay ~64 MiB per tensor instead of growing with the token count.
+INTRA_BLOCK_ELEMS = 1 << 24
+
+
+def _intra_chunk(xdt, a, Bc, Cc, hpg):
+    """One block of chunks, each from a zero start state: xdt [T, cs, nh, hd] (dt x), a [T, nh, cs] (dt A), Bc / Cc
+    [T, cs, ng, Ns] -> (y [T, cs, nh, hd], end state [T, nh, hd, Ns])."""
+    t, cs, nh, hd = xdt.shape
+    ng = Bc.shape[2]
+    dev = xdt.device
+    # seg[t, h, l, s] = sum of a over (s, l]: the log decay from token s's write to token l's read (l >= s). Summed
+    # from masked terms rather than as cumsum[l] - cumsum[s], which cancels badly when the cumsum is large.
+    above = torch.tril(torch.ones(cs, cs, dtype=torch.bool, device=dev), diagonal=-1)
+    seg = a[..., :, None].expand(t, nh, cs, cs).masked_fill(~above, 0.0).cumsum(dim=-2)
+    causal = torch.tril(torch.ones(cs, cs, dtype=torch.bool, device=dev))
+    weight = torch.exp(seg.masked_fill(~causal, -math.inf)).view(t, ng, hpg, cs, cs)  # [T, g, q, l, s]
+    scores = torch.einsum("tlgn,tsgn->tgls", Cc, Bc)
+    xdt_g = xdt.view(t, cs, ng, hpg, hd)
+    y = torch.einsum("tgqls,tsgqp->tlgqp", weight * scores[:, :, None], xdt_g).reshape(t, cs, nh, hd)
+    # decay from each slot s to the chunk's last slot (padding slots have a = 0, so the last slot is the last token's)
+    to_end = weight[:, :, :, -1, :]  # [T, g, q, s]
+    end_state = torch.einsum("tsgn,tsgqp,tgqs->tgqpn", Bc, xdt_g, to_end)
+    return y, end_state.reshape(t, nh, hd, Bc.shape[3])
+
+
 def ssd_extend_torch(x, dt, A, B, C, D, initial_state, has_initial_state, extend_lens, chunk_size,
                      dt_bias=None, dt_limit=NO_DT_LIMIT):
     n, nh, hd = x.shape
@@ -168,46 +194,36 @@ def ssd_extend_torch(x, dt, A, B, C, D, initial_state, has_initial_state, extend
         padded = torch.cat([t.float(), t.new_zeros((1,) + t.shape[1:], dtype=torch.float32)])
         return padded[token_of_slot]
 
-    xc = gather(x)  # [T, cs, nh, hd]
     stepc = gather(step)  # [T, cs, nh]; 0 at padding
+    xdt = gather(x) * stepc[..., None]  # [T, cs, nh, hd]
     Bc = gather(B)  # [T, cs, ng, Ns]
     Cc = gather(C)
-    a = (stepc * A.float()).permute(0, 2, 1)  # [T, nh, cs], log decay per token (<= 0)
+    a = (stepc * A.float()).permute(0, 2, 1).contiguous()  # [T, nh, cs], log decay per token (<= 0)
 
-    # seg[t, h, l, s] = sum of a over (s, l]: the log decay from token s's write to token l's read (l >= s). Summed
-    # from masked terms rather than as cumsum[l] - cumsum[s], which cancels badly when the cumsum is large.
-    upto = torch.tril(torch.ones(cs, cs, dtype=torch.bool, device=dev), diagonal=-1)
-    seg = a[..., :, None].expand(n_chunk_total, nh, cs, cs).masked_fill(~upto, 0.0).cumsum(dim=-2)
-    causal = torch.tril(torch.ones(cs, cs, dtype=torch.bool, device=dev))
-    weight = torch.exp(seg.masked_fill(~causal, -math.inf))  # [T, nh, l, s]
-
-    xdt = xc * stepc[..., None]  # [T, cs, nh, hd]: dt_s x_s
-    scores = torch.einsum("tlgn,tsgn->tgls", Cc, Bc).repeat_interleave(hpg, dim=1)  # [T, nh, l, s]
-    y = torch.einsum("thls,tshp->tlhp", scores * weight, xdt)
-
-    # Each chunk's own contribution to its end state (zero start): decay from s to the chunk's last slot.
-    to_end = weight[:, :, -1, :]  # [T, nh, s]
-    xdt_g = xdt.view(n_chunk_total, cs, ng, hpg, hd)
-    chunk_state = torch.einsum("tsgn,tsgqp,tgqs->tgqpn", Bc, xdt_g, to_end.view(n_chunk_total, ng, hpg, cs))
-    chunk_state = chunk_state.reshape(n_chunk_total, nh, hd, ns)
+    y = torch.empty(n_chunk_total, cs, nh, hd, dtype=torch.float32, device=dev)
+    chunk_state = torch.empty(n_chunk_total, nh, hd, ns, dtype=torch.float32, device=dev)
+    block = max(1, INTRA_BLOCK_ELEMS // (nh * cs * cs))
+    for lo in range(0, n_chunk_total, block):
+        hi = min(lo + block, n_chunk_total)
+        y[lo:hi], chunk_state[lo:hi] = _intra_chunk(xdt[lo:hi], a[lo:hi], Bc[lo:hi], Cc[lo:hi], hpg)
     chunk_decay = torch.exp(a.sum(dim=-1))  # [T, nh]
 
     # Pass the state chunk to chunk, all requests at once, one step per chunk index.
-    state = initial_state.float() * has_initial_state.to(device=dev, dtype=torch.bool)[:, None, None, None]
+    keep = has_initial_state.to(device=dev, dtype=torch.bool)[:, None, None, None]
+    state = torch.where(keep, initial_state.float(), torch.zeros((), dtype=torch.float32, device=dev))
     start_state = torch.empty(n_chunk_total, nh, hd, ns, dtype=torch.float32, device=dev)
     first = torch.tensor(first_chunk, dtype=torch.long, device=dev)
     counts = torch.tensor(n_chunks, dtype=torch.long, device=dev)
-    state = state.clone()
     for j in range(max(n_chunks, default=0)):
         live = torch.nonzero(counts > j).flatten()
         idx = first[live] + j
         start_state[idx] = state[live]
         state[live] = state[live] * chunk_decay[idx][:, :, None, None] + chunk_state[idx]
 
-    # Start state read at slot l after the decay of slots 0..l.
+    # The chunk's start state, read at slot l after the decay of slots 0..l.
     from_start = torch.exp(torch.cumsum(a, dim=-1))  # [T, nh, l]
-    Cc_h = Cc.repeat_interleave(hpg, dim=2)  # [T, cs, nh, Ns]
-    y = y + torch.einsum("tlhn,thpn,thl->tlhp", Cc_h, start_state, from_start)
+    y += torch.einsum("tlgn,tgqpn,tgql->tlgqp", Cc, start_state.view(n_chunk_total, ng, hpg, hd, ns),
+                      from_start.view(n_chunk_total, ng, hpg, cs)).reshape(n_chunk_total, cs, nh, hd)
 
     valid = token_of_slot.flatten() < n
     out = torch.empty(n, nh, hd, dtype=torch.float32, device=dev)
