@@ -48,6 +48,8 @@ class ReqToTokenPool:
         self.on_alloc: List = []  # callbacks(row) when a row is handed out
         # a KV pool's recent window whose ring rows follow the running requests (attach_window), or None
         self.window = None
+        # linear-attention / SSM models: the per-slot state (mem_cache/linear_state_pool.py), row r = request slot r
+        self.linear_state = None
 
     def attach_window(self, window) -> None:
         """A request slot handed out gets a ring row of window (recent_window.RecentWindow.assign), one freed gives
