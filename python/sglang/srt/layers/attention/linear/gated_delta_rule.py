@@ -1,0 +1,145 @@
+"""The gated delta rule (Qwen3-Next's Gated DeltaNet), varlen over requests, with per-request initial states.
+
+Per head, with the state S [dk, dv] (S[k, v], HF transformers' layout) and, for each token t,
+    q_t, k_t <- l2norm(q_t), l2norm(k_t)  (when use_qk_l2norm: x * rsqrt(sum x^2 + 1e-6)), q_t <- scale * q_t
+    S <- exp(g_t) * S                              (g_t <= 0: the per-head log decay)
+    S <- S + k_t (beta_t (v_t - S^T k_t))^T        (the delta rule: write only what S does not yet predict)
+    o_t = S^T q_t
+Heads: v, g, beta carry H heads; q and k carry H or Hk heads with H % Hk == 0, query/key head j serving the H / Hk
+consecutive value heads j * H / Hk ... (HF's grouping); they are repeated here when Hk < H.
+
+Extend uses the chunked form: inside a chunk of C tokens the deltas u = beta (v - S_{t-1}^T k) solve one unit
+lower-triangular system (I + L) u = beta v - (beta exp(gc) k) S0, L[t, j] = beta_t exp(gc_t - gc_j) k_t.k_j for
+j < t (gc: the in-chunk cumulative log decay, S0: the state entering the chunk), so only the hand-over from chunk to
+chunk is sequential. Every exponent is gc_t - gc_j with j <= t, or gc_t alone: <= 0, no overflow. Requests are padded
+to whole chunks with tokens of g = 0, beta = 0, k = v = 0 (they leave S unchanged); all chunks of all requests go
+through the in-chunk phase together and the hand-over steps over chunk index, batched over the requests that still
+have one. Decode is one recurrent step. fp32 inside; o in v's dtype, states fp32.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+L2NORM_EPS = 1e-6
+
+
+def _uses_triton(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda"  # torch names ROCm devices "cuda" too
+
+
+def gated_delta_rule_extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                            initial_state: torch.Tensor, has_initial_state: torch.Tensor, extend_lens: List[int],
+                            scale: float, use_qk_l2norm: bool, chunk_size: int = 64
+                            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q, k [N, H or Hk, dk], v [N, H, dv], g, beta [N, H], initial_state [B, H, dk, dv] fp32, has_initial_state [B]
+    bool, extend_lens (B, summing to N) -> (o [N, H, dv] in v.dtype, final_state [B, H, dk, dv] fp32)."""
+    if _uses_triton(v):
+        from sglang.srt.layers.attention.triton_ops.gated_delta_rule import gated_delta_rule_extend_triton
+        return gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
+                                              use_qk_l2norm, chunk_size)
+    return gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
+                                         use_qk_l2norm, chunk_size)
+
+
+def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                            state: torch.Tensor, scale: float, use_qk_l2norm: bool
+                            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One token per request: q, k [B, H or Hk, dk], v [B, H, dv], g, beta [B, H], state [B, H, dk, dv] fp32 ->
+    (o [B, H, dv] in v.dtype, new_state [B, H, dk, dv] fp32)."""
+    if _uses_triton(v):
+        from sglang.srt.layers.attention.triton_ops.gated_delta_rule import gated_delta_rule_decode_triton
+        return gated_delta_rule_decode_triton(q, k, v, g, beta, state, scale, use_qk_l2norm)
+    return gated_delta_rule_decode_torch(q, k, v, g, beta, state, scale, use_qk_l2norm)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def prepare_qk(q: torch.Tensor, k: torch.Tensor, n_heads: int, scale: float, use_qk_l2norm: bool
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp32 q, k with H heads, normalized when asked, q scaled."""
+    if n_heads % q.shape[-2] or q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"gated delta rule: q / k heads ({q.shape[-2]}, {k.shape[-2]}) must be equal and divide "
+                         f"the value heads ({n_heads})")
+    q, k = q.float(), k.float()
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    group = n_heads // q.shape[-2]
+    if group > 1:
+        q, k = q.repeat_interleave(group, dim=-2), k.repeat_interleave(group, dim=-2)
+    return q * scale, k
+
+
+def gated_delta_rule_decode_torch(q, k, v, g, beta, state, scale, use_qk_l2norm):
+    q, k = prepare_qk(q, k, v.shape[-2], scale, use_qk_l2norm)
+    s = state.float() * torch.exp(g.float())[..., None, None]
+    predicted = torch.einsum("bhkv,bhk->bhv", s, k)
+    delta = (v.float() - predicted) * beta.float()[..., None]
+    s = s + k[..., :, None] * delta[..., None, :]
+    o = torch.einsum("bhkv,bhk->bhv", s, q)
+    return o.to(v.dtype), s
+
+
+def _chunk_layout(extend_lens: List[int], chunk: int, device):
+    """Where each token goes in the padded [n_chunks_total * chunk] layout, each request's chunks consecutive."""
+    lens = torch.tensor(extend_lens, dtype=torch.long)
+    n_chunks = (lens + chunk - 1) // chunk
+    first_chunk = torch.cumsum(n_chunks, 0) - n_chunks
+    tok_req = torch.repeat_interleave(torch.arange(len(extend_lens)), lens)
+    tok_start = torch.cumsum(lens, 0) - lens
+    dest = first_chunk[tok_req] * chunk + (torch.arange(int(lens.sum())) - tok_start[tok_req])
+    return n_chunks.tolist(), first_chunk.tolist(), dest.to(device)
+
+
+def gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
+                                  use_qk_l2norm, chunk_size=64):
+    n_tokens, n_heads, dv = v.shape
+    batch, c = len(extend_lens), chunk_size
+    assert sum(extend_lens) == n_tokens, (extend_lens, n_tokens)
+    dk = q.shape[-1]
+    device = v.device
+    q, k = prepare_qk(q, k, n_heads, scale, use_qk_l2norm)
+    n_chunks, first_chunk, dest = _chunk_layout(extend_lens, c, device)
+    total = sum(n_chunks)
+
+    def padded(x, width):  # [N, H, width] -> [total, H, C, width], padding rows zero
+        out = x.new_zeros(total * c, n_heads, width, dtype=torch.float32)
+        out[dest] = x.float().reshape(n_tokens, n_heads, width)
+        return out.view(total, c, n_heads, width).transpose(1, 2)
+
+    qc, kc, vc = padded(q, dk), padded(k, dk), padded(v, dv)
+    gc = padded(g.unsqueeze(-1), 1).squeeze(-1).cumsum(-1)  # [total, H, C]
+    bc = padded(beta.unsqueeze(-1), 1)  # [total, H, C, 1]
+
+    causal = torch.ones(c, c, dtype=torch.bool, device=device).tril()
+    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")))  # [.., t, j]
+    kb = kc * bc
+    lower = (kb @ kc.transpose(-1, -2)) * decay  # only its strict lower triangle is read (unitriangular solve)
+    rhs = torch.cat([vc * bc, kb * torch.exp(gc)[..., None]], dim=-1)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    u, w = solved[..., :dv], solved[..., dv:]  # delta = u - w @ S0
+    attn = (qc @ kc.transpose(-1, -2)) * decay  # diagonal included: o_t reads its own update
+    q_decayed = qc * torch.exp(gc)[..., None]
+    tail = torch.exp(gc[..., -1:] - gc)[..., None]  # decay from each token to the chunk's end
+    k_tail = (kc * tail).transpose(-1, -2)  # [total, H, dk, C]
+    chunk_decay = torch.exp(gc[..., -1])[..., None, None]
+
+    # where, not a product: a stale row may hold anything (inf * 0 is nan)
+    state = torch.where(has_initial_state.to(device).view(batch, 1, 1, 1), initial_state.float(), 0.0)
+    out = torch.empty(total, n_heads, c, dv, dtype=torch.float32, device=device)
+    order = sorted(range(batch), key=lambda b: -n_chunks[b])  # requests still active at step i: a prefix of order
+    for i in range(max(n_chunks, default=0)):
+        active = [b for b in order if n_chunks[b] > i]
+        rows = torch.tensor(active, device=device)
+        ids = torch.tensor([first_chunk[b] + i for b in active], device=device)
+        s0 = state[rows]
+        delta = u[ids] - w[ids] @ s0
+        out[ids] = q_decayed[ids] @ s0 + attn[ids] @ delta
+        state[rows] = s0 * chunk_decay[ids] + k_tail[ids] @ delta
+    o = out.transpose(1, 2).reshape(total * c, n_heads, dv)[dest]
+    return o.to(v.dtype), state
