@@ -175,11 +175,12 @@ class ServerArgs:
         "process under the budgets below; without this flag such requests get HTTP 400.",
     )
     client_chat_template_timeout_s: float = _f(
-        1.0, "Time budget (seconds) of one client-supplied chat template render; the worker is killed past it."
-    )
+        1.0, "Time budget (seconds) of one client-supplied chat template render; the worker is killed past it.")
     client_chat_template_max_output_mb: float = _f(
-        4.0, "Output budget (MiB of text) of one client-supplied chat template render."
-    )
+        4.0, "Output budget (MiB of text) of one client-supplied chat template render.")
+    chat_template: Optional[str] = _f(
+        None, "A Jinja chat template file for /v1/chat/completions and /v1/responses, used instead of the tokenizer's "
+        "own (e.g. for a GGUF without one). Upstream's built-in template names and JSON files are refused.")
 
     _section("Memory and scheduling")
     mem_fraction_static: Optional[float] = _f(

@@ -50,6 +50,10 @@ def check_values(a) -> None:
 
     for name in ("max_request_body_mb", "client_chat_template_timeout_s", "client_chat_template_max_output_mb"):
         positive(name, allow_none=False)
+    if a.chat_template is not None:  # read and rendered once here, so a bad file stops the launch
+        from sglang.srt.utils.chat_template_file import check_chat_template_file
+
+        check_chat_template_file(a.chat_template)
     for name in ("context_length", "max_running_requests", "max_total_tokens", "max_queued_requests",
                  "cuda_graph_max_bs", "max_image_pixels", "num_threads", "max_total_memory_gb"):
         positive(name)

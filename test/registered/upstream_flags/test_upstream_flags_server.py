@@ -8,6 +8,8 @@
                            /generate; a request without it in the same batch gets the tokens it gets alone; a
                            processor that raises fails its own request with the exception text and the server keeps
                            serving; without the flag the field is a 400 naming the flag.
+    --chat-template FILE   chat (plain and streamed) and /v1/responses render with the file's template: the greedy
+                           completion of the prompt jinja2 renders from it (refusals: test_chat_template_flag.py).
 
 Two servers: one float32 with the three flags (float32 so a batch's rows match the same prompts run alone), one
 with the defaults and a large decode-log interval.
@@ -24,7 +26,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.custom_logit_processors import client_processors
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 
-register_cpu_ci(est_time=70, suite="cpu")
+register_cpu_ci(est_time=80, suite="cpu")
 
 PAYLOAD_LIMIT_BYTES = 50_000  # far under the default 32 MiB: a server ignoring the flag would accept N + 1
 FORCED_ID = 42  # ':' in the default model's vocabulary; any id works, the test compares ids
@@ -47,11 +49,19 @@ POOL_TOKENS, HUGE_NEW_TOKENS, CLIP_TOKENS = 8192, 4000, 256
 START_WITHIN_TOKENS = 64
 
 
+# --chat-template: a turn format unlike the model's own (SmolLM2's adds a default system prompt), with a marker
+SERVER_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n[flag] {{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def plain_server():
+def plain_server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("chat_template") / "turns.jinja"
+    template.write_text(SERVER_TEMPLATE)
     srv = popen_launch_server(
         other_args=[*DEFAULT_SMALL_SERVER_ARGS, "--decode-log-interval", "1000000", "--max-total-tokens",
-                    str(POOL_TOKENS)], env={"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(CLIP_TOKENS)})
+                    str(POOL_TOKENS), "--chat-template", str(template)],
+        env={"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": str(CLIP_TOKENS)})
     yield srv
     srv.kill()
 
@@ -195,6 +205,28 @@ def test_without_the_flag_the_field_is_refused_naming_it(plain_server, procs):
     r = generate(plain_server.base_url, {"text": "Hi", "custom_logit_processor": procs["force"]})
     assert r.status_code == 400 and "--enable-custom-logit-processor" in r.json()["error"]["message"]
     assert len(greedy_ids(plain_server.base_url, "Hi", 2)) == 2
+
+
+# ------------------------------------------------------------------------------------------------ --chat-template
+def test_chat_template_flag_renders_chat_and_responses(plain_server):
+    """Chat (plain and streamed) and /v1/responses are the greedy completion of the prompt the flag's template
+    renders, rendered here by jinja2 itself: same prompt token count, same text."""
+    import jinja2
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    prompt = jinja2.Template(SERVER_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    client = openai_client(plain_server.base_url)
+    ref = client.completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+    chat = client.chat.completions.create(model="default", messages=messages, max_tokens=8, temperature=0)
+    assert chat.usage.prompt_tokens == ref.usage.prompt_tokens
+    assert chat.choices[0].message.content == ref.choices[0].text
+    streamed = client.chat.completions.create(model="default", messages=messages, max_tokens=8, temperature=0,
+                                              stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == ref.choices[0].text
+    resp = client.responses.create(model="default", input=messages[0]["content"], max_output_tokens=8,
+                                   temperature=0)
+    assert resp.usage.input_tokens == ref.usage.prompt_tokens
+    assert resp.output_text == ref.choices[0].text
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """ChatTemplater: messages -> prompt text, off the event loop.
 
 Two kinds of template, two places to run them:
-    the model's own template (trusted, from the tokenizer)   a thread of the OffLoopExecutor
+    the model's own template (trusted: the tokenizer's,      a thread of the OffLoopExecutor
+      or the operator's --chat-template file instead)
     a client's template (chat_template_kwargs.chat_template) refused (400) unless --allow-client-chat-template;
                                                              then a TemplateSandbox worker process, with a time
                                                              budget and an output budget
@@ -25,16 +26,19 @@ RESERVED_KWARGS = (
 
 
 class ChatTemplater:
-    def __init__(self, tokenizer: Any, executor: OffLoopExecutor, sandbox: Optional[TemplateSandbox]):
-        """`sandbox` None: client templates are refused."""
+    def __init__(self, tokenizer: Any, executor: OffLoopExecutor, sandbox: Optional[TemplateSandbox],
+                 server_template: Optional[str] = None):
+        """`sandbox` None: client templates are refused. `server_template` (--chat-template's text) replaces the
+        tokenizer's template (and its named ones) for every request."""
         self.tokenizer = tokenizer
+        self.server_template = server_template
         self.executor = executor
         self.sandbox = sandbox
 
     def named_templates(self) -> Dict[str, str]:
         """A tokenizer may ship several templates by name (e.g. "default", "tool_use"); choosing one is allowed."""
         t = getattr(self.tokenizer, "chat_template", None)
-        return t if isinstance(t, dict) else {}
+        return t if isinstance(t, dict) and self.server_template is None else {}
 
     async def apply(
         self,
@@ -55,9 +59,12 @@ class ChatTemplater:
         client_template = kwargs.pop("chat_template", None)
         if client_template is not None and not (isinstance(client_template, str) and client_template in self.named_templates()):
             return await self._apply_client_template(client_template, messages, tools, continue_final_message, kwargs)
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise RequestError(400, "The model has no chat template; use /v1/completions instead.")
-        if client_template is not None:
+        if self.server_template is not None:
+            kwargs["chat_template"] = self.server_template
+        elif getattr(self.tokenizer, "chat_template", None) is None:
+            raise RequestError(400, "The model has no chat template; use /v1/completions instead, or start the "
+                               "server with --chat-template <a Jinja template file>.")
+        elif client_template is not None:
             kwargs["chat_template"] = client_template  # the name of one of the model's own templates
         if tools:
             kwargs["tools"] = tools

@@ -47,6 +47,7 @@ from sglang.srt.managers.template_sandbox import TemplateSandbox
 from sglang.srt.managers.tokenizer_loading import preload_tokenizer, served_model_name
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.chat_template_file import read_chat_template_file
 
 __all__ = ["RequestError", "TokenizerManager", "preload_tokenizer", "served_model_name"]
 
@@ -101,7 +102,8 @@ class TokenizerManager:
                 server_args.client_chat_template_timeout_s,
                 int(server_args.client_chat_template_max_output_mb * (1 << 20)),
             )
-        self.templater = ChatTemplater(self.tokenizer, self.offloop, self.template_sandbox)
+        server_template = read_chat_template_file(server_args.chat_template) if server_args.chat_template else None
+        self.templater = ChatTemplater(self.tokenizer, self.offloop, self.template_sandbox, server_template)
 
         self.context = zmq.asyncio.Context(2)
         self.recv_from_scheduler = self.context.socket(zmq.PULL)
