@@ -211,4 +211,4 @@ def shape(cfg: dict):
                         linear_widths=linear_widths(cfg), sparse_layers=sparse, **moe)
 
 
-ARCHS = (ArchSpec("nemotron_h", "state-space", weights, shape, served=False),)
+ARCHS = (ArchSpec("nemotron_h", "state-space", weights, shape, served=True),)

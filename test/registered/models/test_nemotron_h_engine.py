@@ -1,0 +1,161 @@
+"""Nemotron-H (the Mamba-2 hybrid) served through sglang.Engine: fp32 greedy tokens equal HF transformers' on a random
+checkpoint saved by transformers' own NemotronHConfig (blocks "M-M*-M": three Mamba-2 mixers, one attention block
+without rope, two relu2 MLPs; 8 Mamba heads of 8 in 2 B/C groups, state 16, conv kernel 4, SSD chunks of 8).
+HF's greedy choice is read teacher-forced (its argmax after every prefix of prompt + our tokens, one full forward per
+request: HF's chunked scan from the zero state), which equals our tokens exactly when they are HF's greedy
+continuation.
+
+Each engine (tp=1 and tp=2) runs: 8 prompts prefilled in 7-token chunks (the scheduler packs requests into a chunk,
+so pieces of 1 or 2 tokens, inside the K - 1 = 3 conv window, carry a request's conv and SSM state to the next
+chunk); more requests than the 256-token pool holds (decode retracts; a retracted request re-prefills from the zero
+state). After each, the allocator is idle and intact. The state pool's bytes per slot equal the count from
+config.json (conv channels x (K - 1) in fp32 plus the fp32 SSM state, per Mamba block) and the plan's linear_state
+term; the KV pool holds only the attention block."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from sglang import Engine
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+
+register_cpu_ci(est_time=60, suite="cpu")
+
+VOCAB = 512
+CHUNK = 7
+PATTERN = "M-M*-M"
+FLAGS = dict(dtype="float32", skip_tokenizer_init=True, max_total_tokens=256, chunked_prefill_size=CHUNK,
+             log_level="warning", random_seed=0)
+PROMPTS = [[(29 * j + 7 * i + 1) % VOCAB for j in range(20 + 5 * i)] for i in range(8)]
+# 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract
+RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
+
+
+def make_nemotron_h(**overrides):
+    """A random fp32 NemotronHForCausalLM of transformers; overrides: config fields."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    fields = dict(vocab_size=VOCAB, hidden_size=64, hybrid_override_pattern=PATTERN, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, intermediate_size=96, mamba_num_heads=8, mamba_head_dim=8,
+                  n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=8, max_position_embeddings=512,
+                  eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    model = NemotronHForCausalLM(NemotronHConfig(**{**fields, **overrides}))
+    with torch.no_grad():  # more spread than HF's init, so greedy paths are not degenerate
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            elif name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith(("dt_bias", "D")):
+                p.normal_(0, 0.5)
+            elif name.endswith("conv1d.bias"):
+                p.normal_(0, 0.2)
+    return model.float().eval()
+
+
+def save(root: str, seed: int = 0, **overrides) -> str:
+    torch.manual_seed(seed)
+    path = os.path.join(root, f"nemotron_h_{seed}")
+    make_nemotron_h(**overrides).save_pretrained(path)
+    return path
+
+
+def state_bytes_per_slot(path: str) -> int:
+    """The per-request state of every Mamba block from config.json: the conv window (K - 1 inputs of the x, B and
+    C channels, in the checkpoint dtype) and the SSM state (heads x head_dim x state size, fp32)."""
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    mambas = cfg["layers_block_type"].count("linear_attention")
+    conv_channels = cfg["mamba_num_heads"] * cfg["mamba_head_dim"] + 2 * cfg["n_groups"] * cfg["ssm_state_size"]
+    conv = conv_channels * (cfg["conv_kernel"] - 1) * 4
+    ssm = cfg["mamba_num_heads"] * cfg["mamba_head_dim"] * cfg["ssm_state_size"] * 4
+    return mambas * (conv + ssm)
+
+
+def greedy(n):
+    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+
+
+def scenarios(engine) -> dict:
+    runner = engine.scheduler.model_runner
+    out = {"kv_layers": runner.token_to_kv_pool.layer_num,
+           "state_per_slot": runner.req_to_token_pool.linear_state.bytes_per_slot(),
+           "info": engine.get_server_info()}
+    out["prompts"] = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=greedy(12))]
+    assert_idle_and_intact(engine)
+    before = engine.scheduler.num_retractions
+    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
+    out["num_retractions"] = engine.scheduler.num_retractions - before
+    assert_idle_and_intact(engine)
+    return out
+
+
+_HF_MODELS: dict = {}
+
+
+def hf_model(path: str):
+    if path not in _HF_MODELS:
+        from transformers import AutoModelForCausalLM
+
+        _HF_MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return _HF_MODELS[path]
+
+
+def hf_greedy_choices(path: str, prompts, outputs):
+    """HF's greedy choice after each prefix of prompt + output (teacher-forced: one forward per request)."""
+    model = hf_model(path)
+    got = []
+    with torch.no_grad():
+        for prompt, out in zip(prompts, outputs):
+            logits = model(torch.tensor([prompt + out])).logits[0]
+            got.append(logits[len(prompt) - 1: -1].argmax(-1).tolist())
+    return got
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save(str(tmp_path_factory.mktemp("nemotron_h")))
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def served(request, checkpoint):
+    engine = Engine(model_path=checkpoint, tp_size=request.param, **FLAGS)
+    try:
+        return scenarios(engine)
+    finally:
+        shutdown(engine)
+
+
+def test_prompts_in_chunks_equal_hf(served, checkpoint):
+    assert max(len(p) for p in PROMPTS) > 6 * CHUNK
+    assert served["prompts"] == hf_greedy_choices(checkpoint, PROMPTS, served["prompts"])
+
+
+def test_retraction(served, checkpoint):
+    assert served["num_retractions"] > 0
+    assert served["retraction"] == hf_greedy_choices(checkpoint, RETRACT, served["retraction"])
+
+
+def test_state_pool_is_the_plan_term(served, checkpoint):
+    """State bytes per slot == config.json's count == the plan's; the KV pool holds the one attention block only."""
+    per_slot = state_bytes_per_slot(checkpoint)
+    tp = served["info"]["tp_size"] if "tp_size" in served["info"] else None
+    plan = served["info"]["memory_plan"]
+    assert served["kv_layers"] == PATTERN.count("*")
+    ranks = len(served["info"]["memory_plan_per_rank"])
+    assert served["state_per_slot"] * ranks == per_slot, (served["state_per_slot"], ranks, per_slot, tp)
+    terms = {t["name"]: t["num_bytes"] for t in plan["terms"]}
+    assert terms["linear_state"] == served["state_per_slot"] * plan["state_slots"], (terms, plan["state_slots"])
+
+
+def test_moe_blocks_are_refused_naming_them(tmp_path):
+    """An "E" block (Nemotron-3-Nano's MoE) is planned but not served: the load says so."""
+    from sglang.srt.models.nemotron_h import block_types
+    from transformers import NemotronHConfig
+
+    cfg = NemotronHConfig(hybrid_override_pattern="M*E", num_hidden_layers=3)
+    with pytest.raises(ValueError, match="MoE blocks"):
+        block_types(cfg)
