@@ -4,8 +4,8 @@
 # reads an HF directory exported from that file with transformers' GGUF loader (its Q4_K_M weights dequantized, served
 # in bf16). Peers come from ../shared/tools/peers-setup.sh.
 # Each server is started, warmed up twice at the measured shape, then measured: c=32 throughput (32 prompts x 64
-# tokens, 3 runs), streaming completions and streaming chat at c=32 on fresh 100-word prompts (64 requests, 2 runs each;
-# chat with inter-token latency),
+# tokens, 3 runs), streaming completions and streaming chat (the Gemma turn template below) at c=32 on fresh 100-word
+# prompts (64 requests, 2 runs each; chat with inter-token latency),
 # batch-1 decode (128 tokens, 2 runs), ready time (start to /v1/models answering), RSS of its process group.
 # Run from the project checkout with the project installed in the active Python environment:
 #   bash benchmark/bench_gemma3_side_by_side.sh [ours] [llama] [vllm]   (default: all three, in that order)
@@ -32,6 +32,27 @@ m.save_pretrained(out, safe_serialization=True); tok.save_pretrained(out)
 PY
 fi
 
+# The GGUF carries no chat template (a base-model file), so /v1/chat/completions needs one from the command line:
+# Gemma's documented turn format (<start_of_turn>user ... <end_of_turn>, then <start_of_turn>model), a system message
+# folded into the first user turn as Gemma has no system role. All three servers get this one file (ours and vLLM
+# --chat-template, llama.cpp --chat-template-file), so streaming chat compares the same prompts.
+TEMPLATE=${TMPDIR:-/tmp}/gemma3-turns.jinja
+cat >"$TEMPLATE" <<'JINJA'
+{{- bos_token -}}
+{%- if messages[0]['role'] == 'system' -%}
+  {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set first_user_prefix = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+  {{- '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' -}}
+  {{- first_user_prefix if loop.first else '' -}}{{- m['content'] -}}{{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}
+JINJA
+
 rss_group() { ps -o rss= -g "$1" 2>/dev/null | awk '{s+=$1} END {printf "%.0f", s/1024}'; }
 tp() { grep -o 'throughput=[0-9.]*' | cut -d= -f2; }
 run_one() {  # name port cmd...
@@ -48,8 +69,6 @@ run_one() {  # name port cmd...
   local t="" b="" ch="" itl=""
   for r in 1 2 3; do t="$t $($LG --url $u -n 32 -c 32 --max-tokens 64 --extra "$X" | tp)"; done
   for r in 1 2; do b="$b $($LG --url $u -n 2 -c 1 --max-tokens 128 --extra "$X" | tp)"; done
-  # the file carries no chat template (a base model: /v1/chat/completions is refused), so streaming is measured on
-  # /v1/completions; the chat run below reports 0 for such a file
   local st=""
   for r in 1 2; do st="$st $($LG --url $u -n 64 -c 32 --max-tokens 64 --stream --random-words 100 --extra "$X" | tp)"; done
   for r in 1 2; do
@@ -66,13 +85,14 @@ run_one() {  # name port cmd...
 LLAMA=${LLAMA_SERVER:-$PEERS/llama/build/bin/llama-server}
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) flags: $(grep -m1 -o -w -E 'amx_bf16|amx_int8|avx512_bf16|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 for x in ${@:-ours llama vllm}; do case $x in
-  ours) run_one ours 31951 sglang serve --model-path "$GGUF" --host 127.0.0.1 --port 31951 ;;
+  ours) run_one ours 31951 sglang serve --model-path "$GGUF" --chat-template "$TEMPLATE" --host 127.0.0.1 --port 31951 ;;
   llama) [[ -x $LLAMA ]] || { echo "llama: run peers-setup.sh first"; continue; }
          LD_LIBRARY_PATH=$(dirname $LLAMA) run_one llama 31952 $LLAMA -m "$GGUF" --alias gemma3 --host 127.0.0.1 \
-         --port 31952 -t 2 -np 32 -c 16384 ;;
+         --port 31952 -t 2 -np 32 -c 16384 --chat-template-file "$TEMPLATE" ;;
   vllm) [[ -x $PEERS/vllm/bin/python && -f $HFDIR/config.json ]] || { echo "vllm: run peers-setup.sh first"; continue; }
         VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2 VLLM_CACHE_ROOT=$PEERS/cache TORCHINDUCTOR_CACHE_DIR=$PEERS/cache/inductor \
         run_one vllm 31953 $PEERS/vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$HFDIR" \
-        --served-model-name gemma3 --dtype bfloat16 --max-model-len 2048 --max-num-seqs 32 --host 127.0.0.1 --port 31953 ;;
+        --served-model-name gemma3 --dtype bfloat16 --max-model-len 2048 --max-num-seqs 32 --chat-template "$TEMPLATE" \
+        --host 127.0.0.1 --port 31953 ;;
   *) echo "unknown system $x (ours, llama, vllm)";;
 esac; done
