@@ -1,5 +1,6 @@
 """Qwen3-Next (model_type qwen3_next): Gated DeltaNet linear attention on most layers, gated full attention on the
-rest, a routed MoE with a gated shared expert. Planned; not served by this runtime (issue 43 serves it).
+rest, a routed MoE with a gated shared expert. Served by models/qwen3_next.py, its linear layers' state in the planned
+linear-state pool (mem_cache/linear_state_pool.py).
 
 Layers: config.json's layer_types ("linear_attention" / "full_attention"), else transformers' rule: layer i is full
 attention when (i + 1) % full_attention_interval == 0 (Qwen3-Next-80B-A3B: 36 linear, 12 full of 48).
@@ -155,4 +156,4 @@ def shape(cfg: dict):
         linear_widths=linear_widths(cfg))
 
 
-ARCHS = (ArchSpec("qwen3_next", "linear-attention", weights, shape, served=False),)
+ARCHS = (ArchSpec("qwen3_next", "linear-attention", weights, shape, served=True),)
