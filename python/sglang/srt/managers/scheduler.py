@@ -23,6 +23,7 @@ get_stats / check_integrity.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import List, Tuple
 
@@ -42,8 +43,11 @@ from sglang.srt.managers.prefill_scheduler import PrefillPlanner
 from sglang.srt.managers.req_memory import ReqMemory
 from sglang.srt.managers.request_queues import RequestQueues
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.linear_state_pool import prefix_cache_off_reason
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 
 def _owned(part: str, *attrs: str) -> Tuple[property, ...]:
@@ -86,10 +90,10 @@ class Scheduler:
         # a request never needs more KV than this, so it can always run once everything else is retracted
         self.max_req_len = min(self.context_len, self.max_total_num_tokens)
 
-        # an embedding server keeps no prefix cache: mean pooling needs every prompt token's hidden state, and a
-        # request's KV is not needed once its vector is out
-        no_cache = server_args.disable_radix_cache or server_args.is_embedding
-        tree_cache = None if no_cache else RadixCache(self.page_size, allocator.free)
+        self.prefix_cache_off = self._prefix_cache_off_reason()
+        if self.prefix_cache_off and not server_args.disable_radix_cache:
+            logger.info("%s", self.prefix_cache_off)
+        tree_cache = None if self.prefix_cache_off else RadixCache(self.page_size, allocator.free)
         self.memory = ReqMemory(mr.req_to_token_pool, allocator, tree_cache, self.page_size)
         self.queues = RequestQueues()
         self.fault_policy = FaultPolicy(FaultInjector.from_env())  # no injector unless SGLANG_FAULT_INJECT is set
@@ -110,6 +114,15 @@ class Scheduler:
         if self.overlap is not None:
             weakref.finalize(self, self.overlap.shutdown)
         self.decode_log = DecodeLog(server_args.decode_log_interval, self.max_total_num_tokens)
+
+    def _prefix_cache_off_reason(self) -> str:
+        """Why this server keeps no prefix cache, or "" when it keeps one."""
+        if self.server_args.disable_radix_cache:
+            return "--disable-radix-cache"
+        if self.server_args.is_embedding:  # mean pooling needs every prompt token's hidden state
+            return "an embedding server keeps no prefix cache: its requests' KV is not needed once the vector is out"
+        # linear layers: a re-admitted (retracted) request then re-prefills from position 0, rebuilding its state
+        return prefix_cache_off_reason(self.model_config.shape.text)
 
     # ================================================================== public API
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -270,6 +283,7 @@ class Scheduler:
             self.model_runner.attention_backend_choice.to_dict(),
             "cuda_graphs": self.model_runner.cuda_graph_info(),
             "overlap_schedule": self.overlap is not None,
+            "prefix_cache": {"enabled": self.tree_cache is not None, "reason": self.prefix_cache_off or None},
             "memory_plan": plan.to_dict() if plan is not None else None,
             "kv_cache": self.model_runner.kv_cache_info() if plan is not None else None,
             "tp_size": self.server_args.tp_size,

@@ -30,6 +30,8 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mla_pool import create_mla_pool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.mem_cache.swa_pool import SWAKVPool
+from sglang.srt.model_executor.linear_state import (attach_linear_state, check_linear_served, kv_pool_layers,
+                                                     linear_state_bytes, linear_state_info)
 from sglang.srt.model_executor.windowed_kv import kv_allocator, windowed_kv_pool, windowed_pool_info
 from sglang.srt.mem_plan import build as B
 from sglang.srt.mem_plan.sizes import req_to_token_row_len
@@ -90,9 +92,10 @@ class ModelRunnerKVCacheMixin:
         pools = self.layer_pools()
         if pools.windowed_layers:
             return windowed_kv_pool(self, pools, num_tokens, windowed_tokens, cell)
+        check_linear_served(self, pools)  # linear layers: the full layers' KV only (model_executor/linear_state.py)
         windowed = recent_window(mc.kv_cache_dtype_name, self.server_args.attention_backend) and window_rows > 0
         pool = create_kv_pool(mc.kv_cache_dtype_name, num_tokens, self.server_args.page_size, mc.kv_cache_dtype,
-                              cell.num_kv_heads_per_rank, mc.head_dim, mc.num_hidden_layers, self.device,
+                              cell.num_kv_heads_per_rank, mc.head_dim, kv_pool_layers(self, pools), self.device,
                               window_rows=window_rows + KV_WINDOW_SCRATCH_ROWS if windowed else 0,
                               window_req_rows=r2t.req_to_token.shape[0])
         if getattr(pool, "window", None) is not None:
@@ -121,6 +124,7 @@ class ModelRunnerKVCacheMixin:
         page = self.server_args.page_size
         r2t = ReqToTokenPool(1, req_to_token_row_len(self.context_len), self.device)
         kv = self._kv_pool(num_tokens, r2t, 1)
+        attach_linear_state(self, r2t, self.layer_pools())  # zero-filled: resident before the peak, as the K/V
         # the scratch pool's pages resident before the peak is measured (its torch.empty is backed page by page on a
         # CPU): the K/V the forward writes belong to the kv_cache term, not to the activations
         if isinstance(kv, SWAKVPool) or getattr(kv, "is_mla", False):
@@ -170,6 +174,7 @@ class ModelRunnerKVCacheMixin:
         page = self.server_args.page_size
         r2t = ReqToTokenPool(graph_bs, req_to_token_row_len(self.context_len), self.device)
         kv = self._kv_pool(page, r2t, 1)  # every captured row reads and writes the dummy page only
+        attach_linear_state(self, r2t, self.layer_pools())  # ... and the dummy state row
         backend = self._attention_backend(r2t, kv, graph_bs, graph_bs)
         runner = self._graph_runner(r2t, kv, backend, graph_bs)
         measured = runner.capture().measured_bytes
@@ -244,6 +249,7 @@ class ModelRunnerKVCacheMixin:
                                                 self.device)
         self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool, plan.kv_window_rows,
                                               plan.windowed_tokens)
+        attach_linear_state(self, self.req_to_token_pool, self.layer_pools(), plan.state_slots)
         self.calibrate_kv_scales()
         self.token_to_kv_pool_allocator = kv_allocator(self.token_to_kv_pool, plan, self.server_args.page_size,
                                                        self.layer_pools().window_tokens)
@@ -290,6 +296,7 @@ class ModelRunnerKVCacheMixin:
             info.update(pool_layout="mla_latent", row_width=cell.kv_lora_rank + cell.qk_rope_head_dim,
                         kv_lora_rank=cell.kv_lora_rank, qk_rope_head_dim=cell.qk_rope_head_dim)
         info.update(windowed_pool_info(self.token_to_kv_pool_allocator))  # sizes and pages in use (windowed layers)
+        info.update(linear_state_info(self.req_to_token_pool))  # per-slot state of linear layers
         scale_info = getattr(self.token_to_kv_pool, "scale_info", None)
         if scale_info is not None:
             info.update(scale_info())
@@ -326,6 +333,7 @@ class ModelRunnerKVCacheMixin:
                           if getattr(self.token_to_kv_pool, "window", None) is not None else 0),
             "kv_windowed": swa.windowed_mem_usage_bytes() if swa is not None else 0,
             "kv_windowed_map": swa.map_mem_usage_bytes() if swa is not None else 0,
+            "linear_state": linear_state_bytes(self.req_to_token_pool),
             "attention_workspace_persistent": self.attn_backend.allocated_bytes(),
             "moe_workspace": self.moe_workspace.allocated_bytes() if self.moe_workspace is not None else 0,
         }
@@ -337,7 +345,7 @@ class ModelRunnerKVCacheMixin:
         assert got["req_to_token"] == plan.bytes_of("req_to_token"), (got, plan.bytes_of("req_to_token"))
         assert got["kv_cache"] == plan.bytes_of("kv_cache"), (got, plan.bytes_of("kv_cache"))
         assert got["kv_window"] == plan.bytes_of("kv_window"), (got, plan.bytes_of("kv_window"))
-        for term in ("kv_windowed", "kv_windowed_map"):  # the windowed layers' pool and its slot map
+        for term in ("kv_windowed", "kv_windowed_map", "linear_state"):  # windowed pool, its slot map, linear state
             assert got[term] == plan.bytes_of(term), (term, got, plan.bytes_of(term))
         assert got["moe_workspace"] == plan.bytes_of("moe_workspace"), (got, plan.bytes_of("moe_workspace"))
         assert got["attention_workspace_persistent"] == declared <= plan.bytes_of("attention_workspace"), (
