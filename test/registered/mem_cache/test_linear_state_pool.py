@@ -129,6 +129,10 @@ class TestPoolLayout(unittest.TestCase):
         for (name, layer, row), v in ids.items():  # every element still holds what its own (layer, row) wrote
             self.assertTrue(bool((pool.buffers[name][layer, row] == v).all()), (name, layer, row))
         self.assertEqual(pool.mem_usage_bytes(), 3 * 4 * (2 * 6 * 2 + 3 * 8 * 4))
+        self.assertEqual(pool.info(), {  # /server_info's kv_cache fields
+            "state_bytes_per_slot": 3 * (2 * 6 * 2 + 3 * 8 * 4), "state_slots": 4, "state_layers": 3,
+            "state_tensors": {"conv": {"shape": [2, 6], "dtype": "bfloat16"},
+                              "rec": {"shape": [3, 8], "dtype": "float32"}}})
 
     def test_bad_lookups_name_what_exists(self):
         pool = LinearStatePool(SMALL, num_linear_layers=2, tp=1, num_rows=2)
