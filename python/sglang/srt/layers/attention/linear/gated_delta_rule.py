@@ -86,14 +86,23 @@ def gated_delta_rule_decode_torch(q, k, v, g, beta, state, scale, use_qk_l2norm)
 
 
 def _chunk_layout(extend_lens: List[int], chunk: int, device):
-    """Where each token goes in the padded [n_chunks_total * chunk] layout, each request's chunks consecutive."""
+    """The padded layout [n_chunks_total * chunk] of the tokens, step-major: with requests ranked by descending chunk
+    count, those still running at hand-over step i are a prefix of the ranking, and their i-th chunks sit at the
+    contiguous positions step_start[i] + rank, so each step works on slices, not gathers.
+    Returns (rank order of the requests, chunks per step, step_start, dest [N] token -> padded position)."""
     lens = torch.tensor(extend_lens, dtype=torch.long)
     n_chunks = (lens + chunk - 1) // chunk
-    first_chunk = torch.cumsum(n_chunks, 0) - n_chunks
+    order = sorted(range(len(extend_lens)), key=lambda b: -int(n_chunks[b]))
+    rank = torch.empty(len(extend_lens), dtype=torch.long)
+    rank[order] = torch.arange(len(extend_lens))
+    n_steps = int(n_chunks.max()) if len(extend_lens) else 0
+    per_step = [(n_chunks > i).sum().item() for i in range(n_steps)]
+    step_start = torch.tensor([0, *per_step], dtype=torch.long).cumsum(0)
     tok_req = torch.repeat_interleave(torch.arange(len(extend_lens)), lens)
-    tok_start = torch.cumsum(lens, 0) - lens
-    dest = first_chunk[tok_req] * chunk + (torch.arange(int(lens.sum())) - tok_start[tok_req])
-    return n_chunks.tolist(), first_chunk.tolist(), dest.to(device)
+    tok_in_req = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[tok_req]
+    chunk_pos = step_start[tok_in_req // chunk] + rank[tok_req]
+    dest = chunk_pos * chunk + tok_in_req % chunk
+    return order, per_step, step_start.tolist(), dest.to(device)
 
 
 def gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
@@ -104,13 +113,13 @@ def gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_s
     dk = q.shape[-1]
     device = v.device
     q, k = prepare_qk(q, k, n_heads, scale, use_qk_l2norm)
-    n_chunks, first_chunk, dest = _chunk_layout(extend_lens, c, device)
-    total = sum(n_chunks)
+    order, per_step, step_start, dest = _chunk_layout(extend_lens, c, device)
+    total = step_start[-1]
 
     def padded(x, width):  # [N, H, width] -> [total, H, C, width], padding rows zero
         out = x.new_zeros(total * c, n_heads, width, dtype=torch.float32)
         out[dest] = x.float().reshape(n_tokens, n_heads, width)
-        return out.view(total, c, n_heads, width).transpose(1, 2)
+        return out.view(total, c, n_heads, width).transpose(1, 2).contiguous()
 
     qc, kc, vc = padded(q, dk), padded(k, dk), padded(v, dv)
     gc = padded(g.unsqueeze(-1), 1).squeeze(-1).cumsum(-1)  # [total, H, C]
@@ -120,26 +129,26 @@ def gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_s
     decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")))  # [.., t, j]
     kb = kc * bc
     lower = (kb @ kc.transpose(-1, -2)) * decay  # only its strict lower triangle is read (unitriangular solve)
-    rhs = torch.cat([vc * bc, kb * torch.exp(gc)[..., None]], dim=-1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    u, w = solved[..., :dv], solved[..., dv:]  # delta = u - w @ S0
+    eye = torch.eye(c, dtype=torch.float32, device=device).expand_as(lower)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)  # (I + L)^-1
+    u = inverse @ (vc * bc)
+    w = inverse @ (kb * torch.exp(gc)[..., None])  # delta = u - w @ S0
     attn = (qc @ kc.transpose(-1, -2)) * decay  # diagonal included: o_t reads its own update
     q_decayed = qc * torch.exp(gc)[..., None]
-    tail = torch.exp(gc[..., -1:] - gc)[..., None]  # decay from each token to the chunk's end
-    k_tail = (kc * tail).transpose(-1, -2)  # [total, H, dk, C]
+    k_tail = (kc * torch.exp(gc[..., -1:] - gc)[..., None]).transpose(-1, -2)  # decayed to the chunk's end
     chunk_decay = torch.exp(gc[..., -1])[..., None, None]
 
-    # where, not a product: a stale row may hold anything (inf * 0 is nan)
-    state = torch.where(has_initial_state.to(device).view(batch, 1, 1, 1), initial_state.float(), 0.0)
+    # where, not a product: a stale row may hold anything (inf * 0 is nan); rows in rank order from here
+    rows = torch.tensor(order, dtype=torch.long, device=device)
+    state = torch.where(has_initial_state.to(device)[rows].view(batch, 1, 1, 1), initial_state.float()[rows], 0.0)
     out = torch.empty(total, n_heads, c, dv, dtype=torch.float32, device=device)
-    order = sorted(range(batch), key=lambda b: -n_chunks[b])  # requests still active at step i: a prefix of order
-    for i in range(max(n_chunks, default=0)):
-        active = [b for b in order if n_chunks[b] > i]
-        rows = torch.tensor(active, device=device)
-        ids = torch.tensor([first_chunk[b] + i for b in active], device=device)
-        s0 = state[rows]
+    for i, n_active in enumerate(per_step):
+        ids = slice(step_start[i], step_start[i] + n_active)
+        s0 = state[:n_active]
         delta = u[ids] - w[ids] @ s0
         out[ids] = q_decayed[ids] @ s0 + attn[ids] @ delta
-        state[rows] = s0 * chunk_decay[ids] + k_tail[ids] @ delta
+        state[:n_active] = s0 * chunk_decay[ids] + k_tail[ids] @ delta
     o = out.transpose(1, 2).reshape(total * c, n_heads, dv)[dest]
-    return o.to(v.dtype), state
+    final = torch.empty_like(state)
+    final[rows] = state
+    return o.to(v.dtype), final
