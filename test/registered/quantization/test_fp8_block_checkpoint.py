@@ -137,6 +137,14 @@ def _plan_weights(path: str, *flags: str) -> int:
     return next(t["num_bytes"] for t in json.loads(buf.getvalue())["plan"]["terms"] if t["name"] == "weights")
 
 
+def arranged_kv_b(weight, config):
+    """The checkpoint's kv_b_proj [H (nope + v), kv_lora] in the layout the model holds: per head W_UK^T then W_UV."""
+    heads, nope, lora = config.num_attention_heads, config.qk_nope_head_dim, config.kv_lora_rank
+    per_head = weight.view(heads, -1, lora)
+    return torch.cat((per_head[:, :nope].transpose(1, 2).reshape(heads, -1),
+                      per_head[:, nope:].reshape(heads, -1)), dim=1).view_as(weight)
+
+
 def test_deepseek_v3_fp8_blocks(tmp_path):
     """A random DeepSeek-V3 (MLA with q_lora, a dense first layer, 8 routed + 1 shared experts; hidden 256) in fp8
     blocks (experts, shared expert, MLA projections; the router bf16) served on CPU: the held weights the model keeps
@@ -156,7 +164,10 @@ def test_deepseek_v3_fp8_blocks(tmp_path):
         params = dict(runner.model.named_parameters())
         same_name = [n for n, v in values.items() if n in params and params[n].shape == v.shape]
         for name in same_name:
-            assert torch.equal(params[name], values[name].to(torch.bfloat16)), name
+            want = values[name].to(torch.bfloat16)
+            if name.endswith("kv_b_proj.weight"):  # held per head as [W_UK^T | W_UV] (KVBProjection.arrange)
+                want = arranged_kv_b(want, runner.model.config)
+            assert torch.equal(params[name], want), name
         assert "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in same_name
         # teacher-forced through the Engine (the paged test driver has no latent pool): one request per position,
         # the prompt plus the bf16 run before it, one greedy token

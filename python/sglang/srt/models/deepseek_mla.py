@@ -4,7 +4,8 @@ is MQA over those rows for prefill and decode alike; the per-head keys and value
 
     q      = q_b_proj(q_a_layernorm(q_a_proj(x)))  (q_lora_rank set)  or  q_proj(x)       [N, H, nope + rope]
     latent = kv_a_proj_with_mqa(x) = [c_kv | k_pe];  c_kv = kv_a_layernorm(c_kv)          [N, kv_lora + rope]
-    kv_b_proj.weight [H x (nope + v), kv_lora], per head: nope rows W_UK then v rows W_UV
+    kv_b_proj.weight [H x (nope + v), kv_lora], per head: nope rows W_UK then v rows W_UV (held per head as
+             [W_UK^T | W_UV] once loaded: KVBProjection.arrange)
     q_attn = [ q_nope @ W_UK  (per head: nope -> kv_lora) | rope(q_pe) ]                   [N, H, L]
     k      = [ c_kv | rope(k_pe) ]                                                         [N, 1, L]
     v      = k[..., :kv_lora]                                                              [N, 1, kv_lora]
@@ -29,8 +30,8 @@ from torch import nn
 from sglang.srt.configs.model_config import get_rope_parameters
 from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import (MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear,
-                                      default_weight_loader)
+from sglang.srt.layers.linear import (SMALL_M_ROWS, MergedColumnParallelLinear, ReplicatedLinear,
+                                      RowParallelLinear, default_weight_loader, linear)
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -52,8 +53,11 @@ class ColumnParallelLinear(MergedColumnParallelLinear):
 
 class KVBProjection(nn.Module):
     """kv_b_proj's weight, this rank's heads [H_tp x (nope + v), kv_lora]: never run as a linear layer, only read
-    through the per-head views W_UK [H_tp, nope, kv_lora] and W_UV [H_tp, v, kv_lora] (no copy is held). Kept dense
-    under --quantization (the absorbed products need its values, not a quantized GEMM)."""
+    through per-head matrices. Once loaded (arrange()), each head's block is rewritten in place as [W_UK^T (kv_lora x
+    nope) | W_UV (v x kv_lora)]: the same bytes, no copy held, and both absorbed products then take one contiguous
+    [out, in] matrix per head -- what the CPU GEMV / AMX kernels read (torch's bf16 bmm over the checkpoint's strided
+    W_UK took 37% of a batch-1 decode step of a 1B V3). Kept dense under --quantization (the absorbed products need
+    its values, not a quantized GEMM)."""
 
     def __init__(self, num_heads_tp: int, nope: int, v: int, kv_lora: int):
         super().__init__()
@@ -65,11 +69,30 @@ class KVBProjection(nn.Module):
         rows = param.shape[0]
         default_weight_loader(param, materialize(loaded_weight.narrow(0, get_tp_rank() * rows, rows)))
 
-    def w_uk(self) -> torch.Tensor:
-        return self.weight.view(self.num_heads, self.nope + self.v, -1)[:, : self.nope]
+    def arrange(self) -> None:
+        """Checkpoint layout [W_UK (nope x kv_lora) | W_UV] per head -> [W_UK^T | W_UV] per head, in place."""
+        heads, kv_lora = self.num_heads, self.weight.shape[1]
+        w = self.weight.data.view(heads, -1)[:, : self.nope * kv_lora]
+        w.copy_(w.view(heads, self.nope, kv_lora).transpose(1, 2).reshape(heads, -1))
+        self.arranged = True
+
+    def w_uk_t(self) -> torch.Tensor:
+        """W_UK^T per head [H_tp, kv_lora, nope]: q_nope_h @ W_UK_h == linear(q_nope_h, W_UK^T_h)."""
+        kv_lora = self.weight.shape[1]
+        return self.weight.view(self.num_heads, -1)[:, : self.nope * kv_lora].view(self.num_heads, kv_lora, self.nope)
 
     def w_uv(self) -> torch.Tensor:
-        return self.weight.view(self.num_heads, self.nope + self.v, -1)[:, self.nope:]
+        """W_UV per head [H_tp, v, kv_lora]: o_h @ W_UV_h^T == linear(o_h, W_UV_h)."""
+        kv_lora = self.weight.shape[1]
+        return self.weight.view(self.num_heads, -1)[:, self.nope * kv_lora:].view(self.num_heads, self.v, kv_lora)
+
+    @staticmethod
+    def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """[H, N, in] x per-head [H, out, in] -> [H, N, out]: x_h @ w_h^T. Few bf16 rows on a CPU: one kernel GEMV /
+        AMX call per head (layers/linear.linear); otherwise one bmm."""
+        if x.is_cpu and x.dtype == torch.bfloat16 and x.shape[1] <= SMALL_M_ROWS:
+            return torch.stack([linear(x[h], w[h]) for h in range(x.shape[0])])
+        return torch.bmm(x, w.transpose(1, 2))
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -145,10 +168,12 @@ class DeepseekMLAttention(nn.Module):
         k_pe = self._rotate(positions, latent[:, self.kv_lora:].unsqueeze(1))  # [N, 1, rope]
         q_pe = self._rotate(positions, q[..., self.nope:])  # [N, H, rope]
         # absorb W_UK into the query: [H, N, nope] @ [H, nope, kv_lora] -> [H, N, kv_lora]
-        q_latent = torch.bmm(q[..., : self.nope].transpose(0, 1), self.kv_b_proj.w_uk())
+        kv_b = self.kv_b_proj
+        assert getattr(kv_b, "arranged", False), "kv_b_proj.arrange() runs once the weights are loaded"
+        q_latent = kv_b.per_head(q[..., : self.nope].transpose(0, 1).contiguous(), kv_b.w_uk_t())
         q_attn = torch.cat((q_latent.transpose(0, 1), q_pe), dim=-1)  # [N, H, L]
         k = torch.cat((c_kv.unsqueeze(1), k_pe), dim=-1)  # [N, 1, L]
         o = self.attn(q_attn, k, k[..., : self.kv_lora], forward_batch)  # [N, H * kv_lora]
         # W_UV per head: [H, N, kv_lora] @ [H, kv_lora, v] -> [H, N, v] -> [N, H * v]
-        o = torch.bmm(o.reshape(n, self.num_heads, self.kv_lora).transpose(0, 1), self.kv_b_proj.w_uv().transpose(1, 2))
+        o = kv_b.per_head(o.reshape(n, self.num_heads, self.kv_lora).transpose(0, 1).contiguous(), kv_b.w_uv())
         return self.o_proj(o.transpose(0, 1).reshape(n, self.num_heads * self.v_head_dim))

@@ -20,7 +20,7 @@ from torch import nn
 
 from sglang.srt.layers.moe.grouped_topk import GroupedTopK
 from sglang.srt.layers.moe.moe_layer import QWEN_EXPERT_SHARDS, expert_checkpoint_target
-from sglang.srt.models.deepseek_mla import DeepseekMLAttention
+from sglang.srt.models.deepseek_mla import DeepseekMLAttention, KVBProjection
 from sglang.srt.models.deepseek_moe import DeepseekMoE, is_sparse_layer
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_block import check_experts_loaded
@@ -75,6 +75,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                 yield name, tensor
 
         super().load_weights(model_tensors())
+        for module in self.modules():
+            if isinstance(module, KVBProjection):
+                module.arrange()
         if skipped:
             layers = sorted({int(_LAYER_INDEX.match(n).group(1)) for n in skipped})
             which = str(layers[0]) if len(layers) == 1 else "{" + ",".join(map(str, layers)) + "}"
