@@ -2,9 +2,9 @@
 (blocks "M-M*-M") with the SmolLM2 tokenizer, 7-token prefill chunks and a 1 GB memory budget. Against HF
 transformers' fp32 greedy tokens on the same checkpoint (one batched, left-padded generate): 8 prompts in one batched
 completion, prefilled in chunks that cut through the conv window. A repeated prompt is no prefix hit (prefix caching
-is off for a model with per-request state) and still decodes HF's tokens. `sglang plan` with the server's flags
-predicts its start: KV tokens within 3%, the same state slots and state bytes per slot, and the linear_state term
-exactly. A bad field is a 400 naming it and the server keeps serving."""
+is off for a model with per-request state, /server_info says why) and still decodes HF's tokens. `sglang plan` with
+the server's flags predicts its start: KV tokens within 3%, the same state slots and state bytes per slot, and the
+linear_state term exactly. A bad field is a 400 naming it and the server keeps serving."""
 
 import contextlib
 import io
@@ -78,6 +78,8 @@ class TestNemotronHServer(WindowedServerChecks, unittest.TestCase):
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         self.assertEqual(cached, 0)
         self.assertEqual(text, self.tok.decode(self.hf_greedy(prompt, 8)))
+        info = requests.get(f"{self.server.base_url}/server_info", timeout=30).json()
+        self.assertIn("prefix caching is off: nemotron_h keeps per-request recurrent state", json.dumps(info))
 
     def test_plan_predicts_the_start(self):
         from sglang.cli.plan import main as plan_main
