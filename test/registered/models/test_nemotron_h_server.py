@@ -23,7 +23,7 @@ from sglang.test.windowed_server_checks import WindowedServerChecks, random_ids
 
 from test_nemotron_h_engine import make_nemotron_h, state_bytes_per_slot  # noqa: E402 (the same directory)
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu")
 
 CHUNK = 7
 KV_TOKENS_TOLERANCE = 0.03
