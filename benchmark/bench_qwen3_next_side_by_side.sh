@@ -71,7 +71,7 @@ run_one() {  # name port cmd...
     for r in 1 2; do b="$b $($LG --url $u -n 2 -c 1 --max-tokens 128 --extra "$X" | tp)"; done
     echo "$name ready=${ready}s c32_tok/s=[${t# }] bs1_tok/s=[${b# }] rss=$(rss_group $pid)MiB"
   fi
-  kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; sleep 1
+  kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; wait $pid 2>/dev/null; sleep 1
 }
 # LLAMA_SERVER: another llama-server build; build-noamx is preferred where it exists (the GGML_NATIVE build dies
 # with "Illegal instruction" in its AMX repack on Xeons with AMX in a VM: bench_gemma3_side_by_side.sh).
