@@ -128,8 +128,10 @@ def ssd_decode_torch(x, dt, A, B, C, D, state, dt_bias=None, dt_limit=NO_DT_LIMI
     Bh = B.float().repeat_interleave(nh // ng, dim=1)  # [R, nh, Ns]
     Ch = C.float().repeat_interleave(nh // ng, dim=1)
     decay = torch.exp(step * A.float())  # [R, nh]
-    new = state.float() * decay[:, :, None, None] + (step[:, :, None] * xf)[..., None] * Bh[:, :, None, :]
-    y = torch.einsum("rhpn,rhn->rhp", new, Ch)
+    # two passes over the state (the input outer product, then + state * decay in place), one more for y
+    new = (step[:, :, None] * xf)[..., None] * Bh[:, :, None, :]
+    new.addcmul_(state.float(), decay[:, :, None, None])
+    y = torch.matmul(new, Ch[..., None]).squeeze(-1)
     if D is not None:
         y = y + D.float()[None, :, None] * xf
     return y.to(x.dtype), new.to(state.dtype)
@@ -174,8 +176,9 @@ def _intra_chunk(xdt, a, Bc, Cc, hpg):
     xdt_g = xdt.view(t, cs, ng, hpg, hd)
     y = torch.einsum("tgqls,tsgqp->tlgqp", weight * scores[:, :, None], xdt_g).reshape(t, cs, nh, hd)
     # decay from each slot s to the chunk's last slot (padding slots have a = 0, so the last slot is the last token's)
-    to_end = weight[:, :, :, -1, :]  # [T, g, q, s]
-    end_state = torch.einsum("tsgn,tsgqp,tgqs->tgqpn", Bc, xdt_g, to_end)
+    to_end = weight[:, :, :, -1, :].permute(0, 3, 1, 2)  # [T, s, g, q]
+    # two-operand einsums only: torch contracts a three-operand one left to right, through an outer product
+    end_state = torch.einsum("tsgn,tsgqp->tgqpn", Bc, xdt_g * to_end[..., None])
     return y, end_state.reshape(t, nh, hd, Bc.shape[3])
 
 
@@ -221,9 +224,9 @@ def ssd_extend_torch(x, dt, A, B, C, D, initial_state, has_initial_state, extend
         state[live] = state[live] * chunk_decay[idx][:, :, None, None] + chunk_state[idx]
 
     # The chunk's start state, read at slot l after the decay of slots 0..l.
-    from_start = torch.exp(torch.cumsum(a, dim=-1))  # [T, nh, l]
-    y += torch.einsum("tlgn,tgqpn,tgql->tlgqp", Cc, start_state.view(n_chunk_total, ng, hpg, hd, ns),
-                      from_start.view(n_chunk_total, ng, hpg, cs)).reshape(n_chunk_total, cs, nh, hd)
+    from_start = torch.exp(torch.cumsum(a, dim=-1)).permute(0, 2, 1)  # [T, l, nh]
+    read = torch.einsum("tlgn,tgqpn->tlgqp", Cc, start_state.view(n_chunk_total, ng, hpg, hd, ns))
+    y += read.reshape(n_chunk_total, cs, nh, hd) * from_start[..., None]
 
     valid = token_of_slot.flatten() < n
     out = torch.empty(n, nh, hd, dtype=torch.float32, device=dev)
