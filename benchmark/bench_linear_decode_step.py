@@ -20,7 +20,9 @@ For each round, the contexts take turns (the order turned by one every round), a
 steps after one warm step; a round keeps, per context, the median step's milliseconds in each mixer kind. The report
 gives each kind's time per layer (the kinds' layer counts differ: 3 linear to 1 full in Qwen3-Next) and its growth from
 the first context to each other. --model-path defaults to the random tiny Qwen3-Next of make_qwen3_next_checkpoint.py
-(built under ~/.cache/sglang-bench on first use); a Nemotron-H checkpoint is timed the same way.
+(built under ~/.cache/sglang-bench on first use); the ~1B one (make_qwen3_next_checkpoint.py OUT_DIR) or a Nemotron-H
+checkpoint is timed the same way. On a machine shared with other work, --threads 1: with more threads every small op
+of a decode step waits for a descheduled OpenMP worker, which swamps the layers' own time.
 """
 
 from __future__ import annotations
