@@ -316,6 +316,19 @@ class TestHybridZoo(unittest.TestCase):
         for name, module in ZOO.items():  # served exactly when a model implementation is registered
             self.assertEqual(module.ARCHS[0].served, fixture(name)["architectures"][0] in MODEL_REGISTRY, name)
 
+    def test_served_linear_layers(self):
+        """A served linear-attention / state-space family starts with its linear layers (the state pool holds them);
+        linear layers on any other served architecture, or chunked ones beside them, keep the plan's note."""
+        from sglang.srt.mem_plan.arch_registry import PLANNED_NOT_SERVED, not_served_note
+
+        for name, module in ZOO.items():
+            kinds = module.ARCHS[0].shape(fixture(name)).layer_kinds
+            self.assertIn("linear", kinds)
+            self.assertEqual(not_served_note(module.ARCHS[0].model_type, kinds), "", name)
+        self.assertEqual(not_served_note("qwen3_next", ("linear", "full", "chunked")),
+                         f"{PLANNED_NOT_SERVED}: qwen3_next with chunked layers")
+        self.assertEqual(not_served_note("llama", ("full", "linear")), f"{PLANNED_NOT_SERVED}: llama with linear layers")
+
 
 if __name__ == "__main__":
     unittest.main()

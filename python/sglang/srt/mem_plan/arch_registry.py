@@ -71,23 +71,25 @@ SERVED_MLA = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 SERVED_LAYER_KINDS = frozenset({"full", "sliding"})  # chunked layers: planned, not served
-# A family module that declares its architecture served serves the linear layers its config gives it: their state
-# rows live in the planned linear-state pool (mem_cache/linear_state_pool.py). Elsewhere linear layers are refused.
+# A linear-attention / state-space family module that declares its architecture served serves the linear layers its
+# config gives it: their state rows live in the planned linear-state pool (mem_cache/linear_state_pool.py). Any other
+# architecture's linear layers are refused.
 LINEAR_LAYER_KIND = "linear"
+LINEAR_STATE_FAMILIES = frozenset({"linear-attention", "state-space"})
 
 
 def not_served_note(model_type: str, layer_kinds: tuple = ()) -> str:
     """PLANNED_NOT_SERVED for what the planner knows and the runtime does not serve, else '': an architecture without
     a model implementation (models/registry.py; SERVED_WITH_WINDOWS and SERVED_MLA name the ones served beside their
-    family's declaration), one whose config gives it chunked layers (linear ones unless its family declares it
-    served), or sliding layers on a model that attends over the whole context (only SERVED_WITH_WINDOWS masks and
+    family's declaration), one whose config gives it chunked layers (linear ones unless it is a served
+    linear-attention / state-space family), or sliding layers on a model that attends over the whole context (only SERVED_WITH_WINDOWS masks and
     pools them)."""
     spec = arch_spec(model_type)
     windowed_model = spec.model_type in SERVED_WITH_WINDOWS
     if not spec.served and not windowed_model and spec.model_type not in SERVED_MLA:
         return f"{PLANNED_NOT_SERVED}: {spec.model_type}"
     served_kinds = set(SERVED_LAYER_KINDS if windowed_model else {"full"})
-    if spec.served:
+    if spec.served and spec.family in LINEAR_STATE_FAMILIES:
         served_kinds.add(LINEAR_LAYER_KIND)
     other = sorted(set(layer_kinds) - served_kinds)
     if other:

@@ -53,7 +53,7 @@ class GatedRMSNorm(nn.Module):
 
 
 def _sharded_loader(rows_of):
-    """A weight_loader copying rows_of(checkpoint tensor) into the parameter (the rank's rows of a head-split tensor)."""
+    """A weight_loader copying rows_of(checkpoint tensor), this rank's rows of a head-split tensor."""
 
     def load(param: nn.Parameter, loaded_weight) -> None:
         default_weight_loader(param, rows_of(loaded_weight))
