@@ -18,12 +18,18 @@ RESULT_PREFIX = "RESULT_JSON:"
 LENS = [7, 1, 13, 0, 30, 16]
 
 
-def extend_errors(run, case, chunk_size, block, dt_limit=(0.0, math.inf)):
+def on(case: dict, device: str) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
+
+
+def extend_errors(run, case, chunk_size, block, dt_limit=(0.0, math.inf), device="cpu"):
+    """Relative error of run(...) (the Triton wrapper, or the dispatching ssd_extend on a GPU) on `case`."""
     from mamba2_ssd_cases import max_rel_error, op_args, reference_scan
 
     ref_y, ref_state = reference_scan(case, dt_limit)
-    y, state = run(*op_args(case), chunk_size, dt_bias=case["dt_bias"], dt_limit=dt_limit, block=block)
-    return max(max_rel_error(y, ref_y), max_rel_error(state, ref_state))
+    kwargs = dict(dt_limit=dt_limit) if block is None else dict(dt_limit=dt_limit, block=block)
+    y, state = run(*op_args(on(case, device)), chunk_size, dt_bias=case["dt_bias"].to(device), **kwargs)
+    return max(max_rel_error(y.cpu(), ref_y), max_rel_error(state.cpu(), ref_state))
 
 
 def results() -> dict:

@@ -31,6 +31,7 @@ from sglang.srt.layers.attention.triton_ops.tiles import dot_tile
 
 DEFAULT_BLOCK = 64  # rows / source slots per tile of the chunk scan on a GPU
 STATE_BLOCK = 1024  # state elements per program of the state passing
+TILE_WARPS = 8  # the chunk kernels hold several [64, 128] fp32 tiles (Nemotron-H: hd 64, Ns 128) per program
 
 
 @lazy_jit_helper
@@ -239,7 +240,7 @@ def ssd_extend_triton(x, dt, A, B, C, D, initial_state, has_initial_state, exten
                                              nh, HAS_BIAS=dt_bias is not None, CS=cs)
         _chunk_state_kernel[(n_chunks, nh)](x, B, step, acs, chunk_start, chunk_ntok, chunk_state, x.stride(0),
                                             x.stride(1), B.stride(0), B.stride(1), nh, nh // ng, hd, ns, CS=cs,
-                                            BLOCK_S=tile, HD=hd_tile, NS=ns_tile)
+                                            BLOCK_S=tile, HD=hd_tile, NS=ns_tile, num_warps=TILE_WARPS)
     state_elems = hd * ns
     has = has_initial_state.to(device=dev, dtype=torch.int32)
     _state_passing_kernel[(r, nh, triton.cdiv(state_elems, STATE_BLOCK))](
@@ -249,7 +250,7 @@ def ssd_extend_triton(x, dt, A, B, C, D, initial_state, has_initial_state, exten
         _chunk_scan_kernel[(n_chunks, nh, triton.cdiv(cs, tile))](
             x, B, C, D if D is not None else A, step, acs, start_state, chunk_start, chunk_ntok, y, x.stride(0),
             x.stride(1), B.stride(0), B.stride(1), y.stride(0), y.stride(1), nh, nh // ng, hd, ns,
-            HAS_D=D is not None, CS=cs, BLOCK_L=tile, BLOCK_S=tile, HD=hd_tile, NS=ns_tile)
+            HAS_D=D is not None, CS=cs, BLOCK_L=tile, BLOCK_S=tile, HD=hd_tile, NS=ns_tile, num_warps=TILE_WARPS)
     return y, final
 
 
