@@ -39,6 +39,7 @@ def gated_delta_rule_extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     bool, extend_lens (B, summing to N) -> (o [N, H, dv] in v.dtype, final_state [B, H, dk, dv] fp32)."""
     if _uses_triton(v):
         from sglang.srt.layers.attention.triton_ops.gated_delta_rule import gated_delta_rule_extend_triton
+        qk_group(q, k, v.shape[-2])  # the kernel assumes it
         return gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
                                               use_qk_l2norm, chunk_size)
     return gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_state, extend_lens, scale,
@@ -52,6 +53,7 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     (o [B, H, dv] in v.dtype, new_state [B, H, dk, dv] fp32)."""
     if _uses_triton(v):
         from sglang.srt.layers.attention.triton_ops.gated_delta_rule import gated_delta_rule_decode_triton
+        qk_group(q, k, v.shape[-2])  # the kernel assumes it
         return gated_delta_rule_decode_triton(q, k, v, g, beta, state, scale, use_qk_l2norm)
     return gated_delta_rule_decode_torch(q, k, v, g, beta, state, scale, use_qk_l2norm)
 
@@ -60,16 +62,21 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def prepare_qk(q: torch.Tensor, k: torch.Tensor, n_heads: int, scale: float, use_qk_l2norm: bool
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """fp32 q, k with H heads, normalized when asked, q scaled."""
+def qk_group(q: torch.Tensor, k: torch.Tensor, n_heads: int) -> int:
+    """How many value heads each query / key head serves; ValueError when the head counts do not fit."""
     if n_heads % q.shape[-2] or q.shape[-2] != k.shape[-2]:
         raise ValueError(f"gated delta rule: q / k heads ({q.shape[-2]}, {k.shape[-2]}) must be equal and divide "
                          f"the value heads ({n_heads})")
+    return n_heads // q.shape[-2]
+
+
+def prepare_qk(q: torch.Tensor, k: torch.Tensor, n_heads: int, scale: float, use_qk_l2norm: bool
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp32 q, k with H heads, normalized when asked, q scaled."""
+    group = qk_group(q, k, n_heads)
     q, k = q.float(), k.float()
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
-    group = n_heads // q.shape[-2]
     if group > 1:
         q, k = q.repeat_interleave(group, dim=-2), k.repeat_interleave(group, dim=-2)
     return q * scale, k

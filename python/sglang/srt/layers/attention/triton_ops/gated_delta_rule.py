@@ -23,13 +23,13 @@ import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.jit_mode import lazy_jit, lazy_jit_helper
 
-L2NORM_EPS = 1e-6
 BLOCK_V = 32
 
 
 @lazy_jit_helper
 def _load_qk(Ptr, rows, mask_rows, offs_k, mask_k, USE_L2NORM: tl.constexpr):
-    """[rows, BLOCK_K] fp32 q or k rows (pointer offsets `rows` along tokens), l2-normalized when asked."""
+    """[rows, BLOCK_K] fp32 q or k rows (pointer offsets `rows` along tokens), l2-normalized when asked (eps 1e-6:
+    linear/gated_delta_rule.py's L2NORM_EPS, HF's)."""
     x = tl.load(Ptr + rows[:, None] + offs_k[None, :], mask=mask_rows[:, None] & mask_k[None, :], other=0.0
                 ).to(tl.float32)
     if USE_L2NORM:
@@ -122,13 +122,6 @@ def _gdr_decode_kernel(Q, K, V, G, Beta, State0, O, State_out, scale, stride_qb,
     tl.store(State_out + state_ptr, s, mask=mask_s)
 
 
-def _check_heads(q: torch.Tensor, k: torch.Tensor, n_heads: int) -> int:
-    if n_heads % q.shape[-2] or q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"gated delta rule: q / k heads ({q.shape[-2]}, {k.shape[-2]}) must be equal and divide "
-                         f"the value heads ({n_heads})")
-    return n_heads // q.shape[-2]
-
-
 def _last_dim_contiguous(*xs: torch.Tensor):
     return [x if x.stride(-1) == 1 else x.contiguous() for x in xs]
 
@@ -137,7 +130,7 @@ def gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_
                                    scale: float, use_qk_l2norm: bool, chunk_size: int = 64):
     n_tokens, n_heads, dv = v.shape
     dk = q.shape[-1]
-    group = _check_heads(q, k, n_heads)
+    group = n_heads // q.shape[-2]  # q / k heads checked by the dispatch (linear/gated_delta_rule.py)
     batch = len(extend_lens)
     q, k, v, g, beta = _last_dim_contiguous(q, k, v, g, beta)
     state0 = initial_state.float().contiguous()
@@ -151,7 +144,7 @@ def gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_
         _gdr_chunk_kernel[(batch, n_heads, triton.cdiv(dv, BLOCK_V))](
             q, k, v, g, beta, state0, has, cu, o, state, scale, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), o.stride(0), o.stride(1), g.stride(0), beta.stride(0), dk, dv, GROUP=group,
-            USE_L2NORM=use_qk_l2norm, CHUNK=max(16, chunk_size), BLOCK_K=max(16, triton.next_power_of_2(dk)),
+            USE_L2NORM=use_qk_l2norm, CHUNK=triton.next_power_of_2(max(16, chunk_size)), BLOCK_K=max(16, triton.next_power_of_2(dk)),
             BLOCK_V=BLOCK_V)
     return o, state
 
@@ -159,7 +152,7 @@ def gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_
 def gated_delta_rule_decode_triton(q, k, v, g, beta, state, scale: float, use_qk_l2norm: bool):
     batch, n_heads, dv = v.shape
     dk = q.shape[-1]
-    group = _check_heads(q, k, n_heads)
+    group = n_heads // q.shape[-2]  # q / k heads checked by the dispatch (linear/gated_delta_rule.py)
     q, k, v, g, beta = _last_dim_contiguous(q, k, v, g, beta)
     state0 = state.float().contiguous()
     o = torch.empty(batch, n_heads, dv, dtype=v.dtype, device=v.device)
