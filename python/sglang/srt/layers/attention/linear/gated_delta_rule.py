@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import torch
-import torch.nn.functional as F
 
 L2NORM_EPS = 1e-6
 

@@ -144,8 +144,8 @@ def gated_delta_rule_extend_triton(q, k, v, g, beta, initial_state, has_initial_
         _gdr_chunk_kernel[(batch, n_heads, triton.cdiv(dv, BLOCK_V))](
             q, k, v, g, beta, state0, has, cu, o, state, scale, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), o.stride(0), o.stride(1), g.stride(0), beta.stride(0), dk, dv, GROUP=group,
-            USE_L2NORM=use_qk_l2norm, CHUNK=triton.next_power_of_2(max(16, chunk_size)), BLOCK_K=max(16, triton.next_power_of_2(dk)),
-            BLOCK_V=BLOCK_V)
+            USE_L2NORM=use_qk_l2norm, CHUNK=triton.next_power_of_2(max(16, chunk_size)),
+            BLOCK_K=max(16, triton.next_power_of_2(dk)), BLOCK_V=BLOCK_V)
     return o, state
 
 
