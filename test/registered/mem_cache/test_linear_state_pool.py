@@ -23,6 +23,7 @@ import torch
 from sglang.cli.plan import device_facts, model_facts, parse_args, plan_inputs
 from sglang.srt.configs.resolved import plan_backend, resolve_model
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.linear_state_pool import LinearStatePool, linear_state_pool, prefix_cache_off_reason
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_plan import plan_memory
@@ -184,11 +185,28 @@ class TestRunnerPools(unittest.TestCase):
             runner.attn_backend = types.SimpleNamespace(allocated_bytes=lambda: 0)
             self.assertEqual(runner.allocated_bytes()["linear_state"], 6 * pools.state_bytes_per_slot)
             self.assertEqual(r2t.linear_state.get("recurrent", 5).shape, (6, cdiv(4, tp), 64))
+            self.check_allocation_and_info(runner, pools)
             scratch = ReqToTokenPool(8, 64)
             attach_linear_state(runner, scratch, pools)
             self.assertEqual(scratch.linear_state.num_rows, 2)  # the dummy row and the profile forward's request
             with self.assertRaisesRegex(ValueError, "state rows"):
                 attach_linear_state(runner, ReqToTokenPool(2, 64), pools, 4)
+
+    def check_allocation_and_info(self, runner, pools):
+        """check_allocation holds the state pool to the plan's linear_state term; /server_info's kv_cache shows it."""
+        got = runner.allocated_bytes()
+        terms = dict(got, linear_state=6 * pools.state_bytes_per_slot, attention_workspace=0)
+        runner.attn_backend.declared_persistent_bytes = lambda: 0
+        runner.memory_plan = types.SimpleNamespace(bytes_of=terms.__getitem__, max_total_num_tokens=32,
+                                                   kv_window_rows=0)
+        runner.check_allocation()
+        terms["linear_state"] += 1
+        with self.assertRaises(AssertionError):
+            runner.check_allocation()
+        runner.token_to_kv_pool_allocator = TokenToKVPoolAllocator(32, 1)
+        info = runner.kv_cache_info()
+        self.assertEqual((info["state_bytes_per_slot"], info["state_slots"], info["state_layers"]),
+                         (pools.state_bytes_per_slot, 6, 6))
 
     def test_dense_model_gets_no_state(self):
         cfg = dict(TINY_QWEN3_NEXT, architectures=["LlamaForCausalLM"], model_type="llama")
