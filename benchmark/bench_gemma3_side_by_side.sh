@@ -4,8 +4,11 @@
 # reads an HF directory exported from that file with transformers' GGUF loader (its Q4_K_M weights dequantized, served
 # in bf16). Peers come from ../shared/tools/peers-setup.sh.
 # Each server is started, warmed up twice at the measured shape, then measured: c=32 throughput (32 prompts x 64
-# tokens, 3 runs), streaming completions and streaming chat (the Gemma turn template below) at c=32 on fresh 100-word
-# prompts (64 requests, 2 runs each; chat with inter-token latency),
+# tokens, 3 runs), then on fresh 100-word prompts at c=32 (64 requests, 2 runs each): non-streaming completions,
+# streaming completions and streaming chat (the Gemma turn template below; with inter-token latency). Streaming's own
+# cost is c32_fresh against c32_stream: c32's short prompts share a cached system prompt and prefill ~20 new tokens
+# each, the fresh ones 100 (with SmolLM2 at c=32 their prefill took about half the scheduler's time), so c32 against
+# c32_stream mixes the prompts' cost into streaming's.
 # batch-1 decode (128 tokens, 2 runs), ready time (start to /v1/models answering), RSS of its process group.
 # Run from the project checkout with the project installed in the active Python environment:
 #   bash benchmark/bench_gemma3_side_by_side.sh [ours] [llama] [vllm]   (default: all three, in that order)
@@ -69,13 +72,14 @@ run_one() {  # name port cmd...
   local t="" b="" ch="" itl=""
   for r in 1 2 3; do t="$t $($LG --url $u -n 32 -c 32 --max-tokens 64 --extra "$X" | tp)"; done
   for r in 1 2; do b="$b $($LG --url $u -n 2 -c 1 --max-tokens 128 --extra "$X" | tp)"; done
-  local st=""
+  local st="" fr=""
+  for r in 1 2; do fr="$fr $($LG --url $u -n 64 -c 32 --max-tokens 64 --random-words 100 --extra "$X" | tp)"; done
   for r in 1 2; do st="$st $($LG --url $u -n 64 -c 32 --max-tokens 64 --stream --random-words 100 --extra "$X" | tp)"; done
   for r in 1 2; do
     local out=$($LG --url $u -n 64 -c 32 --max-tokens 64 --stream --chat --random-words 100 --extra "$X")
     ch="$ch $(echo "$out" | tp)"; itl="$itl $(echo "$out" | grep -o 'itl_p50=[0-9.]*' | cut -d= -f2)"
   done
-  echo "$name ready=${ready}s c32_tok/s=[${t# }] c32_stream_tok/s=[${st# }] c32_chat_stream_tok/s=[${ch# }] chat_itl_p50_ms=[${itl# }] bs1_tok/s=[${b# }] rss=$(rss_group $pid)MiB"
+  echo "$name ready=${ready}s c32_tok/s=[${t# }] c32_fresh_tok/s=[${fr# }] c32_stream_tok/s=[${st# }] c32_chat_stream_tok/s=[${ch# }] chat_itl_p50_ms=[${itl# }] bs1_tok/s=[${b# }] rss=$(rss_group $pid)MiB"
   kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; sleep 1
 }
 # LLAMA_SERVER: another llama-server build. On Xeons with AMX in a VM, the GGML_NATIVE build of peers-setup.sh dies
