@@ -1,6 +1,7 @@
 """The Mamba-2 SSD ops in torch (layers/attention/linear/mamba2_ssd.py) against a float64 token-by-token recurrence
 (mamba2_ssd_cases.py): the chunked extend over varlen batches at chunk sizes that cut each request in different
-places, the recurrent decode step, a request's state carried across extend calls cut anywhere, requests with and
+places, the recurrent decode step, a request's state carried across extend calls cut anywhere and across a
+retraction (re-prefill from prefix 0 into a reused row == the decoded state), requests with and
 without an initial state in one batch (rows without one hold NaN, as a reused pool row may), dt_limit, bf16 inputs,
 long chunks with the large decays of a real checkpoint's A; and once against transformers' own NemotronHMamba2Mixer
 (its torch chunk scan and its one-token state update, an independent implementation)."""
@@ -92,6 +93,28 @@ class TestChunkedAndRecurrentForms(unittest.TestCase):
                 self.assertLess(max_rel_error(state, ref_state), TOL)
                 torch.testing.assert_close(torch.cat(ys), whole_y, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(state, whole_state, rtol=1e-5, atol=1e-5)
+
+    def test_retraction_recompute_equals_the_decoded_state(self):
+        """A request prefilled in two chunks then decoded 6 tokens, retracted, and re-prefilled from prefix 0 into a
+        reused row (NaN, has_initial_state False) over prompt + generated tokens: same state, same last outputs."""
+        case = make_case([30], has_initial=[False], seed=10)
+        prompt, total = 24, 30
+
+        def piece(lo, hi, state, has):
+            p = dict(case, extend_lens=[hi - lo], initial_state=state, has_initial_state=torch.tensor([has]))
+            return {**p, **{k: case[k][lo:hi] for k in ("x", "dt", "B", "C")}}
+
+        y1, state = extend(piece(0, 10, case["initial_state"], False), 4)
+        y2, state = extend(piece(10, prompt, state, True), 4)
+        ys = [y1, y2]
+        for t in range(prompt, total):
+            y, state = ssd_decode(case["x"][t:t + 1], case["dt"][t:t + 1], case["A"], case["B"][t:t + 1],
+                                  case["C"][t:t + 1], case["D"], state, dt_bias=case["dt_bias"])
+            ys.append(y)
+        reused_row = torch.full_like(state, math.nan)
+        y_re, state_re = extend(piece(0, total, reused_row, False), 4)
+        torch.testing.assert_close(state_re, state, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(y_re, torch.cat(ys), rtol=1e-5, atol=1e-5)
 
     def test_mixed_initial_states(self):
         """Rows without an initial state start from zero whatever the row holds (NaN here); rows with one use it."""
