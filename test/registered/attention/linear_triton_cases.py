@@ -101,10 +101,33 @@ def gdr_cases(out: dict) -> None:
     out["gdr_cut|state"] = err(s, ref_s)
 
 
+def dispatch_cases(out: dict) -> None:
+    """The public ops with their device test forced to 'GPU': the arguments reach the Triton wrappers in order."""
+    from sglang.srt.layers.attention.linear import causal_conv1d as conv_op
+    from sglang.srt.layers.attention.linear import gated_delta_rule as gdr_op
+
+    lens, has = [2, 5], torch.tensor([True, False])
+    x, w, b, state = conv_inputs(lens, 20, 4, seed=11)
+    q, k, v, g, beta, s0 = gdr_inputs(lens, 2, 1, 16, 16, seed=12)
+    args = {
+        "conv_extend": (conv_op.causal_conv1d_extend, (x, w, b, state, has, lens, "silu")),
+        "conv_decode": (conv_op.causal_conv1d_decode, (x[:2], w, b, state, "silu")),
+        "gdr_extend": (gdr_op.gated_delta_rule_extend, (q, k, v, g, beta, s0, has, lens, 0.25, True, 16)),
+        "gdr_decode": (gdr_op.gated_delta_rule_decode, (q[:2], k[:2], v[:2], g[:2], beta[:2], s0, 0.25, True)),
+    }
+    torch_runs = {name: fn(*a) for name, (fn, a) in args.items()}
+    for module in (conv_op, gdr_op):
+        module._uses_triton = lambda _x: True
+    for name, (fn, a) in args.items():
+        ran = fn(*a)
+        out[f"dispatch|{name}"] = max(err(r, t) for r, t in zip(ran, torch_runs[name]))
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     use_single_threaded_blas()
     result: dict = {}
     conv_cases(result)
     gdr_cases(result)
+    dispatch_cases(result)
     print(RESULT_PREFIX + json.dumps(result))

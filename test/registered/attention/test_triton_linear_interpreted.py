@@ -59,6 +59,10 @@ class TestTritonLinearInterpreted(unittest.TestCase):
         self.check("gdr_decode|", 4)
         self.check("gdr_cut|", 2)
 
+    def test_public_ops_dispatch_to_the_kernels(self):
+        """causal_conv1d_* / gated_delta_rule_* with their device test forced to a GPU's answer == their torch run."""
+        self.check("dispatch|", 4)
+
     def test_comparison_can_fail(self):
         """The extend kernel without the l2norm the reference applies is far outside the tolerance."""
         self.assertGreater(self.result["broken|gdr_extend_without_l2norm"], 1e-2)
