@@ -6,9 +6,9 @@ request: HF's chunked scan from the zero state), which equals our tokens exactly
 continuation.
 
 Each engine (tp=1 and tp=2) runs: 8 prompts prefilled in 7-token chunks (the scheduler packs requests into a chunk,
-so pieces of 1 or 2 tokens, inside the K - 1 = 3 conv window, carry a request's conv and SSM state to the next
-chunk); more requests than the 256-token pool holds (decode retracts; a retracted request re-prefills from the zero
-state). After each, the allocator is idle and intact. The state pool's bytes per slot equal the count from
+each request's state carried from chunk to chunk); two prompts alone whose last piece is 1 or 2 tokens, inside the
+K - 1 = 3 conv window (the new conv state keeps older columns); more requests than the 256-token pool holds
+(decode retracts; a retracted request re-prefills from the zero state). After each, the allocator is idle and intact. The state pool's bytes per slot equal the count from
 config.json (conv channels x (K - 1) in fp32 plus the fp32 SSM state, per Mamba block) and the plan's linear_state
 term; the KV pool holds only the attention block."""
 
@@ -30,6 +30,8 @@ PATTERN = "M-M*-M"
 FLAGS = dict(dtype="float32", skip_tokenizer_init=True, max_total_tokens=256, chunked_prefill_size=CHUNK,
              log_level="warning", random_seed=0)
 PROMPTS = [[(29 * j + 7 * i + 1) % VOCAB for j in range(20 + 5 * i)] for i in range(8)]
+# alone, each is prefilled as 7 + 7 + 1 / 7 + 7 + 2 tokens: its last piece, inside the conv window, reads the state
+CUT = [[(11 * j + 5 * i + 2) % VOCAB for j in range(2 * CHUNK + 1 + i)] for i in range(2)]
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract
 RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
 
@@ -85,6 +87,7 @@ def scenarios(engine) -> dict:
            "state_per_slot": runner.req_to_token_pool.linear_state.bytes_per_slot(),
            "info": engine.get_server_info()}
     out["prompts"] = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=greedy(12))]
+    out["cut"] = [engine.generate(input_ids=[p], sampling_params=greedy(8))[0]["output_ids"] for p in CUT]
     assert_idle_and_intact(engine)
     before = engine.scheduler.num_retractions
     out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
@@ -132,6 +135,11 @@ def served(request, checkpoint):
 def test_prompts_in_chunks_equal_hf(served, checkpoint):
     assert max(len(p) for p in PROMPTS) > 6 * CHUNK
     assert served["prompts"] == hf_greedy_choices(checkpoint, PROMPTS, served["prompts"])
+
+
+def test_last_piece_inside_the_conv_window(served, checkpoint):
+    assert [len(p) % CHUNK for p in CUT] == [1, 2]  # < K - 1 = 3 new tokens after two full chunks
+    assert served["cut"] == hf_greedy_choices(checkpoint, CUT, served["cut"])
 
 
 def test_retraction(served, checkpoint):
