@@ -74,7 +74,8 @@ def causal_conv1d_extend_torch(x, weight, bias, conv_state, has_initial_state, e
 
     seq = torch.empty(n_tokens + batch * width, channels, dtype=torch.float32, device=device)
     # where, not a product: a stale row may hold anything (inf * 0 is nan)
-    prior = torch.where(has_initial_state.to(device).view(batch, 1, 1), conv_state.float().transpose(1, 2), 0.0)
+    has = has_initial_state.to(device=device, dtype=torch.bool).view(batch, 1, 1)
+    prior = torch.where(has, conv_state.float().transpose(1, 2), 0.0)
     seq[state_pos] = prior.reshape(batch * width, channels)
     seq[tok_pos] = x.float()
 

@@ -154,7 +154,8 @@ def gated_delta_rule_extend_torch(q, k, v, g, beta, initial_state, has_initial_s
 
     # where, not a product: a stale row may hold anything (inf * 0 is nan); rows in rank order from here
     rows = torch.tensor(order, dtype=torch.long, device=device)
-    state = torch.where(has_initial_state.to(device)[rows].view(batch, 1, 1, 1), initial_state.float()[rows], 0.0)
+    has = has_initial_state.to(device=device, dtype=torch.bool)[rows].view(batch, 1, 1, 1)
+    state = torch.where(has, initial_state.float()[rows], 0.0)
     out = torch.empty(total, n_heads, c, dv, dtype=torch.float32, device=device)
     for i, n_active in enumerate(per_step):
         ids = slice(step_start[i], step_start[i] + n_active)
