@@ -8,9 +8,9 @@ continuation.
 Each engine (tp=1 and tp=2) runs: 8 prompts prefilled in 7-token chunks (the scheduler packs requests into a chunk,
 each request's state carried from chunk to chunk); two prompts alone whose last piece is 1 or 2 tokens, inside the
 K - 1 = 3 conv window (the new conv state keeps older columns); more requests than the 256-token pool holds
-(decode retracts; a retracted request re-prefills from the zero state). After each, the allocator is idle and intact. The state pool's bytes per slot equal the count from
-config.json (conv channels x (K - 1) in fp32 plus the fp32 SSM state, per Mamba block) and the plan's linear_state
-term; the KV pool holds only the attention block."""
+(decode retracts; a retracted request re-prefills from the zero state). After each, the allocator is idle and
+intact. The state pool's bytes per slot equal the count from config.json (conv channels x (K - 1) in fp32 plus the
+fp32 SSM state, per Mamba block) and the plan's linear_state term; the KV pool holds only the attention block."""
 
 import json
 import os
