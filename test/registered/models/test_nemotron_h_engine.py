@@ -21,6 +21,7 @@ import torch
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+from sglang.test.hf_greedy_reference import teacher_forced_choices
 
 register_cpu_ci(est_time=75, suite="cpu")
 
@@ -96,28 +97,6 @@ def scenarios(engine) -> dict:
     return out
 
 
-_HF_MODELS: dict = {}
-
-
-def hf_model(path: str):
-    if path not in _HF_MODELS:
-        from transformers import AutoModelForCausalLM
-
-        _HF_MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return _HF_MODELS[path]
-
-
-def hf_greedy_choices(path: str, prompts, outputs):
-    """HF's greedy choice after each prefix of prompt + output (teacher-forced: one forward per request)."""
-    model = hf_model(path)
-    got = []
-    with torch.no_grad():
-        for prompt, out in zip(prompts, outputs):
-            logits = model(torch.tensor([prompt + out])).logits[0]
-            got.append(logits[len(prompt) - 1: -1].argmax(-1).tolist())
-    return got
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return save(str(tmp_path_factory.mktemp("nemotron_h")))
@@ -134,17 +113,17 @@ def served(request, checkpoint):
 
 def test_prompts_in_chunks_equal_hf(served, checkpoint):
     assert max(len(p) for p in PROMPTS) > 6 * CHUNK
-    assert served["prompts"] == hf_greedy_choices(checkpoint, PROMPTS, served["prompts"])
+    assert served["prompts"] == teacher_forced_choices(checkpoint, PROMPTS, served["prompts"])
 
 
 def test_last_piece_inside_the_conv_window(served, checkpoint):
     assert [len(p) % CHUNK for p in CUT] == [1, 2]  # < K - 1 = 3 new tokens after two full chunks
-    assert served["cut"] == hf_greedy_choices(checkpoint, CUT, served["cut"])
+    assert served["cut"] == teacher_forced_choices(checkpoint, CUT, served["cut"])
 
 
 def test_retraction(served, checkpoint):
     assert served["num_retractions"] > 0
-    assert served["retraction"] == hf_greedy_choices(checkpoint, RETRACT, served["retraction"])
+    assert served["retraction"] == teacher_forced_choices(checkpoint, RETRACT, served["retraction"])
 
 
 def test_state_pool_is_the_plan_term(served, checkpoint):

@@ -18,6 +18,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import default_model_dir
+from sglang.test.hf_greedy_reference import batched_greedy_texts
 from sglang.test.test_utils import openai_client, popen_launch_server
 from sglang.test.windowed_server_checks import WindowedServerChecks, random_ids
 
@@ -52,24 +53,13 @@ class TestNemotronHServer(WindowedServerChecks, unittest.TestCase):
         cls.server.kill()
         cls.tmp.cleanup()
 
-    def hf_batch_greedy(self, prompts, n):
-        """HF's n greedy tokens after each prompt, one left-padded batched generate (EOS ignored: the config has
-        none; the padding is masked out of the Mamba blocks' inputs)."""
-        width = max(map(len, prompts))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.no_grad():
-            out = self.hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                   pad_token_id=0)
-        return [self.tok.decode(row) for row in out[:, width:].tolist()]
-
     def test_eight_prompts_in_chunks_equal_hf(self):
         prompts = [random_ids(1, 20 + 5 * i, seed=i, vocab=self.vocab)[0] for i in range(8)]
         self.assertGreater(max(map(len, prompts)), 6 * CHUNK)
         out = self.client.completions.create(model=self.model, prompt=prompts, max_tokens=10, temperature=0,
                                              extra_body={"ignore_eos": True, "skip_special_tokens": False})
         texts = [c.text for c in sorted(out.choices, key=lambda c: c.index)]
-        self.assertEqual(texts, self.hf_batch_greedy(prompts, 10))
+        self.assertEqual(texts, batched_greedy_texts(self.hf, self.tok, prompts, 10))
 
     def test_repeated_prompt_is_no_prefix_hit(self):
         prompt = random_ids(1, 30, seed=20, vocab=self.vocab)[0]
