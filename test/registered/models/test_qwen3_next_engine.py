@@ -194,6 +194,8 @@ def test_state_pool_is_the_plan_term(served, checkpoint):
     plan = info["memory_plan"]
     terms = {t["name"]: t["num_bytes"] for t in plan["terms"]}
     assert terms["linear_state"] == got["state_per_slot"] * plan["state_slots"], (terms, plan["state_slots"])
+    for rank in info["memory_plan_per_rank"]:  # each rank holds its heads' share, as planned
+        assert rank["allocated_bytes"]["linear_state"] == terms["linear_state"], rank["allocated_bytes"]
 
 
 def test_mtp_layer_skipped_on_load(checkpoint, caplog):

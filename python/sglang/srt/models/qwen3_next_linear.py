@@ -36,6 +36,17 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.weight_utils import materialize
 
 
+# The chunked delta rule's chunk (transformers' / FLA's 64). Every request is padded to whole chunks, so a batch of
+# short extends (small prefill chunks, retraction re-prefills) takes the smallest power of two holding its longest
+# one: any chunk size gives the same result (the chunked form equals the recurrence), only the padding differs.
+MAX_DELTA_RULE_CHUNK_TOKENS = 64
+
+
+def delta_rule_chunk_tokens(extend_lens) -> int:
+    longest = max(extend_lens, default=1)
+    return min(MAX_DELTA_RULE_CHUNK_TOKENS, 1 << max(0, longest - 1).bit_length())
+
+
 class GatedRMSNorm(nn.Module):
     """transformers' Qwen3NextRMSNormGated over rows of one head: w * (x / rms(x)), normalised in fp32 and rounded to
     x's dtype before the weight, then times silu(z) in fp32, rounded once to x's dtype."""
@@ -128,7 +139,8 @@ class Qwen3NextGatedDeltaNet(nn.Module):
             conv_out, conv_state = causal_conv1d_extend(mixed, self.conv1d_weight, None, conv_state, has_state, lens,
                                                         "silu")
             q, k, v = self._heads(conv_out, n)
-            o, state = gated_delta_rule_extend(q, k, v, g, beta, recurrent[rows], has_state, lens, self.scale, True)
+            o, state = gated_delta_rule_extend(q, k, v, g, beta, recurrent[rows], has_state, lens, self.scale, True,
+                                               chunk_size=delta_rule_chunk_tokens(lens))
 
         conv_qk.index_copy_(0, rows, conv_state[:, : self.qk_channels].to(conv_qk.dtype))
         conv_v.index_copy_(0, rows, conv_state[:, self.qk_channels:].to(conv_v.dtype))
