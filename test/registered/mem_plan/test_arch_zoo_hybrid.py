@@ -327,7 +327,8 @@ class TestHybridZoo(unittest.TestCase):
             self.assertEqual(not_served_note(module.ARCHS[0].model_type, kinds), "", name)
         self.assertEqual(not_served_note("qwen3_next", ("linear", "full", "chunked")),
                          f"{PLANNED_NOT_SERVED}: qwen3_next with chunked layers")
-        self.assertEqual(not_served_note("llama", ("full", "linear")), f"{PLANNED_NOT_SERVED}: llama with linear layers")
+        self.assertEqual(not_served_note("llama", ("full", "linear")),
+                         f"{PLANNED_NOT_SERVED}: llama with linear layers")
 
 
 if __name__ == "__main__":

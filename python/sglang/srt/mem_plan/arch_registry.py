@@ -82,8 +82,8 @@ def not_served_note(model_type: str, layer_kinds: tuple = ()) -> str:
     """PLANNED_NOT_SERVED for what the planner knows and the runtime does not serve, else '': an architecture without
     a model implementation (models/registry.py; SERVED_WITH_WINDOWS and SERVED_MLA name the ones served beside their
     family's declaration), one whose config gives it chunked layers (linear ones unless it is a served
-    linear-attention / state-space family), or sliding layers on a model that attends over the whole context (only SERVED_WITH_WINDOWS masks and
-    pools them)."""
+    linear-attention / state-space family), or sliding layers on a model that attends over the whole context (only
+    SERVED_WITH_WINDOWS masks and pools them)."""
     spec = arch_spec(model_type)
     windowed_model = spec.model_type in SERVED_WITH_WINDOWS
     if not spec.served and not windowed_model and spec.model_type not in SERVED_MLA:
