@@ -152,3 +152,14 @@ def test_moe_blocks_are_refused_naming_them(checkpoint, tmp_path):
         json.dump(cfg, f)
     with pytest.raises(ValueError, match="MoE blocks .* are planned .* but not served"):
         build_model(ModelConfig.from_pretrained(str(tmp_path), dtype="float32"), device="meta")
+
+
+def test_w8a8_int8_loads_the_mamba_projections(checkpoint):
+    """--quantization w8a8_int8 packs in_proj (one checkpoint tensor of five segments) and the relu2 MLP's up_proj
+    through their class loaders: every quantized layer gets all its rows (load_model raises otherwise)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import load_model
+
+    model = load_model(ModelConfig.from_pretrained(checkpoint, dtype="bfloat16"), quantization="w8a8_int8")
+    mamba, mlp = model.backbone.layers[0].mixer, model.backbone.layers[1].mixer
+    assert mamba.in_proj.qweight is not None and mlp.up_proj.qweight is not None

@@ -21,17 +21,12 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import (
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-    default_weight_loader,
-)
+from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear, default_weight_loader
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.models.nemotron_h_mixer import NemotronHMamba2Mixer
+from sglang.srt.models.nemotron_h_mixer import NemotronHMamba2Mixer, SegmentedColumnLinear
 
 PATTERN_KINDS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
@@ -80,13 +75,8 @@ class NemotronHMLP(nn.Module):
         if act != "relu2":
             raise ValueError(f"Nemotron-H mlp_hidden_act {act!r} is not served; only relu2 is")
         bias = bool(getattr(config, "mlp_bias", False))
-        self.up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size], bias=bias)
+        self.up_proj = SegmentedColumnLinear(config.hidden_size, [config.intermediate_size], bias=bias)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias)
-        for p in self.up_proj.parameters():
-            p.weight_loader = self._load_up
-
-    def _load_up(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        self.up_proj.weight_loader(param, loaded, 0)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         return self.down_proj(torch.relu(self.up_proj(x)).square())

@@ -80,6 +80,24 @@ class DepthwiseConv(nn.Module):
         default_weight_loader(param, _rank_slices(loaded, self.segments, get_tp_rank(), get_tp_size()))
 
 
+class SegmentedColumnLinear(MergedColumnParallelLinear):
+    """Column projections stored as ONE checkpoint tensor of consecutive segments (in_proj's z | x | B | C | dt; one
+    segment for a plain column-parallel layer): each rank loads its slice of every segment. The class's loader, so
+    a quantized layer (layers/quantization/linear_method.py) loads through it too."""
+
+    def __init__(self, input_size: int, segments: list, bias: bool):
+        super().__init__(input_size, segments, bias=bias)
+        self.segments = segments
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
+        if shard_id is not None:
+            return super().weight_loader(param, loaded_weight, shard_id)
+        start = 0
+        for i, total in enumerate(self.segments):
+            super().weight_loader(param, loaded_weight.narrow(0, start, total), i)
+            start += total
+
+
 class NemotronHMamba2Mixer(nn.Module):
     def __init__(self, config, linear_layer: int):
         super().__init__()
@@ -97,10 +115,7 @@ class NemotronHMamba2Mixer(nn.Module):
         bias = bool(getattr(config, "use_bias", False))
         inner_all, bc_all = heads * self.head_dim, groups * self.state_size
         self.in_proj_segments = [inner_all, inner_all, bc_all, bc_all, heads]
-        self.in_proj = MergedColumnParallelLinear(config.hidden_size, self.in_proj_segments, bias=bias)
-        self.in_proj.weight.weight_loader = self._load_in_proj
-        if bias:
-            self.in_proj.bias.weight_loader = self._load_in_proj
+        self.in_proj = SegmentedColumnLinear(config.hidden_size, self.in_proj_segments, bias=bias)
         self.conv1d = DepthwiseConv(self.inner + 2 * self.bc, self.kernel, bool(config.use_conv_bias),
                                     [inner_all, bc_all, bc_all])
         self.dt_bias, self.A_log, self.D = _param(self.num_heads), _param(self.num_heads), _param(self.num_heads)
@@ -109,9 +124,6 @@ class NemotronHMamba2Mixer(nn.Module):
         self.norm = GatedGroupRMSNorm(self.inner, inner_all // groups, config.layer_norm_epsilon)
         self.norm.weight.weight_loader = self._load_per_head
         self.out_proj = RowParallelLinear(inner_all, config.hidden_size, bias=bias)
-
-    def _load_in_proj(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        default_weight_loader(param, _rank_slices(loaded, self.in_proj_segments, get_tp_rank(), get_tp_size()))
 
     def _load_per_head(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         default_weight_loader(param, _rank_slices(loaded, [loaded.shape[0]], get_tp_rank(), get_tp_size()))
