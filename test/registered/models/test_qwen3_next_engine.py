@@ -24,8 +24,9 @@ from safetensors.torch import load_file, save_file
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+from sglang.test.hf_greedy_reference import teacher_forced_choices as hf_greedy_choices
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=90, suite="cpu")
 
 VOCAB = 512
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
@@ -119,28 +120,6 @@ def scenarios(engine, chunk: int) -> dict:
     out["num_retractions"] = engine.scheduler.num_retractions - before
     assert_idle_and_intact(engine)
     return out
-
-
-_HF_MODELS: dict = {}
-
-
-def hf_model(path: str):
-    if path not in _HF_MODELS:
-        from transformers import AutoModelForCausalLM
-
-        _HF_MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return _HF_MODELS[path]
-
-
-def hf_greedy_choices(path: str, prompts, outputs):
-    """HF's greedy choice after each prefix of prompt + output (teacher-forced: one forward per request)."""
-    model = hf_model(path)
-    got = []
-    with torch.no_grad():
-        for prompt, out in zip(prompts, outputs):
-            logits = model(torch.tensor([prompt + out])).logits[0]
-            got.append(logits[len(prompt) - 1: -1].argmax(-1).tolist())
-    return got
 
 
 @pytest.fixture(scope="module")
