@@ -9,8 +9,9 @@
 // signed, against the unsigned weight bytes: TDPBSUD. Each block's int32 sums are stored (one 1 KiB tile store) and
 // scaled in fp32 exactly as quant_tile does: d * da * dot (+ the residual pass for 8-bit weights) + c * sa.
 // The halves formats (kQHeadHalves, kQHeadQ6) take k 0-15 and 16-31 as two 4-row B tiles against two 16-byte A tiles.
-//   tmm0, tmm1: C (main: whole block or half 0, half 1)   tmm2, tmm3: C of the residual pass (halves)
-//   tmm4, tmm5: A (main / residual, or half 0 / half 1)   tmm6, tmm7: B (whole block, or half 0 / half 1)
+//   tmm0, tmm1: C of set 0 (main / residual, or half 0 / half 1)   tmm2, tmm3: C of set 1 (the next block's), or
+//   for the 8-bit halves formats the residual pass's halves (one set)
+//   tmm4, tmm5: A (main / residual, or half 0 / half 1)   tmm6, tmm7: B (whole block of set 0 / 1, or half 0 / half 1)
 // The caller pads the activations (qa, da, sa, sh) to a multiple of 16 rows with zeros.
 #pragma once
 
@@ -48,91 +49,148 @@ SGL_AMX_INT8 inline void quant_amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
+// Whether a block's tile work for block b + 1 is issued before block b's fp32 epilogue (two sets of C tiles, so the
+// AMX unit computes the next block's sums while the vector units scale this one's): every format but the 8-bit halves
+// ones, whose four C tiles per block leave no second set. The fp32 operations keep their order either way.
+template <int FMT>
+constexpr bool quant_amx_pipelined() {
+  return !(quant_format_halves(FMT) && quant_format_bits(FMT) == 8);
+}
+
+// Block `rec`'s int32 sums into c[2S], c[2S + 1] (and c[2], c[3] for the 8-bit halves formats, S = 0 only), on
+// C tiles 2S, 2S + 1 (2, 3); `unpacked`: this set's 512-byte buffer for a 4-bit record's B tile.
+template <int FMT, int S>
+SGL_AMX_INT8 __attribute__((always_inline)) inline void quant_block_dots_amx(const uint8_t* rec, const int8_t* a,
+                                                                            const int8_t* a2, int64_t lda,
+                                                                            uint8_t* unpacked, int32_t (*c)[kQAmxRows][16]) {
+  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
+  constexpr bool HALVES = quant_format_halves(FMT);
+  constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
+  _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
+  _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
+  const uint8_t* w = rec + header;
+  if constexpr (BITS == 4) {
+    __m512i wv[8];
+    load_record_u8<4, header>(rec, wv);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) _mm512_store_si512(unpacked + 64 * g, wv[g]);
+    w = unpacked;
+  }
+  // GCC's tile intrinsics paste the tile number into the assembly, so each set spells its tiles as literals
+#define SGL_QAMX_DOTS(C0, C1, B0)                  \
+  if constexpr (!HALVES) {                         \
+    _tile_loadd(B0, w, 64);                        \
+    _tile_loadd(4, a, lda);                        \
+    _tile_zero(C0);                                \
+    _tile_dpbsud(C0, 4, B0);                       \
+    _tile_stored(C0, c[C0], 64);                   \
+    if constexpr (BITS == 8) {                     \
+      _tile_loadd(5, a2, lda);                     \
+      _tile_zero(C1);                              \
+      _tile_dpbsud(C1, 5, B0);                     \
+      _tile_stored(C1, c[C1], 64);                 \
+    }                                              \
+  } else {                                         \
+    _tile_loadd(6, w, 64);                         \
+    _tile_loadd(7, w + 4 * 64, 64);                \
+    _tile_loadd(4, a, lda);                        \
+    _tile_loadd(5, a + kQHalf, lda);               \
+    _tile_zero(C0);                                \
+    _tile_zero(C1);                                \
+    _tile_dpbsud(C0, 4, 6);                        \
+    _tile_dpbsud(C1, 5, 7);                        \
+    _tile_stored(C0, c[C0], 64);                   \
+    _tile_stored(C1, c[C1], 64);                   \
+  }
+  if constexpr (S == 0) {
+    SGL_QAMX_DOTS(0, 1, 6)
+  } else {
+    SGL_QAMX_DOTS(2, 3, 7)
+  }
+#undef SGL_QAMX_DOTS
+  if constexpr (HALVES && BITS == 8) {
+    static_assert(S == 0, "the 8-bit halves formats use all four C tiles");
+    _tile_loadd(4, a2, lda);
+    _tile_loadd(5, a2 + kQHalf, lda);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_dpbsud(2, 4, 6);
+    _tile_dpbsud(3, 5, 7);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+  }
+}
+
+// Block b's sums (c: its set, c[0] / c[1] main / residual or half 0 / half 1, c[2] / c[3] the 8-bit halves' residual)
+// scaled into acc by the same fp32 operations in the same order as quant_tile, so the two paths agree bit for bit.
+template <int FMT>
+SGL_AMX_INT8 __attribute__((always_inline)) inline void quant_block_epilogue_amx(const uint8_t* rec, int64_t b, int64_t nb,
+                                                                                const float* da, const float* sa,
+                                                                                const float* sh,
+                                                                                int32_t (*c)[kQAmxRows][16],
+                                                                                __m512* acc) {
+  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
+  constexpr bool HALVES = quant_format_halves(FMT);
+  const __m512 residual = _mm512_set1_ps(1.0f / kResidualScale);
+  __m512 dw, cw, dw1, cw1;
+  load_record_scales<HEAD>(rec, dw, cw, dw1, cw1);
+#pragma GCC unroll 16
+  for (int i = 0; i < kQAmxRows; ++i) {
+    const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
+    const __m512i dot0 = _mm512_load_si512(c[0][i]);
+    if constexpr (!HALVES) {
+      const __m512 dwa = _mm512_mul_ps(dw, dai);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa, acc[i]);
+      if constexpr (BITS == 8)
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), _mm512_mul_ps(dwa, residual), acc[i]);
+      acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
+    } else {
+      const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa0, acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), dwa1, acc[i]);
+      if constexpr (BITS == 8) {
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[2][i])), _mm512_mul_ps(dwa0, residual), acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[3][i])), _mm512_mul_ps(dwa1, residual), acc[i]);
+      }
+      acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
+      acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
+    }
+  }
+}
+
 // 16 input rows (qa rows lda apart, already offset to the first) x one tile of 16 output rows, all nb blocks.
 template <int FMT, typename T, bool HW_BF16>
 SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const int8_t* qa, int64_t lda, const float* da,
                                         const float* sa, const float* sh, T* y, int64_t ldy, int rows, int n) {
-  constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
-  constexpr bool HALVES = quant_format_halves(FMT);
-  constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
-  const __m512 residual = _mm512_set1_ps(1.0f / kResidualScale);
+  constexpr int64_t rec_bytes = quant_record_bytes(FMT);
   alignas(64) int32_t c[4][kQAmxRows][16];
-  alignas(64) uint8_t unpacked[8 * 64];
+  alignas(64) uint8_t unpacked[2][8 * 64];
   __m512 acc[kQAmxRows];
 #pragma GCC unroll 16
   for (int i = 0; i < kQAmxRows; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* rec = tile + b * rec_bytes;
-    _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
-    _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
-    const uint8_t* w = rec + header;
-    if constexpr (BITS == 4) {
-      __m512i wv[8];
-      load_record_u8<4, header>(rec, wv);
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) _mm512_store_si512(unpacked + 64 * g, wv[g]);
-      w = unpacked;
-    }
-    const int8_t* a = qa + b * kQBlock;
-    const int8_t* a2 = a + nb * kQBlock;  // 8-bit weights: the residual pass (quantize_row_q8's q2, after q)
-    if constexpr (!HALVES) {
-      _tile_loadd(6, w, 64);
-      _tile_loadd(4, a, lda);
-      _tile_zero(0);
-      _tile_dpbsud(0, 4, 6);
-      _tile_stored(0, c[0], 64);
-      if constexpr (BITS == 8) {
-        _tile_loadd(5, a2, lda);
-        _tile_zero(1);
-        _tile_dpbsud(1, 5, 6);
-        _tile_stored(1, c[1], 64);
-      }
-    } else {
-      _tile_loadd(6, w, 64);
-      _tile_loadd(7, w + 4 * 64, 64);
-      _tile_loadd(4, a, lda);
-      _tile_loadd(5, a + kQHalf, lda);
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 5, 7);
-      _tile_stored(0, c[0], 64);
-      _tile_stored(1, c[1], 64);
-      if constexpr (BITS == 8) {
-        _tile_loadd(4, a2, lda);
-        _tile_loadd(5, a2 + kQHalf, lda);
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_dpbsud(2, 4, 6);
-        _tile_dpbsud(3, 5, 7);
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
+  // 8-bit weights: the residual pass's activations follow the main pass's (quantize_row_q8's q2 after q)
+  const int8_t* a2 = qa + nb * kQBlock;
+  if constexpr (quant_amx_pipelined<FMT>()) {
+    // blocks in pairs: block b + 1's tiles (set 1) run while block b (set 0) is scaled, then b + 2's (set 0) during b + 1
+    quant_block_dots_amx<FMT, 0>(tile, qa, a2, lda, unpacked[0], c);
+    for (int64_t b = 0; b < nb; b += 2) {
+      const uint8_t* rec = tile + b * rec_bytes;
+      const bool odd = b + 1 < nb;
+      if (odd)
+        quant_block_dots_amx<FMT, 1>(rec + rec_bytes, qa + (b + 1) * kQBlock, a2 + (b + 1) * kQBlock, lda, unpacked[1], c);
+      quant_block_epilogue_amx<FMT>(rec, b, nb, da, sa, sh, c, acc);
+      if (odd) {
+        if (b + 2 < nb)
+          quant_block_dots_amx<FMT, 0>(rec + 2 * rec_bytes, qa + (b + 2) * kQBlock, a2 + (b + 2) * kQBlock, lda,
+                                       unpacked[0], c);
+        quant_block_epilogue_amx<FMT>(rec + rec_bytes, b + 1, nb, da, sa, sh, c + 2, acc);
       }
     }
-    __m512 dw, cw, dw1, cw1;
-    load_record_scales<HEAD>(rec, dw, cw, dw1, cw1);
-    // the same fp32 operations in the same order as quant_tile, so the two paths agree bit for bit
-#pragma GCC unroll 16
-    for (int i = 0; i < kQAmxRows; ++i) {
-      const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
-      const __m512i dot0 = _mm512_load_si512(c[0][i]);
-      if constexpr (!HALVES) {
-        const __m512 dwa = _mm512_mul_ps(dw, dai);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa, acc[i]);
-        if constexpr (BITS == 8)
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), _mm512_mul_ps(dwa, residual), acc[i]);
-        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
-      } else {
-        const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa0, acc[i]);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), dwa1, acc[i]);
-        if constexpr (BITS == 8) {
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[2][i])), _mm512_mul_ps(dwa0, residual), acc[i]);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[3][i])), _mm512_mul_ps(dwa1, residual), acc[i]);
-        }
-        acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
-        acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
-      }
+  } else {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* rec = tile + b * rec_bytes;
+      quant_block_dots_amx<FMT, 0>(rec, qa + b * kQBlock, a2 + b * kQBlock, lda, unpacked[0], c);
+      quant_block_epilogue_amx<FMT>(rec, b, nb, da, sa, sh, c, acc);
     }
   }
   const __mmask16 m = (__mmask16)((1u << n) - 1u);
