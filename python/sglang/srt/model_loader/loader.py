@@ -32,9 +32,10 @@ from sglang.srt.models.registry import get_model_class
 logger = logging.getLogger(__name__)
 
 # packed linear weights of a converted GGUF (layers/quantization/packing.py layout), written on the first start
-# v2: 8-bit blocks fitted with an offset; v3: the packed vocabulary table too. Safetensors format, not named
+# v2: 8-bit blocks fitted with an offset; v3: the packed vocabulary table too; v4: each layer's format code stored
+# (a v3 file's formats were inferred from record sizes, which Q6_K shares with Q8_0). Safetensors format, not named
 # *.safetensors (the dense loader globs those).
-PACKED_CACHE_FILE = "packed-gguf-v3.qweights"
+PACKED_CACHE_FILE = "packed-gguf-v4.qweights"
 
 
 @contextlib.contextmanager
@@ -99,13 +100,18 @@ def _load_packed_cache(model: nn.Module, path: str) -> None:
                 module, {b: f.get_tensor(_cache_key(name, b)) for b in module.quant_method.PACKED_BUFFERS})
 
 
+def _as_tensor(value) -> torch.Tensor:
+    """A packed buffer, or a layer's integer field (its format code) as a one-element int32 tensor."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor([int(value)], dtype=torch.int32)
+
+
 def _save_packed_cache(model: nn.Module, path: str) -> None:
     """Write the packed weights next to the converted checkpoint (temporary file, then rename: whole or absent)."""
     from safetensors.torch import save_file
 
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        save_file({_cache_key(n, b): getattr(m, b) for n, m in _quantized_modules(model)
+        save_file({_cache_key(n, b): _as_tensor(getattr(m, b)) for n, m in _quantized_modules(model)
                    for b in m.quant_method.PACKED_BUFFERS}, tmp)
         os.replace(tmp, path)
     except OSError as e:  # a read-only cache: the next start packs again

@@ -23,12 +23,9 @@ from torch import nn
 
 from sglang.jit_kernel.cpu_ops import get_quant_ops
 from sglang.srt.layers.quantization import packing
-from sglang.srt.mem_plan.quantization_sizes import HEAD_HALVES, cpu_format, cpu_record_bytes, format_bits
+from sglang.srt.mem_plan.quantization_sizes import cpu_record_bytes, format_bits
 
 # every format code a packed weight may have, by its record bytes (all distinct)
-_FORMAT_BY_RECORD_BYTES = {cpu_record_bytes(cpu_format(bits, head)): cpu_format(bits, head)
-                           for bits in (4, 8) for head in range(HEAD_HALVES + 1)}
-
 
 def quant_kernels():
     """The compiled kernels when quant_linear runs here (CPU level avx2 and up: jit_kernel/cpu_isa.py), else None
@@ -99,17 +96,19 @@ class QuantLinearMethod:
         del layer.weight
         layer.register_parameter("weight", None)
 
-    # names of the packed buffers the packed-weights cache holds per layer (model_loader/loader.py)
-    PACKED_BUFFERS = ("qweight",)
+    # names of the packed buffers and format fields the packed-weights cache holds per layer (model_loader/loader.py):
+    # the format code is stored, not inferred from the record size (Q6_K's records are as long as Q8_0's)
+    PACKED_BUFFERS = ("qweight", "quant_format")
 
     def load_packed(self, layer: nn.Module, buffers: Dict[str, torch.Tensor]) -> None:
         """Take an already packed weight (the packed-weights cache) instead of loading shards."""
         packed = buffers["qweight"]
         rows, cols = layer.output_size, layer.input_size
-        fmt = _FORMAT_BY_RECORD_BYTES.get(packed.shape[-1], 8)
+        fmt = int(buffers["quant_format"].item())
         expected = (-(-rows // packing.TILE_ROWS), -(-cols // packing.BLOCK), cpu_record_bytes(fmt))
         if tuple(packed.shape) != expected:
-            raise ValueError(f"packed weight {tuple(packed.shape)} does not fit a [{rows}, {cols}] layer {expected}")
+            raise ValueError(f"packed weight {tuple(packed.shape)} of format {fmt} does not fit a [{rows}, {cols}] "
+                             f"layer {expected}")
         layer.qweight = packed.clone()
         layer.quant_format, layer.quant_bits = fmt, format_bits(fmt)
         layer._quant_rows_loaded = rows
