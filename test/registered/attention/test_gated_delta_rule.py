@@ -12,6 +12,7 @@ from linear_reference import gdr_inputs, gdr_reference
 
 from sglang.srt.layers.attention.linear.gated_delta_rule import (
     gated_delta_rule_decode,
+    gated_delta_rule_decode_pool_,
     gated_delta_rule_extend,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -138,6 +139,31 @@ class TestGatedDeltaRuleDecode(unittest.TestCase):
         dec_o, dec_s = gated_delta_rule_decode(q, k, v, g, beta, state, 0.25, True)
         self.assertLess(max_err(dec_o, ext_o), 1e-5)
         self.assertLess(max_err(dec_s, ext_s), 1e-5)
+
+    def test_decode_in_pool_rows_equals_gathered_decode(self):
+        """The CPU decode that updates each request's pool row in place (rows in any order, others untouched) gives
+        the gathered decode's output and new states bit for bit, over steps against the fp64 reference."""
+        lens = [30, 30, 30]
+        q, k, v, g, beta, state = gdr_inputs(lens, 4, 2, 16, 8, seed=23)
+        has = torch.ones(3, dtype=torch.bool)
+        ref_o, ref_s = gdr_reference(q, k, v, g, beta, state, has, lens, 0.25, True)
+        pool = torch.randn(7, 4, 16, 8, generator=torch.Generator().manual_seed(5))
+        rows = [5, 1, 3]
+        pool[rows] = state
+        untouched = pool[[0, 2, 4, 6]].clone()
+        s = state.clone()
+        tokens = torch.arange(3) * 30
+        outs = []
+        for t in range(30):
+            at = tokens + t
+            o = gated_delta_rule_decode_pool_(q[at], k[at], v[at], g[at], beta[at], pool, rows, 0.25, True)
+            gathered_o, s = gated_delta_rule_decode(q[at], k[at], v[at], g[at], beta[at], s, 0.25, True)
+            self.assertTrue(torch.equal(o, gathered_o))
+            self.assertTrue(torch.equal(pool[rows], s))
+            outs.append(o)
+        self.assertTrue(torch.equal(pool[[0, 2, 4, 6]], untouched))
+        self.assertLess(max_err(torch.stack(outs, 1).reshape(90, 4, 8), ref_o), TOL)
+        self.assertLess(max_err(pool[rows], ref_s), TOL)
 
     def test_decode_matches_hf_transformers_recurrent_function(self):
         from transformers.models.qwen3_next import modeling_qwen3_next as hf

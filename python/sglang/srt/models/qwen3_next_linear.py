@@ -30,7 +30,8 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import divide, get_tp_rank, get_tp_size
 from sglang.srt.layers.attention.linear.causal_conv1d import causal_conv1d_decode, causal_conv1d_extend
-from sglang.srt.layers.attention.linear.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_extend
+from sglang.srt.layers.attention.linear.gated_delta_rule import (decode_in_pool, gated_delta_rule_decode,
+                                                              gated_delta_rule_decode_pool_, gated_delta_rule_extend)
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear, default_weight_loader
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.weight_utils import materialize
@@ -132,7 +133,11 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         if forward_batch.forward_mode.is_decode():
             conv_out, conv_state = causal_conv1d_decode(mixed, self.conv1d_weight, None, conv_state, "silu")
             q, k, v = self._heads(conv_out, n)
-            o, state = gated_delta_rule_decode(q, k, v, g, beta, recurrent[rows], self.scale, True)
+            if decode_in_pool(recurrent, v):  # each request's state updated in its own pool row, no gather
+                o = gated_delta_rule_decode_pool_(q, k, v, g, beta, recurrent, rows.tolist(), self.scale, True)
+                state = None
+            else:
+                o, state = gated_delta_rule_decode(q, k, v, g, beta, recurrent[rows], self.scale, True)
         else:
             lens = forward_batch.extend_seq_lens_cpu
             has_state = torch.tensor([p > 0 for p in forward_batch.extend_prefix_lens_cpu], device=mixed.device)
@@ -144,7 +149,8 @@ class Qwen3NextGatedDeltaNet(nn.Module):
 
         conv_qk.index_copy_(0, rows, conv_state[:, : self.qk_channels].to(conv_qk.dtype))
         conv_v.index_copy_(0, rows, conv_state[:, self.qk_channels:].to(conv_v.dtype))
-        recurrent.index_copy_(0, rows, state.to(recurrent.dtype))
+        if state is not None:
+            recurrent.index_copy_(0, rows, state.to(recurrent.dtype))
 
         # value head h of key head j is head j * G + h: z's [N, nk_r, G dv] rows are the value heads in that order
         out = self.norm(o.reshape(n * nv_r, dv), z.reshape(n * nv_r, dv))

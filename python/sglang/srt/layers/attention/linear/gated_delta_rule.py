@@ -57,6 +57,39 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     return gated_delta_rule_decode_torch(q, k, v, g, beta, state, scale, use_qk_l2norm)
 
 
+def decode_in_pool(pool_state: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether gated_delta_rule_decode_pool_ serves this decode (CPU tensors, fp32 state pool)."""
+    return not _uses_triton(v) and v.device.type == "cpu" and pool_state.dtype == torch.float32
+
+
+def gated_delta_rule_decode_pool_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                  beta: torch.Tensor, pool_state: torch.Tensor, rows: List[int], scale: float,
+                                  use_qk_l2norm: bool) -> torch.Tensor:
+    """gated_delta_rule_decode with each request's state updated in place in its pool row (pool_state
+    [rows_total, H, dk, dv] fp32, request b's row rows[b]): o [B, H, dv] in v.dtype. On a CPU the batch's states are
+    not gathered into a new [B, H, dk, dv] tensor and scattered back (at B 32, H 16, 128 x 128 that is 32 MB written
+    twice per layer into freshly faulted pages); each row is read once for S^T q and S^T k and updated once. The same
+    operations as gated_delta_rule_decode_torch, so the same bits. CPU tensors and an fp32 pool only
+    (decode_in_pool says when); a GPU decode gathers its rows by index (CUDA graphs capture no host row list)."""
+    if not decode_in_pool(pool_state, v):
+        raise ValueError("gated_delta_rule_decode_pool_ takes CPU tensors and an fp32 state pool")
+    batch, n_heads, dv = v.shape
+    q, k = prepare_qk(q, k, n_heads, scale, use_qk_l2norm)
+    decay = torch.exp(g.float())  # [B, H]
+    qk = torch.stack([q, k], dim=-2)  # [B, H, 2, dk]
+    vf, bf = v.float(), beta.float()
+    qdotk = (q * k).sum(-1)  # [B, H]
+    o = torch.empty(batch, n_heads, dv, dtype=torch.float32, device=v.device)
+    for b, row in enumerate(rows):
+        s = pool_state[row]  # [H, dk, dv], a view of the pool
+        read = torch.bmm(qk[b], s)  # [H, 2, dv]: S^T q, S^T k
+        a = decay[b].unsqueeze(-1)
+        delta = (vf[b] - a * read[:, 1]) * bf[b].unsqueeze(-1)
+        torch.add(a * read[:, 0], qdotk[b].unsqueeze(-1) * delta, out=o[b])
+        s.mul_(a.unsqueeze(-1)).baddbmm_(k[b].unsqueeze(-1), delta.unsqueeze(-2))
+    return o.to(v.dtype)
+
+
 def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
