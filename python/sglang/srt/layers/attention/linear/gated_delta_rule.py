@@ -59,7 +59,7 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
 
 def decode_in_pool(pool_state: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether gated_delta_rule_decode_pool_ serves this decode (CPU tensors, fp32 state pool)."""
-    return not _uses_triton(v) and v.device.type == "cpu" and pool_state.dtype == torch.float32
+    return v.device.type == "cpu" and pool_state.dtype == torch.float32
 
 
 def gated_delta_rule_decode_pool_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
