@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
@@ -29,6 +28,8 @@ from sglang.srt.mem_plan.dtypes import WEIGHT_DTYPE_CHOICES as _WEIGHT_DTYPE_CHO
 from sglang.srt.mem_plan.kv_quant import KV_CACHE_DTYPE_HELP
 from sglang.srt.mem_plan.quantization_sizes import PLAN_ONLY_QUANTIZATIONS as _PLAN_ONLY_QUANTIZATIONS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS as _REASONING_PARSERS
+from sglang.srt.server_args_checks import DP_ATTENTION_REFUSAL
+from sglang.srt.speculative import spec_args as _spec
 
 logger = logging.getLogger(__name__)
 
@@ -48,21 +49,12 @@ MM_MODALITIES = ("image", "video", "audio")
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "total_tokens"]
 
 
-# Why --enable-dp-attention is refused (the flag exists so that upstream's command lines get this answer, not "unknown
-# argument"): it splits one TP group's batch across ranks around attention, and this runtime's TP ranks run the batch
-# rank 0 schedules, in lockstep, with no per-rank batches to gather at the MoE layers and scatter back after them.
-DP_ATTENTION_REFUSAL = (
-    "--enable-dp-attention is not supported: this runtime's tensor-parallel ranks run one batch, scheduled by rank 0, "
-    "in lockstep, so attention cannot take per-rank batches that the MoE layers gather and scatter. An MLA model "
-    "(DeepSeek V2/V3, Kimi-K2) at --tp-size N keeps its latent KV cache replicated on every rank instead (the plan "
-    "counts it so); for independent replicas use --dp-size. Drop --enable-dp-attention.")
-
 # `sglang serve --help` groups the flags under upstream's section names (upstream's server_args.add_cli_args);
 # the order here is the order of --help. A field belongs to the section declared above it in ServerArgs.
 SERVER_ARGS_GROUPS = (
     "Model and tokenizer", "HTTP server", "Quantization and data type", "Memory and scheduling", "Runtime options",
     "Logging", "API related", "Data parallelism", "Multi-node distributed serving", "Kernel backend",
-    "Constrained decoding", "Expert parallelism", "Multimodal", "Optimization/debug options",
+    "Constrained decoding", "Speculative decoding", "Expert parallelism", "Multimodal", "Optimization/debug options",
 )
 _section_now: list = [None]
 
@@ -328,6 +320,15 @@ class ServerArgs:
         None, "Directory from which local image file paths may be read by the API. Default: none allowed."
     )
 
+    _section("Speculative decoding")  # what the flags mean, their defaults per algorithm: speculative/spec_args.py
+    speculative_algorithm: Optional[str] = _f(None, _spec.HELP["algorithm"], choices=_spec.SPECULATIVE_ALGORITHMS)
+    speculative_draft_model_path: Optional[str] = _f(None, _spec.HELP["draft_model_path"])
+    speculative_num_steps: Optional[int] = _f(None, _spec.HELP["num_steps"])
+    speculative_eagle_topk: Optional[int] = _f(None, _spec.HELP["eagle_topk"])
+    speculative_num_draft_tokens: Optional[int] = _f(None, _spec.HELP["num_draft_tokens"])
+    speculative_ngram_min_match_window_size: int = _f(1, _spec.HELP["ngram_min_match_window_size"])
+    speculative_ngram_max_match_window_size: int = _f(12, _spec.HELP["ngram_max_match_window_size"])
+
     _section("Optimization/debug options")
     enable_custom_logit_processor: bool = _f(
         False, "Accept requests' `custom_logit_processor` (a serialized Python class, upstream's wire format; "
@@ -351,11 +352,16 @@ class ServerArgs:
         server_args_checks.check_values(self)  # numbers, parallelism, request limits
         if self.enable_dp_attention:
             raise ValueError(DP_ATTENTION_REFUSAL)
+        self.speculative()  # raises when the --speculative-* flags cannot work together
         # the grammar packages are extras, not base dependencies (python/pyproject.toml says why): refused at launch
         # (and by `sglang plan`), not at a request; outlines is refused with the reason
         refusal = grammar_backend_refusal(self.grammar_backend)
         if refusal:
             raise ValueError(refusal)
+
+    def speculative(self) -> Optional["_spec.SpecConfig"]:
+        """The resolved --speculative-* settings, or None when speculative decoding is off."""
+        return _spec.resolve_spec_config(self)
 
     def request_body_limit(self) -> tuple:
         """(largest accepted request body in bytes, the flag that set it): --max-payload-size when given."""
@@ -363,18 +369,7 @@ class ServerArgs:
 
     def mm_item_limits(self) -> dict:
         """--limit-mm-data-per-request as {modality: max items}; modalities left out are unlimited."""
-        if self.limit_mm_data_per_request is None:
-            return {}
-        try:
-            limits = json.loads(self.limit_mm_data_per_request)
-        except ValueError:
-            limits = None
-        if not isinstance(limits, dict) or any(k not in MM_MODALITIES or type(v) is not int or v < 0
-                                               for k, v in limits.items()):
-            raise ValueError(f"--limit-mm-data-per-request {self.limit_mm_data_per_request!r}: give a JSON object "
-                             f"of modality -> non-negative item count, modalities from {', '.join(MM_MODALITIES)}, "
-                             'e.g. \'{"image": 8, "video": 1}\'.')
-        return limits
+        return server_args_checks.mm_item_limits(self.limit_mm_data_per_request, MM_MODALITIES)
 
     # ------------------------------------------------------------------ CLI (server_args_cli.py)
     @staticmethod

@@ -5,8 +5,18 @@ instance (no import of server_args, so the two never import each other)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from sglang.srt.mem_plan.inputs import check_mem_fraction_static
+
+# Why --enable-dp-attention is refused (the flag exists so that upstream's command lines get this answer, not "unknown
+# argument"): it splits one TP group's batch across ranks around attention, and this runtime's TP ranks run the batch
+# rank 0 schedules, in lockstep, with no per-rank batches to gather at the MoE layers and scatter back after them.
+DP_ATTENTION_REFUSAL = (
+    "--enable-dp-attention is not supported: this runtime's tensor-parallel ranks run one batch, scheduled by rank 0, "
+    "in lockstep, so attention cannot take per-rank batches that the MoE layers gather and scatter. An MLA model "
+    "(DeepSeek V2/V3, Kimi-K2) at --tp-size N keeps its latent KV cache replicated on every rank instead (the plan "
+    "counts it so); for independent replicas use --dp-size. Drop --enable-dp-attention.")
 
 MIB_BYTES = 1 << 20
 # Why decode CUDA graphs are off with --tp-size > 1 (mem_plan/build.resolve_cuda_graph_max_bs resolves them to 0
@@ -38,6 +48,22 @@ def check_request_body_flags(a) -> None:
         raise ValueError(f"--max-payload-size {a.max_payload_size} (bytes) and --max-request-body-mb "
                          f"{a.max_request_body_mb:g} ({mb_bytes} bytes) set different request-body limits; give one "
                          "of the two (--max-payload-size is upstream's spelling of --max-request-body-mb, in bytes).")
+
+
+def mm_item_limits(value, modalities) -> dict:
+    """--limit-mm-data-per-request (JSON text or None) as {modality: max items}."""
+    if value is None:
+        return {}
+    try:
+        limits = json.loads(value)
+    except ValueError:
+        limits = None
+    if not isinstance(limits, dict) or any(k not in modalities or type(v) is not int or v < 0
+                                           for k, v in limits.items()):
+        raise ValueError(f"--limit-mm-data-per-request {value!r}: give a JSON object "
+                         f"of modality -> non-negative item count, modalities from {', '.join(modalities)}, "
+                         'e.g. \'{"image": 8, "video": 1}\'.')
+    return limits
 
 
 def check_values(a) -> None:

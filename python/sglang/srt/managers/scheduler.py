@@ -46,6 +46,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.linear_state_pool import prefix_cache_off_reason
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.spec_args import check_served
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Scheduler:
         from sglang.srt.model_executor.model_runner import ModelRunner
 
         self.server_args = server_args
+        check_served(server_args.speculative())
         self.model_runner = mr = model_runner or ModelRunner(server_args)
         self.model_config = mr.model_config
         self.tokenizer_path = mr.tokenizer_path
