@@ -19,6 +19,7 @@ LISTED = {
     "sglang:num_running_reqs": "gauge", "sglang:num_queue_reqs": "gauge", "sglang:token_usage": "gauge",
     "sglang:num_used_tokens": "gauge", "sglang:max_total_num_tokens": "gauge", "sglang:gen_throughput": "gauge",
     "sglang:cache_hit_rate": "gauge", "sglang:num_grammar_queue_reqs": "gauge", "sglang:num_retracted_reqs": "gauge",
+    "sglang:spec_accept_length": "gauge",
     "sglang:time_to_first_token_seconds": "histogram", "sglang:inter_token_latency_seconds": "histogram",
     "sglang:e2e_request_latency_seconds": "histogram", "sglang:grammar_compilation_time_seconds": "histogram",
     "sglang:prompt_tokens": "counter", "sglang:generation_tokens": "counter", "sglang:cached_tokens": "counter",

@@ -68,3 +68,18 @@ def test_replica_buckets_add_up():
     assert merged["grammar_compile_time_s_count"] == 3
     assert merged["grammar_compile_time_s_buckets"] == [x + y for x, y in zip(a.stats()["grammar_compile_time_s_buckets"],
                                                                                b.stats()["grammar_compile_time_s_buckets"])]
+
+
+def test_spec_accept_length_over_each_interval(monkeypatch):
+    """sglang:spec_accept_length = committed tokens / request verify steps between two pushes (not since start); a
+    push without verify steps keeps the last value; a server without speculation reads 0."""
+    clock = [0.0]
+    monkeypatch.setattr(scheduler_series.time, "monotonic", lambda: clock[0])
+    c = TokenizerMetricsCollector("m")
+    c.set_scheduler_stats({"num_running_reqs": 1})
+    assert samples(c)[("sglang:spec_accept_length", ())] == 0
+    pushes = [(10, 40, 4.0), (30, 60, 1.0), (30, 60, 1.0), (34, 70, 2.5)]  # cumulative steps, tokens -> interval's
+    for steps, tokens, want in pushes:
+        clock[0] += 0.5
+        c.set_scheduler_stats({"num_running_reqs": 1, "spec_req_steps": steps, "spec_committed_tokens": tokens})
+        assert samples(c)[("sglang:spec_accept_length", ())] == want, (steps, tokens)

@@ -4,7 +4,9 @@ The scheduler process pushes its live stats (Scheduler.get_stats: gauges and cum
 busy and once when it goes idle; `SchedulerSeries.update` turns one push into:
     gauges      num_used_tokens, max_total_num_tokens, num_grammar_queue_reqs, cache_hit_rate (cached / prompt
                 tokens since start), gen_throughput (generated tokens per second between two pushes; 0 when
-                nothing runs), num_retracted_reqs (retractions between two pushes)
+                nothing runs), num_retracted_reqs (retractions between two pushes), spec_accept_length (tokens a
+                request committed per speculative verify step, over the verify steps between two pushes; kept when
+                none ran, 0 before the first or without speculation)
     counters    num_retracted_requests_total, num_grammar_total (compiles + cache hits), num_grammar_cache_hit_total
                 (the deltas of the scheduler's cumulative totals)
     histogram   grammar_compilation_time_seconds, exported from the scheduler's cumulative buckets
@@ -61,6 +63,9 @@ class SchedulerSeries:
         self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second over the last stats "
                                                              "interval (0 when idle).")
         self.num_retracted_reqs = gauge("sglang:num_retracted_reqs", "Requests retracted in the last stats interval.")
+        self.spec_accept_length = gauge("sglang:spec_accept_length", "Speculative decoding: tokens a request "
+                                        "committed per verify step (accepted proposals + the target's own token), "
+                                        "over the verify steps of the last stats interval that had any.")
         self.num_retracted_total = counter("sglang:num_retracted_requests",
                                            "Requests retracted (their KV freed, re-prefilled later) since start.")
         self.num_grammar_total = counter("sglang:num_grammar", "Grammar requests (compiles + cache hits).")
@@ -100,6 +105,9 @@ class SchedulerSeries:
         retracted = self._delta(stats, "num_retractions")
         self.num_retracted_reqs.set(retracted)
         self.num_retracted_total.inc(retracted)
+        steps = self._delta(stats, "spec_req_steps")
+        if steps:
+            self.spec_accept_length.set(self._delta(stats, "spec_committed_tokens") / steps)
         compiles, hits = self._delta(stats, "grammar_compiles"), self._delta(stats, "grammar_cache_hits")
         self.num_grammar_total.inc(compiles + hits)
         self.num_grammar_cache_hit.inc(hits)
