@@ -43,6 +43,7 @@ from sglang.srt.mem_plan.sizes import (
     sampler_bytes_per_slot,
     sampler_fixed_bytes,
 )
+from sglang.srt.mem_plan.spec_terms import build_spec_inputs
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import GiB, MiB
 
@@ -325,6 +326,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         moe_workspace_bytes=moe_workspace_bytes(moe),
         moe_workspace_detail=moe.describe() if moe is not None else "",
         sources=dict(measured.sources),
+        speculative=build_spec_inputs(sa, model.shape, model.dtype, model.kv_cache_dtype, device.kind, graph_bs,
+                                      formula_cuda_graph_bytes),
     )
 
 

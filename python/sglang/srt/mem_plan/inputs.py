@@ -7,6 +7,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.layer_pools import NO_LAYER_POOLS, LayerPools
 from sglang.srt.mem_plan.sizes import REQ_TO_TOKEN_ELEM_BYTES
+from sglang.srt.mem_plan.spec_sizes import SpecInputs
 from sglang.srt.mem_plan.specs import WorkspaceSpec
 
 # Default provenance of each term; callers override through PlanInputs.sources.
@@ -27,6 +28,11 @@ DEFAULT_SOURCES = {
     "mm_embedding_cache": "declared",
     "grammar": "declared",
     "safety_margin": "formula",
+    # speculative decoding (spec_sizes.py, spec_terms.py)
+    "draft_weights": "formula",
+    "draft_kv_cache": "formula",
+    "spec_hidden_states": "declared",
+    "draft_cuda_graphs": "formula",
 }
 
 
@@ -95,6 +101,22 @@ class PlanInputs:
     # planned from the budget (kv_window.py): the kv_window term
     kv_window_row_bytes: int = 0
     layer_pools: LayerPools = NO_LAYER_POOLS
+    # speculative decoding (None: off): the draft's weights and KV cell, the verify rows (spec_sizes.SpecInputs)
+    speculative: Optional[SpecInputs] = None
+
+    @property
+    def draft_kv_cell_bytes(self) -> int:
+        return self.speculative.draft_kv_cell_bytes if self.speculative is not None else 0
+
+    @property
+    def token_cell_bytes(self) -> int:
+        """What one token of the pool costs: the target's full-layer cell + the draft's (the same slots)."""
+        return self.kv_cell_bytes + self.draft_kv_cell_bytes
+
+    @property
+    def static_weight_bytes(self) -> int:
+        """The weights the static region holds: the target's + a draft model's / head's."""
+        return self.weight_bytes + (self.speculative.draft_weight_bytes if self.speculative is not None else 0)
 
     @property
     def encoder_total_bytes(self) -> int:

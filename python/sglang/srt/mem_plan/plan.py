@@ -8,6 +8,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.layer_pools import WINDOWED_MAP_ENTRY_BYTES
 from sglang.srt.mem_plan.sizes import kv_pool_rows
+from sglang.srt.mem_plan.spec_sizes import SpecPlan, draft_kv_pool_bytes
 from sglang.srt.mem_plan.units import gib
 
 SOURCES = ("measured", "declared", "formula")
@@ -59,6 +60,7 @@ class MemoryPlan:
     state_bytes_per_slot: int = 0
     has_full_pool: bool = True  # False: no full layer; max_total_num_tokens is the windowed pool's tokens (or, with
     # no windowed layer either, slots x context: logical)
+    speculative: Optional[SpecPlan] = None  # speculative decoding's draft pool, weights, verify rows (spec_terms.py)
 
     def __post_init__(self):
         if self.mem_fraction_static_source not in ("auto", "user"):
@@ -77,6 +79,7 @@ class MemoryPlan:
             raise ValueError("kv_cache term disagrees with (max_total_num_tokens + one dummy page) * kv_cell_bytes"
                              " + kv_fixed_bytes")
         self._check_layer_pools()
+        self._check_speculative()
         if not 0.0 <= self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static {self.mem_fraction_static} outside [0, 1]")
 
@@ -107,6 +110,16 @@ class MemoryPlan:
         if not self.has_full_pool and not windowed and (self.kv_cell_bytes or self.max_total_num_tokens
                                                         < self.max_running_requests * self.context_len):
             raise ValueError("a plan without full or windowed layers has no KV cell and maps slots x context tokens")
+
+    def _check_speculative(self):
+        s, names = self.speculative, {t.name for t in self.terms}
+        if (s is not None) != ("draft_kv_cache" in names):
+            raise ValueError("draft_kv_cache term disagrees with the plan's speculative part")
+        if s is not None and not (self.term("draft_kv_cache").num_bytes == s.draft_kv_bytes == draft_kv_pool_bytes(
+                self.max_total_num_tokens, self.page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes)
+                and self.term("draft_weights").num_bytes == s.draft_weight_bytes):
+            raise ValueError("draft_kv_cache / draft_weights terms disagree with (max_total_num_tokens + one dummy "
+                             "page) x draft_kv_cell_bytes + draft_kv_fixed_bytes / draft_weight_bytes")
 
     # ---- derived ----
     @property
@@ -144,7 +157,9 @@ class MemoryPlan:
 
     def bytes_of(self, name: str) -> int:
         """A term's bytes; 0 for an optional term this plan does not have (kv_window without a recent window)."""
-        if name in ("kv_window", "kv_windowed", "kv_windowed_map", "linear_state") and all(t.name != name for t in self.terms):
+        optional = ("kv_window", "kv_windowed", "kv_windowed_map", "linear_state", "draft_weights", "draft_kv_cache",
+                    "spec_hidden_states", "draft_cuda_graphs")
+        if name in optional and all(t.name != name for t in self.terms):
             return 0
         return self.term(name).num_bytes
 
@@ -185,8 +200,22 @@ class MemoryPlan:
             f"chunked_prefill_size {self.chunked_prefill_size}, cuda_graph_max_bs {self.cuda_graph_max_bs}, "
             f"page_size {self.page_size}.",
         ]
+        lines.extend(self._speculative_lines())
         lines.extend(self.notes)
         return "\n".join(lines)
+
+    def _speculative_lines(self) -> list[str]:
+        s = self.speculative
+        if s is None:
+            return []
+        out = [f"Speculative decoding ({s.algorithm}, {s.num_draft_tokens} tokens a request per verify): draft "
+               f"{s.draft}; weights {gib(s.draft_weight_bytes):.3f} GiB, KV {s.draft_kv_cell_bytes:,} B/token over the "
+               f"target's {self.max_total_num_tokens:,} token slots ({gib(s.draft_kv_bytes):.3f} GiB)."]
+        out.append(f"A verify forward holds at most {s.verify_tokens:,} tokens (max(slots, min(slots x "
+                   f"{s.num_draft_tokens}, chunked_prefill_size {self.chunked_prefill_size}))): the logits term "
+                   f"keeps a sampler row for each; its activations are no more than a prefill chunk's (the "
+                   f"activation term's profile forward) or a decode step's of every slot, which the plan already holds.")
+        return out
 
     def _full_pool_line(self) -> str:
         if not self.has_full_pool and self.windowed_cell_bytes:

@@ -17,6 +17,8 @@ from sglang.srt.mem_plan.rounding import align_up
 from sglang.srt.mem_plan.slots import SlotRule
 from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
 from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
+from sglang.srt.mem_plan.spec_sizes import SpecPlan, draft_kv_pool_bytes
+from sglang.srt.mem_plan.spec_terms import spec_terms
 from sglang.srt.mem_plan.tiers import tier_defaults
 from sglang.srt.mem_plan.units import MiB, gib
 
@@ -47,16 +49,22 @@ class _Resolved:
         else:
             graph_bs = 0
         row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
+        spec = x.speculative  # its verify rows replace the sampler's row per slot (spec_sizes.py)
         slot_cost = WindowedSlotCost(
             fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
-            per_slot_bytes=x.workspace.per_req_bytes + row_bytes + x.logits_per_req_bytes + x.grammar_per_req_bytes,
+            per_slot_bytes=(x.workspace.per_req_bytes + row_bytes + (0 if spec else x.logits_per_req_bytes)
+                            + x.grammar_per_req_bytes),
+            verify_row_bytes=spec.row_bytes if spec else 0,
+            verify_tokens_per_slot=spec.num_draft_tokens if spec else 1,
+            verify_cap_tokens=x.chunked_prefill_size,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
             window_row_bytes=x.kv_window_row_bytes,  # a quantized KV's recent window: rows by budget (kv_window.py)
             window_cap_rows=planned_window_rows(budget, x.kv_window_row_bytes),
         )
         fixed_runtime = (x.activation_bytes + x.logits_bytes + x.cuda_graph_bytes + x.encoder_total_bytes
-                         + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin)
+                         + x.mm_cache_bytes + x.grammar_cache_bytes + x.moe_workspace_bytes + margin
+                         + (spec.draft_cuda_graph_bytes if spec else 0))
         pools = x.layer_pools
         windowed_pool = pools.windowed_token_pool  # T: the windowed tokens (layer_pools.py)
         kind = ("upstream" if not pools.per_slot_layers or windowed_pool else
@@ -134,8 +142,7 @@ class _Resolved:
             MemoryTerm("attention_workspace", ws.bytes_for(num_reqs, graph_bs), src("attention_workspace"),
                        f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x {num_reqs:,} slots"
                        f" + {ws.per_graph_bs_bytes:,} x {graph_bs} graph bs"),
-            MemoryTerm("logits", x.logits_bytes + x.logits_per_req_bytes * num_reqs, src("logits"),
-                       f"{x.logits_bytes:,} + {x.logits_per_req_bytes:,} x {num_reqs:,} slots"),
+            self.logits_term(num_reqs),
             MemoryTerm("activations", x.activation_bytes, src("activations"),
                        f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
             MemoryTerm("moe_workspace", x.moe_workspace_bytes, src("moe_workspace"), x.moe_workspace_detail),
@@ -146,10 +153,22 @@ class _Resolved:
             MemoryTerm("grammar", x.grammar_cache_bytes + x.grammar_per_req_bytes * num_reqs, src("grammar"),
                        f"compiled-grammar cache {x.grammar_cache_bytes:,} + bitmask {x.grammar_per_req_bytes:,} x "
                        f"{num_reqs:,} slots" if x.grammar_cache_bytes or x.grammar_per_req_bytes else ""),
+            *spec_terms(x, num_tokens, num_reqs),
             MemoryTerm("safety_margin", self.margin, src("safety_margin"),
                        "stated by caller" if x.safety_margin_bytes is not None else
                        f"{B.SAFETY_MARGIN_FRACTION:.0%} of budget in [64 MiB, 1 GiB]"),
         )
+
+    def logits_term(self, num_reqs: int) -> MemoryTerm:
+        """The sampler's rows: one per slot, or with speculative decoding one per verify row (spec_sizes.py)."""
+        x, spec = self.inputs, self.inputs.speculative
+        if spec is None:
+            return MemoryTerm("logits", x.logits_bytes + x.logits_per_req_bytes * num_reqs, x.source_of("logits"),
+                              f"{x.logits_bytes:,} + {x.logits_per_req_bytes:,} x {num_reqs:,} slots")
+        rows = spec.verify_tokens(num_reqs, x.chunked_prefill_size)
+        return MemoryTerm("logits", x.logits_bytes + spec.verify_row_bytes * rows, x.source_of("logits"),
+                          f"{x.logits_bytes:,} + {spec.verify_row_bytes:,} x {rows:,} verify rows (max({num_reqs:,} slots, "
+                          f"min({num_reqs:,} x {spec.num_draft_tokens} draft tokens, chunk {x.chunked_prefill_size})))")
 
     def window_rows(self, num_tokens: int) -> int:
         """R_w: the recent-window rows requests can hold (kv_window.py); 0 without a window."""
@@ -196,15 +215,15 @@ class _Resolved:
         """('ok' | 'startup' | 'runtime', T) for an explicit mem_fraction_static y."""
         x = self.inputs
         static = B.static_region_bytes(self.budget, y)
-        kv_room = static - x.weight_bytes - dummy_page_bytes(x)
+        kv_room = static - x.static_weight_bytes - dummy_page_bytes(x)
         if x.layer_pools.per_slot_layers:  # the pools are static too: the largest T whose pools fit the room
-            num_tokens = 0 if kv_room < 0 else solve_max_tokens(kv_room, x.kv_cell_bytes, self.rule, SlotCost(),
+            num_tokens = 0 if kv_room < 0 else solve_max_tokens(kv_room, x.token_cell_bytes, self.rule, SlotCost(),
                                                                 x.page_size, self.max_tokens, self.pools)
             num_tokens = self.snap(num_tokens)
-        elif x.kv_cell_bytes == 0:
+        elif x.token_cell_bytes == 0:
             num_tokens = self.max_tokens if kv_room >= 0 else 0
         else:
-            num_tokens = max(kv_room, 0) // x.kv_cell_bytes // x.page_size * x.page_size
+            num_tokens = max(kv_room, 0) // x.token_cell_bytes // x.page_size * x.page_size
             if self.max_tokens is not None:
                 num_tokens = min(num_tokens, self.max_tokens)
         if num_tokens < self.min_kv_tokens:
@@ -228,8 +247,10 @@ def _encoder_terms(x: PlanInputs) -> tuple[MemoryTerm, ...]:
 
 def dummy_page_bytes(x: PlanInputs) -> int:
     """The KV pool's dummy page that padded reads point at (sizes.kv_pool_rows) and its fixed scales (fp8):
-    allocated beside the T tokens, so the kv_cache term charges them too."""
-    return kv_pool_rows(0, x.page_size) * x.kv_cell_bytes + x.kv_fixed_bytes
+    allocated beside the T tokens, so the kv_cache term charges them too; likewise a draft's pool (draft_kv_cache)."""
+    spec = x.speculative
+    draft = draft_kv_pool_bytes(0, x.page_size, spec.draft_kv_cell_bytes, spec.draft_kv_fixed_bytes) if spec else 0
+    return kv_pool_rows(0, x.page_size) * x.kv_cell_bytes + x.kv_fixed_bytes + draft
 
 
 def plan_memory(inputs: PlanInputs) -> MemoryPlan:
@@ -247,16 +268,17 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
 
 def _plan_auto(r: _Resolved) -> MemoryPlan:
     x = r.inputs
-    avail = r.budget - x.weight_bytes - dummy_page_bytes(x) - r.fixed_runtime
+    avail = r.budget - x.static_weight_bytes - dummy_page_bytes(x) - r.fixed_runtime
     num_tokens = 0
     if avail >= 0:
-        num_tokens = solve_max_tokens(avail, x.kv_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens,
+        num_tokens = solve_max_tokens(avail, x.token_cell_bytes, r.rule, r.slot_cost, x.page_size, r.max_tokens,
                                       r.pools)
         num_tokens = r.snap(num_tokens)
     if num_tokens < r.min_kv_tokens:
         _raise_nothing_fits(r)
-    y = B.effective_mem_fraction(x.weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.kv_cell_bytes
-                                 + x.kv_fixed_bytes + r.pool_bytes(num_tokens), r.budget)
+    y = B.effective_mem_fraction(x.static_weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.token_cell_bytes
+                                 + x.kv_fixed_bytes + r.pool_bytes(num_tokens)
+                                 + (x.speculative.draft_kv_fixed_bytes if x.speculative else 0), r.budget)
     return _build(r, num_tokens, y, "auto", _limited_by(r, num_tokens))
 
 
@@ -275,8 +297,8 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
         suggested = working[0]
         raise MemoryPlanError(
             f"Startup would fail: --mem-fraction-static={y} gives a static region of {gib(static):.2f} GiB "
-            f"(= {y} x budget {gib(r.budget):.2f} GiB); weights take {gib(x.weight_bytes):.2f} GiB, leaving "
-            f"{gib(static - x.weight_bytes):.2f} GiB for the KV cache, but the pool needs at least "
+            f"(= {y} x budget {gib(r.budget):.2f} GiB); weights take {gib(x.static_weight_bytes):.2f} GiB, leaving "
+            f"{gib(static - x.static_weight_bytes):.2f} GiB for the KV cache, but the pool needs at least "
             f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
             + (f" and its windowed / linear-state pools {gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB"
                if x.layer_pools.per_slot_layers else "") + ". "
@@ -295,18 +317,19 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
 
 
 def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
-    skip = ("weights", "kv_cache", "kv_windowed", "kv_windowed_map", "linear_state")  # static: the pools beside the KV pool
+    skip = ("weights", "kv_cache", "kv_windowed", "kv_windowed_map", "linear_state",  # static: the pools beside the
+            "draft_weights", "draft_kv_cache")  # KV pool, a draft's weights and KV
     parts = [f"{t.name} {gib(t.num_bytes):.2f}" for t in r.terms(num_tokens) if t.name not in skip and t.num_bytes]
     return ", ".join(parts) + " GiB"
 
 
 def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
     x = r.inputs
-    need = (x.weight_bytes + kv_pool_rows(r.min_kv_tokens, x.page_size) * x.kv_cell_bytes
+    need = (x.static_weight_bytes + kv_pool_rows(r.min_kv_tokens, x.page_size) * x.token_cell_bytes
             + r.pool_bytes(r.min_kv_tokens) + r.runtime_bytes(r.min_kv_tokens))
     shortfall = max(need - r.budget, 0)
     raise MemoryPlanError(
-        f"{prefix}Does not fit: weights {gib(x.weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
+        f"{prefix}Does not fit: weights {gib(x.static_weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
         f"tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
         + (f" + its windowed / linear-state pools ({gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB)"
            if x.layer_pools.per_slot_layers else "") + " + runtime terms "
@@ -366,6 +389,8 @@ def _build(r: _Resolved, num_tokens: int, y: float, source: str, limited_by: str
         state_bytes_per_slot=x.layer_pools.state_bytes_per_slot,
         has_full_pool=x.layer_pools.has_full_pool,
         terms=r.terms(num_tokens),
+        speculative=(SpecPlan.of(x.speculative, num_tokens, num_reqs, x.page_size, x.chunked_prefill_size)
+                     if x.speculative is not None else None),
         slot_regime=r.rule.regime(num_tokens),
         limited_by=limited_by,
         notes=tuple(notes),

@@ -2,6 +2,7 @@
 
     total(T) = T * cell_bytes + slot_cost(R(T)) + pools(T, R(T))        R(T): slots.SlotRule
     slot_cost(R) = fixed_bytes + per_slot_bytes * R + per_graph_bs_bytes * min(cuda_graph_max_bs, R)
+                   + verify_row_bytes * verify_token_cap(R, verify_tokens_per_slot, verify_cap_tokens)
     pools(T, R)  = the windowed KV and linear-state pools (layer_pools.PoolCost; 0 when every layer is full)
 
 Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
@@ -9,7 +10,8 @@ Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
 Why a bisection is exact: R(T) is nondecreasing in T (every piece of the rule -- floor, linear, cap, T // 2,
 user, the hybrid models' balance cap -- is), slot_cost is nondecreasing in R (coefficients >= 0), pools is nondecreasing in T and R
 (layer_pools.py), and T * cell_bytes is nondecreasing. So total(T)
-is nondecreasing and the feasible T form a prefix {0, p, 2p, ..., T*}. Bisection over that prefix returns T*
+is nondecreasing (so is verify_token_cap in R: spec_sizes.py) and the feasible T form a prefix {0, p, 2p, ..., T*}.
+Bisection over that prefix returns T*
 exactly, in every region of the rule and across region boundaries, including the floor in R(T) that a
 continuous solve ignores (see linear_regime_tokens and the PR #18263 case in the tests).
 """
@@ -21,6 +23,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.layer_pools import PoolCost
 from sglang.srt.mem_plan.slots import SlotRule
+from sglang.srt.mem_plan.spec_sizes import verify_token_cap
 
 NO_POOLS = PoolCost()
 
@@ -33,14 +36,25 @@ class SlotCost:
     per_slot_bytes: int = 0
     per_graph_bs_bytes: int = 0
     cuda_graph_max_bs: int = 0
+    # speculative decoding: bytes per verify row, for verify_token_cap(R, tokens per slot, cap) rows (spec_sizes.py)
+    verify_row_bytes: int = 0
+    verify_tokens_per_slot: int = 1
+    verify_cap_tokens: int = 0
 
     def __post_init__(self):
-        if min(self.fixed_bytes, self.per_slot_bytes, self.per_graph_bs_bytes, self.cuda_graph_max_bs) < 0:
+        if min(self.fixed_bytes, self.per_slot_bytes, self.per_graph_bs_bytes, self.cuda_graph_max_bs,
+               self.verify_row_bytes) < 0:
             raise ValueError(f"SlotCost coefficients must be >= 0: {self}")
+
+    def verify_bytes(self, num_slots: int) -> int:
+        if not self.verify_row_bytes:
+            return 0
+        return self.verify_row_bytes * verify_token_cap(num_slots, self.verify_tokens_per_slot, self.verify_cap_tokens)
 
     def bytes_for(self, num_slots: int) -> int:
         graph_bs = min(self.cuda_graph_max_bs, num_slots)
-        return self.fixed_bytes + self.per_slot_bytes * num_slots + self.per_graph_bs_bytes * graph_bs
+        return (self.fixed_bytes + self.per_slot_bytes * num_slots + self.per_graph_bs_bytes * graph_bs
+                + self.verify_bytes(num_slots))
 
 
 def total_bytes(num_tokens: int, cell_bytes: int, rule: SlotRule, cost: SlotCost, pools: PoolCost = NO_POOLS) -> int:

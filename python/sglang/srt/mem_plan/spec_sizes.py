@@ -1,20 +1,101 @@
 """Byte sizes and caps of speculative decoding (speculative/spec_args.py): defined here once, read by the planner,
-`sglang plan` and the runtime that allocates or stays within them.
+`sglang plan` and the runtime that allocates or stays within them. Torch-free, no imports beyond sizes.py.
 
 A verify forward holds every running request's last token and its proposals: at most
 max_running_requests x num_draft_tokens rows, capped by the chunked-prefill size so the forward's activations stay
 within the profiled prefill peak (the activation term). Each row's logits are kept, so the logits/sampler term is
-that of verify_token_cap rows instead of one row per request slot.
+that of verify_token_cap rows instead of one row per request slot; an EAGLE head / MTP layer also keeps the target's
+hidden state of every verify row (EAGLE3: three layers' states).
+
+A draft model's KV pool (STANDALONE, EAGLE heads, NEXTN's MTP layers) is indexed by the SAME token slots as the
+target's pool: slot i of the target's pool and row i of the draft's belong to the same token. So the draft's pool has
+the target's rows (T + one dummy page) of its own cell, and the solver's cost of a token is target cell + draft cell.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
 def verify_token_cap(max_running_requests: int, num_draft_tokens: int, chunked_prefill_size: int) -> int:
     """Most tokens one verify forward holds: every slot's num_draft_tokens, at most the chunked-prefill size (the
     activation profile's token count; -1 / 0: no chunking, no cap beyond the slots), and never fewer than one per
-    slot (a decode step)."""
+    slot (a decode step). Nondecreasing in max_running_requests (the token solve relies on it)."""
     full = max_running_requests * num_draft_tokens
     if chunked_prefill_size is None or chunked_prefill_size <= 0:
         return full
     return max(max_running_requests, min(full, chunked_prefill_size))
+
+
+def draft_kv_pool_bytes(num_tokens: int, page_size: int, cell_bytes: int, fixed_bytes: int = 0) -> int:
+    """The draft's KV pool over the target's token slots: (T + one dummy page) rows of the draft cell + its fixed
+    scales."""
+    return kv_pool_rows(num_tokens, page_size) * cell_bytes + fixed_bytes if cell_bytes else 0
+
+
+@dataclass(frozen=True)
+class SpecInputs:
+    """What speculative decoding adds to the plan's inputs (mem_plan/spec_terms.py builds it from the flags and the
+    draft's config.json). Bytes are one rank's."""
+
+    algorithm: str  # NGRAM / STANDALONE / EAGLE / EAGLE3 / NEXTN
+    num_draft_tokens: int  # tokens per request in one verify forward (proposals + 1)
+    verify_row_bytes: int  # sampler/logits bytes of one verify row (sizes.sampler_bytes_per_slot)
+    hidden_row_bytes: int = 0  # target hidden states an EAGLE head / MTP layer reads, per verify row
+    draft_weight_bytes: int = 0
+    draft_kv_cell_bytes: int = 0  # per token of the shared slots
+    draft_kv_fixed_bytes: int = 0  # fp8 scales of the draft's layers
+    draft_cuda_graph_bytes: int = 0
+    draft: str = ""  # what the draft is, for the table (model_type, layers, dtype)
+    draft_dtype: str = ""
+    draft_num_layers: int = 0  # KV layers of the draft (an EAGLE head: 1)
+    weights_detail: str = ""
+    graphs_detail: str = ""
+
+    def __post_init__(self):
+        for name in ("verify_row_bytes", "hidden_row_bytes", "draft_weight_bytes", "draft_kv_cell_bytes",
+                     "draft_kv_fixed_bytes", "draft_cuda_graph_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SpecInputs.{name} must be >= 0, got {getattr(self, name)}")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"SpecInputs.num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one verify row holds at once: its sampler rows and the hidden states the draft reads."""
+        return self.verify_row_bytes + self.hidden_row_bytes
+
+    def verify_tokens(self, num_reqs: int, chunked_prefill_size: int) -> int:
+        return verify_token_cap(num_reqs, self.num_draft_tokens, chunked_prefill_size)
+
+
+@dataclass(frozen=True)
+class SpecPlan:
+    """The speculative part of a MemoryPlan (MemoryPlan.speculative), what the runtime allocates from:
+    the draft's KV pool = draft_kv_bytes (draft_kv_rows rows of draft_kv_cell_bytes + draft_kv_fixed_bytes, the same
+    rows as the target's pool), its weights <= draft_weight_bytes, a verify forward <= verify_tokens tokens."""
+
+    algorithm: str
+    num_draft_tokens: int
+    verify_tokens: int  # verify_token_cap(max_running_requests, num_draft_tokens, chunked_prefill_size)
+    verify_row_bytes: int
+    hidden_row_bytes: int
+    draft_weight_bytes: int
+    draft_kv_cell_bytes: int
+    draft_kv_fixed_bytes: int
+    draft_kv_rows: int  # max_total_num_tokens + page_size: the target pool's rows
+    draft_kv_bytes: int
+    draft_cuda_graph_bytes: int
+    draft: str
+    draft_dtype: str
+    draft_num_layers: int
+
+    @classmethod
+    def of(cls, s: SpecInputs, num_tokens: int, num_reqs: int, page_size: int, chunked_prefill_size: int):
+        return cls(s.algorithm, s.num_draft_tokens, s.verify_tokens(num_reqs, chunked_prefill_size),
+                   s.verify_row_bytes, s.hidden_row_bytes, s.draft_weight_bytes, s.draft_kv_cell_bytes,
+                   s.draft_kv_fixed_bytes, kv_pool_rows(num_tokens, page_size) if s.draft_kv_cell_bytes else 0,
+                   draft_kv_pool_bytes(num_tokens, page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes),
+                   s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers)
