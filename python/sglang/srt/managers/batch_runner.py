@@ -54,6 +54,7 @@ class BatchRunner:
         self.model_runner, self.memory, self.queues, self.sink = model_runner, memory, queues, sink
         self.decode_memory, self.grammar, self.fault_policy = decode_memory, grammar, fault_policy
         self.forward_ct = 0
+        self.spec = None  # the speculative decode step (spec_decode.SpecDecoder) of a server with a SpecConfig
 
     def _run_confined(self, units: List[Unit], decode: bool) -> None:
         """Forward, sample and commit `units` (a decode unit is one token); a fault is confined to its requests."""
@@ -194,6 +195,8 @@ class BatchRunner:
     def run_extend(self, plan: PrefillPlan) -> None:
         self._run_confined(list(zip(plan.reqs, plan.extend_lens)), decode=False)
         self.memory.free_out_of_window(r for r in plan.reqs if _alive(r))  # windowed layers: pages the window left
+        if self.spec is not None:
+            self.spec.on_extend(list(zip(plan.reqs, plan.extend_lens)))
         for r in plan.reqs:
             # a live request with more to prefill stays queues.chunked (set by the prefill planner)
             if _alive(r) and r is not self.queues.chunked:
@@ -221,7 +224,8 @@ class BatchRunner:
             return False
         allocated = self.memory.alloc_decode(reqs)
         assert allocated, "decode memory was checked"
-        self._run_confined([(r, 1) for r in reqs], decode=True)
+        if self.spec is None or not self.spec.try_verify(reqs):  # a verify step when some request has proposals
+            self._run_confined([(r, 1) for r in reqs], decode=True)
         self.queues.running = [r for r in self.queues.running if _alive(r)]
         self.memory.free_out_of_window(self.queues.running)
         self.forward_ct += 1

@@ -72,6 +72,10 @@ class ReqOutput:
     input_top_logprobs: Optional[List[Optional[List[tuple]]]] = None
     input_token_ids_logprobs: Optional[List[Optional[List[tuple]]]] = None
     new_token_ids_logprobs: Optional[List[List[tuple]]] = None
+    # speculative decoding: verify steps in which the request had proposals (upstream's spec_verify_ct), and the
+    # tokens it committed in those steps (spec_verify_tokens / spec_verify_ct = its acceptance length)
+    spec_verify_ct: int = 0
+    spec_verify_tokens: int = 0
 
     def __reduce__(self):
         # one per request per step crosses to the HTTP process: pickled as its field values, not a __dict__, it is

@@ -127,5 +127,6 @@ class OutputSink:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens, new_token_logprobs=lp,
             new_top_logprobs=top, embedding=req.embedding,
             new_token_ids_logprobs=req.output_token_ids_logprobs[start:] or None,
+            spec_verify_ct=req.spec_verify_ct, spec_verify_tokens=req.spec_verify_tokens,
             **({} if prompt_lp is None else dict(zip(PROMPT_LOGPROB_FIELDS, prompt_lp))),
         )

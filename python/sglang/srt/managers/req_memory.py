@@ -86,6 +86,30 @@ class ReqMemory:
         req.alloc_len = cur + num_new
         return slots
 
+    def alloc_if_free(self, req: Req, num_new: int) -> int:
+        """Slots for up to num_new more tokens from free pages only (never evicting): speculative proposals take
+        what is free and nothing else. Returns how many it got (the most that fit, possibly 0)."""
+        cur = req.alloc_len
+        last = self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0] if self.page_size > 1 and cur else 0
+        while num_new > 0:
+            slots = self.allocator.alloc(cur, last, num_new)
+            if slots is not None:
+                self.req_to_token_pool.write(req.req_pool_idx, cur, slots)
+                req.alloc_len = cur + num_new
+                return num_new
+            num_new = min(num_new - 1, self.allocator.available_size())
+        return 0
+
+    def truncate(self, req: Req, keep_len: Optional[int] = None) -> None:
+        """Give back the slots of positions [keep_len, alloc_len) (default keep_len = kv_len: rejected proposals):
+        page-aware, only pages wholly at or past ceil(keep_len / page) * page go back; then alloc_len == keep_len."""
+        keep_len = req.kv_len if keep_len is None else keep_len
+        ps = self.page_size
+        keep = -(-keep_len // ps) * ps
+        if req.alloc_len > keep:
+            self.allocator.free(self.req_to_token_pool.read(req.req_pool_idx, keep, req.alloc_len))
+        req.alloc_len = min(req.alloc_len, keep_len)
+
     def evict_for(self, num_tokens: int) -> None:
         """Evict cached prefixes until num_tokens are free in the token pool and, with a separate windowed pool, in
         that one too (windowed-only eviction first tombstones cached nodes, freeing their windowed pages alone)."""

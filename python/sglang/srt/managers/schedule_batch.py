@@ -42,6 +42,10 @@ class Req:
     pooled_sum = None
     embedding = None
     custom_logit_processor = None  # a client-sent processor string (sampling/custom_logit_processor.py)
+    # speculative decoding (managers/spec_decode.py): verify steps in which this request had proposals, and the
+    # tokens it committed in them (its acceptance length = spec_verify_tokens / spec_verify_ct)
+    spec_verify_ct = 0
+    spec_verify_tokens = 0
 
     def __init__(self, rid: str, input_ids: List[int], sampling_params: SamplingParams, tokenizer=None,
                  stream: bool = False, return_logprob: bool = False, top_logprobs_num: int = 0,

@@ -38,6 +38,7 @@ from sglang.srt.managers.fault_confinement import FATAL_ERRORS, FaultPolicy
 from sglang.srt.managers.fault_injection import FaultInjector
 from sglang.srt.managers.io_struct import ReqOutput, TokenizedGenerateReqInput, new_rid
 from sglang.srt.managers.output_sink import OutputSink
+from sglang.srt.managers.spec_decode import SpecDecoder, check_spec_model
 from sglang.srt.managers.overlap_worker import OverlapSchedule, overlap_enabled
 from sglang.srt.managers.prefill_scheduler import PrefillPlanner
 from sglang.srt.managers.req_memory import ReqMemory
@@ -111,6 +112,11 @@ class Scheduler:
                                           self.max_running_requests)
         self.runner = BatchRunner(mr, self.memory, self.queues, self.sink, self.decode_memory, self.grammar,
                                   self.fault_policy)
+        spec = server_args.speculative()
+        check_spec_model(spec, server_args, self.model_config.shape.text, self.memory.window_tokens)
+        if spec is not None:
+            self.runner.spec = SpecDecoder(spec, self.runner, self.max_running_requests, mr.chunked_prefill_size,
+                                           self.device)
         # overlap schedule: None when off (--disable-overlap-schedule, or the device's default)
         self.overlap = OverlapSchedule(self.sink) if overlap_enabled(server_args, self.device) else None
         if self.overlap is not None:
@@ -258,7 +264,15 @@ class Scheduler:
             "num_failed_reqs": self.sink.num_failed_reqs,
             "num_memory_repairs": self.num_memory_repairs,
             **self.grammar.stats(),
+            **self._spec_stats(),
         }
+
+    def _spec_stats(self) -> dict:
+        if self.runner.spec is None:
+            return {}
+        c = self.runner.spec.counters
+        return {"spec_verify_steps": c.verify_steps, "spec_proposed_tokens": c.proposed_tokens,
+                "spec_accepted_tokens": c.accepted_tokens}
 
     def get_server_info(self) -> dict:
         plan = getattr(self.model_runner, "memory_plan", None)
@@ -291,5 +305,7 @@ class Scheduler:
             "tp_size": self.server_args.tp_size,
             # what each TP rank measured and allocated under the (shared, per-rank) plan above
             "memory_plan_per_rank": getattr(self.model_runner, "rank_memory", None),
+            "speculative": None if self.runner.spec is None else {**self.runner.spec.cfg.to_dict(),
+                                                                  **self.runner.spec.counters.to_dict()},
             "stats": self.get_stats(),
         }

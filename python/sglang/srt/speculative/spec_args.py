@@ -110,7 +110,7 @@ def resolve_spec_config(a) -> Optional[SpecConfig]:
 
 
 # what a server runs today; `sglang plan` prices every algorithm above
-SERVED_ALGORITHMS: tuple = ()
+SERVED_ALGORITHMS: tuple = ("NGRAM",)
 
 
 def check_served(cfg: Optional[SpecConfig]) -> None:
