@@ -272,7 +272,8 @@ class Scheduler:
             return {}
         c = self.runner.spec.counters
         return {"spec_verify_steps": c.verify_steps, "spec_proposed_tokens": c.proposed_tokens,
-                "spec_accepted_tokens": c.accepted_tokens}
+                "spec_accepted_tokens": c.accepted_tokens, "spec_req_steps": c.req_steps,
+                "spec_committed_tokens": c.committed_tokens}
 
     def get_server_info(self) -> dict:
         plan = getattr(self.model_runner, "memory_plan", None)
