@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -338,6 +339,9 @@ class ServerArgs:
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # a pathlib.Path given for a path (Engine(model_path=Path(...))) is its str
+            if isinstance(getattr(self, f.name), os.PathLike):
+                object.__setattr__(self, f.name, os.fspath(getattr(self, f.name)))
         self.validate()
 
     def validate(self) -> None:

@@ -1,8 +1,12 @@
-"""The engine's fp32 greedy tokens equal HF transformers fp32, on SmolLM2 (bundled) and on a random Qwen3."""
+"""The engine's fp32 greedy tokens equal HF transformers fp32, on SmolLM2 (bundled) and on a random Qwen3. The bundled
+GGUF's path is given as a pathlib.Path, as users pass one."""
+
+import pathlib
 
 import pytest
 
 from sglang import Engine
+from sglang.srt.model_loader.model_path import default_model_path
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, default_model_dir, hf_greedy, make_random_qwen3, shutdown
 
@@ -13,7 +17,8 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def smollm_fp32():
-    engine = Engine(dtype="float32", max_total_memory_gb=3, chunked_prefill_size=512, log_level="warning")
+    engine = Engine(model_path=pathlib.Path(default_model_path()), dtype="float32", max_total_memory_gb=3,
+                    chunked_prefill_size=512, log_level="warning")
     yield engine
     shutdown(engine)
 
