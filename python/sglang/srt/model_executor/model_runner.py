@@ -167,6 +167,16 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         t0 = time.perf_counter()
         self.init_memory_pool()
         self.startup_s["memory_plan"] = time.perf_counter() - t0
+        self.init_draft_runner()
+
+    def init_draft_runner(self) -> None:
+        """STANDALONE speculative decoding: the draft model, over the target's request table and slot range."""
+        spec = self.server_args.speculative()
+        self.draft_runner = None
+        if spec is not None and spec.algorithm == "STANDALONE":
+            from sglang.srt.model_executor.draft_runner import DraftRunner
+
+            self.draft_runner = DraftRunner(self, spec.draft_model_path)
 
     @property
     def context_len(self) -> int:

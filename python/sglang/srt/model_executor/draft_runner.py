@@ -1,0 +1,129 @@
+"""DraftRunner: the STANDALONE draft model of speculative decoding, beside the target's ModelRunner.
+
+Built after the target's pools exist (ModelRunner.init_draft_runner), so that:
+  * it shares the target's req_to_token_pool: a request's row maps each of its positions to ONE slot index, used by
+    both models; the draft's KV pool has the same number of slots (max_total_num_tokens, plus the dummy page) so
+    every slot the target's allocator hands out is valid in it too, and whatever frees a slot (truncate after a
+    rejection, retraction, radix eviction) frees it for both models at once;
+  * its own KV pool holds the draft's layers, KV heads and head size in the draft's dtype (its own cell), never a
+    quantized format (the target's ring rows are attached to the shared request table);
+  * its own attention backend instance reads that pool.
+The draft's weights and KV are terms of the memory plan (mem_plan/spec_sizes.py); check_allocation holds the pool to
+the plan's draft KV term when the plan has one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
+
+logger = logging.getLogger(__name__)
+
+# the plan's term for the draft model's KV pool (mem_plan: helper P's spec_terms)
+DRAFT_KV_TERM = "draft_kv_cache"
+
+
+def check_same_vocabulary(target_config, draft_config, draft_path: str) -> None:
+    """A draft proposes token ids the target verifies: both must index the same vocabulary."""
+    tv, dv = target_config.vocab_size, draft_config.vocab_size
+    if tv != dv:
+        raise ValueError(f"--speculative-draft-model-path {draft_path}: the draft model's vocabulary has {dv} "
+                         f"tokens, the target's {tv}; a STANDALONE draft must share the target's tokenizer and "
+                         "vocabulary (pick a draft from the same model family).")
+
+
+class DraftRunner:
+    """The draft model, its KV pool and attention backend; forward() runs one ForwardBatch of the draft."""
+
+    def __init__(self, target, draft_path: str):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        from sglang.srt.model_loader import load_model
+
+        sa = target.server_args
+        if sa.tp_size > 1:
+            raise ValueError(f"--speculative-algorithm STANDALONE with --tp-size {sa.tp_size}: the draft model runs "
+                             "on one rank only in this runtime; use --tp-size 1.")
+        if target.model_config.kv_cache_dtype_name != target.model_config.dtype_name:
+            raise ValueError(f"--speculative-algorithm STANDALONE with --kv-cache-dtype "
+                             f"{target.model_config.kv_cache_dtype_name}: the draft's KV pool is held in the "
+                             f"model's dtype only; drop --kv-cache-dtype (or use NGRAM).")
+        self.device = target.device
+        self.draft_path = draft_path
+        # the target's dtype (a draft in another dtype would be converted by the loader); the KV in that dtype
+        self.model_config = ModelConfig.from_pretrained(draft_path, dtype=target.model_config.dtype_name,
+                                                        kv_cache_dtype="auto", device=self.device)
+        check_same_vocabulary(target.model_config, self.model_config, draft_path)
+        cell = self.model_config.shape.kv_cell("auto", 1, self.model_config.dtype_name)
+        if cell.is_mla:
+            raise ValueError(f"--speculative-draft-model-path {draft_path}: an MLA draft model is not supported; "
+                             "use a draft with standard attention.")
+        with torch.no_grad():
+            self.model = load_model(self.model_config, self.device)
+        self.weight_bytes = _tensor_bytes(self.model)
+        self.req_to_token_pool = target.req_to_token_pool
+        # the same slot range as the target's pool: slot s of a request means the same position in both pools
+        self.token_to_kv_pool = MHATokenToKVPool(
+            target.max_total_num_tokens, sa.page_size, self.model_config.dtype, cell.num_kv_heads_per_rank,
+            self.model_config.head_dim, self.model_config.num_hidden_layers, self.device)
+        # finite everywhere: a prefix borrowed from the radix cache may hold a position whose draft KV was never
+        # written (the last proposal of a fully accepted step); the draft then reads zeros there, never NaN
+        self.token_to_kv_pool.k_buffer.zero_()
+        self.token_to_kv_pool.v_buffer.zero_()
+        self.attn_backend = self._attention_backend(target)
+        self.check_allocation(getattr(target, "memory_plan", None))
+        logger.info("Draft model %s: %.1f MiB of weights, KV pool %.1f MiB (%d B per token, %d slots)", draft_path,
+                    self.weight_bytes / 2**20, self.kv_bytes() / 2**20, cell.cell_bytes, target.max_total_num_tokens)
+
+    def _attention_backend(self, target):
+        from sglang.srt.layers.attention.attention_registry import create_attention_backend
+        from sglang.srt.mem_plan import build as B
+
+        import dataclasses
+
+        from sglang.srt.configs.resolved import fused_cpu_decode
+
+        facts = self.model_config.facts
+        # the device's facts, with whether the DRAFT's geometry decodes through the fused CPU kernel
+        device = dataclasses.replace(target.device_facts(), fused_cpu_decode=fused_cpu_decode(facts, self.device))
+        inputs = B.backend_inputs(target.server_args, facts, device, target.max_running_requests, 0)
+        return create_attention_backend(target.server_args.attention_backend, model_config=self.model_config,
+                                        req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
+                                        device=self.device, inputs=inputs)
+
+    def kv_bytes(self) -> int:
+        return self.token_to_kv_pool.mem_usage_bytes()
+
+    def check_allocation(self, plan) -> None:
+        """The draft's KV pool holds exactly the plan's draft KV term (when the plan prices one)."""
+        planned = planned_term_bytes(plan, DRAFT_KV_TERM)
+        if planned is not None:
+            assert self.kv_bytes() == planned, (DRAFT_KV_TERM, self.kv_bytes(), planned)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits (float32) of the rows fb.logits_indices selects (decode: every row), from the draft model."""
+        move_to_device(fb, self.device)
+        self.req_to_token_pool.sync_to_device()
+        fb.req_to_token_pool = self.req_to_token_pool
+        fb.token_to_kv_pool = self.token_to_kv_pool
+        fb.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(fb)
+        return self.model.forward(fb.input_ids, fb.positions, fb)
+
+
+def _tensor_bytes(model) -> int:
+    """Bytes of the draft's parameters and buffers, each storage once (tied embeddings share one)."""
+    storages = {(t.untyped_storage().data_ptr(), t.device): t.untyped_storage().nbytes()
+                for t in list(model.parameters()) + list(model.buffers())}
+    return sum(storages.values())
+
+
+def planned_term_bytes(plan, name: str) -> Optional[int]:
+    if plan is None or not any(t.name == name for t in plan.terms):
+        return None
+    return plan.term(name).num_bytes

@@ -1,0 +1,142 @@
+"""STANDALONE proposals: a smaller draft model (model_executor/draft_runner.py) decodes greedily ahead of the target.
+
+Contract with the scheduler's step (managers/spec_decode.py) -- read before changing either side:
+  * on_extend(units) is called after a target EXTEND forward whose units were committed (req.kv_len already
+    includes the unit's n tokens). The draft then runs the same tokens [kv_len - n, kv_len) into the same slots, so
+    its KV is valid wherever the target's is. A request already released by then (finished at its first token) is
+    skipped: its prompt's slots reach the radix cache without draft KV, which a later prefix hit reads as zeros --
+    lower acceptance for that prompt, never a wrong token (the target verifies every proposal).
+  * propose(reqs, max_k) is called AFTER the step recorded slots for positions p .. p + max_k[i] of each request in
+    req_to_token (p = kv_len: the decode slot plus one per proposal; ReqMemory.alloc_if_free). The draft writes its
+    KV of x0, d1 .. d_{k-1} into the slots of positions p .. p + k - 1, the same slots the verify forward then
+    writes the target's KV into; truncate() gives back the rejected ones for both models at once.
+  * on_verified / release only forget bookkeeping; nothing here allocates or frees memory.
+
+Per request the draft's KV is valid for positions [0, seen): after proposing, seen = p + k (x0 and d1 .. d_{k-1} were
+inputs); after the verify step committed c tokens, kv_len = p + c and positions < min(seen, kv_len) hold tokens the
+draft saw as inputs (x0 and the accepted proposals). So a propose() first runs one catch-up EXTEND of the tokens in
+[min(seen, kv_len), kv_len + 1) -- 1 token, 2 when every proposal was accepted (d_k was never an input), more after
+steps decoded without proposals -- whose last logits give d1, then max_k - 1 DECODE forwards give d2 .. dk.
+Proposals are the draft's argmax (a point-mass draft: speculative/verify.py accepts them exactly).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+Piece = Tuple[int, int, int]  # (index into the batch's requests, first position, end position)
+
+
+def _int64(values: List[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _alive(req: Any) -> bool:
+    return req.req_pool_idx is not None and not req.finished()
+
+
+class DraftProposer:
+    """A speculative/proposer.Proposer (by its methods: the protocol module may import this one)."""
+
+    def __init__(self, runner: Any, num_steps: int, max_extend_tokens: int):
+        """runner: a DraftRunner; num_steps: most proposals per request; max_extend_tokens: most tokens of one draft
+        EXTEND forward (the chunked-prefill size: the draft, smaller than the target, stays within its profile)."""
+        self.runner, self.num_steps = runner, num_steps
+        self.max_extend_tokens = max(1, max_extend_tokens)
+        self.seen: Dict[str, int] = {}  # rid -> end of the positions whose draft KV was computed
+        self.num_forwards = 0
+
+    # ------------------------------------------------------------------ protocol
+    def on_extend(self, units: Sequence[Tuple[Any, int]]) -> None:
+        live = [(r, n) for r, n in units if n > 0 and _alive(r)]
+        pieces = [(i, r.kv_len - n, r.kv_len) for i, (r, n) in enumerate(live)]
+        self._extend([r for r, _ in live], pieces)
+
+    def propose(self, reqs: Sequence[Any], max_k: Sequence[int]) -> List[List[int]]:
+        out: List[List[int]] = [[] for _ in reqs]
+        idx = [i for i, r in enumerate(reqs) if max_k[i] > 0 and _alive(r)]
+        if not idx:
+            return out
+        live = [reqs[i] for i in idx]
+        ks = [min(max_k[i], self.num_steps) for i in idx]
+        pieces = [(j, min(self.seen.get(r.rid, 0), r.kv_len), r.kv_len + 1) for j, r in enumerate(live)]
+        last = self._extend(live, pieces)
+        tokens = [[int(last[j])] for j in range(len(live))]
+        for step in range(1, max(ks)):
+            js = [j for j, k in enumerate(ks) if k > step]
+            # input d_step of request j sits at position p + step (p = kv_len) and writes its draft KV into that slot
+            nxt = self._decode([live[j] for j in js], [tokens[j][-1] for j in js], [live[j].kv_len + step for j in js])
+            for j, t in zip(js, nxt):
+                tokens[j].append(int(t))
+        for j, r in enumerate(live):
+            self.seen[r.rid] = r.kv_len + ks[j]
+            out[idx[j]] = tokens[j]
+        return out
+
+    def on_verified(self, reqs: Sequence[Any], committed: Sequence[int]) -> None:
+        for r in reqs:  # the positions past kv_len held rejected proposals: their slots were given back
+            if r.rid in self.seen:
+                self.seen[r.rid] = min(self.seen[r.rid], r.kv_len)
+
+    def release(self, req: Any) -> None:
+        self.seen.pop(req.rid, None)
+
+    # ------------------------------------------------------------------ draft forwards
+    def _extend(self, reqs: List[Any], pieces: List[Piece]) -> Dict[int, int]:
+        """Run the draft over each piece's tokens (split into forwards of at most max_extend_tokens); returns the
+        draft's argmax after each request's last piece, and records the positions it saw."""
+        cap, batch, used, last = self.max_extend_tokens, [], 0, {}
+        queue = [p for p in pieces if p[2] > p[1]]
+        while queue:
+            j, a, b = queue.pop(0)
+            take = min(b - a, cap - used)
+            batch.append((j, a, a + take))
+            used += take
+            if a + take < b:
+                queue.insert(0, (j, a + take, b))
+            if used == cap or not queue:
+                for (jj, _, end), t in zip(batch, self._extend_forward(reqs, batch)):
+                    last[jj] = t
+                    self.seen[reqs[jj].rid] = end
+                batch, used = [], 0
+        return last
+
+    def _extend_forward(self, reqs: List[Any], batch: List[Piece]) -> List[int]:
+        pool = self.runner.req_to_token_pool
+        rows, ids, positions, locs, prefix, lens = [], [], [], [], [], []
+        for j, a, b in batch:
+            r = reqs[j]
+            rows.append(r.req_pool_idx)
+            ids.extend(r.fill_ids[a:b])
+            positions.extend(range(a, b))
+            locs.append(pool.slots(r.req_pool_idx, a, b))
+            prefix.append(a)
+            lens.append(b - a)
+        seq_lens = [a + n for a, n in zip(prefix, lens)]
+        fb = ForwardBatch(
+            ForwardMode.EXTEND, len(batch), input_ids=_int64(ids), positions=_int64(positions),
+            req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens), out_cache_loc=torch.cat(locs),
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens,
+            extend_prefix_lens=_int64(prefix), extend_seq_lens=_int64(lens),
+            logits_indices=_int64(lens).cumsum(0) - 1,
+        )
+        return self._argmax(fb)
+
+    def _decode(self, reqs: List[Any], tokens: List[int], positions: List[int]) -> List[int]:
+        r2t = self.runner.req_to_token_pool.req_to_token_host
+        rows = _int64([r.req_pool_idx for r in reqs])
+        seq_lens = [p + 1 for p in positions]
+        fb = ForwardBatch(
+            ForwardMode.DECODE, len(reqs), input_ids=_int64(tokens), positions=_int64(positions),
+            req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, _int64(positions)],
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(),
+        )
+        return self._argmax(fb)
+
+    def _argmax(self, fb: ForwardBatch) -> List[int]:
+        self.num_forwards += 1
+        return self.runner.forward(fb).argmax(-1).tolist()
