@@ -1,5 +1,16 @@
 """STANDALONE proposals: a smaller draft model (model_executor/draft_runner.py) decodes greedily ahead of the target.
 
+TO THE SCHEDULER STEP'S OWNER (managers/spec_decode.py, speculative/proposer.py) -- what STANDALONE needs there:
+  1. build_proposer(cfg, model_runner): STANDALONE -> DraftProposer(model_runner.draft_runner, cfg.num_steps,
+     model_runner.chunked_prefill_size); SpecDecoder passes runner.model_runner.
+  2. Slots BEFORE propose (the draft writes KV): in try_verify, for a proposer with `writes_kv` True,
+         max_k = [self.memory.alloc_if_free(r, k) if k else 0 for r, k in zip(reqs, max_k)]
+         proposals = self.proposer.propose(reqs, max_k)
+         for r, p in zip(reqs, proposals): self.memory.truncate(r, r.kv_len + 1 + len(p))
+     (today's order, propose then alloc_if_free, lets the draft write into whatever stale slot indices the request's
+     row holds past alloc_len: other requests' draft KV, never the target's -- outputs stay exact, acceptance falls).
+  3. _forget_left prunes `indexes` (rid -> state) as for NGRAM; this proposer's `indexes` is its rid -> seen map.
+
 Contract with the scheduler's step (managers/spec_decode.py) -- read before changing either side:
   * on_extend(units) is called after a target EXTEND forward whose units were committed (req.kv_len already
     includes the unit's n tokens). The draft then runs the same tokens [kv_len - n, kv_len) into the same slots, so
@@ -42,12 +53,15 @@ def _alive(req: Any) -> bool:
 class DraftProposer:
     """A speculative/proposer.Proposer (by its methods: the protocol module may import this one)."""
 
+    writes_kv = True  # propose() writes the draft's KV into the proposals' slots: they must be allocated first
+
     def __init__(self, runner: Any, num_steps: int, max_extend_tokens: int):
         """runner: a DraftRunner; num_steps: most proposals per request; max_extend_tokens: most tokens of one draft
         EXTEND forward (the chunked-prefill size: the draft, smaller than the target, stays within its profile)."""
         self.runner, self.num_steps = runner, num_steps
-        self.max_extend_tokens = max(1, max_extend_tokens)
+        self.max_extend_tokens = max_extend_tokens if max_extend_tokens > 0 else 1 << 62  # <= 0: no chunking
         self.seen: Dict[str, int] = {}  # rid -> end of the positions whose draft KV was computed
+        self.indexes = self.seen  # the scheduler step prunes the rids that left through this name (as for NGRAM)
         self.num_forwards = 0
 
     # ------------------------------------------------------------------ protocol
