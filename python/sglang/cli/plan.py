@@ -240,7 +240,10 @@ def _run_card(sa: ServerArgs, ns) -> tuple[int, dict, str]:
     except ValueError as e:
         refuse(str(e))
     device = device_facts(sa, ns, model)
-    inputs = plan_inputs(sa, ns, model, device)
+    try:
+        inputs = plan_inputs(sa, ns, model, device)
+    except ValueError as e:  # e.g. a draft model the planner cannot size (--speculative-*), named as a start names it
+        refuse(str(e))
     backend = choice.name
     shape = model.shape
     header = {

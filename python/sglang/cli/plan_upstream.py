@@ -12,6 +12,10 @@ Layers that do not keep every token are split off the static region by upstream'
                             with no full layer, every token costs S.
   linear (Mamba / GDN)      --mamba-full-memory-ratio r = 0.9: state slots K = (KV x r / (1 + r)) // per-slot state,
                             the full layers get KV - (K + 1) x per-slot state, request slots <= K // 3.
+Speculative decoding (classic): y's reserve grows by tiers.RESERVE_SPEC_MIB (EAGLE / EAGLE3 / NEXTN 2 GiB, STANDALONE
+6 GiB, NGRAM nothing); the draft worker's pool reuses the target's T and the draft's weights load after the target's
+KV pool, so its weights, its KV (T x the draft cell), the verify forward's extra logits rows (slots x num_draft_tokens
+at upstream's 8 B per vocabulary entry) and the draft's hidden-state rows are all consumers of the unplanned slack.
 """
 
 from __future__ import annotations
@@ -60,12 +64,28 @@ def upstream_pools(inputs: PlanInputs, kv_room_bytes: int) -> dict:
     return out
 
 
+UPSTREAM_SPEC_RESERVE = {"NGRAM": None, "STANDALONE": "standalone", "EAGLE": "eagle", "EAGLE3": "eagle",
+                         "NEXTN": "eagle"}  # --speculative-algorithm -> tiers.RESERVE_SPEC_MIB's key
+
+
+def upstream_spec_bytes(inputs: PlanInputs, tokens: int, slots: int, logits_per_req: int) -> int:
+    """What upstream's speculative decoding takes from the slack (module docstring); 0 without it."""
+    s = inputs.speculative
+    if s is None:
+        return 0
+    verify_rows = slots * s.num_draft_tokens
+    return (s.draft_weight_bytes + (tokens + inputs.page_size) * s.draft_kv_cell_bytes + s.draft_kv_fixed_bytes
+            + (verify_rows - slots) * logits_per_req + verify_rows * s.hidden_row_bytes + s.draft_cuda_graph_bytes)
+
+
 def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) -> dict:
     """Upstream's classic auto plan on `inputs` (module docstring); slack_left_bytes < 0 is a runtime OOM."""
     upstream_logits_per_req = vocab_size * UPSTREAM_SAMPLER_BYTES_PER_VOCAB_ENTRY
+    spec = inputs.speculative
     y = inputs.mem_fraction_static or upstream_mem_fraction(
         gpu.memory_total_mib, backend, inputs.context_len, tp_size=inputs.tp_size,
-        chunked_prefill_size=inputs.chunked_prefill_size)
+        chunked_prefill_size=inputs.chunked_prefill_size,
+        speculative=UPSTREAM_SPEC_RESERVE[spec.algorithm] if spec is not None else None)
     pre = inputs.pre_load_free_bytes
     kv_room = int(y * pre) - inputs.weight_bytes
     pools = upstream_pools(inputs, kv_room)
@@ -77,7 +97,8 @@ def upstream_comparison(inputs: PlanInputs, backend: str, gpu, vocab_size: int) 
     runtime = (inputs.workspace.bytes_for(slots, graph_bs)
                + req_to_token_bytes(slots, inputs.context_len, UPSTREAM_REQ_TO_TOKEN_ELEM_BYTES)
                + inputs.activation_bytes + upstream_logits_per_req * slots + inputs.cuda_graph_bytes
-               + inputs.encoder_total_bytes + inputs.moe_workspace_bytes)
+               + inputs.encoder_total_bytes + inputs.moe_workspace_bytes
+               + upstream_spec_bytes(inputs, tokens, slots, upstream_logits_per_req))
     slack = pre - int(y * pre)
     return {"mem_fraction_static": y, "max_total_num_tokens": tokens, "max_running_requests": slots,
             "swa_tokens": pools["swa_tokens"], "mamba_cache_slots": pools["mamba_cache_slots"],

@@ -327,7 +327,7 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         moe_workspace_detail=moe.describe() if moe is not None else "",
         sources=dict(measured.sources),
         speculative=build_spec_inputs(sa, model.shape, model.dtype, model.kv_cache_dtype, device.kind, graph_bs,
-                                      formula_cuda_graph_bytes),
+                                      formula_cuda_graph_bytes, model.weight_format),
     )
 
 

@@ -93,24 +93,32 @@ def _eagle(algorithm: str, cfg: dict, target, tp: int, dtype: str, kv_cache_dtyp
                 + "; embedding" + ("" if algorithm == "EAGLE3" else " and lm_head") + " shared with the target")
 
 
-def _nextn(cfg: dict, tp: int, ep: int, dtype: str, kv_cache_dtype: str) -> dict:
+def _nextn(cfg: dict, tp: int, ep: int, dtype: str, kv_cache_dtype: str, weight_format) -> dict:
+    """The MTP layers are stored as the target's layers are: a checkpoint format (fp8 blocks) prices them as it
+    prices those (checkpoint_formats.py); otherwise the served dtype."""
     n = H.nextn_layers(cfg)
     groups = H.nextn_weights(cfg, tp, ep)
+    fmt_ckpt = getattr(weight_format, "checkpoint", None)
+    elem = dtype_bytes(dtype)
+    weights = (sum(fmt_ckpt.group_bytes(g, elem) for g in groups) if fmt_ckpt is not None
+               else H.groups_bytes(groups, elem))
+    held = f"{weight_format.method} as the target's layers" if fmt_ckpt is not None else dtype
     fmt = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
     cell = KVCellSpec(n, kv_dtype_bytes(kv_cache_dtype, dtype), kv_lora_rank=H.C.need(cfg, "kv_lora_rank"),
                       qk_rope_head_dim=H.C.need(cfg, "qk_rope_head_dim"), tp_size=tp,
                       kv_format=fmt if is_quantized(fmt) else "")
     params = sum(g.numel for g in groups)
-    return dict(weights=H.groups_bytes(groups, dtype_bytes(dtype)), cell=cell, vocab=H.C.need(cfg, "vocab_size"),
+    return dict(weights=weights, cell=cell, vocab=H.C.need(cfg, "vocab_size"),
                 draft=f"{n} MTP layer{'s' if n > 1 else ''} of {cfg['model_type']}, {params / 1e6:.1f}M params",
-                weights_detail=f"{params:,} params x {dtype}: eh_proj, enorm/hnorm, one decoder layer each; "
+                weights_detail=f"{params:,} params in {held}: eh_proj, enorm/hnorm, one decoder layer each; "
                                "embedding and shared head's lm_head are the target's")
 
 
 def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: str, graph_bs: int,
-                      graph_bytes: Callable[[int, int], int]) -> Optional[SpecInputs]:
-    """SpecInputs for `sa` (a ServerArgs) serving `shape` (model_shapes.ModelShape) in `dtype`; None without
-    --speculative-algorithm. graph_bytes(graph_bs, vocab): the dry run's CUDA-graph formula (build.py)."""
+                      graph_bytes: Callable[[int, int], int], weight_format=None) -> Optional[SpecInputs]:
+    """SpecInputs for `sa` (a ServerArgs) serving `shape` (model_shapes.ModelShape) in `dtype` (weight_format: the
+    target's, quantization_sizes.WeightFormat); None without --speculative-algorithm. graph_bytes(graph_bs, vocab):
+    the dry run's CUDA-graph formula (build.py)."""
     resolve = getattr(sa, "speculative", None)
     spec = resolve() if callable(resolve) else None
     if spec is None:
@@ -127,7 +135,7 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         d = _eagle(spec.algorithm, draft_config(spec.draft_model_path), target, tp, dtype, kv_cache_dtype)
     elif spec.algorithm == "NEXTN":
         d = _nextn(draft_config(spec.draft_model_path) if spec.draft_model_path else shape.text_config, tp, ep, dtype,
-                   kv_cache_dtype)
+                   kv_cache_dtype, weight_format)
     else:
         raise ValueError(f"--speculative-algorithm {spec.algorithm}: the planner has no terms for it")
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
