@@ -124,7 +124,8 @@ class Engine:
             raise ParamError("stream", "", message="Streaming is supported for a single prompt with n=1.")
         self._submit(batch.reqs)
         start = time.perf_counter()
-        accs = [GenerateAccumulator(r.rid, return_logprob, start, batch.token_text) for r in batch.reqs]
+        spec = self.server_args.speculative_algorithm is not None
+        accs = [GenerateAccumulator(r.rid, return_logprob, start, batch.token_text, spec) for r in batch.reqs]
         if stream:
             return self._stream(accs[0])
         self._run_to_completion(accs)

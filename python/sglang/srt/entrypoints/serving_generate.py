@@ -43,7 +43,8 @@ class ServingGenerate(OpenAIServingBase):
         # the Engine's builder, on a pool thread (tokenizing and image preprocessing block)
         batch = await tm.offloop.run(build_generate_requests, req, tm.request_tokenizer)
         start = time.perf_counter()
-        accs = [GenerateAccumulator(t.rid, req.return_logprob, start, batch.token_text) for t in batch.reqs]
+        spec = tm.server_args.speculative_algorithm is not None
+        accs = [GenerateAccumulator(t.rid, req.return_logprob, start, batch.token_text, spec) for t in batch.reqs]
         gen = tm.generate_many(batch.reqs, raw_request)
         if req.stream:
             return await self.stream(gen, accs, batch.is_batch)

@@ -8,11 +8,15 @@ for `Engine.generate` and POST /generate (upstream's shape):
                     "output_token_ids_logprobs": [...],       token_ids_logprob's ids per output token
                     "input_token_logprobs": [[logprob|None, token_id, None], ...],   per prompt position from
                                                               logprob_start_len (position 0: None); [] without it
-                    "input_top_logprobs", "input_token_ids_logprobs": per prompt position as above (None at 0)]}}
+                    "input_top_logprobs", "input_token_ids_logprobs": per prompt position as above (None at 0)],
+                   ["spec_verify_ct", "spec_accept_length"]}}                 with --speculative-algorithm
 
 text and output_ids are cumulative. The third element of each logprob entry is upstream's token text slot: None, or
 with return_text_in_logprobs the token's text alone (`token_text(id)`: the tokenizer's decode of [id], as upstream).
 e2e_latency is seconds from `start_time` (a time.perf_counter() value) to the latest output.
+spec_verify_ct (upstream's name): the speculative verify steps in which the request had proposals; its decode steps
+without proposals (the adaptive policy paused it, no free slot) are not counted. spec_accept_length: the tokens it
+committed in those steps / spec_verify_ct (accepted proposals + the model's own token; 0 when it never proposed).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from sglang.srt.managers.io_struct import ReqOutput
 
 class GenerateAccumulator:
     def __init__(self, rid: str, return_logprob: bool, start_time: float,
-                 token_text: Optional[Callable[[int], str]] = None):
+                 token_text: Optional[Callable[[int], str]] = None, speculative: bool = False):
         self.rid = rid
+        self.speculative = speculative  # the server runs --speculative-algorithm: meta_info has its spec_* fields
         self.token_text = token_text  # set: return_text_in_logprobs
         self.return_logprob = return_logprob
         self.start_time = start_time
@@ -69,6 +74,9 @@ class GenerateAccumulator:
             "cached_tokens": out.cached_tokens,
             "e2e_latency": time.perf_counter() - self.start_time,
         }
+        if self.speculative:
+            meta["spec_verify_ct"] = out.spec_verify_ct
+            meta["spec_accept_length"] = out.spec_verify_tokens / out.spec_verify_ct if out.spec_verify_ct else 0.0
         if self.return_logprob:
             meta["output_token_logprobs"] = list(self.token_logprobs)
             meta["output_top_logprobs"] = list(self.top_logprobs)

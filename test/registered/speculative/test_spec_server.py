@@ -1,0 +1,110 @@
+"""A server with --speculative-algorithm NGRAM, through the real HTTP server and the `openai` client: greedy chat and
+completions, streamed and not, on prompts whose answers repeat their own text, equal the default model's greedy
+tokens without speculation (an in-process Engine without speculative flags, run first in this module); the proposals
+really ran (/generate's meta_info spec_verify_ct > 0 and spec_accept_length > 1, /server_info's "speculative"
+counters, /metrics' sglang:spec_accept_length gauge, all > 1 token per verify); a contradictory --speculative-*
+combination stops the launcher with exit status 2 naming the flag."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import openai_client, popen_launch_server
+
+register_cpu_ci(est_time=90, suite="cpu")
+
+MAX_TOKENS = 48
+PASSAGE = ("The lighthouse stood at the end of the rocky point. Every evening the keeper climbed the steps, "
+           "polished the great lens and lit the lamp, and ships far out at sea saw the beam sweep across the water.")
+CHAT = [{"role": "user", "content": f"Quote the following paragraph word for word.\n\n{PASSAGE}"}]
+# a completion whose greedy continuation repeats the pattern above it
+CODE = "".join(f"def add_{n}(x):\n    return x + {n}\n\n" for n in range(1, 6)) + "def add_6(x):\n"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy text without speculation: the chat prompt rendered by the model's template, as the server does."""
+    from sglang import Engine
+
+    engine = Engine()
+    try:
+        chat_prompt = engine.request_tokenizer.tokenizer.apply_chat_template(CHAT, tokenize=False,
+                                                                              add_generation_prompt=True)
+        sp = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
+        return {"code": engine.generate(CODE, sp), "chat": engine.generate(chat_prompt, sp)}
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(reference):
+    srv = popen_launch_server(other_args=["--speculative-algorithm", "NGRAM", "--enable-metrics"])
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+def test_greedy_equals_non_speculative_and_proposals_pay(server, reference):
+    url, client = server.base_url, openai_client(server.base_url)
+    model = client.models.list().data[0].id
+    code, chat = reference["code"], reference["chat"]
+
+    before = requests.get(f"{url}/server_info", timeout=30).json()["stats"]
+    r = requests.post(f"{url}/generate", json={"text": CODE, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": MAX_TOKENS}}, timeout=120).json()
+    after = requests.get(f"{url}/server_info", timeout=30).json()["stats"]
+    assert r["output_ids"] == code["output_ids"]
+    meta = r["meta_info"]
+    # the only request in flight: its own counts are the server's counters' movement
+    steps = after["spec_req_steps"] - before["spec_req_steps"]
+    assert meta["spec_verify_ct"] == steps > 0, (meta, before, after)
+    assert meta["spec_accept_length"] == (after["spec_committed_tokens"] - before["spec_committed_tokens"]) / steps
+    # tokens committed per verify step: > 1 means proposals were accepted; decode steps without proposals are not
+    # verify steps, so spec_verify_ct < completion_tokens
+    assert 1 < meta["spec_accept_length"] <= 8 and meta["spec_verify_ct"] < meta["completion_tokens"], meta
+
+    out = client.completions.create(model=model, prompt=CODE, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].text == code["text"]
+    assert out.usage.completion_tokens == code["meta_info"]["completion_tokens"]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=CODE, max_tokens=MAX_TOKENS, temperature=0, stream=True) if c.choices)
+    assert streamed == code["text"]
+
+    out = client.chat.completions.create(model=model, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.usage.prompt_tokens == chat["meta_info"]["prompt_tokens"]  # the reference saw the same prompt
+    assert out.choices[0].message.content == chat["text"]
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0, stream=True) if c.choices)
+    assert streamed == chat["text"]
+
+    spec = requests.get(f"{url}/server_info", timeout=30).json()["speculative"]
+    assert spec["algorithm"] == "NGRAM" and spec["num_draft_tokens"] >= 2, spec
+    assert spec["verify_steps"] > 0 and 0 < spec["accepted_tokens"] <= spec["proposed_tokens"], spec
+    assert spec["accept_length"] > 1, spec
+
+    gauge = None
+    for _ in range(50):  # the scheduler pushes its stats every 0.5 s while busy and once when idle
+        text = requests.get(f"{url}/metrics", timeout=30).text
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        assert fams["sglang:spec_accept_length"].type == "gauge"
+        gauge = fams["sglang:spec_accept_length"].samples[0].value
+        if gauge > 0:
+            break
+        time.sleep(0.2)
+    assert 1 < gauge <= spec["num_draft_tokens"], gauge
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--speculative-num-steps", "3"], "--speculative-num-steps"),  # without an algorithm it does nothing
+    (["--speculative-algorithm", "NGRAM", "--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),  # a tree
+])
+def test_contradictory_flags_stop_the_launcher(flags, named):
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", *flags], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and named in out.stderr, (out.returncode, out.stderr[-2000:])
