@@ -51,23 +51,23 @@ def chat(url: str, model: str, prompt: str, max_tokens: int) -> int:
 
 
 def spec_counters(url: str) -> Optional[dict]:
-    """/server_info's "speculative" entry (None for a server without one: llama.cpp, ours without speculation)."""
+    """The scheduler's cumulative stats of a server with a "speculative" entry in /server_info (None for others:
+    llama.cpp, ours without speculation)."""
     try:
         r = requests.get(f"{url}/server_info", timeout=30)
-        return r.json().get("speculative") if r.ok else None
+        info = r.json() if r.ok else {}
     except (requests.RequestException, ValueError):
         return None
+    return info.get("stats") if info.get("speculative") else None
 
 
 def accept_length(before: Optional[dict], after: Optional[dict]) -> Optional[float]:
-    """Tokens a request committed per verify step between two /server_info reads (the server's cumulative
-    req_steps / committed_tokens); a server that reports only its accept_length since start gives that."""
+    """Tokens a request committed per verify step between two reads (spec_committed_tokens / spec_req_steps)."""
     if not before or not after:
         return None
-    if "req_steps" not in after:
-        return after.get("accept_length")
-    steps = after["req_steps"] - before["req_steps"]
-    return round((after["committed_tokens"] - before["committed_tokens"]) / steps, 3) if steps > 0 else None
+    steps = after["spec_req_steps"] - before["spec_req_steps"]
+    committed = after["spec_committed_tokens"] - before["spec_committed_tokens"]
+    return round(committed / steps, 3) if steps > 0 else None
 
 
 def measure(url: str, model: str, prompts: List[str], concurrency: int, max_tokens: int) -> dict:

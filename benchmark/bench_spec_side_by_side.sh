@@ -8,9 +8,9 @@
 #   bash benchmark/bench_spec_side_by_side.sh [ours] [ngram] [llama]   (default: all three, in that order)
 # Settings: MAX_TOKENS (256), RUNS (1; the summary keeps each measurement's best run), LIMIT (16 prompts per set; a
 # smaller one only checks the script), NGRAM_FLAGS (extra flags of the NGRAM server), RESULTS (the JSON-lines file).
-# LLAMA_SERVER: the llama-server binary (default: peers-setup.sh's build). On Xeons with AMX in a VM the GGML_NATIVE
-# build dies with "Illegal instruction" at the first batch (see bench_gemma3_side_by_side.sh): use a -DGGML_NATIVE=OFF
-# AVX-512 build there.
+# LLAMA_SERVER: the llama-server binary; default peers-setup.sh's build-noamx where it exists, else its build (the
+# GGML_NATIVE build dies with "Illegal instruction" in its AMX repack on Xeons with AMX in a VM, seen here at load:
+# bench_gemma3_side_by_side.sh says which flags run).
 set -u
 here=$(dirname "$(readlink -f "$0")")
 PEERS=${PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/peers}
@@ -29,9 +29,10 @@ run_one() {  # name port cmd...
   $BENCH --url "http://127.0.0.1:$port" --name "$name" || echo "$name: the measurement failed"
   kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; sleep 1
 }
-LLAMA=${LLAMA_SERVER:-$PEERS/llama/build/bin/llama-server}
+LLAMA=${LLAMA_SERVER:-$PEERS/llama/build-noamx/bin/llama-server}
+[[ -x $LLAMA ]] || LLAMA=$PEERS/llama/build/bin/llama-server
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) cores: $(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "model: $GGUF  results: $RESULTS"
+echo "model: $GGUF  llama-server: $LLAMA  results: $RESULTS"
 for x in ${@:-ours ngram llama}; do case $x in
   ours) run_one ours 31961 sglang serve --model-path "$GGUF" --host 127.0.0.1 --port 31961 ;;
   ngram) run_one ngram 31962 sglang serve --model-path "$GGUF" --host 127.0.0.1 --port 31962 \
