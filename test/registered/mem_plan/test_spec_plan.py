@@ -58,9 +58,13 @@ def config(path):
         return json.load(f)
 
 
-def verify_rows(slots, draft_tokens, chunk):
-    """Written from the design: every slot's draft tokens, at most the chunk, never fewer than a decode step."""
-    return max(slots, min(slots * draft_tokens, chunk))
+CPU_BUDGET = 16  # managers/spec_policy.py: a CPU verify forward's most tokens
+
+
+def verify_rows(slots, draft_tokens, chunk, budget=None):
+    """Written from the design: every slot's draft tokens, at most the chunk (and a CPU's budget), never fewer than a
+    decode step."""
+    return max(slots, min(slots * draft_tokens, chunk, budget or chunk))
 
 
 class TestEagle3OnH100(unittest.TestCase):
@@ -179,8 +183,17 @@ class TestStandaloneDraft(unittest.TestCase):
         self.assertLess(plan["headroom_bytes"], plan["kv_cell_bytes"] + cell)
         self.assertEqual(terms(self.d)["draft_cuda_graphs"], 0)  # a CPU: no graphs
         R = plan["max_running_requests"]
-        self.assertEqual(terms(self.d)["logits"], sampler_fixed_bytes(49152) + verify_rows(
-            R, 4, plan["chunked_prefill_size"]) * sampler_bytes_per_slot(49152))
+        rows = verify_rows(R, 4, plan["chunked_prefill_size"], CPU_BUDGET)
+        self.assertEqual(rows, R)  # 256 slots: a verify forward is never longer than a decode step of every slot
+        self.assertEqual(terms(self.d)["logits"], sampler_fixed_bytes(49152) + rows * sampler_bytes_per_slot(49152))
+        self.assertEqual(terms(self.d)["logits"], terms(self.without)["logits"])
+
+    def test_cpu_verify_budget_with_few_slots(self):
+        status, d = plan_json(*self.base, "--max-running-requests", "4", "--speculative-algorithm", "NGRAM")
+        self.assertEqual(status, 0, d)
+        rows = verify_rows(4, 8, d["plan"]["chunked_prefill_size"], CPU_BUDGET)
+        self.assertEqual((rows, d["plan"]["speculative"]["verify_tokens"]), (16, 16))  # not 4 x 8: the budget
+        self.assertEqual(terms(d)["logits"], sampler_fixed_bytes(49152) + rows * sampler_bytes_per_slot(49152))
 
     def test_unknown_draft_architecture_is_refused_naming_it(self):
         path = os.path.join(self.tmp.name, "odd")
@@ -195,6 +208,11 @@ class TestStandaloneDraft(unittest.TestCase):
 
 
 class TestOtherAlgorithms(unittest.TestCase):
+    def test_the_runtimes_cpu_budget_is_the_one_planned(self):
+        from sglang.srt.managers import spec_policy
+
+        self.assertEqual(spec_policy.CPU_VERIFY_TOKEN_BUDGET, CPU_BUDGET)
+
     def test_eagle1_head(self):
         status, d = plan_json("--model-path", LLAMA, "--gpu", "h100-80gb", "--speculative-algorithm", "EAGLE",
                               "--speculative-draft-model-path", EAGLE3)  # a one-layer Llama config

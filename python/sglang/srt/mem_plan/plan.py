@@ -212,7 +212,9 @@ class MemoryPlan:
                f"{s.draft}; weights {gib(s.draft_weight_bytes):.3f} GiB, KV {s.draft_kv_cell_bytes:,} B/token over the "
                f"target's {self.max_total_num_tokens:,} token slots ({gib(s.draft_kv_bytes):.3f} GiB)."]
         out.append(f"A verify forward holds at most {s.verify_tokens:,} tokens (max(slots, min(slots x "
-                   f"{s.num_draft_tokens}, chunked_prefill_size {self.chunked_prefill_size}))): the logits term "
+                   f"{s.num_draft_tokens}, chunked_prefill_size {self.chunked_prefill_size}"
+                   + (f", the CPU budget {s.verify_budget_tokens}" if s.verify_budget_tokens else "")
+                   + "))): the logits term "
                    f"keeps a sampler row for each; its activations are no more than a prefill chunk's (the "
                    f"activation term's profile forward) or a decode step's of every slot, which the plan already holds.")
         return out

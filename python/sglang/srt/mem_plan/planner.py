@@ -56,7 +56,7 @@ class _Resolved:
                             + x.grammar_per_req_bytes),
             verify_row_bytes=spec.row_bytes if spec else 0,
             verify_tokens_per_slot=spec.num_draft_tokens if spec else 1,
-            verify_cap_tokens=x.chunked_prefill_size,
+            verify_cap_tokens=spec.cap_tokens(x.chunked_prefill_size) if spec else 0,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
             window_row_bytes=x.kv_window_row_bytes,  # a quantized KV's recent window: rows by budget (kv_window.py)
@@ -165,10 +165,11 @@ class _Resolved:
         if spec is None:
             return MemoryTerm("logits", x.logits_bytes + x.logits_per_req_bytes * num_reqs, x.source_of("logits"),
                               f"{x.logits_bytes:,} + {x.logits_per_req_bytes:,} x {num_reqs:,} slots")
-        rows = spec.verify_tokens(num_reqs, x.chunked_prefill_size)
+        rows, budget = spec.verify_tokens(num_reqs, x.chunked_prefill_size), spec.verify_budget_tokens
         return MemoryTerm("logits", x.logits_bytes + spec.verify_row_bytes * rows, x.source_of("logits"),
                           f"{x.logits_bytes:,} + {spec.verify_row_bytes:,} x {rows:,} verify rows (max({num_reqs:,} slots, "
-                          f"min({num_reqs:,} x {spec.num_draft_tokens} draft tokens, chunk {x.chunked_prefill_size})))")
+                          f"min({num_reqs:,} x {spec.num_draft_tokens} draft tokens, chunk {x.chunked_prefill_size}"
+                          + (f", CPU budget {budget}" if budget else "") + ")))")
 
     def window_rows(self, num_tokens: int) -> int:
         """R_w: the recent-window rows requests can hold (kv_window.py); 0 without a window."""

@@ -19,6 +19,18 @@ from dataclasses import dataclass
 from sglang.srt.mem_plan.sizes import kv_pool_rows
 
 
+# CPU: the most tokens one verify forward holds, whatever the slots (the adaptive policy's batch budget,
+# managers/spec_policy.py: a CPU forward's cost grows with its rows, so batch 1 proposes its chain and large batches
+# decode without proposals). The plan prices the same rows: max(slots, min(slots x draft tokens, chunk, this)).
+CPU_VERIFY_TOKEN_BUDGET = 16
+
+
+def verify_budget_tokens(device_kind: str) -> int:
+    """The runtime's cap on a verify forward's tokens beyond verify_token_cap: CPU_VERIFY_TOKEN_BUDGET on a CPU,
+    0 (none) elsewhere."""
+    return CPU_VERIFY_TOKEN_BUDGET if device_kind == "cpu" else 0
+
+
 def verify_token_cap(max_running_requests: int, num_draft_tokens: int, chunked_prefill_size: int) -> int:
     """Most tokens one verify forward holds: every slot's num_draft_tokens, at most the chunked-prefill size (the
     activation profile's token count; -1 / 0: no chunking, no cap beyond the slots), and never fewer than one per
@@ -51,6 +63,7 @@ class SpecInputs:
     draft: str = ""  # what the draft is, for the table (model_type, layers, dtype)
     draft_dtype: str = ""
     draft_num_layers: int = 0  # KV layers of the draft (an EAGLE head: 1)
+    verify_budget_tokens: int = 0  # the device's cap on a verify forward's tokens (verify_budget_tokens), 0: none
     weights_detail: str = ""
     graphs_detail: str = ""
 
@@ -67,8 +80,13 @@ class SpecInputs:
         """Bytes one verify row holds at once: its sampler rows and the hidden states the draft reads."""
         return self.verify_row_bytes + self.hidden_row_bytes
 
+    def cap_tokens(self, chunked_prefill_size: int) -> int:
+        """verify_token_cap's cap: the chunk, or the device's budget when smaller (<= 0: none)."""
+        caps = [c for c in (chunked_prefill_size, self.verify_budget_tokens) if c and c > 0]
+        return min(caps) if caps else 0
+
     def verify_tokens(self, num_reqs: int, chunked_prefill_size: int) -> int:
-        return verify_token_cap(num_reqs, self.num_draft_tokens, chunked_prefill_size)
+        return verify_token_cap(num_reqs, self.num_draft_tokens, self.cap_tokens(chunked_prefill_size))
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,7 @@ class SpecPlan:
     draft: str
     draft_dtype: str
     draft_num_layers: int
+    verify_budget_tokens: int = 0  # a CPU's cap on verify tokens (CPU_VERIFY_TOKEN_BUDGET), 0: none
 
     @classmethod
     def of(cls, s: SpecInputs, num_tokens: int, num_reqs: int, page_size: int, chunked_prefill_size: int):
@@ -98,4 +117,4 @@ class SpecPlan:
                    s.verify_row_bytes, s.hidden_row_bytes, s.draft_weight_bytes, s.draft_kv_cell_bytes,
                    s.draft_kv_fixed_bytes, kv_pool_rows(num_tokens, page_size) if s.draft_kv_cell_bytes else 0,
                    draft_kv_pool_bytes(num_tokens, page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes),
-                   s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers)
+                   s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers, s.verify_budget_tokens)

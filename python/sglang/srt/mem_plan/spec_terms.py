@@ -37,7 +37,7 @@ from sglang.srt.mem_plan.kv_quant import is_quantized
 from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config
 from sglang.srt.mem_plan.plan import MemoryTerm
 from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
-from sglang.srt.mem_plan.spec_sizes import SpecInputs, draft_kv_pool_bytes
+from sglang.srt.mem_plan.spec_sizes import SpecInputs, draft_kv_pool_bytes, verify_budget_tokens
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes
 
@@ -125,7 +125,8 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         return None
     target, tp, ep = shape.text, sa.tp_size, getattr(sa, "ep_size", 1)
     common = dict(algorithm=spec.algorithm, num_draft_tokens=spec.num_draft_tokens,
-                  verify_row_bytes=sampler_bytes_per_slot(target.vocab_size))
+                  verify_row_bytes=sampler_bytes_per_slot(target.vocab_size),
+                  verify_budget_tokens=verify_budget_tokens(device_kind))
     if spec.algorithm == "NGRAM":
         return SpecInputs(**common, draft="none (NGRAM proposes from the text)",
                           graphs_detail="NGRAM: no draft model; verify forwards run eagerly (EXTEND)")
