@@ -160,5 +160,111 @@ class TestStandaloneDraft(unittest.TestCase):
         return len(toks)
 
 
+NGRAM_PROMPTS = [
+    "Copy the line twice.\nLine: the red fox jumps over the lazy dog.\nCopy 1: the red fox",
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
+    'Echo the JSON.\n{"name": "Ada", "age": 36, "city": "London"}\nEcho: {"name": "Ada",',
+    "one two three four five six seven. one two three four five six seven. one two three",
+    "A B C D A B C D A B C D A B",
+    "Quote: 'To be, or not to be, that is the question.' Again: 'To be, or not to",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor",
+    "Monday Tuesday Wednesday Thursday Friday. Monday Tuesday Wednesday",
+]
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+
+
+def standalone_served() -> bool:
+    from sglang.srt.speculative.spec_args import SERVED_ALGORITHMS
+
+    return "STANDALONE" in SERVED_ALGORITHMS
+
+
+@unittest.skipUnless(standalone_served(), "STANDALONE is not in spec_args.SERVED_ALGORITHMS (the scheduler step does "
+                     "not build its proposer yet)")
+class TestStandaloneEngine(unittest.TestCase):
+    """Through sglang.Engine: greedy tokens with STANDALONE == the same engine's without it (8 prompts, a 16-token
+    chunked prefill, a prefix hit, a pool small enough to retract), for a random draft (near-zero acceptance) and for
+    the target as its own draft (every proposal accepted: the draft's KV catch-up is right); and the plan a start
+    allocates == `sglang plan`'s within 3% of the KV tokens, the draft's pool == the plan's draft_kv_cache term."""
+
+    @classmethod
+    def setUpClass(cls):
+        from transformers import AutoTokenizer
+
+        from sglang.test.engine_fixtures import default_model_dir
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        tok = AutoTokenizer.from_pretrained(default_model_dir())
+        vocab = (len(tok) + 63) // 64 * 64
+        cls.target = make_llama(os.path.join(cls.tmp.name, "target"), vocab, 2, 0, tok)
+        cls.draft = make_llama(os.path.join(cls.tmp.name, "draft"), vocab, 1, 1, tok)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def start(self, draft, **kw):
+        return Engine(model_path=self.target, dtype="float32", speculative_algorithm="STANDALONE",
+                      speculative_draft_model_path=draft, log_level="warning", **kw)
+
+    def same_as_without(self, engine):
+        from sglang.test.engine_fixtures import assert_idle_and_intact
+
+        s = engine.scheduler
+        retractions = s.num_retractions
+        spec = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+        assert_idle_and_intact(engine)
+        hit = engine.generate(NGRAM_PROMPTS[:2], [dict(GREEDY) for _ in NGRAM_PROMPTS[:2]])  # cached prefixes
+        assert_idle_and_intact(engine)
+        retractions = s.num_retractions - retractions
+        saved, s.runner.spec = s.runner.spec, None
+        try:
+            ref = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+        finally:
+            s.runner.spec = saved
+        self.assertEqual([o["output_ids"] for o in spec], [o["output_ids"] for o in ref])
+        self.assertEqual([o["output_ids"] for o in hit], [o["output_ids"] for o in ref[:2]])
+        self.assertTrue(all(o["meta_info"]["spec_verify_ct"] > 0 for o in spec))
+        return saved.counters, retractions
+
+    def test_random_draft_changes_no_token(self):
+        engine = self.start(self.draft, chunked_prefill_size=16, max_total_tokens=320)
+        try:
+            counters, retractions = self.same_as_without(engine)
+        finally:
+            shutdown(engine)
+        self.assertGreater(retractions, 0)
+        self.assertGreater(counters.proposed_tokens, 0)
+
+    def test_target_as_its_own_draft_is_accepted(self):
+        engine = self.start(self.target, chunked_prefill_size=16, max_total_tokens=2048)
+        try:
+            counters, _ = self.same_as_without(engine)
+        finally:
+            shutdown(engine)
+        self.assertGreater(counters.proposed_tokens, 100)
+        self.assertGreaterEqual(counters.accepted_tokens, 0.95 * counters.proposed_tokens)
+
+    def test_plan_equals_a_real_start(self):
+        from sglang.cli.plan import run
+
+        flags = ["--model-path", self.target, "--dtype", "float32", "--speculative-algorithm", "STANDALONE",
+                 "--speculative-draft-model-path", self.draft, "--max-total-memory-gb", "1"]
+        status, result, _ = run(["--device", "cpu"] + flags + ["--json"])
+        self.assertEqual(status, 0)
+        dry = result["plan"]
+        engine = self.start(self.draft, max_total_memory_gb=1)
+        try:
+            runner = engine.scheduler.model_runner
+            plan, got = runner.memory_plan, runner.draft_runner
+            self.assertEqual(got.kv_bytes(), plan.bytes_of("draft_kv_cache"))
+            self.assertEqual(got.kv_bytes(), 256 * (plan.max_total_num_tokens + runner.server_args.page_size))
+            self.assertLessEqual(got.weight_bytes, plan.bytes_of("draft_weights"))
+            ratio = plan.max_total_num_tokens / dry["max_total_num_tokens"]
+            self.assertLess(abs(ratio - 1), 0.03, (plan.max_total_num_tokens, dry["max_total_num_tokens"]))
+        finally:
+            shutdown(engine)
+
+
 if __name__ == "__main__":
     unittest.main()

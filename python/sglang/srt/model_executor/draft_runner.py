@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 # the plan's term for the draft model's KV pool (mem_plan: helper P's spec_terms)
 DRAFT_KV_TERM = "draft_kv_cache"
+DRAFT_WEIGHTS_TERM = "draft_weights"
 
 
 def check_same_vocabulary(target_config, draft_config, draft_path: str) -> None:
@@ -103,6 +104,11 @@ class DraftRunner:
         planned = planned_term_bytes(plan, DRAFT_KV_TERM)
         if planned is not None:
             assert self.kv_bytes() == planned, (DRAFT_KV_TERM, self.kv_bytes(), planned)
+        # the weights are loaded after the plan (declared from config.json, not measured): say when they outgrow it
+        planned = planned_term_bytes(plan, DRAFT_WEIGHTS_TERM)
+        if planned is not None and self.weight_bytes > planned:
+            logger.warning("The draft model's tensors hold %d B, the plan's %s term %d B; the safety margin absorbs "
+                           "the difference.", self.weight_bytes, DRAFT_WEIGHTS_TERM, planned)
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
