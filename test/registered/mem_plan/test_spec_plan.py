@@ -8,7 +8,8 @@ values (or transformers' meta-device model), through `sglang plan` as users run 
   - SmolLM2-135M + a smaller Llama draft (transformers' LlamaConfig) on CPU: draft weights == HF meta-device
     parameters x dtype + this runtime's rope table; the draft pool over the target's token slots.
   - EAGLE-1 head and DeepSeek-V3's MTP layer (NEXTN, against transformers' DeepSeek-V3 layer on the meta device).
-  - NGRAM: verify rows only. Refusals name the flag and what the planner lacks.
+  - NGRAM: verify rows only (a CPU: within the runtime's verify budget), and a real NGRAM start's plan == the dry run.
+    Refusals name the flag and what the planner lacks.
 """
 
 import contextlib
@@ -22,7 +23,7 @@ from sglang.cli.plan import main
 from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot, sampler_fixed_bytes
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="cpu")
+register_cpu_ci(est_time=70, suite="cpu")
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LLAMA = os.path.join(FIXTURES, "llama-3.1-8b")
@@ -257,6 +258,27 @@ class TestOtherAlgorithms(unittest.TestCase):
         self.assertEqual(status, 2)
         self.assertIn("NEXTN", err)
         self.assertIn("'llama'", err)
+
+
+class TestNgramPlanIsTheStart(unittest.TestCase):
+    """A real start with NGRAM (the default model, a 2 GiB cap) builds its plan with the dry run's function: every
+    declared / formula term and the speculative part byte for byte, the KV pool within 3% (the measured weights move
+    it)."""
+
+    def test_ngram_start(self):
+        import test_plan_matches_server as server  # its fresh-process start and dry run (module, not its tests)
+
+        served = server.served_plan(max_total_memory_gb=2, speculative_algorithm="NGRAM")
+        planned = server.dry_run("--max-total-memory-gb", "2", "--speculative-algorithm", "NGRAM")
+        self.assertEqual(served["speculative"], planned["speculative"])
+        self.assertEqual(served["speculative"]["verify_tokens"], served["max_running_requests"])  # CPU: 256 >= 16
+        got, want = server.terms(served), server.terms(planned)
+        self.assertEqual(list(got), list(want))
+        for name, term in got.items():
+            if term["source"] != "measured" and name != "kv_cache":
+                self.assertEqual((term["num_bytes"], term["detail"]), (want[name]["num_bytes"], want[name]["detail"]))
+        t_served, t_planned = served["max_total_num_tokens"], planned["max_total_num_tokens"]
+        self.assertLessEqual(abs(t_served - t_planned), 0.03 * t_served, (t_served, t_planned))
 
 
 if __name__ == "__main__":
