@@ -1,7 +1,7 @@
 """STANDALONE speculative decoding (issue 44): the draft model runner and its proposer, on CPU with random models.
 
 - DraftRunner over a started engine's pools: the draft's KV pool has the target's slot range and shares its request
-  table; a draft whose vocabulary differs from the target's is refused, naming both sizes.
+  table; a draft whose vocabulary differs from the target's, or whose context is shorter, is refused naming both.
 - DraftProposer, driven through the scheduler's sequence of calls by hand (prefill in two chunks, then propose /
   verify rounds with every outcome: a rejection after one accepted proposal, all proposals accepted (the catch-up
   holds two tokens), steps decoded without proposals (a longer catch-up), per-request proposal caps of 0..3), on
@@ -27,11 +27,11 @@ register_cpu_ci(est_time=40, suite="cpu")
 PROMPTS = ["The three primary colors are", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
 
-def make_llama(path: str, vocab: int, layers: int, seed: int, tok) -> str:
+def make_llama(path: str, vocab: int, layers: int, seed: int, tok, context: int = 512) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=context,
                       tie_word_embeddings=False, eos_token_id=None, bos_token_id=tok.bos_token_id,
                       initializer_range=0.3)
     torch.manual_seed(seed)
@@ -72,6 +72,7 @@ class TestStandaloneDraft(unittest.TestCase):
         cls.target = make_llama(os.path.join(cls.tmp.name, "target"), vocab, 2, 0, tok)
         cls.draft = make_llama(os.path.join(cls.tmp.name, "draft"), vocab, 1, 1, tok)
         cls.bad_draft = make_llama(os.path.join(cls.tmp.name, "bad"), vocab + 64, 1, 2, tok)
+        cls.short_draft = make_llama(os.path.join(cls.tmp.name, "short"), vocab, 1, 2, tok, context=256)
         cls.engine = Engine(model_path=cls.target, max_total_tokens=2048, dtype="float32", log_level="warning")
 
     @classmethod
@@ -99,6 +100,11 @@ class TestStandaloneDraft(unittest.TestCase):
         msg = str(cm.exception)
         self.assertIn(f"{n + 64} tokens", msg)
         self.assertIn(f"the target's {n}", msg)
+
+    def test_refuses_a_draft_with_a_shorter_context(self):
+        with self.assertRaises(ValueError) as cm:
+            self.draft_runner(self.short_draft)
+        self.assertIn("context length is 256 tokens, the target's 512; pass --context-length 256", str(cm.exception))
 
     def test_proposals_are_the_drafts_greedy_choices(self):
         from sglang.srt.speculative.draft_proposer import DraftProposer

@@ -59,6 +59,10 @@ class DraftRunner:
         self.model_config = ModelConfig.from_pretrained(draft_path, dtype=target.model_config.dtype_name,
                                                         kv_cache_dtype="auto", device=self.device)
         check_same_vocabulary(target.model_config, self.model_config, draft_path)
+        if self.model_config.context_len < target.context_len:  # its rotary table ends at its own context length
+            raise ValueError(f"--speculative-draft-model-path {draft_path}: the draft model's context length is "
+                             f"{self.model_config.context_len} tokens, the target's {target.context_len}; pass "
+                             f"--context-length {self.model_config.context_len} (or a draft with a longer context).")
         cell = self.model_config.shape.kv_cell("auto", 1, self.model_config.dtype_name)
         if cell.is_mla:
             raise ValueError(f"--speculative-draft-model-path {draft_path}: an MLA draft model is not supported; "
