@@ -15,6 +15,7 @@ values (or transformers' meta-device model), through `sglang plan` as users run 
 import contextlib
 import io
 import json
+import math
 import os
 import tempfile
 import unittest
@@ -120,6 +121,14 @@ class TestEagle3OnH100(unittest.TestCase):
         t0 = base["max_total_num_tokens"]
         self.assertEqual(plan["max_total_num_tokens"],
                          (t0 * cell + base["headroom_bytes"] - extra - draft) // (cell + draft))
+
+    def test_explicit_fraction_holds_the_draft_in_the_static_region(self):
+        status, d = plan_json(*self.flags, "--mem-fraction-static", "0.6")
+        self.assertEqual(status, 0, d)
+        plan, got = d["plan"], terms(d)
+        cell, draft = plan["kv_cell_bytes"], plan["speculative"]["draft_kv_cell_bytes"]
+        static = math.floor(plan["budget_bytes"] * 0.6) - got["weights"] - got["draft_weights"] - (cell + draft)
+        self.assertEqual(plan["max_total_num_tokens"], static // (cell + draft))  # + the dummy page of both pools
 
     def test_text_shows_each_term(self):
         status, text = plan_text(*self.flags)
