@@ -300,7 +300,7 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
             f"Startup would fail: --mem-fraction-static={y} gives a static region of {gib(static):.2f} GiB "
             f"(= {y} x budget {gib(r.budget):.2f} GiB); weights take {gib(x.static_weight_bytes):.2f} GiB, leaving "
             f"{gib(static - x.static_weight_bytes):.2f} GiB for the KV cache, but the pool needs at least "
-            f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
+            f"{r.min_kv_tokens:,} tokens ({gib(r.min_kv_tokens * x.token_cell_bytes):.2f} GiB)"
             + (f" and its windowed / linear-state pools {gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB"
                if x.layer_pools.per_slot_layers else "") + ". "
             f"Raise --mem-fraction-static to {suggested:.3f} (any value in [{working[0]:.3f}, {working[-1]:.3f}] "
@@ -331,7 +331,7 @@ def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
     shortfall = max(need - r.budget, 0)
     raise MemoryPlanError(
         f"{prefix}Does not fit: weights {gib(x.static_weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
-        f"tokens ({gib(r.min_kv_tokens * x.kv_cell_bytes):.2f} GiB)"
+        f"tokens ({gib(r.min_kv_tokens * x.token_cell_bytes):.2f} GiB)"
         + (f" + its windowed / linear-state pools ({gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB)"
            if x.layer_pools.per_slot_layers else "") + " + runtime terms "
         f"({_runtime_breakdown(r, r.min_kv_tokens)}) need {gib(need):.2f} GiB, but the budget is "
