@@ -9,9 +9,9 @@ Against HF transformers' fp32 greedy tokens on the same checkpoint:
   decode retracts (the server's sglang:num_retracted_requests_total moves) and every token is still HF's greedy
   choice (teacher-forced: HF's logits over prompt + output in one forward);
 - /server_info reports the windowed pool (its window, its own pool, what it holds), and a bad field is a 400;
-- a 4,096-token generation holds its window, not its history: /server_info's windowed tokens in use, sampled by a
-  thread throughout it, stay within slots x (window + chunk + page) (the full pool holds all 4,104 tokens), and its
-  tokens are HF's greedy choices (teacher-forced).
+- a 1,024-token generation (64 windows of 16) holds its window, not its history: /server_info's windowed tokens in
+  use, sampled by a thread throughout it, stay within slots x (window + chunk + page) (the full pool holds all 1,032
+  tokens), and its tokens are HF's greedy choices (teacher-forced).
 The Engine runs of the same scenarios (tp=1) are test_swa_engine.py's (Gemma 3, Mistral) and test_gpt_oss_engine.py's
 (gpt-oss at tp=1 and 2, Mistral); gpt-oss over HTTP is test_gpt_oss_server.py's, Mistral's test_mistral_server.py's.
 Gemma 3 at tp=2 through the Engine: test_gemma3_tp2_equals_hf."""
@@ -34,8 +34,8 @@ from test_gemma3 import WINDOW, make_gemma3  # noqa: E402 (the same directory)
 
 register_cpu_ci(est_time=170, suite="cpu")
 
-CHUNK, POOL = 24, 4224  # the full pool holds one 4,096-token generation (test_5)
-LONG_NEW = 4096
+CHUNK, POOL = 24, 4224  # the full pool: sized by test_3's retraction (test_5's generation fits in it)
+LONG_NEW = 1024  # 64 windows of 16: a pool that kept the history would hold ~25x the bound by the end
 RETRACT_NEW = 440  # 10 x (48 + 440) > POOL, while the admission estimate (new_token_ratio ~0.7) admits all ten
 assert CHUNK % WINDOW != 0  # chunk edges fall inside windows
 
@@ -136,8 +136,8 @@ class TestWindowedServing(WindowedServerChecks, unittest.TestCase):
         self.assertLessEqual(kv["windowed_tokens_in_use"], kv["windowed_pool_tokens"])
         self.check_bad_field()
 
-    def test_5_windowed_pages_bounded_through_a_4k_generation(self):
-        """A thread samples /server_info while one request generates 4,096 tokens: the windowed pool never holds more
+    def test_5_windowed_pages_bounded_through_a_1k_generation(self):
+        """A thread samples /server_info while one request generates 1,024 tokens: the windowed pool never holds more
         than one request's window + chunk + page (its pages below the window are freed after every forward), at
         every sample, and the samples cover the whole generation."""
         base = self.server.base_url
@@ -170,7 +170,7 @@ class TestWindowedServing(WindowedServerChecks, unittest.TestCase):
         self.assertLessEqual(held[0][0], 0.2 * elapsed)  # from the start of the generation ...
         self.assertGreaterEqual(held[-1][0], 0.8 * elapsed)  # ... to its end
         self.assertLessEqual(max(t for _, t in samples), bound, samples)
-        print(f"4k generation: {len(samples)} samples over {elapsed:.1f} s, windowed tokens in use max "
+        print(f"1k generation: {len(samples)} samples over {elapsed:.1f} s, windowed tokens in use max "
               f"{max(t for _, t in samples)}, bound {bound}")
         self.assert_hf_teacher_forced(prompt, result["ids"])  # freed pages, handed out again, held the right K/V
 
