@@ -275,3 +275,23 @@ def test_sequential_and_batched_requests_are_split_as_documented():
     assert not verify_mod.needs_sequential(make_req(temperature=1.0))
     assert not verify_mod.needs_sequential(make_req(temperature=0.0, seed=1))  # greedy: the seed draws nothing
     assert verify_mod.needs_sequential(make_req(temperature=1.0, seed=1))
+
+
+def test_a_client_logit_processor_sees_the_request_with_the_tokens_committed_before_its_row(monkeypatch):
+    from sglang.srt.sampling import custom_logit_processor as clp
+
+    seen = []
+
+    def force_next(logits, params):  # allows only (output length + 5) % V: it reads the request's state
+        for row, p in enumerate(params):
+            seen.append(p["__req__"])
+            logits[row] = float("-inf")
+            logits[row, (len(p["__req__"].output_ids) + 5) % V] = 0.0
+        return logits
+
+    monkeypatch.setattr(clp, "processor_of", lambda s: force_next)
+    req = make_req("c", temperature=1.0)
+    req.custom_logit_processor = "force"
+    rows = torch.randn(4, V, generator=torch.Generator().manual_seed(2))
+    counts, got, _ = run_verify([rows], [req], [[5, 6, 8]])
+    assert got == [[5, 6, 7]] and counts == [3] and seen == [req] * 3
