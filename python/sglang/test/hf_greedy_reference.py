@@ -24,6 +24,11 @@ def hf_causal_lm(path: str):
     return _MODELS[path]
 
 
+def release(path: str) -> None:
+    """Drop a checkpoint's cached model (a large one should not stay resident for the rest of a test process)."""
+    _MODELS.pop(path, None)
+
+
 def teacher_forced_choices(path: str, prompts: Sequence[List[int]], outputs: Sequence[List[int]]) -> List[List[int]]:
     model = hf_causal_lm(path)
     got = []
