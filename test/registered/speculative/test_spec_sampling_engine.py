@@ -8,7 +8,6 @@ Qwen3 with the SmolLM2 tokenizer serves JSON-schema requests with proposals: the
 decoding's and parses. The CPU verify budget (spec_policy.CPU_VERIFY_TOKEN_BUDGET, a speed policy) is raised so the
 batches here get proposals."""
 
-import contextlib
 import json
 
 import pytest
@@ -19,6 +18,7 @@ from sglang.srt.managers import spec_decode
 from sglang.srt.sampling.sampler import SampleOutput, sample
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown, spread_random_weights
+from sglang.test.spec_fixtures import spec_off
 
 register_cpu_ci(est_time=120, suite="cpu")
 
@@ -67,16 +67,6 @@ def small(tmp_path_factory):
     e = start(make_small_vocab_qwen3(str(tmp_path_factory.mktemp("small"))), skip_tokenizer_init=True)
     yield e
     shutdown(e)
-
-
-@contextlib.contextmanager
-def spec_off(engine):
-    s = engine.scheduler
-    saved, s.runner.spec = s.runner.spec, None
-    try:
-        yield
-    finally:
-        s.runner.spec = saved
 
 
 def generate_ids(engine, params, n):
