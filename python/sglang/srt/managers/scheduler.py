@@ -13,6 +13,7 @@ The parts, and what each owns (dependencies are constructor arguments; none sees
     PrefillPlanner   prefill_scheduler.py   admission budgets, the new-token ratio, encoder admission
     DecodeMemory     decode_memory.py       the OOM running cap, retraction
     BatchRunner      batch_runner.py        forward, sampling and commit of one batch; the forward count
+    SpecDecoder      spec_decode.py         --speculative-algorithm: proposals, the verify step, acceptance counters
     OverlapSchedule  overlap_worker.py      text halves decoded while the next forward runs (None when off)
 A fault in a step fails only the requests it concerns and the scheduler keeps serving (fault_confinement.py); faults
 can be injected for tests (fault_injection.py).
