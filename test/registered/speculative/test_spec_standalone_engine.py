@@ -4,8 +4,9 @@
   table; a draft whose vocabulary differs from the target's, or whose context is shorter, is refused naming both.
 - DraftProposer, driven through the scheduler's sequence of calls by hand (prefill in two chunks, then propose /
   verify rounds with every outcome: a rejection after one accepted proposal, all proposals accepted (the catch-up
-  holds two tokens), steps decoded without proposals (a longer catch-up), per-request proposal caps of 0..3), on
-  scattered slots: every proposal chain equals HF's fp32 greedy choices of the draft model after the request's text.
+  holds two tokens), steps decoded without proposals (a longer catch-up), a draft forward that fails (no proposals
+  that step, then proposals resume), per-request proposal caps of 0..3, draft extends split into 4-token forwards),
+  on scattered slots: every proposal chain equals HF's fp32 greedy choices of the draft model after the text.
 """
 
 import os
@@ -56,6 +57,25 @@ class FakeReq:
 
     def finished(self) -> bool:
         return False
+
+
+class FailingRunner:
+    """A DraftRunner whose fail_at-th forward (extend or decode) raises before it runs."""
+
+    def __init__(self, runner, fail_at: int):
+        self.runner, self.fail_at, self.calls = runner, fail_at, 0
+
+    def _call(self, name, *args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("injected draft fault")
+        return getattr(self.runner, name)(*args)
+
+    def extend_argmax(self, *args):
+        return self._call("extend_argmax", *args)
+
+    def decode_argmax(self, *args):
+        return self._call("decode_argmax", *args)
 
 
 class TestStandaloneDraft(unittest.TestCase):
@@ -111,7 +131,7 @@ class TestStandaloneDraft(unittest.TestCase):
 
         target = self.engine.scheduler.model_runner
         r2t = target.req_to_token_pool
-        proposer = DraftProposer(self.draft_runner(self.draft), num_steps=3, max_extend_tokens=16)
+        proposer = DraftProposer(self.draft_runner(self.draft), num_steps=3, max_extend_tokens=4)
         rng = random.Random(0)
         # scattered slots: a position's slot is whatever the table says, never its index
         free = list(range(target.server_args.page_size, target.max_total_num_tokens))
@@ -136,12 +156,19 @@ class TestStandaloneDraft(unittest.TestCase):
             r.output_ids.append(rng.randrange(1000))
         rounds = [([3, 3, 3], "reject_after_1"), ([3, 2, 1], "accept_all"), ([0, 0, 0], "decode"),
                   ([0, 0, 0], "decode"), ([3, 3, 3], "reject_first"), ([2, 0, 3], "accept_all"),
-                  ([3, 3, 3], "reject_after_1"), ([3, 3, 3], "accept_all")]
+                  ([3, 3, 3], "draft_fault"), ([3, 3, 3], "reject_after_1"), ([3, 3, 3], "accept_all")]
         checked = 0
         for caps, outcome in rounds:
             # a step without proposals (the adaptive policy, no free pages) does not call the proposer
-            props = proposer.propose(reqs, caps) if any(caps) else [[] for _ in reqs]
-            self.assertEqual([len(p) for p in props], caps)
+            if outcome == "draft_fault":  # the draft's second forward fails: no proposals this step
+                real = proposer.runner
+                proposer.runner = FailingRunner(real, fail_at=2)
+                props = proposer.propose(reqs, caps)
+                proposer.runner = real
+                self.assertEqual(props, [[], [], []])
+            else:
+                props = proposer.propose(reqs, caps) if any(caps) else [[] for _ in reqs]
+                self.assertEqual([len(p) for p in props], caps)
             want = teacher_forced_choices(self.draft, [r.fill_ids for r in reqs], props)
             for r, p, w in zip(reqs, props, want):
                 self.assertEqual(p, w[:len(p)], (r.rid, outcome))

@@ -15,11 +15,11 @@ the plan's draft KV term when the plan has one.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, move_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,37 @@ class DraftRunner:
             logger.warning("The draft model's tensors hold %d B, the plan's %s term %d B; the safety margin absorbs "
                            "the difference.", self.weight_bytes, DRAFT_WEIGHTS_TERM, planned)
 
+    def extend_argmax(self, pieces: Sequence[Tuple[int, List[int], int]]) -> List[int]:
+        """One EXTEND forward of the draft over pieces (request table row, token ids, first position): each piece's
+        tokens go into the slots its row records for those positions; returns the argmax after each piece."""
+        rows = [row for row, _, _ in pieces]
+        prefix = [start for _, _, start in pieces]
+        lens = [len(ids) for _, ids, _ in pieces]
+        seq_lens = [a + n for a, n in zip(prefix, lens)]
+        ids = [t for _, piece, _ in pieces for t in piece]
+        positions = [p for a, n in zip(prefix, lens) for p in range(a, a + n)]
+        pool = self.req_to_token_pool
+        fb = ForwardBatch(
+            ForwardMode.EXTEND, len(pieces), input_ids=_int64(ids), positions=_int64(positions),
+            req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens),
+            out_cache_loc=torch.cat([pool.slots(row, a, b) for row, a, b in zip(rows, prefix, seq_lens)]),
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens,
+            extend_prefix_lens=_int64(prefix), extend_seq_lens=_int64(lens), logits_indices=_int64(lens).cumsum(0) - 1,
+        )
+        return self.forward(fb).argmax(-1).tolist()
+
+    def decode_argmax(self, rows: List[int], tokens: List[int], positions: List[int]) -> List[int]:
+        """One DECODE forward: token i at positions[i] of row rows[i] (its KV into that position's slot)."""
+        r2t = self.req_to_token_pool.req_to_token_host
+        index = _int64(rows)
+        seq_lens = [p + 1 for p in positions]
+        fb = ForwardBatch(
+            ForwardMode.DECODE, len(rows), input_ids=_int64(tokens), positions=_int64(positions),
+            req_pool_indices=index, seq_lens=_int64(seq_lens), out_cache_loc=r2t[index, _int64(positions)],
+            seq_lens_cpu=seq_lens, req_pool_indices_cpu=list(rows),
+        )
+        return self.forward(fb).argmax(-1).tolist()
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) of the rows fb.logits_indices selects (decode: every row), from the draft model."""
@@ -124,6 +155,10 @@ class DraftRunner:
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
         return self.model.forward(fb.input_ids, fb.positions, fb)
+
+
+def _int64(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
 
 
 def _tensor_bytes(model) -> int:

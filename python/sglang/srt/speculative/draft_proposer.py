@@ -33,17 +33,13 @@ Proposals are the draft's argmax (a point-mass draft: speculative/verify.py acce
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Sequence, Tuple
 
-import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+logger = logging.getLogger(__name__)
 
 Piece = Tuple[int, int, int]  # (index into the batch's requests, first position, end position)
-
-
-def _int64(values: List[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
 
 
 def _alive(req: Any) -> bool:
@@ -68,13 +64,31 @@ class DraftProposer:
     def on_extend(self, units: Sequence[Tuple[Any, int]]) -> None:
         live = [(r, n) for r, n in units if n > 0 and _alive(r)]
         pieces = [(i, r.kv_len - n, r.kv_len) for i, (r, n) in enumerate(live)]
-        self._extend([r for r, _ in live], pieces)
+        try:
+            self._extend([r for r, _ in live], pieces)
+        except Exception as e:  # noqa: BLE001 - see _forget
+            self._forget([r for r, _ in live], "extend", e)
 
     def propose(self, reqs: Sequence[Any], max_k: Sequence[int]) -> List[List[int]]:
         out: List[List[int]] = [[] for _ in reqs]
         idx = [i for i, r in enumerate(reqs) if max_k[i] > 0 and _alive(r)]
         if not idx:
             return out
+        try:
+            return self._propose(reqs, max_k, idx, out)
+        except Exception as e:  # noqa: BLE001 - see _forget
+            self._forget([reqs[i] for i in idx], "propose", e)
+            return [[] for _ in reqs]
+
+    @staticmethod
+    def _forget(reqs: List[Any], what: str, e: Exception) -> None:
+        """A failed draft forward costs proposals, never a request: the target decodes them without proposals this
+        step. `seen` advances only after a draft forward returned, so the next propose() recomputes exactly the
+        positions whose draft KV the failure may have left half written."""
+        logger.warning("Draft model %s failed for %d request(s) (%s: %s); they decode without proposals this step",
+                       what, len(reqs), type(e).__name__, e)
+
+    def _propose(self, reqs, max_k, idx: List[int], out: List[List[int]]) -> List[List[int]]:
         live = [reqs[i] for i in idx]
         ks = [min(max_k[i], self.num_steps) for i in idx]
         pieces = [(j, min(self.seen.get(r.rid, 0), r.kv_len), r.kv_len + 1) for j, r in enumerate(live)]
@@ -120,37 +134,9 @@ class DraftProposer:
         return last
 
     def _extend_forward(self, reqs: List[Any], batch: List[Piece]) -> List[int]:
-        pool = self.runner.req_to_token_pool
-        rows, ids, positions, locs, prefix, lens = [], [], [], [], [], []
-        for j, a, b in batch:
-            r = reqs[j]
-            rows.append(r.req_pool_idx)
-            ids.extend(r.fill_ids[a:b])
-            positions.extend(range(a, b))
-            locs.append(pool.slots(r.req_pool_idx, a, b))
-            prefix.append(a)
-            lens.append(b - a)
-        seq_lens = [a + n for a, n in zip(prefix, lens)]
-        fb = ForwardBatch(
-            ForwardMode.EXTEND, len(batch), input_ids=_int64(ids), positions=_int64(positions),
-            req_pool_indices=_int64(rows), seq_lens=_int64(seq_lens), out_cache_loc=torch.cat(locs),
-            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens,
-            extend_prefix_lens=_int64(prefix), extend_seq_lens=_int64(lens),
-            logits_indices=_int64(lens).cumsum(0) - 1,
-        )
-        return self._argmax(fb)
+        self.num_forwards += 1
+        return self.runner.extend_argmax([(reqs[j].req_pool_idx, reqs[j].fill_ids[a:b], a) for j, a, b in batch])
 
     def _decode(self, reqs: List[Any], tokens: List[int], positions: List[int]) -> List[int]:
-        r2t = self.runner.req_to_token_pool.req_to_token_host
-        rows = _int64([r.req_pool_idx for r in reqs])
-        seq_lens = [p + 1 for p in positions]
-        fb = ForwardBatch(
-            ForwardMode.DECODE, len(reqs), input_ids=_int64(tokens), positions=_int64(positions),
-            req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, _int64(positions)],
-            seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(),
-        )
-        return self._argmax(fb)
-
-    def _argmax(self, fb: ForwardBatch) -> List[int]:
         self.num_forwards += 1
-        return self.runner.forward(fb).argmax(-1).tolist()
+        return self.runner.decode_argmax([r.req_pool_idx for r in reqs], tokens, positions)
