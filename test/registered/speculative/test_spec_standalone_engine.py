@@ -23,7 +23,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.hf_greedy_reference import teacher_forced_choices
 
-register_cpu_ci(est_time=40, suite="cpu")
+register_cpu_ci(est_time=80, suite="cpu")  # 45 s while STANDALONE is not served (the Engine class skips)
 
 PROMPTS = ["The three primary colors are", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
@@ -217,7 +217,7 @@ def standalone_served() -> bool:
 class TestStandaloneEngine(unittest.TestCase):
     """Through sglang.Engine: greedy tokens with STANDALONE == the same engine's without it (8 prompts, a 16-token
     chunked prefill, a prefix hit, a pool small enough to retract), for a random draft (near-zero acceptance) and for
-    the target as its own draft (every proposal accepted: the draft's KV catch-up is right); and the plan a start
+    the target as its own draft (every proposal accepted: the draft's KV catch-up is right; the overlap schedule too); and the plan a start
     allocates == `sglang plan`'s within 3% of the KV tokens, the draft's pool == the plan's draft_kv_cache term."""
 
     @classmethod
@@ -258,7 +258,23 @@ class TestStandaloneEngine(unittest.TestCase):
         self.assertEqual([o["output_ids"] for o in spec], [o["output_ids"] for o in ref])
         self.assertEqual([o["output_ids"] for o in hit], [o["output_ids"] for o in ref[:2]])
         self.assertTrue(all(o["meta_info"]["spec_verify_ct"] > 0 for o in spec))
+        self.ref = [o["output_ids"] for o in ref]
         return saved.counters, retractions
+
+    def same_with_overlap(self, engine):
+        from sglang.srt.managers.overlap_worker import OverlapSchedule
+        from sglang.test.engine_fixtures import assert_idle_and_intact
+
+        s = engine.scheduler
+        ov = s.overlap = OverlapSchedule(s.sink)
+        try:
+            got = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+        finally:
+            s.overlap = None
+            ov.shutdown()
+        assert_idle_and_intact(engine)
+        self.assertGreater(ov.num_overlapped_steps, 0)
+        self.assertEqual([o["output_ids"] for o in got], self.ref)
 
     def test_random_draft_changes_no_token(self):
         engine = self.start(self.draft, chunked_prefill_size=16, max_total_tokens=320)
@@ -273,6 +289,7 @@ class TestStandaloneEngine(unittest.TestCase):
         engine = self.start(self.target, chunked_prefill_size=16, max_total_tokens=2048)
         try:
             counters, _ = self.same_as_without(engine)
+            self.same_with_overlap(engine)  # several tokens a step, their text decoded while the next step runs
         finally:
             shutdown(engine)
         self.assertGreater(counters.proposed_tokens, 100)
