@@ -8,8 +8,10 @@ TO THE SCHEDULER STEP'S OWNER (managers/spec_decode.py, speculative/proposer.py)
          proposals = self.proposer.propose(reqs, max_k)
          for r, p in zip(reqs, proposals): self.memory.truncate(r, r.kv_len + 1 + len(p))
      (today's order, propose then alloc_if_free, lets the draft write into whatever stale slot indices the request's
-     row holds past alloc_len: other requests' draft KV, never the target's -- outputs stay exact, acceptance falls).
+     row holds past alloc_len: other requests' draft KV, never the target's -- outputs stay exact, acceptance falls:
+     the target as its own draft accepted 60 of 158 proposals in that order, every one in this one).
   3. _forget_left prunes `indexes` (rid -> state) as for NGRAM; this proposer's `indexes` is its rid -> seen map.
+  4. Then spec_args.SERVED_ALGORITHMS gets "STANDALONE", and test_spec_standalone_engine's Engine tests run.
 
 Contract with the scheduler's step (managers/spec_decode.py) -- read before changing either side:
   * on_extend(units) is called after a target EXTEND forward whose units were committed (req.kv_len already
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Dict, List, Sequence, Tuple
-
 
 logger = logging.getLogger(__name__)
 
