@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+from sglang.test.hf_greedy_reference import teacher_forced_choices as hf_greedy_choices
+from sglang.test.retraction_checks import greedy, retraction_prompts, run_retraction
 
 register_cpu_ci(est_time=45, suite="cpu")
 
@@ -35,7 +37,7 @@ PROMPTS = [[(29 * j + 7 * i + 1) % VOCAB for j in range(20 + 5 * i)] for i in ra
 PREFIX = [(17 * j + 2) % VOCAB for j in range(41)]
 SUFFIXES = [[400, 401], [7, 8, 9], [250]]
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract
-RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
+RETRACT = retraction_prompts(VOCAB)
 YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "mscale": 1.0,
         "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10000.0}
 
@@ -92,10 +94,6 @@ def save(kind: str, root: str) -> str:
     return path
 
 
-def greedy(n):
-    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-
-
 def scenarios(engine) -> dict:
     runner = engine.scheduler.model_runner
     pool = runner.token_to_kv_pool
@@ -107,36 +105,8 @@ def scenarios(engine) -> dict:
     outs = engine.generate(input_ids=[PREFIX + s for s in SUFFIXES], sampling_params=greedy(10))
     out["prefix"] = [o["output_ids"] for o in outs]
     out["prefix_hits"] = [o["meta_info"]["cached_tokens"] for o in outs]
-    assert_idle_and_intact(engine)
-    before = engine.scheduler.num_retractions
-    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
-    out["num_retractions"] = engine.scheduler.num_retractions - before
-    assert_idle_and_intact(engine)
+    out["retraction"], out["num_retractions"] = run_retraction(engine, RETRACT)
     return out
-
-
-_HF_MODELS: dict = {}
-
-
-def hf_model(path: str):
-    if path not in _HF_MODELS:
-        from transformers import AutoModelForCausalLM
-
-        _HF_MODELS[path] = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    return _HF_MODELS[path]
-
-
-def hf_greedy_choices(path: str, prompts, outputs):
-    """HF's greedy choice after each prefix of prompt + output (teacher-forced: one forward per request, not one
-    generate step per token). Equal to `outputs` exactly when our greedy tokens are HF's greedy tokens: at the first
-    token where they part, HF's choice differs from ours."""
-    model = hf_model(path)
-    got = []
-    with torch.no_grad():
-        for prompt, out in zip(prompts, outputs):
-            logits = model(torch.tensor([prompt + out])).logits[0]
-            got.append(logits[len(prompt) - 1: -1].argmax(-1).tolist())
-    return got
 
 
 @pytest.fixture(scope="module")

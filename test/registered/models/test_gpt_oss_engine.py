@@ -14,7 +14,9 @@ import torch
 
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.engine_fixtures import assert_idle_and_intact, hf_greedy, shutdown
+from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+from sglang.test.hf_greedy_reference import teacher_forced_choices
+from sglang.test.retraction_checks import greedy, retraction_prompts, run_retraction
 
 from test_gpt_oss import VOCAB, WINDOW, make_gpt_oss, write_mxfp4_checkpoint  # noqa: E402 (the same directory)
 from test_mistral import make_mistral  # noqa: E402
@@ -28,11 +30,7 @@ LONG = [[(29 * j + 7 * i + 1) % VOCAB for j in range(3 * WINDOW + 5 * i)] for i 
 PREFIX = [(17 * j + 2) % VOCAB for j in range(2 * WINDOW + 9)]
 SUFFIXES = [[400, 401], [7, 8, 9], [250]]
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token full pool: decode must retract
-RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
-
-
-def greedy(n):
-    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+RETRACT = retraction_prompts(VOCAB)
 
 
 def save(kind: str, root: str) -> str:
@@ -55,19 +53,16 @@ def scenarios(engine) -> dict:
     outs = engine.generate(input_ids=[PREFIX + s for s in SUFFIXES], sampling_params=greedy(10))
     out["prefix"] = [o["output_ids"] for o in outs]
     out["prefix_hits"] = [o["meta_info"]["cached_tokens"] for o in outs]
-    assert_idle_and_intact(engine)
-    before = engine.scheduler.num_retractions
-    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
-    out["num_retractions"] = engine.scheduler.num_retractions - before
-    assert_idle_and_intact(engine)
+    out["retraction"], out["num_retractions"] = run_retraction(engine, RETRACT)
     return out
 
 
-def reference(path: str) -> dict:
-    """HF's greedy tokens (transformers reads an mxfp4 directory dequantized on a CPU: the same values as ours,
-    test_gpt_oss checks them bit for bit)."""
-    return {"long": hf_greedy(path, LONG, 16), "prefix": hf_greedy(path, [PREFIX + s for s in SUFFIXES], 10),
-            "retraction": hf_greedy(path, RETRACT, 32)}
+def reference(path: str, got: dict) -> dict:
+    """HF's greedy choice after every prefix of prompt + our tokens, one forward per request (teacher-forced: equal to
+    ours exactly when ours are HF's greedy continuation). transformers reads an mxfp4 directory dequantized on a CPU:
+    the same values as ours, test_gpt_oss checks them bit for bit."""
+    prompts = {"long": LONG, "prefix": [PREFIX + s for s in SUFFIXES], "retraction": RETRACT}
+    return {k: teacher_forced_choices(path, p, got[k]) for k, p in prompts.items()}
 
 
 # tp=2: rank 0's allocator sets the windowed slot map and sends each forward's entries to the follower (73928ce);
@@ -79,9 +74,10 @@ def served(request, tmp_path_factory):
     path = save(kind, str(tmp_path_factory.mktemp(kind)))
     engine = Engine(model_path=path, tp_size=tp, **FLAGS)
     try:
-        return scenarios(engine), reference(path), kind
+        got = scenarios(engine)
     finally:
         shutdown(engine)
+    return got, reference(path, got), kind
 
 
 def test_prompts_3x_the_window_in_chunks(served):

@@ -20,8 +20,9 @@ import torch
 
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
+from sglang.test.engine_fixtures import shutdown
 from sglang.test.hf_greedy_reference import teacher_forced_choices
+from sglang.test.retraction_checks import greedy, retraction_prompts, run_retraction
 
 register_cpu_ci(est_time=75, suite="cpu")
 
@@ -34,7 +35,7 @@ PROMPTS = [[(29 * j + 7 * i + 1) % VOCAB for j in range(20 + 5 * i)] for i in ra
 # alone, each is prefilled as 7 + 7 + 1 / 7 + 7 + 2 tokens: its last piece, inside the conv window, reads the state
 CUT = [[(11 * j + 5 * i + 2) % VOCAB for j in range(2 * CHUNK + 1 + i)] for i in range(2)]
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract
-RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
+RETRACT = retraction_prompts(VOCAB)
 
 
 def make_nemotron_h(**overrides):
@@ -78,10 +79,6 @@ def state_bytes_per_slot(path: str) -> int:
     return mambas * (conv + ssm)
 
 
-def greedy(n):
-    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-
-
 def scenarios(engine) -> dict:
     runner = engine.scheduler.model_runner
     out = {"kv_layers": runner.token_to_kv_pool.layer_num,
@@ -89,11 +86,7 @@ def scenarios(engine) -> dict:
            "info": engine.get_server_info()}
     out["prompts"] = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=greedy(12))]
     out["cut"] = [engine.generate(input_ids=[p], sampling_params=greedy(8))[0]["output_ids"] for p in CUT]
-    assert_idle_and_intact(engine)
-    before = engine.scheduler.num_retractions
-    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
-    out["num_retractions"] = engine.scheduler.num_retractions - before
-    assert_idle_and_intact(engine)
+    out["retraction"], out["num_retractions"] = run_retraction(engine, RETRACT)
     return out
 
 

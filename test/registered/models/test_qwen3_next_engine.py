@@ -25,6 +25,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
 from sglang.test.hf_greedy_reference import teacher_forced_choices as hf_greedy_choices
+from sglang.test.retraction_checks import greedy, retraction_prompts, run_retraction
 
 register_cpu_ci(est_time=90, suite="cpu")
 
@@ -35,7 +36,7 @@ FLAGS = dict(dtype="float32", skip_tokenizer_init=True, max_total_tokens=256, lo
 PROMPTS = [[(29 * j + 7 * i + 1) % VOCAB for j in range(20 + 5 * i)] for i in range(8)]
 CUT_TAILS = (1, 2, 3, 5)  # tokens of a lone prompt past its last chunk edge
 # 8 x (11-14 prompt + 32 new) tokens exceed the 256-token pool: decode must retract
-RETRACT = [[(13 * i + 7 * j + 3) % VOCAB for j in range(11 + i % 4)] for i in range(8)]
+RETRACT = retraction_prompts(VOCAB)
 
 
 def make_qwen3_next(**overrides):
@@ -95,10 +96,6 @@ def state_bytes_per_slot(path: str) -> int:
     return cfg["layer_types"].count("linear_attention") * (conv + nv * dk * dv * 4)
 
 
-def greedy(n):
-    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-
-
 def cut_prompts(chunk: int):
     return [[(11 * j + 5 * t) % VOCAB for j in range(chunk + t)] for t in CUT_TAILS]
 
@@ -114,11 +111,7 @@ def scenarios(engine, chunk: int) -> dict:
     twice = [engine.generate(input_ids=PROMPTS[3], sampling_params=greedy(6)) for _ in range(2)]
     out["repeat"] = [o["output_ids"] for o in twice]
     out["repeat_cached"] = [o["meta_info"]["cached_tokens"] for o in twice]
-    assert_idle_and_intact(engine)
-    before = engine.scheduler.num_retractions
-    out["retraction"] = [o["output_ids"] for o in engine.generate(input_ids=RETRACT, sampling_params=greedy(32))]
-    out["num_retractions"] = engine.scheduler.num_retractions - before
-    assert_idle_and_intact(engine)
+    out["retraction"], out["num_retractions"] = run_retraction(engine, RETRACT)
     return out
 
 
