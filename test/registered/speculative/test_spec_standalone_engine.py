@@ -20,6 +20,7 @@ import torch
 
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.engine_fixtures import PROMPTS as ENGINE_PROMPTS
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.hf_greedy_reference import teacher_forced_choices
 
@@ -193,16 +194,6 @@ class TestStandaloneDraft(unittest.TestCase):
         return len(toks)
 
 
-NGRAM_PROMPTS = [
-    "Copy the line twice.\nLine: the red fox jumps over the lazy dog.\nCopy 1: the red fox",
-    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return",
-    'Echo the JSON.\n{"name": "Ada", "age": 36, "city": "London"}\nEcho: {"name": "Ada",',
-    "one two three four five six seven. one two three four five six seven. one two three",
-    "A B C D A B C D A B C D A B",
-    "Quote: 'To be, or not to be, that is the question.' Again: 'To be, or not to",
-    "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor",
-    "Monday Tuesday Wednesday Thursday Friday. Monday Tuesday Wednesday",
-]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 
 
@@ -215,7 +206,7 @@ def standalone_served() -> bool:
 @unittest.skipUnless(standalone_served(), "STANDALONE is not in spec_args.SERVED_ALGORITHMS (the scheduler step does "
                      "not build its proposer yet)")
 class TestStandaloneEngine(unittest.TestCase):
-    """Through sglang.Engine: greedy tokens with STANDALONE == the same engine's without it (8 prompts, a 16-token
+    """Through sglang.Engine: greedy tokens with STANDALONE == the same engine's without it (8 prompts, a 4-token
     chunked prefill, a prefix hit, a pool small enough to retract), for a random draft (near-zero acceptance) and for
     the target as its own draft (every proposal accepted: the draft's KV catch-up is right; the overlap schedule too); and the plan a start
     allocates == `sglang plan`'s within 3% of the KV tokens, the draft's pool == the plan's draft_kv_cache term."""
@@ -245,14 +236,14 @@ class TestStandaloneEngine(unittest.TestCase):
 
         s = engine.scheduler
         retractions = s.num_retractions
-        spec = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+        spec = engine.generate(ENGINE_PROMPTS, [dict(GREEDY) for _ in ENGINE_PROMPTS])
         assert_idle_and_intact(engine)
-        hit = engine.generate(NGRAM_PROMPTS[:2], [dict(GREEDY) for _ in NGRAM_PROMPTS[:2]])  # cached prefixes
+        hit = engine.generate(ENGINE_PROMPTS[:2], [dict(GREEDY) for _ in ENGINE_PROMPTS[:2]])  # cached prefixes
         assert_idle_and_intact(engine)
         retractions = s.num_retractions - retractions
         saved, s.runner.spec = s.runner.spec, None
         try:
-            ref = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+            ref = engine.generate(ENGINE_PROMPTS, [dict(GREEDY) for _ in ENGINE_PROMPTS])
         finally:
             s.runner.spec = saved
         self.assertEqual([o["output_ids"] for o in spec], [o["output_ids"] for o in ref])
@@ -268,7 +259,7 @@ class TestStandaloneEngine(unittest.TestCase):
         s = engine.scheduler
         ov = s.overlap = OverlapSchedule(s.sink)
         try:
-            got = engine.generate(NGRAM_PROMPTS, [dict(GREEDY) for _ in NGRAM_PROMPTS])
+            got = engine.generate(ENGINE_PROMPTS, [dict(GREEDY) for _ in ENGINE_PROMPTS])
         finally:
             s.overlap = None
             ov.shutdown()
@@ -277,7 +268,7 @@ class TestStandaloneEngine(unittest.TestCase):
         self.assertEqual([o["output_ids"] for o in got], self.ref)
 
     def test_random_draft_changes_no_token(self):
-        engine = self.start(self.draft, chunked_prefill_size=16, max_total_tokens=320)
+        engine = self.start(self.draft, chunked_prefill_size=4, max_total_tokens=192)
         try:
             counters, retractions = self.same_as_without(engine)
         finally:
@@ -286,7 +277,7 @@ class TestStandaloneEngine(unittest.TestCase):
         self.assertGreater(counters.proposed_tokens, 0)
 
     def test_target_as_its_own_draft_is_accepted(self):
-        engine = self.start(self.target, chunked_prefill_size=16, max_total_tokens=2048)
+        engine = self.start(self.target, chunked_prefill_size=4, max_total_tokens=2048)
         try:
             counters, _ = self.same_as_without(engine)
             self.same_with_overlap(engine)  # several tokens a step, their text decoded while the next step runs
