@@ -13,7 +13,7 @@ from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, make_random_qwen3, shutdown
 
-register_cpu_ci(est_time=200, suite="cpu")
+register_cpu_ci(est_time=240, suite="cpu")
 
 PROMPTS = [
     "Copy the line twice.\nLine: the red fox jumps over the lazy dog.\nCopy 1: the red fox jumps over the lazy dog.\n"

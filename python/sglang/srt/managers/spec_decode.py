@@ -27,7 +27,8 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.spec_policy import CPU_VERIFY_TOKEN_BUDGET, SpecPolicy
 from sglang.srt.mem_plan.spec_sizes import verify_token_cap
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.speculative.proposer import build_proposer
+from sglang.srt.speculative.ngram_proposer import NgramProposer
+from sglang.srt.speculative.proposer import Proposer
 from sglang.srt.speculative.verify import verify
 
 
@@ -37,6 +38,17 @@ def _int64(values: List[int]) -> torch.Tensor:
 
 def _alive(req: Req) -> bool:
     return req.req_pool_idx is not None and not req.finished()
+
+
+def build_proposer(cfg, model_runner: Any) -> Proposer:
+    """The proposer of a resolved SpecConfig (speculative/spec_args.py)."""
+    if cfg.algorithm == "NGRAM":
+        return NgramProposer(cfg.ngram_min_window, cfg.ngram_max_window)
+    if cfg.algorithm == "STANDALONE":
+        from sglang.srt.speculative.draft_proposer import DraftProposer
+
+        return DraftProposer(model_runner.draft_runner, cfg.num_steps, model_runner.chunked_prefill_size)
+    raise ValueError(f"--speculative-algorithm {cfg.algorithm}: no proposer in this runtime yet")
 
 
 class SpecCounters:
@@ -59,7 +71,7 @@ class SpecDecoder:
     def __init__(self, cfg, runner: Any, max_running_requests: int, chunked_prefill_size: int, device: str):
         self.cfg, self.runner = cfg, runner
         self.memory, self.queues, self.sink = runner.memory, runner.queues, runner.sink
-        self.proposer = build_proposer(cfg)
+        self.proposer = build_proposer(cfg, runner.model_runner)
         cap = verify_token_cap(max_running_requests, cfg.num_draft_tokens, chunked_prefill_size)
         budget = min(cap, CPU_VERIFY_TOKEN_BUDGET) if str(device) == "cpu" else cap
         self.policy = SpecPolicy(cfg.max_proposals, budget)
@@ -84,10 +96,16 @@ class SpecDecoder:
         max_k = self.policy.max_k(reqs)
         if not any(max_k):
             return False
-        proposals = self.proposer.propose(reqs, max_k)
-        for i, (r, p) in enumerate(zip(reqs, proposals)):
-            if p:
-                proposals[i] = p[: self.memory.alloc_if_free(r, len(p))]
+        if getattr(self.proposer, "writes_kv", False):  # a draft model writes its KV into the proposals' slots
+            max_k = [self.memory.alloc_if_free(r, k) if k else 0 for r, k in zip(reqs, max_k)]
+            proposals = self.proposer.propose(reqs, max_k)
+            for r, p in zip(reqs, proposals):
+                self.memory.truncate(r, r.kv_len + 1 + len(p))
+        else:
+            proposals = self.proposer.propose(reqs, max_k)
+            for i, (r, p) in enumerate(zip(reqs, proposals)):
+                if p:
+                    proposals[i] = p[: self.memory.alloc_if_free(r, len(p))]
         if not any(proposals):
             return False
         self._run_verify(reqs, proposals)

@@ -28,11 +28,3 @@ class Proposer:
     def release(self, req: Any) -> None:
         pass
 
-
-def build_proposer(cfg) -> Proposer:
-    """The proposer of a resolved SpecConfig (speculative/spec_args.py)."""
-    if cfg.algorithm == "NGRAM":
-        from sglang.srt.speculative.ngram_proposer import NgramProposer
-
-        return NgramProposer(cfg.ngram_min_window, cfg.ngram_max_window)
-    raise ValueError(f"--speculative-algorithm {cfg.algorithm}: no proposer in this runtime yet")
