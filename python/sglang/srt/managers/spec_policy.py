@@ -63,7 +63,7 @@ class SpecPolicy:
             s = self._get(r.rid)
             # the last verified token is the bonus or correction: k proposals may yield k + 1 tokens
             k = min(self.max_proposals, r.remaining_new_tokens() - 1)
-            if k > 0 and s.paused_until <= self.step and r.grammar is None:
+            if k > 0 and s.paused_until <= self.step:
                 want.append((-s.rate, i, k))
         for _, i, k in sorted(want):
             out[i] = min(k, extra)
