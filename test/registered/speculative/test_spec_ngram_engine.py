@@ -162,10 +162,21 @@ def test_tp2_random_qwen3(tmp_path):
         shutdown(e)
 
 
-def test_refused_for_embedding_servers():
+def test_refused_for_embedding_linear_and_windowed_models():
+    from types import SimpleNamespace
+
     from sglang.srt.managers.spec_decode import check_spec_model
     from sglang.srt.server_args import ServerArgs
 
     a = ServerArgs(speculative_algorithm="NGRAM", is_embedding=True)
     with pytest.raises(ValueError, match="--is-embedding: an embedding server decodes nothing"):
         check_spec_model(a.speculative(), a, None, 0)
+    a = ServerArgs(speculative_algorithm="NGRAM")
+    hybrid = SimpleNamespace(model_type="qwen3_next", layer_kinds=("linear", "linear", "linear", "full"))
+    with pytest.raises(ValueError, match="qwen3_next has linear-attention / state-space layers"):
+        check_spec_model(a.speculative(), a, hybrid, 0)
+    dense = SimpleNamespace(model_type="gemma3", layer_kinds=())
+    with pytest.raises(ValueError, match=r"gemma3 has windowed-attention layers \(window 512 tokens\)"):
+        check_spec_model(a.speculative(), a, dense, 512)
+    check_spec_model(a.speculative(), a, dense, 0)  # a dense model is served
+    check_spec_model(None, a, hybrid, 512)  # without speculation everything is
