@@ -5,13 +5,12 @@ rejected -- under a 32-token chunked prefill and a pool small enough to force re
 schema, a prefix hit (the same prompt twice), the overlap schedule, and at tp=2 (a random-weight Qwen3). Memory is intact and
 idle after each run, and the counters add up (proposed > accepted > 0; meta_info spec_verify_ct)."""
 
-import contextlib
-
 import pytest
 
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, make_random_qwen3, shutdown
+from sglang.test.spec_fixtures import spec_off
 
 register_cpu_ci(est_time=60, suite="cpu")
 
@@ -59,16 +58,6 @@ def reference(engine):
         with spec_off(engine):
             _reference.append(run(engine))
     return _reference[0]
-
-
-@contextlib.contextmanager
-def spec_off(engine):
-    s = engine.scheduler
-    saved, s.runner.spec = s.runner.spec, None
-    try:
-        yield
-    finally:
-        s.runner.spec = saved
 
 
 def run(engine, prompts=PROMPTS, ps=None, **kw):
