@@ -24,7 +24,7 @@ from sglang.test.engine_fixtures import PROMPTS as ENGINE_PROMPTS
 from sglang.test.engine_fixtures import shutdown
 from sglang.test.hf_greedy_reference import teacher_forced_choices
 
-register_cpu_ci(est_time=80, suite="cpu")  # 45 s while STANDALONE is not served (the Engine class skips)
+register_cpu_ci(est_time=80, suite="cpu")
 
 PROMPTS = ["The three primary colors are", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
@@ -197,19 +197,12 @@ class TestStandaloneDraft(unittest.TestCase):
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 
 
-def standalone_served() -> bool:
-    from sglang.srt.speculative.spec_args import SERVED_ALGORITHMS
-
-    return "STANDALONE" in SERVED_ALGORITHMS
-
-
-@unittest.skipUnless(standalone_served(), "STANDALONE is not in spec_args.SERVED_ALGORITHMS (the scheduler step does "
-                     "not build its proposer yet)")
 class TestStandaloneEngine(unittest.TestCase):
     """Through sglang.Engine: greedy tokens with STANDALONE == the same engine's without it (8 prompts, a 4-token
     chunked prefill, a prefix hit, a pool small enough to retract), for a random draft (near-zero acceptance) and for
-    the target as its own draft (every proposal accepted: the draft's KV catch-up is right; the overlap schedule too); and the plan a start
-    allocates == `sglang plan`'s within 3% of the KV tokens, the draft's pool == the plan's draft_kv_cache term."""
+    the target as its own draft (every proposal accepted: the draft's KV catch-up is right; the overlap schedule too);
+    and the plan a start allocates == `sglang plan`'s within 3% of the KV tokens, the draft's pool == the plan's
+    draft_kv_cache term."""
 
     @classmethod
     def setUpClass(cls):

@@ -97,8 +97,8 @@ class DraftRunner:
         device = dataclasses.replace(target.device_facts(), fused_cpu_decode=fused_cpu_decode(facts, self.device))
         inputs = B.backend_inputs(target.server_args, facts, device, target.max_running_requests, 0)
         return create_attention_backend(target.server_args.attention_backend, model_config=self.model_config,
-                                        req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
-                                        device=self.device, inputs=inputs)
+                                        req_to_token_pool=self.req_to_token_pool,
+                                        token_to_kv_pool=self.token_to_kv_pool, device=self.device, inputs=inputs)
 
     def kv_bytes(self) -> int:
         return self.token_to_kv_pool.mem_usage_bytes()

@@ -1,18 +1,5 @@
 """STANDALONE proposals: a smaller draft model (model_executor/draft_runner.py) decodes greedily ahead of the target.
 
-TO THE SCHEDULER STEP'S OWNER (managers/spec_decode.py, speculative/proposer.py) -- what STANDALONE needs there:
-  1. build_proposer(cfg, model_runner): STANDALONE -> DraftProposer(model_runner.draft_runner, cfg.num_steps,
-     model_runner.chunked_prefill_size); SpecDecoder passes runner.model_runner.
-  2. Slots BEFORE propose (the draft writes KV): in try_verify, for a proposer with `writes_kv` True,
-         max_k = [self.memory.alloc_if_free(r, k) if k else 0 for r, k in zip(reqs, max_k)]
-         proposals = self.proposer.propose(reqs, max_k)
-         for r, p in zip(reqs, proposals): self.memory.truncate(r, r.kv_len + 1 + len(p))
-     (today's order, propose then alloc_if_free, lets the draft write into whatever stale slot indices the request's
-     row holds past alloc_len: other requests' draft KV, never the target's -- outputs stay exact, acceptance falls:
-     the target as its own draft accepted 60 of 158 proposals in that order, every one in this one).
-  3. _forget_left prunes `indexes` (rid -> state) as for NGRAM; this proposer's `indexes` is its rid -> seen map.
-  4. Then spec_args.SERVED_ALGORITHMS gets "STANDALONE", and test_spec_standalone_engine's Engine tests run.
-
 Contract with the scheduler's step (managers/spec_decode.py) -- read before changing either side:
   * on_extend(units) is called after a target EXTEND forward whose units were committed (req.kv_len already
     includes the unit's n tokens). The draft then runs the same tokens [kv_len - n, kv_len) into the same slots, so
@@ -22,7 +9,8 @@ Contract with the scheduler's step (managers/spec_decode.py) -- read before chan
   * propose(reqs, max_k) is called AFTER the step recorded slots for positions p .. p + max_k[i] of each request in
     req_to_token (p = kv_len: the decode slot plus one per proposal; ReqMemory.alloc_if_free). The draft writes its
     KV of x0, d1 .. d_{k-1} into the slots of positions p .. p + k - 1, the same slots the verify forward then
-    writes the target's KV into; truncate() gives back the rejected ones for both models at once.
+    writes the target's KV into; truncate() gives back the rejected ones for both models at once (writes_kv: the
+    step allocates the slots before it calls propose).
   * on_verified / release only forget bookkeeping; nothing here allocates or frees memory.
 
 Per request the draft's KV is valid for positions [0, seen): after proposing, seen = p + k (x0 and d1 .. d_{k-1} were

@@ -110,7 +110,7 @@ def resolve_spec_config(a) -> Optional[SpecConfig]:
 
 
 # what a server runs today; `sglang plan` prices every algorithm above
-SERVED_ALGORITHMS: tuple = ("NGRAM",)
+SERVED_ALGORITHMS: tuple = ("NGRAM", "STANDALONE")
 
 
 def check_served(cfg: Optional[SpecConfig]) -> None:
