@@ -159,7 +159,7 @@ def test_json_schema_with_proposals_equals_non_speculative_and_parses(tmp_path, 
     e = start(make_tokenizer_qwen3(str(tmp_path / "tok")))
     try:
         spec = e.scheduler.runner.spec
-        # spec_policy gives grammar requests no proposals today; here every request proposes its full chain
+        # every request proposes its full chain every step (no pauses after rejections), so the grammar path is used
         monkeypatch.setattr(spec.policy, "max_k", lambda reqs: [
             max(0, min(spec.policy.max_proposals, r.remaining_new_tokens() - 1)) for r in reqs])
         params = [{"json_schema": json.dumps(SCHEMA), "max_new_tokens": 48, **sp}
