@@ -3,7 +3,8 @@ values (or transformers' meta-device model), through `sglang plan` as users run 
 
   - Llama-3.1-8B + the published EAGLE3-LLaMA3.1-Instruct-8B head on an H100-80GB: draft_weights (fc 3h -> h, one
     layer whose q/k/v read 2h, norms, a draft_vocab_size lm_head, d2t / t2d), draft_kv_cache ((T + 1) x one layer's
-    K/V), the logits term at verify_token_cap rows, spec_hidden_states (3 x hidden per verify row), draft_cuda_graphs;
+    K/V), the logits term at verify_token_cap rows, spec_hidden_states (3 x hidden per verify row), draft_cuda_graphs
+    (the head's decode graphs, as upstream holds them; STANDALONE's served draft decodes eagerly: 0 on a GPU too);
     the draft cell is charged per token (fewer tokens than without, and not one more token fits).
   - SmolLM2-135M + a smaller Llama draft (transformers' LlamaConfig) on CPU: draft weights == HF meta-device
     parameters x dtype + this runtime's rope table; the draft pool over the target's token slots.
@@ -197,6 +198,19 @@ class TestStandaloneDraft(unittest.TestCase):
         self.assertEqual(rows, R)  # 256 slots: a verify forward is never longer than a decode step of every slot
         self.assertEqual(terms(self.d)["logits"], sampler_fixed_bytes(49152) + rows * sampler_bytes_per_slot(49152))
         self.assertEqual(terms(self.d)["logits"], terms(self.without)["logits"])
+
+    def test_standalone_prices_no_draft_graphs_on_a_gpu(self):
+        """The served DraftRunner decodes the draft eagerly, so a GPU plan holds no draft graphs while the target's
+        own graphs are priced (EAGLE3's head graphs stay priced: TestEagle3OnH100)."""
+        flags = ("--model-path", self.paths["target"], "--gpu", "h100-80gb", "--speculative-algorithm", "STANDALONE",
+                 "--speculative-draft-model-path", self.paths["draft"])
+        status, d = plan_json(*flags)
+        self.assertEqual(status, 0, d)
+        self.assertGreater(d["plan"]["cuda_graph_max_bs"], 0)
+        self.assertGreater(terms(d)["cuda_graphs"], 0)
+        self.assertEqual(terms(d)["draft_cuda_graphs"], 0)
+        _, text = plan_text(*flags)
+        self.assertIn("draft_runner.py captures no graphs", text)
 
     def test_cpu_verify_budget_with_few_slots(self):
         status, d = plan_json(*self.base, "--max-running-requests", "4", "--speculative-algorithm", "NGRAM")
