@@ -11,8 +11,8 @@ checkout is not written to), and afterwards:
   - sglang, its rocm extra (amd-aiter) and xgrammar are installed.
 docker/Dockerfile.rocm must run the same install command as the workflow (checked here too).
 
---resolve-only (the CPU suite's test): the step's main install (the editable `-e python[...]`, which brings the
-~90 dependencies) runs as `pip install --dry-run --report`, through install.sh's PIP: the same resolution, so the
+--resolve-only (pr-test-cpu.yml's rocm-install-check job): the step's main install (the editable `-e python[...]`,
+which brings the ~90 dependencies) runs as `pip install --dry-run --report`, through install.sh's PIP: the same resolution, so the
 same decision on torch and triton, without downloading and unpacking what it chose. What it would install is
 checked as if installed (a torch or triton in the report counts as replaced); the steps around it run for real.
 

@@ -1,18 +1,22 @@
 """The ROCm install (the AMD workflow's Install step, which docker/Dockerfile.rocm runs too) leaves the image's torch
 and pytorch-triton-rocm alone: scripts/check_rocm_install.py runs the step verbatim in a venv standing in for
 rocm/pytorch, its main install resolving only (--resolve-only: pip's --dry-run --report, the same resolution without
-unpacking ~140 packages). That run needs PyPI; without it, it skips and only the checker's own logic is tested."""
+unpacking ~140 packages). That run needs PyPI and ~1 min, so CI runs it as its own job beside the CPU suite
+(pr-test-cpu.yml's rocm-install-check, checked here); this module tests the checker's own logic, and runs the resolve
+too with SGLANG_TEST_ROCM_RESOLVE=1."""
 
 import subprocess
 import sys
+import os
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=5, suite="cpu")
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "check_rocm_install.py"
@@ -77,7 +81,22 @@ def test_the_stand_in_wheels_install_and_provide_the_triton_module(tmp_path):
     assert (target / "pytorch_triton_rocm-3.5.1.dist-info" / "METADATA").exists()
 
 
-@pytest.mark.skipif(not pypi_reachable(), reason="PyPI is not reachable from here")
+def test_the_cpu_workflow_runs_the_resolve_in_a_job_of_its_own():
+    """The resolve below runs on every PR: a job of the CPU workflow that checks out the tree and runs it, other than
+    the job that runs the CPU suite (whose time it would add to)."""
+    jobs = yaml.safe_load((ROOT / ".github/workflows/pr-test-cpu.yml").read_text())["jobs"]
+    runs = {name: "\n".join(s.get("run", "") for s in job["steps"]) for name, job in jobs.items()}
+    resolving = [n for n, r in runs.items() if "python3 scripts/check_rocm_install.py --resolve-only" in r]
+    suite = [n for n, r in runs.items() if "bash .ci/run" in r]
+    assert len(resolving) == 1 and suite and resolving[0] not in suite, runs
+    steps = jobs[resolving[0]]["steps"]
+    assert any(s.get("uses", "").startswith("actions/checkout@") for s in steps), steps
+    assert "pip install pyyaml" in runs[resolving[0]]  # the checker's one import beyond the standard library
+
+
+@pytest.mark.skipif(os.environ.get("SGLANG_TEST_ROCM_RESOLVE") != "1" or not pypi_reachable(),
+                    reason="CI runs it in pr-test-cpu.yml's rocm-install-check job; here: SGLANG_TEST_ROCM_RESOLVE=1 "
+                           "and PyPI reachable")
 def test_the_amd_install_step_leaves_torch_and_triton_alone():
     pytest.importorskip("ensurepip", reason="this Python cannot make a venv with pip (python3-venv missing)")
     r = subprocess.run([sys.executable, str(SCRIPT), "--resolve-only"], capture_output=True, text=True, timeout=900)
