@@ -3,10 +3,19 @@ completions, streamed and not, on prompts whose answers repeat their own text, e
 tokens without speculation (an in-process Engine without speculative flags, run first in this module); the proposals
 really ran (/generate's meta_info spec_verify_ct > 0 and spec_accept_length > 1, /server_info's "speculative"
 counters, /metrics' sglang:spec_accept_length gauge, all > 1 token per verify); a contradictory --speculative-*
-combination stops the launcher with exit status 2 naming the flag."""
+combination stops the launcher with exit status 2 naming the flag.
 
+A second, small server runs STANDALONE (a random 2-layer Llama target in fp32 with a random 1-layer Llama draft, the
+default model's tokenizer): chat and a streamed completion through the `openai` client equal an in-process Engine's
+greedy output of the target without speculation, /generate's meta_info spec_verify_ct > 0, and /server_info names
+the algorithm and holds the draft's plan terms (draft_weights, draft_kv_cache, no draft_cuda_graphs) equal to what
+`sglang plan --json` with the same flags prices."""
+
+import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -16,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import openai_client, popen_launch_server
 
-register_cpu_ci(est_time=90, suite="cpu")
+register_cpu_ci(est_time=150, suite="cpu")
 
 MAX_TOKENS = 48
 PASSAGE = ("The lighthouse stood at the end of the rocky point. Every evening the keeper climbed the steps, "
@@ -108,3 +117,89 @@ def test_contradictory_flags_stop_the_launcher(flags, named):
     out = subprocess.run([sys.executable, "-m", "sglang.launch_server", *flags], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and named in out.stderr, (out.returncode, out.stderr[-2000:])
+
+
+def random_llama(path: str, layers: int, seed: int, tok) -> str:
+    """A random-weight Llama with `tok`'s vocabulary (rounded up to 64) and tokenizer files, saved in HF layout."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
+                      bos_token_id=tok.bos_token_id, initializer_range=0.3)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+STANDALONE_NEW = 24
+STANDALONE_TOKENS = 2048  # a fixed pool, so a start and the dry run hold the same number of draft KV rows
+
+
+@pytest.fixture(scope="module")
+def standalone():
+    """A random target and draft, the target's greedy text without speculation (an in-process Engine), and a
+    STANDALONE server over them."""
+    from transformers import AutoTokenizer
+
+    from sglang import Engine
+    from sglang.test.engine_fixtures import default_model_dir, shutdown
+
+    tmp = tempfile.TemporaryDirectory()
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    target = random_llama(os.path.join(tmp.name, "target"), 2, 0, tok)
+    draft = random_llama(os.path.join(tmp.name, "draft"), 1, 1, tok)
+    flags = ["--dtype", "float32", "--max-total-tokens", str(STANDALONE_TOKENS), "--speculative-algorithm",
+             "STANDALONE", "--speculative-draft-model-path", draft]
+    engine = Engine(model_path=target, dtype="float32", max_total_tokens=STANDALONE_TOKENS, log_level="warning")
+    try:
+        chat_prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+        sp = {"temperature": 0.0, "max_new_tokens": STANDALONE_NEW, "ignore_eos": True}
+        ref = {"code": engine.generate(CODE, sp), "chat": engine.generate(chat_prompt, sp)}
+    finally:
+        shutdown(engine)
+    srv = popen_launch_server(model=target, other_args=flags)
+    try:
+        yield dict(server=srv, ref=ref, target=target, flags=flags)
+    finally:
+        srv.kill()
+        tmp.cleanup()
+
+
+def test_standalone_over_http(standalone):
+    url, ref = standalone["server"].base_url, standalone["ref"]
+    client = openai_client(url)
+    model = client.models.list().data[0].id
+    extra = {"ignore_eos": True}
+
+    r = requests.post(f"{url}/generate", json={"text": CODE, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": STANDALONE_NEW, "ignore_eos": True}}, timeout=120).json()
+    assert r["output_ids"] == ref["code"]["output_ids"]
+    assert r["meta_info"]["spec_verify_ct"] > 0, r["meta_info"]  # the draft proposed, the target verified
+
+    out = client.chat.completions.create(model=model, messages=CHAT, max_tokens=STANDALONE_NEW, temperature=0,
+                                         extra_body=extra)
+    assert out.usage.prompt_tokens == ref["chat"]["meta_info"]["prompt_tokens"]
+    assert out.choices[0].message.content == ref["chat"]["text"]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=CODE, max_tokens=STANDALONE_NEW, temperature=0, stream=True, extra_body=extra)
+        if c.choices)
+    assert streamed == ref["code"]["text"]
+
+    info = requests.get(f"{url}/server_info", timeout=30).json()
+    spec = info["speculative"]
+    assert spec["algorithm"] == "STANDALONE" and spec["verify_steps"] > 0 and spec["proposed_tokens"] > 0, spec
+    served = {t["name"]: t["num_bytes"] for t in info["memory_plan"]["terms"]}
+
+    dry = subprocess.run(["sglang", "plan", "--model-path", standalone["target"], "--device", "cpu",
+                          *standalone["flags"], "--json"], capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    planned = {t["name"]: t["num_bytes"] for t in json.loads(dry.stdout)["plan"]["terms"]}
+    for name in ("draft_weights", "draft_kv_cache", "draft_cuda_graphs"):
+        assert served[name] == planned[name], (name, served[name], planned[name])
+    # 1 draft layer x 2 KV heads x 16 dims, K and V, fp32, over the pool's tokens and its dummy page
+    page = info["memory_plan"]["page_size"]
+    assert served["draft_kv_cache"] == 256 * (STANDALONE_TOKENS + page) and served["draft_weights"] > 0
+
