@@ -14,7 +14,9 @@ register_cpu_ci(est_time=45, suite="cpu")
 
 PROMPTS = ["The three primary colors are", "def fibonacci(n):", "In mathematics, a prime number is a natural"]
 MAX_NEW = 4
-ENGINE_KW = dict(chunked_prefill_size=64, max_total_memory_gb=2)
+# three request slots hold the one batch of three; the startup warm-up runs min(4, slots) requests, and under the
+# interpreter each of their decode steps costs a split-KV kernel per layer and request
+ENGINE_KW = dict(chunked_prefill_size=64, max_total_memory_gb=2, max_running_requests=3)
 
 
 def test_default_model_triton_matches_torch_native():
