@@ -28,6 +28,12 @@ register_cpu_ci(est_time=35, suite="cpu")
 
 BF16_INSTRUCTIONS = re.compile(r"\tv(cvtneps2bf16|cvtne2ps2bf16|dpbf16ps)\b")
 QUANT_KV_ROOTS = ("extend_attention_quant", "kv_quant_write", "write_ring_rows", "quant_attention_")
+# before the tests load anything: the level the module dispatches at, and whether the bf16 kernels load there
+PROBE_THEN_TESTS = """import sys, unittest
+from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_kv_quant_ops
+print("LEVEL", get_kv_quant_ops().get_cpu_isa(), get_cpu_ops() is None, flush=True)
+unittest.main(module=None, argv=["unittest", "-v", *sys.argv[1:]])
+"""
 REGISTERED = Path(__file__).resolve().parents[1]
 AT_LEVEL = [REGISTERED / "jit_kernel" / "test_cpu_quant_attention.py",
             REGISTERED / "jit_kernel" / "test_cpu_quant_int2.py",
@@ -80,17 +86,14 @@ class TestKvQuantKernelLevels(unittest.TestCase):
     @unittest.skipUnless(level_rank(cpu_isa()) > level_rank(KV_QUANT_LEVEL), "this level is the lowest already")
     def test_kernel_and_engine_tests_at_avx512_vnni(self):
         env = dict(os.environ, SGLANG_CPU_ISA=KV_QUANT_LEVEL)
-        probe = ("from sglang.jit_kernel.cpu_ops import get_cpu_ops, get_kv_quant_ops; m = get_kv_quant_ops(); "
-                 "print(m.get_cpu_isa(), get_cpu_ops() is None)")
-        level = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-        # the module dispatches at that level, where the bf16 kernels do not load and the quantized-KV ones do
-        self.assertEqual(level.stdout.split()[-2:], [KV_QUANT_LEVEL, "True"], level.stderr[-2000:])
-        # one interpreter for the four files (each would pay the torch and sglang imports again): the engine test's
-        # directory on the path beside the kernel tests' own
+        # one interpreter for the level probe and the four files (each would pay the torch and sglang imports again):
+        # the engine test's directory on the path beside the kernel tests' own
         dirs = [str(p.parent) for p in AT_LEVEL] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x]
         run_env = dict(env, PYTHONPATH=os.pathsep.join(dict.fromkeys(dirs)))
-        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", *[p.stem for p in AT_LEVEL]],
+        proc = subprocess.run([sys.executable, "-c", PROBE_THEN_TESTS, *[p.stem for p in AT_LEVEL]],
                               cwd=AT_LEVEL[0].parent, env=run_env, capture_output=True, text=True, timeout=1800)
+        # the module dispatches at that level, where the bf16 kernels do not load and the quantized-KV ones do
+        self.assertEqual(proc.stdout.split()[:3], ["LEVEL", KV_QUANT_LEVEL, "True"], proc.stderr[-2000:])
         out = proc.stderr
         self.assertEqual(proc.returncode, 0, out[-3000:])
         self.assertRegex(out[-3000:], r"\nOK\n?", out[-3000:])
