@@ -68,14 +68,17 @@ class ReqMemory:
             self.req_to_token_pool.write(req.req_pool_idx, 0, prefix_slots)
         req.kv_len = req.alloc_len = len(prefix_slots)
 
+    def _last_slot(self, req: Req) -> int:
+        """The slot of the request's last allocated token: it matters only when its last page may have room
+        (page_size > 1); 0 otherwise."""
+        cur = req.alloc_len
+        return self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0] if self.page_size > 1 and cur else 0
+
     def alloc(self, req: Req, num_new: int) -> Optional[List[int]]:
         """Slots for tokens [alloc_len, alloc_len + num_new), recorded in the request's row (evicting cached
         prefixes if needed); None, allocating nothing, if they do not fit."""
-        # the slot of the request's last token matters only when its last page may have room (page_size > 1)
         cur = req.alloc_len
-        last = 0
-        if self.page_size > 1 and cur:
-            last = self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0]
+        last = self._last_slot(req)
         slots = self.allocator.alloc(cur, last, num_new)
         if slots is None and self.tree_cache is not None:
             self.evict_for(self.allocator.pages_needed(cur, num_new) * self.page_size)
@@ -90,7 +93,7 @@ class ReqMemory:
         """Slots for up to num_new more tokens from free pages only (never evicting): speculative proposals take
         what is free and nothing else. Returns how many it got (the most that fit, possibly 0)."""
         cur = req.alloc_len
-        last = self.req_to_token_pool.read(req.req_pool_idx, cur - 1, cur)[0] if self.page_size > 1 and cur else 0
+        last = self._last_slot(req)
         while num_new > 0:
             slots = self.allocator.alloc(cur, last, num_new)
             if slots is not None:

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+# CPU: most tokens in one verify forward (defined once, in the plan that prices the same rows). 16 = batch 1 with 7
+# proposals twice over; at batch >= 16 no proposals (c = 32 decodes exactly as without speculation).
+from sglang.srt.mem_plan.spec_sizes import CPU_VERIFY_TOKEN_BUDGET  # noqa: F401 (spec_decode reads it here)
+
 # Initial rate: a new request proposes at once (one step of evidence decides whether it keeps going).
 INITIAL_ACCEPT_RATE = 0.5
 # Weight of the latest verify step in the EMA: a request's text changes character quickly (quoting, then writing).
@@ -26,9 +30,6 @@ PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 64
 # The rate a probe starts from: one fully rejected probe pauses again (0.3 * 0.5 < MIN_ACCEPT_RATE).
 PROBE_ACCEPT_RATE = 0.3
-# CPU: most tokens in one verify forward. 16 = batch 1 with 7 proposals twice over; at batch >= 16 no proposals
-# (c = 32 decodes exactly as without speculation).
-CPU_VERIFY_TOKEN_BUDGET = 16
 
 
 class _ReqStats:
