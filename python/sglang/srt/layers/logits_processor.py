@@ -49,6 +49,8 @@ class LogitsProcessor(nn.Module):
             forward_batch.prompt_logprob_result = compute_prompt_logprobs(
                 hidden_states, forward_batch.prompt_logprob_rows, lm_head, self.vocab_size,
                 forward_batch.prompt_logprob_spec, forward_batch.prompt_logprob_block_rows)
+        if forward_batch.capture_hidden == "last":  # a draft head reads every row's feature (EAGLE, NEXTN)
+            forward_batch.captured_hidden = hidden_states
         if indices is not None:
             hidden_states = hidden_states[indices]
         logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]

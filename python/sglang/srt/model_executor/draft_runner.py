@@ -1,4 +1,5 @@
-"""DraftRunner: the STANDALONE draft model of speculative decoding, beside the target's ModelRunner.
+"""DraftRunner: the STANDALONE draft model or the EAGLE / EAGLE3 draft head of speculative decoding, beside the
+target's ModelRunner.
 
 Built after the target's pools exist (ModelRunner.init_draft_runner), so that:
   * it shares the target's req_to_token_pool: a request's row maps each of its positions to ONE slot index, used by
@@ -38,51 +39,83 @@ def check_same_vocabulary(target_config, draft_config, draft_path: str) -> None:
 
 
 class DraftRunner:
-    """The draft model, its KV pool and attention backend; forward() runs one ForwardBatch of the draft."""
+    """The draft model (STANDALONE) or draft head (EAGLE, EAGLE3: model_executor/draft_head.py), its KV pool and
+    attention backend; forward() runs one ForwardBatch of a draft model, forward_head() one of a head."""
 
-    def __init__(self, target, draft_path: str):
+    def __init__(self, target, draft_path: str, algorithm: str = "STANDALONE"):
         from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
         from sglang.srt.model_loader import load_model
 
         sa = target.server_args
+        self.algorithm = algorithm
+        flag = f"--speculative-algorithm {algorithm}"
         if sa.tp_size > 1:
-            raise ValueError(f"--speculative-algorithm STANDALONE with --tp-size {sa.tp_size}: the draft model runs "
-                             "on one rank only in this runtime; use --tp-size 1.")
+            raise ValueError(f"{flag} with --tp-size {sa.tp_size}: the draft runs on one rank only in this runtime; "
+                             "use --tp-size 1.")
         if target.model_config.kv_cache_dtype_name != target.model_config.dtype_name:
-            raise ValueError(f"--speculative-algorithm STANDALONE with --kv-cache-dtype "
-                             f"{target.model_config.kv_cache_dtype_name}: the draft's KV pool is held in the "
-                             f"model's dtype only; drop --kv-cache-dtype (or use NGRAM).")
+            raise ValueError(f"{flag} with --kv-cache-dtype {target.model_config.kv_cache_dtype_name}: the draft's "
+                             f"KV pool is held in the model's dtype only; drop --kv-cache-dtype (or use NGRAM).")
         self.device = target.device
         self.draft_path = draft_path
         # the target's dtype (a draft in another dtype would be converted by the loader); the KV in that dtype
         self.model_config = ModelConfig.from_pretrained(draft_path, dtype=target.model_config.dtype_name,
                                                         kv_cache_dtype="auto", device=self.device)
-        check_same_vocabulary(target.model_config, self.model_config, draft_path)
-        if self.model_config.context_len < target.context_len:  # its rotary table ends at its own context length
-            raise ValueError(f"--speculative-draft-model-path {draft_path}: the draft model's context length is "
-                             f"{self.model_config.context_len} tokens, the target's {target.context_len}; pass "
-                             f"--context-length {self.model_config.context_len} (or a draft with a longer context).")
+        self.is_head = algorithm != "STANDALONE"
+        if not self.is_head:
+            check_same_vocabulary(target.model_config, self.model_config, draft_path)
+            if self.model_config.context_len < target.context_len:  # its rotary table ends at its own context
+                raise ValueError(f"--speculative-draft-model-path {draft_path}: the draft model's context length is "
+                                 f"{self.model_config.context_len} tokens, the target's {target.context_len}; pass "
+                                 f"--context-length {self.model_config.context_len} (or a draft with a longer "
+                                 "context).")
         cell = self.model_config.shape.kv_cell("auto", 1, self.model_config.dtype_name)
-        if cell.is_mla:
+        if cell.is_mla and not self.is_head:
             raise ValueError(f"--speculative-draft-model-path {draft_path}: an MLA draft model is not supported; "
                              "use a draft with standard attention.")
         with torch.no_grad():
-            self.model = load_model(self.model_config, self.device)
+            if self.is_head:
+                self.model = self._load_head(target, algorithm, draft_path)
+            else:
+                self.model = load_model(self.model_config, self.device)
         self.weight_bytes = _tensor_bytes(self.model)
         self.req_to_token_pool = target.req_to_token_pool
         # the same slot range as the target's pool: slot s of a request means the same position in both pools
-        self.token_to_kv_pool = MHATokenToKVPool(
-            target.max_total_num_tokens, sa.page_size, self.model_config.dtype, cell.num_kv_heads_per_rank,
-            self.model_config.head_dim, self.model_config.num_hidden_layers, self.device)
-        # finite everywhere: a prefix borrowed from the radix cache may hold a position whose draft KV was never
-        # written (the last proposal of a fully accepted step); the draft then reads zeros there, never NaN
-        self.token_to_kv_pool.k_buffer.zero_()
-        self.token_to_kv_pool.v_buffer.zero_()
+        self.token_to_kv_pool = self._make_pool(target, cell)
         self.attn_backend = self._attention_backend(target)
         self.check_allocation(getattr(target, "memory_plan", None))
-        logger.info("Draft model %s: %.1f MiB of weights, KV pool %.1f MiB (%d B per token, %d slots)", draft_path,
-                    self.weight_bytes / 2**20, self.kv_bytes() / 2**20, cell.cell_bytes, target.max_total_num_tokens)
+        logger.info("Draft %s %s: %.1f MiB of weights, KV pool %.1f MiB (%d B per token, %d slots)", algorithm,
+                    draft_path, self.weight_bytes / 2**20, self.kv_bytes() / 2**20, cell.cell_bytes,
+                    target.max_total_num_tokens)
+
+    def _load_head(self, target, algorithm: str, path: str):
+        """A hidden-state head over the target's embedding (and lm_head where it has none); its rotary table spans
+        the target's context (a head's config often says 2,048 positions)."""
+        from sglang.srt.model_executor.draft_head import build_head, check_head_fits
+
+        cfg = self.model_config.hf_config
+        check_head_fits(algorithm, cfg, target.model.config, path)
+        cfg.max_position_embeddings = max(getattr(cfg, "max_position_embeddings", 0) or 0, target.context_len)
+        return build_head(algorithm, cfg, target.model, path, self.model_config.dtype, self.device)
+
+    def _make_pool(self, target, cell):
+        """The draft's KV pool over the target's slot range: standard K/V, or an MLA latent pool for an MLA head
+        (NEXTN). Zeroed: a prefix borrowed from the radix cache may hold a position whose draft KV was never written
+        (the last proposal of a fully accepted step); the draft then reads zeros there, never NaN."""
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+        sa, dtype, layers = target.server_args, self.model_config.dtype, cell.num_layers
+        if cell.is_mla:
+            from sglang.srt.mem_cache.mla_pool import MLATokenToKVPool
+
+            pool = MLATokenToKVPool(target.max_total_num_tokens, sa.page_size, dtype, cell.kv_lora_rank,
+                                    cell.qk_rope_head_dim, layers, self.device)
+            pool.kv_buffer.zero_()
+            return pool
+        pool = MHATokenToKVPool(target.max_total_num_tokens, sa.page_size, dtype, cell.num_kv_heads_per_rank,
+                                self.model_config.head_dim, layers, self.device)
+        pool.k_buffer.zero_()
+        pool.v_buffer.zero_()
+        return pool
 
     def _attention_backend(self, target):
         from sglang.srt.layers.attention.attention_registry import create_attention_backend
@@ -145,16 +178,25 @@ class DraftRunner:
         )
         return self.forward(fb).argmax(-1).tolist()
 
-    @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Logits (float32) of the rows fb.logits_indices selects (decode: every row), from the draft model."""
+    def _prepare(self, fb: ForwardBatch) -> None:
         move_to_device(fb, self.device)
         self.req_to_token_pool.sync_to_device()
         fb.req_to_token_pool = self.req_to_token_pool
         fb.token_to_kv_pool = self.token_to_kv_pool
         fb.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(fb)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits (float32) of the rows fb.logits_indices selects (decode: every row), from the draft model."""
+        self._prepare(fb)
         return self.model.forward(fb.input_ids, fb.positions, fb)
+
+    @torch.inference_mode()
+    def forward_head(self, fb: ForwardBatch, hidden_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A head's forward: (float32 logits of fb.logits_indices' rows in the head's vocabulary, hidden_out [N, H])."""
+        self._prepare(fb)
+        return self.model.forward(fb.input_ids, fb.positions, fb, hidden_in.to(self.device))
 
 
 def _int64(values) -> torch.Tensor:

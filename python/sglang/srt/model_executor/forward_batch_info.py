@@ -77,6 +77,12 @@ class ForwardBatch:
     # an embedding server (--is-embedding): "last" / "mean"; the forward returns pooled hidden rows [B, hidden]
     # float32 instead of logits (layers/pooler.py)
     pooling: Optional[str] = None
+    # speculative decoding with a hidden-state draft (EAGLE, EAGLE3, NEXTN): which target features this forward keeps
+    # for EVERY input row (before the logits rows are picked) -- None; "last": the final-normed hidden state the
+    # lm_head reads, [N, H]; "aux": the residual stream after each of the model's aux_layer_ids, concatenated in that
+    # order, [N, len(ids) x H]. The model writes them to captured_hidden (ModelRunner sets the mode per server)
+    capture_hidden: Optional[str] = None
+    captured_hidden: Optional[torch.Tensor] = None
 
 
 def move_to_device(batch: ForwardBatch, device) -> ForwardBatch:

@@ -50,6 +50,10 @@ def _unique_tensor_bytes(model) -> int:
 
 class ModelRunner(ModelRunnerKVCacheMixin):
     cuda_graph_runner = None  # set by init_cuda_graphs() where decode replays graphs
+    # a hidden-state draft head's features (ForwardBatch.capture_hidden: "last" / "aux"; draft_head.enable_capture):
+    # set, every forward keeps them and captured_batch is the last forward's batch (its captured_hidden rows)
+    capture_hidden = None
+    captured_batch = None
     pooling = None  # --is-embedding: "last" / "mean" (configs/pooling.py); every forward then returns pooled rows
 
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0):
@@ -170,13 +174,19 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.init_draft_runner()
 
     def init_draft_runner(self) -> None:
-        """STANDALONE speculative decoding: the draft model, over the target's request table and slot range."""
+        """Speculative decoding with a draft model (STANDALONE) or head (EAGLE, EAGLE3), over the target's request
+        table and slot range; a head's features are captured by every forward from then on (draft_head.py)."""
         spec = self.server_args.speculative()
         self.draft_runner = None
-        if spec is not None and spec.algorithm == "STANDALONE":
-            from sglang.srt.model_executor.draft_runner import DraftRunner
+        if spec is None or spec.algorithm not in ("STANDALONE", "EAGLE", "EAGLE3"):
+            return
+        from sglang.srt.model_executor.draft_runner import DraftRunner
 
-            self.draft_runner = DraftRunner(self, spec.draft_model_path)
+        self.draft_runner = DraftRunner(self, spec.draft_model_path, spec.algorithm)
+        if spec.algorithm != "STANDALONE":
+            from sglang.srt.model_executor.draft_head import enable_capture
+
+            enable_capture(self, spec.algorithm, self.draft_runner.model_config.hf_config)
 
     @property
     def context_len(self) -> int:
@@ -242,7 +252,10 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
-        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
+        if self.capture_hidden is not None:  # eager: the decode graphs hand no features over
+            forward_batch.capture_hidden = self.capture_hidden
+            self.captured_batch = forward_batch
+        elif self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)  # decode of <= cuda_graph_max_bs requests
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)

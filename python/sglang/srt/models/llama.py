@@ -43,14 +43,15 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     qkv_bias_default = False
 
-    def __init__(self, config, layer_id: int):
+    def __init__(self, config, layer_id: int, input_size: Optional[int] = None):
+        """input_size: what q/k/v read (default hidden_size; an EAGLE-3 head's layer reads 2 x hidden_size)."""
         super().__init__()
         self.hidden_size = config.hidden_size
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // total_heads
         bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
-        self.qkv_proj = QKVParallelLinear(self.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        self.qkv_proj = QKVParallelLinear(input_size or self.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=bias)
         # this rank's heads (all of them at tp == 1); KV heads are replicated when tp > KV heads
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -112,6 +113,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     decoder_layer_cls = LlamaDecoderLayer
+    # EAGLE-3 features: the layers whose output (the residual stream after the layer) a forward with
+    # capture_hidden == "aux" keeps, concatenated in this order (ModelRunner sets them from the head's config)
+    aux_layer_ids: Tuple[int, ...] = ()
 
     def __init__(self, config):
         super().__init__()
@@ -130,8 +134,13 @@ class LlamaModel(nn.Module):
         # [N] -> [N, hidden]; multimodal models pass input_embeds with image rows already spliced in
         hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         residual = None
-        for layer in self.layers:
+        aux = {} if forward_batch.capture_hidden == "aux" else None
+        for i, layer in enumerate(self.layers):
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+            if aux is not None and i in self.aux_layer_ids:
+                aux[i] = hidden_states + residual  # a new tensor: the next layer's fused norm updates residual
+        if aux is not None:
+            forward_batch.captured_hidden = torch.cat([aux[i] for i in self.aux_layer_ids], dim=-1)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -168,6 +177,13 @@ class LlamaForCausalLM(nn.Module):
         for forward_batch.logits_indices."""
         hidden_states = self.model(input_ids, positions, forward_batch, input_embeds)
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+
+    def hidden_capture_modes(self) -> Tuple[str, ...]:
+        """The ForwardBatch.capture_hidden modes this model honours: both where its forward is this generic one
+        (the final norm's input reaches the LogitsProcessor, the layer loop is LlamaModel's); none where a subclass
+        replaced either forward (a draft head would read features nobody wrote)."""
+        generic = type(self).forward is LlamaForCausalLM.forward and type(self.model).forward is LlamaModel.forward
+        return ("last", "aux") if generic else ()
 
     def expert_weight_target(self, name: str) -> Optional[Tuple[str, int, str]]:
         """(parameter, expert id, shard) for a per-expert checkpoint tensor of a MoE model; None here (dense)."""
