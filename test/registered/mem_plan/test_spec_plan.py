@@ -4,7 +4,7 @@ values (or transformers' meta-device model), through `sglang plan` as users run 
   - Llama-3.1-8B + the published EAGLE3-LLaMA3.1-Instruct-8B head on an H100-80GB: draft_weights (fc 3h -> h, one
     layer whose q/k/v read 2h, norms, a draft_vocab_size lm_head, d2t / t2d), draft_kv_cache ((T + 1) x one layer's
     K/V), the logits term at verify_token_cap rows, spec_hidden_states (3 x hidden per verify row), draft_cuda_graphs
-    (the head's decode graphs, as upstream holds them; STANDALONE's served draft decodes eagerly: 0 on a GPU too);
+    0 (the served head decodes eagerly, as STANDALONE's draft: 0 on a GPU too);
     the draft cell is charged per token (fewer tokens than without, and not one more token fits).
   - SmolLM2-135M + a smaller Llama draft (transformers' LlamaConfig) on CPU: draft weights == HF meta-device
     parameters x dtype + this runtime's rope table; the draft pool over the target's token slots.
@@ -102,7 +102,7 @@ class TestEagle3OnH100(unittest.TestCase):
         self.assertEqual(got["spec_hidden_states"], rows * 3 * target["hidden_size"] * BF16)
         G = plan["cuda_graph_max_bs"]
         self.assertEqual(G, 256)
-        self.assertEqual(got["draft_cuda_graphs"], G * 2 * MiB + G * dv * 4)  # as the target's dry-run graphs
+        self.assertEqual(got["draft_cuda_graphs"], 0)  # the served head decodes eagerly (draft_runner.py)
         s = plan["speculative"]
         self.assertEqual((s["draft_kv_cell_bytes"], s["draft_kv_rows"], s["draft_kv_bytes"], s["verify_tokens"]),
                          (cell, T + 1, (T + 1) * cell, rows))
@@ -201,7 +201,7 @@ class TestStandaloneDraft(unittest.TestCase):
 
     def test_standalone_prices_no_draft_graphs_on_a_gpu(self):
         """The served DraftRunner decodes the draft eagerly, so a GPU plan holds no draft graphs while the target's
-        own graphs are priced (EAGLE3's head graphs stay priced: TestEagle3OnH100)."""
+        own graphs are priced (EAGLE3's head too: TestEagle3OnH100)."""
         flags = ("--model-path", self.paths["target"], "--gpu", "h100-80gb", "--speculative-algorithm", "STANDALONE",
                  "--speculative-draft-model-path", self.paths["draft"])
         status, d = plan_json(*flags)

@@ -20,11 +20,11 @@ Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_p
                          target cell + draft cell, so max_total_num_tokens falls accordingly
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
     spec_hidden_states   EAGLE heads / MTP layers: the target's hidden states per verify row (EAGLE3: 3 layers')
-    draft_cuda_graphs    STANDALONE: 0, because the served DraftRunner (model_executor/draft_runner.py) decodes the
-                         draft eagerly and captures no graphs, and a plan prices only what a start allocates.
-                         EAGLE / EAGLE3 / NEXTN (planned, not served yet): the head's decode graphs, priced as the
-                         target's dry run prices its own -- what upstream would hold. Verify forwards run eagerly
-                         (EXTEND), so no verify graphs for any algorithm
+    draft_cuda_graphs    STANDALONE / EAGLE / EAGLE3: 0, because the served DraftRunner (model_executor/draft_runner.py)
+                         decodes the draft or head eagerly and captures no graphs, and a plan prices only what a start
+                         allocates. NEXTN (planned, not served yet): the head's decode graphs, priced as the target's
+                         dry run prices its own -- what upstream would hold. Verify forwards run eagerly (EXTEND), so
+                         no verify graphs for any algorithm
 The verify forward's activations need no term: it holds at most verify_token_cap <= chunked_prefill_size tokens,
 which the activation term's profile forward covers (MemoryPlan.explain says so).
 """
@@ -48,6 +48,10 @@ FLAG = "--speculative-draft-model-path"
 NO_GRAPHS_CPU = "no CUDA graphs on a CPU: the draft decodes eagerly"
 NO_GRAPHS_OFF = "no decode graphs with these flags (cuda_graph_max_bs 0): the draft decodes eagerly"
 NO_GRAPHS_STANDALONE = "STANDALONE: the draft decodes eagerly (model_executor/draft_runner.py captures no graphs)"
+NO_GRAPHS_HEAD = ("{algorithm}: the head decodes eagerly (model_executor/draft_runner.py captures no graphs; "
+                  "speculative/eagle_proposer.py runs it after every target forward)")
+# drafts the served DraftRunner runs eagerly: a plan prices no graphs for them (a start captures none)
+EAGER_DRAFTS = ("STANDALONE", "EAGLE", "EAGLE3")
 
 
 def draft_config(path: str) -> dict:
@@ -145,11 +149,13 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         raise ValueError(f"--speculative-algorithm {spec.algorithm}: the planner has no terms for it")
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
     cell = d["cell"]
-    # only the heads (not served yet) are priced with graphs, as upstream captures them; the served STANDALONE
-    # runner decodes eagerly, and a plan must price what the runtime allocates
-    eager = spec.algorithm == "STANDALONE"
+    # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); the others
+    # (NEXTN until it is served) are priced with the head graphs upstream captures
+    eager = spec.algorithm in EAGER_DRAFTS
     graphs = graph_bytes(graph_bs, d["vocab"]) if graph_bs > 0 and not eager else 0
-    reason = (NO_GRAPHS_CPU if device_kind == "cpu" else NO_GRAPHS_STANDALONE if eager else NO_GRAPHS_OFF) \
+    eager_reason = NO_GRAPHS_STANDALONE if spec.algorithm == "STANDALONE" else \
+        NO_GRAPHS_HEAD.format(algorithm=spec.algorithm)
+    reason = (NO_GRAPHS_CPU if device_kind == "cpu" else eager_reason if eager else NO_GRAPHS_OFF) \
         if not graphs else (f"draft decode graphs up to bs {graph_bs} (vocab {d['vocab']:,}), formula as the "
                             f"target's: what upstream holds for {spec.algorithm} (planned here, not served yet)")
     return SpecInputs(**common, hidden_row_bytes=hidden_states * target.hidden_size * dtype_bytes(dtype),
