@@ -25,6 +25,7 @@ import torch
 from sglang.srt.managers.fault_confinement import StepFault, step_phase
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.spec_policy import CPU_VERIFY_TOKEN_BUDGET, SpecPolicy
+from sglang.srt.managers.spec_tree import TreeStep
 from sglang.srt.mem_plan.spec_sizes import verify_token_cap
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.ngram_proposer import NgramProposer
@@ -74,7 +75,9 @@ class SpecDecoder:
         self.proposer = build_proposer(cfg, runner.model_runner)
         cap = verify_token_cap(max_running_requests, cfg.num_draft_tokens, chunked_prefill_size)
         budget = min(cap, CPU_VERIFY_TOKEN_BUDGET) if str(device) == "cpu" else cap
-        self.policy = SpecPolicy(cfg.max_proposals, budget)
+        # a tree's rows per request: its branches expanded (spec_tree.py), within the same total budget
+        self.tree = TreeStep(self) if cfg.topk > 1 else None
+        self.policy = SpecPolicy(cfg.max_proposals if self.tree is None else self.tree.max_rows - 1, budget)
         self.counters = SpecCounters()
 
     def on_extend(self, units) -> None:
@@ -96,6 +99,8 @@ class SpecDecoder:
         max_k = self.policy.max_k(reqs)
         if not any(max_k):
             return False
+        if self.tree is not None:
+            return self.tree.try_verify(reqs, max_k)
         if getattr(self.proposer, "writes_kv", False):  # a draft model writes its KV into the proposals' slots
             max_k = [self.memory.alloc_if_free(r, k) if k else 0 for r, k in zip(reqs, max_k)]
             proposals = self.proposer.propose(reqs, max_k)

@@ -26,6 +26,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Sequence, Tuple
 
+import torch
+
+from sglang.srt.speculative.draft_beam import beam_paths, extend_logits
+
 logger = logging.getLogger(__name__)
 
 Piece = Tuple[int, int, int]  # (index into the batch's requests, first position, end position)
@@ -94,6 +98,28 @@ class DraftProposer:
             out[idx[j]] = tokens[j]
         return out
 
+    def propose_tree(self, reqs: Sequence[Any], rows: Sequence[List[int]],
+                     depth: Sequence[int]) -> List[List[List[int]]]:
+        """Tree proposals (top-k > 1): per request up to len(rows[i]) branches of depth[i] tokens, beam b's draft KV
+        in row rows[i][b] (row 0: the request's own) -- speculative/draft_beam.py. The slots were allocated first."""
+        out: List[List[List[int]]] = [[] for _ in reqs]
+        idx = [i for i, r in enumerate(reqs) if depth[i] > 0 and rows[i] and _alive(r)]
+        if not idx:
+            return out
+        live = [reqs[i] for i in idx]
+        try:
+            pieces = [(j, min(self.seen.get(r.rid, 0), r.kv_len), r.kv_len + 1) for j, r in enumerate(live)]
+            last = self._extend(live, pieces, logits=True)
+            paths = beam_paths(self.runner, [r.kv_len for r in live], [rows[i] for i in idx],
+                               [depth[i] for i in idx], torch.stack([last[j] for j in range(len(live))]))
+        except Exception as e:  # noqa: BLE001 - see _forget
+            self._forget(live, "propose", e)
+            return out
+        for j, r in enumerate(live):
+            self.seen[r.rid] = r.kv_len + depth[idx[j]]
+            out[idx[j]] = paths[j]
+        return out
+
     def on_verified(self, reqs: Sequence[Any], committed: Sequence[int]) -> None:
         for r in reqs:  # the positions past kv_len held rejected proposals: their slots were given back
             if r.rid in self.seen:
@@ -103,9 +129,10 @@ class DraftProposer:
         self.seen.pop(req.rid, None)
 
     # ------------------------------------------------------------------ draft forwards
-    def _extend(self, reqs: List[Any], pieces: List[Piece]) -> Dict[int, int]:
+    def _extend(self, reqs: List[Any], pieces: List[Piece], logits: bool = False) -> Dict[int, Any]:
         """Run the draft over each piece's tokens (split into forwards of at most max_extend_tokens); returns the
-        draft's argmax after each request's last piece, and records the positions it saw."""
+        draft's argmax (logits=True: its logits row) after each request's last piece, and records the positions it
+        saw."""
         cap, batch, used, last = self.max_extend_tokens, [], 0, {}
         queue = [p for p in pieces if p[2] > p[1]]
         while queue:
@@ -116,14 +143,17 @@ class DraftProposer:
             if a + take < b:
                 queue.insert(0, (j, a + take, b))
             if used == cap or not queue:
-                for (jj, _, end), t in zip(batch, self._extend_forward(reqs, batch)):
+                for (jj, _, end), t in zip(batch, self._extend_forward(reqs, batch, logits)):
                     last[jj] = t
                     self.seen[reqs[jj].rid] = end
                 batch, used = [], 0
         return last
 
-    def _extend_forward(self, reqs: List[Any], batch: List[Piece]) -> List[int]:
+    def _extend_forward(self, reqs: List[Any], batch: List[Piece], logits: bool = False) -> List[Any]:
         self.num_forwards += 1
+        if logits:
+            return list(extend_logits(self.runner, [(reqs[j].req_pool_idx, reqs[j].fill_ids[a:b], a)
+                                                    for j, a, b in batch]))
         return self.runner.extend_argmax([(reqs[j].req_pool_idx, reqs[j].fill_ids[a:b], a) for j, a, b in batch])
 
     def _decode(self, reqs: List[Any], tokens: List[int], positions: List[int]) -> List[int]:

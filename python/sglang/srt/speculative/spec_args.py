@@ -27,9 +27,10 @@ HELP = {
     "unset uses --model-path's own MTP layers.",
     "num_steps": "Forwards of the draft model or head per verify step (proposals per request). Default: 3 for "
     "STANDALONE / EAGLE / EAGLE3 / NEXTN; unused by NGRAM.",
-    "eagle_topk": "Candidates kept per draft step (a tree when > 1). Default 1.",
-    "num_draft_tokens": "Tokens in one request's verify forward: its last token plus the proposals. Default: "
-    "num-steps + 1 with top-k 1; 8 for NGRAM.",
+    "eagle_topk": "Candidates kept per draft step (a tree of that many branches when > 1: STANDALONE, --page-size 1). "
+    "Default 1.",
+    "num_draft_tokens": "Tokens verified per request and step: its last token plus the proposals (a tree: its "
+    "nodes). Default: num-steps + 1 with top-k 1; top-k x num-steps + 1 with top-k > 1; 8 for NGRAM.",
     "ngram_min_match_window_size": "NGRAM: the shortest suffix of the text that is looked up for a continuation.",
     "ngram_max_match_window_size": "NGRAM: the longest suffix of the text that is looked up (longer matches are "
     "tried first).",
@@ -97,9 +98,7 @@ def resolve_spec_config(a) -> Optional[SpecConfig]:
                          f"{'model' if algo == 'STANDALONE' else 'head'} checkpoint).")
     steps = a.speculative_num_steps or DEFAULT_NUM_STEPS
     if topk > 1:
-        raise ValueError(f"--speculative-eagle-topk {topk}: tree verification (top-k > 1) is not supported by this "
-                         "runtime yet; use --speculative-eagle-topk 1 (a chain of --speculative-num-steps "
-                         "proposals).")
+        return _tree_config(a, algo, steps, topk)
     n_draft = a.speculative_num_draft_tokens or steps + 1
     if n_draft != steps + 1:
         raise ValueError(f"--speculative-num-draft-tokens {n_draft} with --speculative-num-steps {steps} and "
@@ -108,6 +107,29 @@ def resolve_spec_config(a) -> Optional[SpecConfig]:
     return SpecConfig(algo, steps, topk, n_draft, a.speculative_draft_model_path,
                       a.speculative_ngram_min_match_window_size, a.speculative_ngram_max_match_window_size)
 
+
+def _tree_config(a, algo: str, steps: int, topk: int) -> SpecConfig:
+    """Top-k > 1: a tree of up to topk branches of num-steps proposals (managers/spec_tree.py); num-draft-tokens
+    counts, as upstream, the verified nodes + 1 (default: a full beam's topk x num-steps nodes + 1)."""
+    flag = f"--speculative-eagle-topk {topk}"
+    if algo not in TREE_ALGORITHMS:
+        raise ValueError(f"{flag} with --speculative-algorithm {algo}: tree proposals (top-k > 1) are served for "
+                         f"{', '.join(TREE_ALGORITHMS)} only; use --speculative-eagle-topk 1 (a chain).")
+    if a.page_size > 1:
+        raise ValueError(f"{flag} with --page-size {a.page_size}: a tree's branches cannot share a request's partly "
+                         "filled last page; use --page-size 1 or --speculative-eagle-topk 1.")
+    most = topk * steps + 1
+    n_draft = a.speculative_num_draft_tokens or most
+    if not 2 <= n_draft <= most:
+        raise ValueError(f"--speculative-num-draft-tokens {n_draft} with {flag} and --speculative-num-steps {steps}: "
+                         f"a tree verifies 1 + at most topk x num-steps = {most} tokens and at least 2; pass a "
+                         f"value in [2, {most}] or leave it unset.")
+    return SpecConfig(algo, steps, topk, n_draft, a.speculative_draft_model_path,
+                      a.speculative_ngram_min_match_window_size, a.speculative_ngram_max_match_window_size)
+
+
+# algorithms whose proposer makes trees (top-k > 1)
+TREE_ALGORITHMS = ("STANDALONE",)
 
 # what a server runs today; `sglang plan` prices every algorithm above
 SERVED_ALGORITHMS: tuple = ("NGRAM", "STANDALONE")

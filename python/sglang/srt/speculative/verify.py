@@ -18,7 +18,7 @@ non-speculative decoding would at that output length (penalties, min_new_tokens:
 
 Two paths:
   batched     requests without a grammar, a seeded generator or a client logit processor: one sample() call over
-              all their rows, row j of a request standing for it through a _RowView whose output_ids are its own
+              all their rows, row j of a request standing for it through a RowView whose output_ids are its own
               plus d_1 .. d_j. Greedy rows give the tokens of non-speculative decoding; unseeded random rows the
               same distribution (above).
   sequential  requests with a grammar (its matcher only knows its current position, and advances only through
@@ -43,7 +43,7 @@ from sglang.srt.sampling.sampler import SampleOutput, sample
 Commit = Callable[[int, SampleOutput, int], bool]
 
 
-class _RowView:
+class RowView:
     """A request as the sampler sees it at row j of its verify rows: its output followed by the first j proposals.
     Only read by the batched path (no grammar, generator or client processor)."""
 
@@ -121,7 +121,7 @@ def verify(logits: torch.Tensor, reqs: List[Any], proposals: List[List[int]], of
     for i in batched:
         for j in range(len(proposals[i]) + 1):
             rows.append(offsets[i] + j)
-            views.append(reqs[i] if j == 0 else _RowView(reqs[i], proposals[i][:j]))
+            views.append(reqs[i] if j == 0 else RowView(reqs[i], proposals[i][:j]))
     out = None
     if rows:
         every = rows == list(range(logits.shape[0]))
