@@ -35,10 +35,10 @@ FIELDS = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, moe_i
 MTP_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
 
 
-def _random_v3(num_layers: int, first_dense: int):
+def _random_v3(num_layers: int, first_dense: int, vocab: int):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    model = DeepseekV3ForCausalLM(DeepseekV3Config(**FIELDS, num_hidden_layers=num_layers,
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**dict(FIELDS, vocab_size=vocab), num_hidden_layers=num_layers,
                                                    first_k_dense_replace=first_dense))
     with torch.no_grad():  # more spread than transformers' init, so greedy paths and routing are not degenerate
         for p in model.parameters():
@@ -54,12 +54,15 @@ def _norm_weight(n: int) -> torch.Tensor:
     return 1.0 + 0.1 * torch.randn(n)
 
 
-def save_v3_with_mtp(path: str, num_layers: int = 2, seed: int = 0) -> str:
-    """A random V3 target of num_layers layers plus one MTP layer (model.layers.{num_layers}.*) at path."""
+def save_v3_with_mtp(path: str, num_layers: int = 2, seed: int = 0, vocab: int = VOCAB, tokenizer=None) -> str:
+    """A random V3 target of num_layers layers plus one MTP layer (model.layers.{num_layers}.*) at path (with
+    `tokenizer` saved beside it when given: vocab must then cover it)."""
     torch.manual_seed(seed)
-    _random_v3(num_layers, 1).save_pretrained(path)
+    _random_v3(num_layers, 1, vocab).save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     scratch = os.path.join(path, "_mtp_layer")
-    _random_v3(1, 0).save_pretrained(scratch)  # one sparse layer's tensors, transformers' names
+    _random_v3(1, 0, vocab).save_pretrained(scratch)  # one sparse layer's tensors, transformers' names
     file = os.path.join(path, "model.safetensors")
     tensors, layer = load_file(file), load_file(os.path.join(scratch, "model.safetensors"))
     for name in os.listdir(scratch):

@@ -134,6 +134,7 @@ def test_target_skips_mtp_and_head_weights_match_plan(loaded):
     ckpt = load_file(f"{path}/model.safetensors")
     mtp = f"model.layers.{NUM_LAYERS}."
     assert len(target.model.layers) == NUM_LAYERS
+    assert "last" in target.hidden_capture_modes()  # the target hands its final-normed rows to the head
     # the head's tensors are the checkpoint's MTP tensors (the experts stacked; kv_b_proj rearranged per head)
     torch.testing.assert_close(head.eh_proj.weight, ckpt[mtp + "eh_proj.weight"], rtol=0, atol=0)
     torch.testing.assert_close(head.decoder.self_attn.q_a_proj.weight, ckpt[mtp + "self_attn.q_a_proj.weight"],

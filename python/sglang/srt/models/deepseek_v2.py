@@ -7,7 +7,10 @@ residual layout with
                routed by group-limited top-k (layers/moe/grouped_topk.py): V2 softmax (greedy or
                group_limited_greedy), V3 sigmoid with noaux_tc groups and e_score_correction_bias
 A V3 checkpoint's multi-token-prediction layer (model.layers.{num_hidden_layers}.*, num_nextn_predict_layers of
-them) is not part of the model: its tensors are skipped on load, named once in the log.
+them) is not part of the model: its tensors are skipped on load, named once in the log. With
+--speculative-algorithm NEXTN they are the draft head's (models/deepseek_nextn.py, priced by
+mem_plan/draft_heads.nextn_weights), which reads this model's final-normed hidden states (LlamaForCausalLM's
+generic forward keeps them for it: hidden_capture_modes).
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             layers = sorted({int(_LAYER_INDEX.match(n).group(1)) for n in skipped})
             which = str(layers[0]) if len(layers) == 1 else "{" + ",".join(map(str, layers)) + "}"
             logger.info("Skipped %d tensors of model.layers.%s.*, the multi-token-prediction layer "
-                        "(num_nextn_predict_layers): not part of the %d-layer model served here", len(skipped), which,
-                        num_layers)
+                        "(num_nextn_predict_layers): not part of the %d-layer model (--speculative-algorithm NEXTN "
+                        "loads it as its draft head)", len(skipped), which, num_layers)
         check_experts_loaded(self)
 
 
