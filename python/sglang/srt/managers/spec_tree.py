@@ -64,6 +64,7 @@ class TreeStep:
         # the most expanded rows a request's tree takes (the policy's per-request cap)
         branches, depth = tree_shape(1 << 30, self.topk, self.num_steps, self.max_nodes)
         self.max_rows = branches * (depth + 1)
+        self.side_branch_commits = 0  # request-steps whose committed path left branch 0 (slots moved in)
 
     # ------------------------------------------------------------------ slots
     def _temp_branch(self, r: Req, p: int, depth: int) -> Optional[Branch]:
@@ -213,6 +214,7 @@ class TreeStep:
                 walk_trees(logits, reqs, chains, offsets, commit, runner.grammar.bitmask)
         except StepFault as f:
             d._recover_as_decode([r for i, r in enumerate(reqs) if not committed[i] and _alive(r)], f)
+        self.side_branch_commits += sum(1 for pl in placed if pl)
         for i, r in enumerate(reqs):
             if committed[i] and _alive(r):
                 self.memory.truncate(r)

@@ -1,0 +1,256 @@
+"""Tree verification (--speculative-eagle-topk > 1, issue 44).
+
+- The walk (speculative/tree.py) and the tree step (managers/spec_tree.py) without a model: a synthetic target whose
+  row after a history is a fixed random function of that history, read by a fake forward through the request table
+  and a fake KV store (slot -> the (position, token) written there), so a temporary row with a wrong prefix, a branch
+  computed at the wrong positions or a request row left pointing at another branch's slots all change what is read.
+  Branches include the greedy continuation split over two side branches and wrong ones: the step commits exactly the
+  reference greedy tokens, the request's row then maps each position to the slot holding its token, and every other
+  slot and temporary row goes back (the allocator's free count and the table's free rows return to their start).
+- The walk's law at temperature 1: a chi-square over many draws against the chain rule over the tree's outcomes.
+- STANDALONE with top-k 3 and 2 through sglang.Engine (one engine; top-k 2 by the tree step's own setting): greedy
+  tokens == the same engine's without speculation, with a 4-token chunked prefill, a prefix hit, a stop string and
+  retraction (python/sglang/test/retraction_checks.py), idle and intact after every run (no slot leaked).
+"""
+
+import os
+import tempfile
+import unittest
+from types import SimpleNamespace
+
+import torch
+
+from sglang.srt.managers.req_memory import ReqMemory
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.spec_tree import TreeStep
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.tree import DraftTree, walk_trees
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=150, suite="cpu")
+
+V = 32
+
+
+def target_row(history) -> torch.Tensor:
+    """The synthetic target's logits after `history` (a fixed random function of it)."""
+    g = torch.Generator().manual_seed(hash(tuple(history)) % (1 << 62))
+    return torch.randn(V, generator=g)
+
+
+def greedy(history, n):
+    out = []
+    for _ in range(n):
+        out.append(int(target_row(history + out).argmax()))
+    return out
+
+
+def greedy_reference(history, tree_prefixes, limit):
+    """Non-speculative greedy decoding from the target, for as long as the tokens so far are a node of the tree."""
+    out = []
+    while len(out) < limit:
+        out.append(int(target_row(history + out).argmax()))
+        if tuple(out) not in tree_prefixes:
+            break
+    return out
+
+
+class FakeModel:
+    """ForwardBatch -> logits of every row, each computed from the history read through the request table."""
+
+    def __init__(self, pool):
+        self.pool, self.kv = pool, {}
+
+    def forward(self, fb):
+        rows, starts = [], fb.extend_prefix_lens_cpu
+        ids, loc, at = fb.input_ids.tolist(), fb.out_cache_loc.tolist(), 0
+        for row, p, n in zip(fb.req_pool_indices_cpu, starts, fb.extend_seq_lens_cpu):
+            for q in range(n):
+                self.kv[loc[at + q]] = (p + q, ids[at + q])
+            hist = []
+            for pos, slot in enumerate(self.pool.read(row, 0, p)):
+                assert self.kv[slot][0] == pos, (row, pos)
+                hist.append(self.kv[slot][1])
+            for q in range(n):
+                rows.append(target_row(hist + ids[at: at + q + 1]))
+            at += n
+        return torch.stack(rows)
+
+
+class TreeStepHarness:
+    """A TreeStep over real request memory (allocator, request table) with a fake runner and proposer."""
+
+    def __init__(self, topk=3, steps=3, draft_tokens=10, slots=256):
+        self.pool = ReqToTokenPool(8, 128)
+        self.alloc = TokenToKVPoolAllocator(slots)
+        self.memory = ReqMemory(self.pool, self.alloc, None, 1)
+        self.model = FakeModel(self.pool)
+        self.branches = {}
+        self.counted = []
+        runner = SimpleNamespace(
+            fault_policy=SimpleNamespace(inject=lambda *a: None), forward_ct=0, model_runner=self.model,
+            grammar=SimpleNamespace(bitmask=None), _commit_token=lambda r, out, row: r.append_token_id(
+                int(out.next_token_ids[row])))
+        self.decoder = SimpleNamespace(
+            cfg=SimpleNamespace(topk=topk, num_steps=steps, max_proposals=draft_tokens - 1), memory=self.memory,
+            runner=runner, sink=SimpleNamespace(overlap=None), proposer=SimpleNamespace(propose_tree=self.propose),
+            _recover_as_decode=lambda reqs, f: None, _count=lambda *a: self.counted.append(a))
+        self.step = TreeStep(self.decoder)
+
+    def propose(self, reqs, rows, depth):
+        return [[b[: depth[i]] for b in self.branches.get(r.rid, [])][: len(rows[i])] for i, r in enumerate(reqs)]
+
+    def decoding_req(self, rid, prompt, x0, **sp):
+        """A request after its prefill: the prompt's KV written, x0 sampled, its decode slot allocated."""
+        sp.setdefault("max_new_tokens", 64)
+        r = Req(rid, list(prompt), SamplingParams(temperature=0.0, **sp))
+        self.memory.admit(r, [], None)
+        slots = self.memory.alloc(r, len(prompt))
+        for pos, (s, t) in enumerate(zip(slots, prompt)):
+            self.model.kv[s] = (pos, t)
+        r.kv_len = len(prompt)
+        r.append_token_id(x0)
+        assert self.memory.alloc_decode([r])
+        return r
+
+
+class TestTreeStep(unittest.TestCase):
+    def test_walk_follows_the_right_branch_and_gives_back_every_other_slot(self):
+        h = TreeStepHarness()
+        free_slots, free_rows = self.alloc_state(h)
+        a = h.decoding_req("a", [5, 6, 7], 9)
+        b = h.decoding_req("b", [1, 2], 4)
+        c = h.decoding_req("c", [3, 3, 3, 3], 8)
+        d = h.decoding_req("d", [2, 4], 1, max_new_tokens=3)  # finishes in the middle of its walk
+        g = {r.rid: greedy(r.fill_ids, 4) for r in (a, b, c, d)}  # non-speculative greedy tokens
+        wrong = lambda t: (t + 1) % V  # noqa: E731
+        ga, gb, gd = g["a"], g["b"], g["d"]
+        h.branches = {
+            # branch 0 wrong at once; the greedy path runs through branch 1 (g1) then branch 2 (g1 g2)
+            "a": [[wrong(ga[0]), 1, 2], [ga[0], wrong(ga[1]), 3], [ga[0], ga[1], wrong(ga[2])]],
+            "b": [[gb[0], gb[1], gb[2]], [wrong(gb[0]), 0, 0]],  # branch 0 right to its end: the bonus token
+            "d": [[wrong(gd[0]), 5, 5], [gd[0], gd[1], gd[2]]],  # 2 branches of the 3 it had slots for
+        }
+        before = {r.rid: list(r.fill_ids) for r in (a, b, c, d)}
+        reqs = [a, b, c, d]
+        held0 = [r.alloc_len for r in reqs]
+        self.assertTrue(h.step.try_verify(reqs, [11, 7, 0, 11]))
+        for r in (a, b, c):  # the tree's greedy walk, computed from the prefixes alone
+            prefixes = {tuple(p[:j]) for p in h.branches.get(r.rid, []) for j in range(1, len(p) + 1)}
+            self.assertEqual(r.output_ids[1:], greedy_reference(before[r.rid], prefixes, 4), r.rid)
+        self.assertEqual([r.output_ids[1:] for r in reqs], [ga[:3], gb[:4], g["c"][:1], gd[:2]])
+        self.assertTrue(d.finished())  # max_new_tokens 3: x0 and two more
+        # the request's row maps every position below kv_len to the slot whose KV holds its token
+        for r in (a, b, c, d):
+            self.assertEqual(r.kv_len, len(r.fill_ids) - 1, r.rid)
+            for pos, slot in enumerate(h.pool.read(r.req_pool_idx, 0, r.kv_len)):
+                self.assertEqual(h.model.kv[slot], (pos, r.fill_ids[pos]), (r.rid, pos))
+        self.assertEqual([r.alloc_len for r in (a, b, c)], [r.kv_len for r in (a, b, c)])
+        # every slot of the step not in a request's row is free again, every temporary row released
+        grown = sum(r.alloc_len - n for r, n in zip(reqs, held0))
+        self.assertEqual(h.alloc.available_size(), free_slots - sum(held0) - grown)
+        self.assertEqual(h.pool.available_size(), free_rows - len(reqs))
+        self.assertEqual(h.step.side_branch_commits, 2)  # a and d left branch 0
+        for r in reqs:
+            h.memory.release(r, cache=False)
+        self.assertEqual(self.alloc_state(h), (free_slots, free_rows))
+
+    def test_nothing_proposed_gives_back_the_branches(self):
+        h = TreeStepHarness()
+        free_slots, free_rows = self.alloc_state(h)
+        r = h.decoding_req("a", [5, 6, 7], 9)
+        self.assertFalse(h.step.try_verify([r], [11]))  # the proposer made no tree
+        self.assertEqual(r.alloc_len, r.kv_len + 1)
+        h.memory.release(r, cache=False)
+        self.assertEqual(self.alloc_state(h), (free_slots, free_rows))
+
+    def test_branches_take_only_free_slots(self):
+        h = TreeStepHarness(slots=12)  # 3 prompt + 1 decode slot leave 8: branch 0 (+3) and one more branch (4)
+        r = h.decoding_req("a", [5, 6, 7], 9)
+        h.branches = {"a": [[1, 2, 3], [2, 3, 4], [3, 4, 5]]}
+        seen = []
+
+        def propose(reqs, rows, depth):
+            seen.append(([len(x) for x in rows], depth))
+            return h.propose(reqs, rows, depth)
+
+        h.decoder.proposer.propose_tree = propose
+        h.step.try_verify([r], [11])
+        self.assertEqual(seen, [([2], [3])])
+        self.assertEqual(h.alloc.available_size(), 12 - r.alloc_len)
+
+    @staticmethod
+    def alloc_state(h):
+        return h.alloc.available_size(), h.pool.available_size()
+
+
+# ------------------------------------------------------------------------------------ the walk's law (temperature 1)
+# the tree: root -> {0, 1}; node (0,) -> {1}. Branches [0, 1] and [1]; expanded rows: [root, (0,), (0, 1)], [root, (1,)]
+W = 4
+NODE_ROWS = {(): [2.0, 1.5, 0.5, 0.0], (0,): [0.3, 1.8, 1.0, 0.0], (0, 1): [0.0, 0.7, 1.2, 0.4],
+             (1,): [1.0, 0.2, 0.0, 0.9]}
+BRANCHES = [[0, 1], [1]]
+
+
+def tree_law():
+    p = {k: torch.softmax(torch.tensor(v, dtype=torch.float64), 0).tolist() for k, v in NODE_ROWS.items()}
+    law = {}
+    for a in range(W):
+        if a == 0:
+            for b in range(W):
+                if b == 1:
+                    law.update({(0, 1, c): p[()][0] * p[(0,)][1] * p[(0, 1)][c] for c in range(W)})
+                else:
+                    law[(0, b)] = p[()][0] * p[(0,)][b]
+        elif a == 1:
+            law.update({(1, c): p[()][1] * p[(1,)][c] for c in range(W)})
+        else:
+            law[(a,)] = p[()][a]
+    return law
+
+
+def walked(n):
+    torch.manual_seed(99)
+    tree = DraftTree(BRANCHES)
+    rows = torch.tensor([NODE_ROWS[()], NODE_ROWS[(0,)], NODE_ROWS[(0, 1)], NODE_ROWS[()], NODE_ROWS[(1,)]])
+    reqs = [Req(f"u{i}", [1], SamplingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True)) for i in range(n)]
+    got = [[] for _ in range(n)]
+
+    def commit(i, out, row, node):
+        got[i].append(int(out.next_token_ids[row]))
+        return True
+
+    walk_trees(rows.repeat(n, 1), reqs, [tree] * n, [5 * i for i in range(n)], commit, None)
+    return [tuple(g) for g in got]
+
+
+def chi_square_p(outcomes, law):
+    from scipy.stats import chisquare
+
+    keys = sorted(law)
+    hist = {k: 0 for k in keys}
+    for o in outcomes:
+        hist[o] += 1
+    n = len(outcomes)
+    return chisquare([hist[k] for k in keys], [law[k] * n for k in keys]).pvalue
+
+
+def test_the_walk_keeps_the_target_distribution():
+    law = tree_law()
+    assert abs(sum(law.values()) - 1) < 1e-9
+    assert chi_square_p(walked(6000), law) > 1e-3
+
+
+def test_the_chi_square_rejects_a_walk_that_reads_the_wrong_row():
+    from unittest import mock
+
+    # the mutant forgets the home branch: node (1,) samples from branch 0's row at its depth, node (0,)'s
+    with mock.patch.object(DraftTree, "row", lambda self, n: self.depth[n]):
+        outcomes = walked(6000)
+    assert chi_square_p(outcomes, tree_law()) < 1e-3
+
+
+if __name__ == "__main__":
+    unittest.main()
