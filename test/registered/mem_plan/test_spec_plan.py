@@ -90,8 +90,10 @@ class TestEagle3OnH100(unittest.TestCase):
                   + 4 * h  # hidden_norm, input_layernorm, post_attention_layernorm, norm
                   + dv * h)  # lm_head over the draft vocabulary
         maps = dv * 8 + v * 1  # d2t int64, t2d bool
+        # the head's cos/sin table over the target's positions (the longer of the two configs')
+        rope = max(head["max_position_embeddings"], target["max_position_embeddings"]) * d * BF16
         got, plan = terms(self.d), self.d["plan"]
-        self.assertEqual(got["draft_weights"], params * BF16 + maps)
+        self.assertEqual(got["draft_weights"], params * BF16 + maps + rope)
         T, R = plan["max_total_num_tokens"], plan["max_running_requests"]
         cell = 1 * nkv * d * 2 * BF16  # one layer's K and V
         self.assertEqual(got["draft_kv_cache"], (T + 1) * cell)
@@ -244,7 +246,8 @@ class TestOtherAlgorithms(unittest.TestCase):
         h, inter = 4096, 14336
         q, kv = 32 * 128, 8 * 128
         params = 2 * h * h + h + h * (q + 2 * kv) + q * h + 3 * h * inter + h  # fc + bias, layer, post-attn norm
-        self.assertEqual(terms(d)["draft_weights"], params * BF16)  # embedding and lm_head: the target's
+        rope = 131072 * 128 * BF16  # the head's rotary table over Llama-3.1's positions
+        self.assertEqual(terms(d)["draft_weights"], params * BF16 + rope)  # embedding and lm_head: the target's
         self.assertEqual(terms(d)["spec_hidden_states"], d["plan"]["speculative"]["verify_tokens"] * h * BF16)
 
     def test_nextn_mtp_layer_is_deepseek_v3s_decoder_layer(self):

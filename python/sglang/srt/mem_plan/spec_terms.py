@@ -95,9 +95,13 @@ def _eagle(algorithm: str, cfg: dict, target, tp: int, dtype: str, kv_cache_dtyp
         groups, maps, vocab = H.eagle_head_weights(cfg, tp), 0, target.vocab_size
     head = model_shape_from_config(cfg)  # a Llama-layout config: its KV geometry (one layer for a head)
     params = sum(g.numel for g in groups)
-    return dict(weights=H.groups_bytes(groups, elem) + maps, cell=head.kv_cell(kv_cache_dtype, tp, dtype),
+    # the head's rotary table spans the target's positions too (DraftRunner._load_head widens a shorter one)
+    rows = max(head.text.max_position_embeddings, target.max_position_embeddings)
+    rope = head.text.rope_tables * rows * head.text.rotary_dim * elem
+    return dict(weights=H.groups_bytes(groups, elem) + maps + rope, cell=head.kv_cell(kv_cache_dtype, tp, dtype),
                 vocab=vocab, draft=f"{algorithm} head, {head.text.num_layers} layer, {params / 1e6:.1f}M params",
-                weights_detail=f"{params:,} params x {dtype}" + (f" + d2t/t2d maps {maps:,} B" if maps else "")
+                weights_detail=f"{params:,} params x {dtype} + rope table {rope:,} B"
+                + (f" + d2t/t2d maps {maps:,} B" if maps else "")
                 + "; embedding" + ("" if algorithm == "EAGLE3" else " and lm_head") + " shared with the target")
 
 

@@ -94,7 +94,8 @@ class DraftRunner:
 
         cfg = self.model_config.hf_config
         check_head_fits(algorithm, cfg, target.model.config, path)
-        cfg.max_position_embeddings = max(getattr(cfg, "max_position_embeddings", 0) or 0, target.context_len)
+        target_positions = getattr(target.model.config, "max_position_embeddings", 0) or target.context_len
+        cfg.max_position_embeddings = max(getattr(cfg, "max_position_embeddings", 0) or 0, target_positions)
         return build_head(algorithm, cfg, target.model, path, self.model_config.dtype, self.device)
 
     def _make_pool(self, target, cell):
