@@ -226,6 +226,8 @@ class BatchRunner:
         assert allocated, "decode memory was checked"
         if self.spec is None or not self.spec.try_verify(reqs):  # a verify step when some request has proposals
             self._run_confined([(r, 1) for r in reqs], decode=True)
+            if self.spec is not None:
+                self.spec.on_decoded(reqs)
         self.queues.running = [r for r in self.queues.running if _alive(r)]
         self.memory.free_out_of_window(self.queues.running)
         self.forward_ct += 1

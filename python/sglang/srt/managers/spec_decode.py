@@ -49,6 +49,10 @@ def build_proposer(cfg, model_runner: Any) -> Proposer:
         from sglang.srt.speculative.draft_proposer import DraftProposer
 
         return DraftProposer(model_runner.draft_runner, cfg.num_steps, model_runner.chunked_prefill_size)
+    if cfg.algorithm in ("EAGLE", "EAGLE3"):
+        from sglang.srt.speculative.eagle_proposer import EagleProposer
+
+        return EagleProposer(model_runner.draft_runner, model_runner, cfg.num_steps)
     raise ValueError(f"--speculative-algorithm {cfg.algorithm}: no proposer in this runtime yet")
 
 
@@ -82,6 +86,12 @@ class SpecDecoder:
 
     def on_extend(self, units) -> None:
         self.proposer.on_extend(units)
+
+    def on_decoded(self, reqs: List[Req]) -> None:
+        """After an ordinary decode step (no proposals): a hidden-state draft catches up on its features."""
+        hook = getattr(self.proposer, "on_decoded", None)
+        if hook is not None:
+            hook(reqs)
 
     def _forget_left(self) -> None:
         """Proposer and policy state of requests that left the scheduler."""

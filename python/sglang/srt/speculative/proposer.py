@@ -6,6 +6,7 @@ the target's own, and sampling keeps the target's distribution. A proposer never
 
     propose(reqs, max_k)        -> per request a list of at most max_k[i] token ids (empty: decode without proposals)
     on_extend(units)            after a target extend forward of (req, num_tokens) units (a draft model prefills here)
+    on_decoded(reqs)            after an ordinary decode step (no proposals in the batch; a hidden-state head catches up)
     on_verified(reqs, committed) after a verify step: how many tokens each request committed
     release(req)                the request left the scheduler (finished, failed or aborted)
 """
@@ -20,6 +21,9 @@ class Proposer:
         raise NotImplementedError
 
     def on_extend(self, units: Sequence[Tuple[Any, int]]) -> None:
+        pass
+
+    def on_decoded(self, reqs: Sequence[Any]) -> None:
         pass
 
     def on_verified(self, reqs: Sequence[Any], committed: Sequence[int]) -> None:
