@@ -17,11 +17,12 @@ that runs the tests: torch must be a build for the suite's platform and see a de
 import; otherwise it exits 1 with one line naming what is missing, before any test. Its tests then run with
 SUITE_GPU_ENV set, under which sglang.test.gpu_backends fails a test that would skip for want of the GPU.
 
-A group's pytest loads only the installed pytest plugins (pytest11 entry points) that one of its files names
-(the plugin's entry-point or distribution name anywhere in the file's text): hypothesis' and schemathesis'
-plugins import those libraries, ~5 s per process that every group would pay otherwise.
+A group's pytest loads only the installed pytest plugins that one of its files names (suite_plugins.py).
 
-    python test/run_suite.py --suite cpu [--list] [-k EXPR] [-x] [--timeout-per-file S] [--hang-retries N]
+With --jobs N (N > 1) N groups run side by side, each group's output printed whole when it ends, and a file
+registered with serial=True (it measures time, CPU or latency) runs after them, alone (suite_pool.py).
+
+    python test/run_suite.py --suite cpu [--list] [-k EXPR] [-x] [--jobs N] [--timeout-per-file S] [--hang-retries N]
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
-import importlib.metadata
 import json
 import os
 import signal
@@ -39,6 +39,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import suite_pool  # noqa: E402
+from suite_plugins import installed_plugins, plugin_blocks  # noqa: E402,F401 (tests reach them here)
 
 REGISTERED = Path(__file__).resolve().parent / "registered"
 ROOT = REGISTERED.parent.parent
@@ -62,6 +66,7 @@ GPU_SUITES = {
 }
 PLATFORM_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
 PREFLIGHT_TIMEOUT_S = 300  # importing the vendor libraries can be slow on a cold disk
+DEFAULT_JOBS = 1  # 2 once a whole --jobs 2 run of the cpu suite has passed
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Entry:
     suite: str
     est_time: float
     disabled: str | None
+    serial: bool = False
 
 
 def _const(node):
@@ -91,7 +97,7 @@ def collect(root: Path = REGISTERED) -> list[Entry]:
             kw = {k.arg: _const(k.value) for k in call.keywords}
             est = kw.get("est_time", _const(call.args[0]) if call.args else None)
             suite = kw.get("suite") or MARKERS[name]
-            entries.append(Entry(path, name, suite, float(est or 60), kw.get("disabled")))
+            entries.append(Entry(path, name, suite, float(est or 60), kw.get("disabled"), bool(kw.get("serial"))))
     return entries
 
 
@@ -114,6 +120,7 @@ class GroupResult:
     hung: bool
     tail: List[str]
     leaked: List[str] = field(default_factory=list)
+    output: bytes = b""  # everything it printed, when run with echo=False (held for printing whole)
 
 
 # What the preflight needs to know, gathered in a child process: a broken library may crash its importer, and the
@@ -196,25 +203,6 @@ def preflight(suite: str) -> bool:
     return True
 
 
-def installed_plugins() -> List[tuple]:
-    """(entry-point name, the names a test file that uses it would contain) of each auto-loaded pytest plugin."""
-    out = []
-    for ep in importlib.metadata.entry_points(group="pytest11"):
-        dist = (ep.dist.name if ep.dist else "").lower()
-        out.append((ep.name, {n for n in (ep.name, dist, dist.replace("-", "_")) if n}))
-    return out
-
-
-def plugin_blocks(files: List[str], plugins: List[tuple]) -> List[str]:
-    """`-p no:NAME` for each plugin that none of `files` names; a plugin named anywhere in a file stays loaded."""
-    texts = [(ROOT / f).read_text().lower() for f in files]
-    out = []
-    for name, words in plugins:
-        if not any(w.lower() in t for w in words for t in texts):
-            out += ["-p", f"no:{name}"]
-    return out
-
-
 def processes_with_token(token: str) -> List[tuple]:
     """(pid, command line) of the live processes whose environment carries GROUP_ENV=token."""
     needle = f"{GROUP_ENV}={token}".encode()
@@ -257,11 +245,21 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None = None) -> GroupResult:
-    """One pytest process over `files` (with `env` added to its environment), its output streamed through; past
-    limit_s it gets SIGABRT (pytest's faulthandler prints every thread's stack) and, ABORT_GRACE_S later, SIGKILL."""
+def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None = None,
+              echo: bool = True) -> GroupResult:
+    """One pytest process over `files` (with `env` added to its environment), its output streamed through (echo) or
+    kept in the result's `output`; past limit_s it gets SIGABRT (pytest's faulthandler prints every thread's stack)
+    and, ABORT_GRACE_S later, SIGKILL."""
     start = time.monotonic()
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+    held = bytearray()
+
+    def emit(data: bytes) -> None:
+        if echo:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        else:
+            held.extend(data)
     token = f"{os.getpid()}-{time.time_ns()}"
     proc = subprocess.Popen(cmd + files, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True, bufsize=0, env={**os.environ, **(env or {}), GROUP_ENV: token})
@@ -271,8 +269,7 @@ def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None
     while True:
         chunk = proc.stdout.read()
         if chunk:
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+            emit(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
             tail.extend(x.decode(errors="replace") for x in lines)
         elif proc.poll() is not None:
@@ -281,8 +278,8 @@ def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None
             time.sleep(0.05)
         now = time.monotonic()
         if kill_at is None and now - start > limit_s:
-            print(f"\n[run_suite] {' '.join(files)}: still running after {limit_s:.0f} s: printing every thread's "
-                  f"stack (SIGABRT), then killing it", flush=True)
+            emit(f"\n[run_suite] {' '.join(files)}: still running after {limit_s:.0f} s: printing every thread's "
+                 f"stack (SIGABRT), then killing it\n".encode())
             _kill_group(proc, signal.SIGABRT)
             kill_at = now + ABORT_GRACE_S
         elif kill_at is not None and now > kill_at:
@@ -294,8 +291,8 @@ def run_group(cmd: List[str], files: List[str], limit_s: float, env: dict | None
     leaked = sweep(token)  # what the group started and left running, wherever it went
     _kill_group(proc, signal.SIGKILL)
     if leaked and not hung:
-        print(f"[run_suite] left running by {' '.join(files)} (killed now):\n  " + "\n  ".join(leaked), flush=True)
-    return GroupResult(files, -1 if hung else rc, time.monotonic() - start, hung, list(tail), leaked)
+        emit((f"[run_suite] left running by {' '.join(files)} (killed now):\n  " + "\n  ".join(leaked) + "\n").encode())
+    return GroupResult(files, -1 if hung else rc, time.monotonic() - start, hung, list(tail), leaked, bytes(held))
 
 
 def main(argv=None) -> int:
@@ -307,7 +304,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout-per-file", type=float, default=900,
                    help="seconds a file may run (a group of files gets the sum, at least this)")
     p.add_argument("--hang-retries", type=int, default=1, help="runs more of a group that was killed as hung")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"groups run side by side (serial=True files run after them, alone); default {DEFAULT_JOBS} "
+                        "for a CPU suite, 1 for a GPU suite (its tests measure the one device's memory)")
     args = p.parse_args(argv)
+    if args.jobs is None:
+        args.jobs = 1 if args.suite in GPU_SUITES else DEFAULT_JOBS
 
     entries = [e for e in collect() if e.suite == args.suite and not e.disabled]
     entries.sort(key=lambda e: -e.est_time)
@@ -333,22 +335,30 @@ def main(argv=None) -> int:
     if args.x:
         cmd.append("-x")
 
-    suite_start = time.monotonic()
-    results: List[GroupResult] = []
     plugins = installed_plugins()
-    for group in groups(entries):
-        files = [str(e.path.relative_to(ROOT)) for e in group]
-        limit_s = args.timeout_per_file * len(group)
-        print(f"\n[run_suite] {' '.join(files)}", flush=True)
-        for attempt in range(1 + args.hang_retries):
-            res = run_group(cmd + plugin_blocks(files, plugins), files, limit_s, env)
-            results.append(res)
-            if not res.hung:
-                break
-            print(f"[run_suite] hung (attempt {attempt + 1}); " +
-                  ("running it again" if attempt < args.hang_retries else "giving up"), flush=True)
-        if args.x and not group_ok(res, bool(args.k)):
-            break
+
+    def run_one(files: List[str], group_env: dict, echo: bool):
+        return suite_pool.with_hang_retries(
+            lambda: run_group(cmd + plugin_blocks(files, plugins), files, args.timeout_per_file * len(files),
+                              {**env, **group_env}, echo=echo), files, args.hang_retries, echo)
+
+    def as_groups(part: List[Entry]):
+        return [([str(e.path.relative_to(ROOT)) for e in g], sum(e.est_time for e in g)) for g in groups(part)]
+
+    def stop(got: List[GroupResult]) -> bool:
+        return args.x and not group_ok(got[-1], bool(args.k))
+
+    suite_start = time.monotonic()
+    pooled = as_groups([e for e in entries if not e.serial])
+    alone = as_groups([e for e in entries if e.serial])
+    if args.jobs > 1:
+        print(f"[run_suite] {len(pooled)} groups, {args.jobs} at a time; then {len(alone)} serial group(s) alone",
+              flush=True)
+        results = suite_pool.run_pool(pooled, run_one, args.jobs, suite_pool.thread_env(args.jobs), stop)
+    else:
+        results = suite_pool.run_serial(pooled, run_one, {}, stop)
+    if not (results and stop(results[-1:])):
+        results += suite_pool.run_serial(alone, run_one, {}, stop)
     return summarize(results, time.monotonic() - suite_start, k_filter=bool(args.k))
 
 

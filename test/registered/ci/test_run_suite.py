@@ -197,7 +197,7 @@ def test_a_gpu_suite_that_passes_preflight_marks_its_tests_as_inside_a_gpu_suite
     seen = []
     monkeypatch.setattr(run_suite, "gpu_facts", lambda modules: ROCM_OK)
     monkeypatch.setattr(run_suite, "run_group",
-                        lambda cmd, files, limit_s, env=None: seen.append(env) or
+                        lambda cmd, files, limit_s, env=None, echo=True: seen.append(env) or
                         run_suite.GroupResult(files, 0, 0.1, False, []))
     assert run_suite.main(["--suite", AMD]) == 0
     assert seen and all(env == {run_suite.SUITE_GPU_ENV: "rocm"} for env in seen)
@@ -265,3 +265,90 @@ def test_a_group_that_survives_the_stack_dump_signal_is_killed_after_the_grace(t
     res = run_suite.run_group(PYTEST, [stubborn], limit_s=5)
     assert res.hung and res.rc == -1
     assert time.monotonic() - start < 40
+
+
+def test_serial_is_read_from_the_marker(tmp_path):
+    (tmp_path / "test_alone.py").write_text('register_cpu_ci(est_time=7, suite="cpu", serial=True)\n')
+    (tmp_path / "test_shared.py").write_text('register_cpu_ci(est_time=9, suite="cpu")\n')
+    got = {e.path.name: (e.est_time, e.serial) for e in run_suite.collect(tmp_path)}
+    assert got == {"test_alone.py": (7.0, True), "test_shared.py": (9.0, False)}
+
+
+def test_the_pool_runs_jobs_groups_at_once_longest_first_and_prints_each_whole(capsys):
+    import threading
+
+    both_running = threading.Barrier(2, timeout=20)  # breaks unless two groups run at the same time
+    started = []
+
+    def run_one(files, env, echo):
+        assert not echo and env == {"X": "1"}
+        started.append(files[0])
+        if files[0] in ("long", "mid"):
+            both_running.wait()
+        lines = b"".join(f"{files[0]} line {i}\n".encode() for i in range(50))
+        return [run_suite.GroupResult(files, 0, 0.1, False, [])], lines
+
+    groups = [(["short"], 10.0), (["long"], 500.0), (["mid"], 300.0)]
+    results = run_suite.suite_pool.run_pool(groups, run_one, 2, {"X": "1"})
+    assert started[:2] in (["long", "mid"], ["mid", "long"]) and started[2] == "short"
+    assert sorted(r.files[0] for r in results) == ["long", "mid", "short"]
+    out = [x for x in capsys.readouterr().out.splitlines() if " line " in x]
+    names = [x.split()[0] for x in out]
+    # each group's 50 lines in one block: the name changes only between blocks
+    assert sum(a != b for a, b in zip(names, names[1:])) == 2, names
+
+
+def test_the_pool_starts_no_group_after_a_stop():
+    ran = []
+
+    def run_one(files, env, echo):
+        ran.append(files[0])
+        return [run_suite.GroupResult(files, 1 if files[0] == "a" else 0, 0.1, False, [])], b""
+
+    groups = [([n], 100.0 - i) for i, n in enumerate("abcd")]
+    run_suite.suite_pool.run_pool(groups, run_one, 1, {}, stop=lambda got: got[-1].rc != 0)
+    assert ran == ["a"]
+
+
+def test_groups_side_by_side_split_the_cores_and_wait_passively(monkeypatch):
+    monkeypatch.setattr(run_suite.suite_pool, "usable_cores", lambda: 8)
+    assert run_suite.suite_pool.thread_env(1, {}) == {}
+    assert run_suite.suite_pool.thread_env(2, {}) == {"OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert run_suite.suite_pool.thread_env(16, {}) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert run_suite.suite_pool.thread_env(2, {"OMP_NUM_THREADS": "3"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_a_held_group_prints_nothing_until_it_ends_and_keeps_its_output(tmp_path, capfd):
+    noisy = write(tmp_path, "test_noisy.py", """
+        def test_prints():
+            print("held marker 91c2")
+            assert False, "failure marker 91c2"
+        """)
+    res = run_suite.run_group(PYTEST + ["-s"], [noisy], limit_s=120, echo=False)
+    assert res.rc == 1
+    assert b"held marker 91c2" in res.output and b"failure marker 91c2" in res.output
+    assert "91c2" not in capfd.readouterr().out
+    assert any("failure marker 91c2" in line for line in res.tail)
+
+
+def test_main_runs_the_serial_files_after_the_pool_alone_without_the_thread_split(monkeypatch, tmp_path):
+    shared = [run_suite.Entry(Path(f"/test_s{i}.py"), "register_cpu_ci", "cpu", 700, None) for i in range(3)]
+    alone = run_suite.Entry(Path("/test_alone.py"), "register_cpu_ci", "cpu", 900, None, serial=True)
+    monkeypatch.setattr(run_suite, "collect", lambda: shared + [alone])
+    monkeypatch.setattr(run_suite, "ROOT", Path("/"))
+    monkeypatch.setattr(run_suite, "plugin_blocks", lambda files, plugins: [])
+    calls = []
+
+    def fake(cmd, files, limit_s, env=None, echo=True):
+        calls.append((files[0], echo, dict(env or {})))
+        return run_suite.GroupResult(files, 0, 0.1, False, [])
+
+    monkeypatch.setattr(run_suite, "run_group", fake)
+    monkeypatch.setattr(run_suite.suite_pool, "usable_cores", lambda: 2)
+    for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    assert run_suite.main(["--suite", "cpu", "--jobs", "2"]) == 0
+    assert sorted(c[0] for c in calls[:3]) == ["test_s0.py", "test_s1.py", "test_s2.py"]
+    split = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert all(not echo and env == split for _, echo, env in calls[:3]), calls
+    assert calls[3] == ("test_alone.py", True, {})

@@ -6,7 +6,10 @@ GPU-only test file never has to be importable on a CPU machine to be listed.
 """
 
 
-def register_cpu_ci(est_time: float, suite: str = "cpu", nightly: bool = False, disabled: str | None = None) -> None:
+def register_cpu_ci(est_time: float, suite: str = "cpu", nightly: bool = False, disabled: str | None = None,
+                    serial: bool = False) -> None:
+    """serial=True: run_suite runs the file alone, after the groups that run side by side (a test that measures
+    time, CPU or latency, which a neighbour group on the same cores would distort)."""
     return None
 
 
