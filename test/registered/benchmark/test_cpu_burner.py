@@ -13,7 +13,7 @@ import pytest
 from sglang.bench_cpu_burner import CpuBurner
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=4, suite="cpu")
+register_cpu_ci(est_time=4, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 GONE_TIMEOUT_S = 10.0
 

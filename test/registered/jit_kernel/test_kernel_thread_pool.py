@@ -17,7 +17,7 @@ from sglang.jit_kernel.cpu_ops import cpu_kernels_expected, cpu_ops_status, get_
 from sglang.srt.layers.quantization import packing
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="cpu")
+register_cpu_ci(est_time=12, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 BF16 = torch.bfloat16
 

@@ -19,7 +19,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 PROMPT = "The three primary colors are"
 NEW_TOKENS = 12

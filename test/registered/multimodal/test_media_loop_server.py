@@ -28,7 +28,7 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 from sglang.srt.multimodal.image_loader import MAX_DECODED_IMAGE_PIXELS  # noqa: E402
 from sglang.test.audio_fixtures import audio_file, b64  # noqa: E402

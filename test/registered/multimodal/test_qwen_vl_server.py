@@ -17,7 +17,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 from sglang.test.mm_fixtures import data_url, make_image  # noqa: E402
 from sglang.test.qwen_vl_fixtures import (  # noqa: E402

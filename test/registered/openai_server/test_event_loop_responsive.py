@@ -16,7 +16,7 @@ import requests
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="cpu")
+register_cpu_ci(est_time=45, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 from sglang.test.test_utils import DEFAULT_API_KEY_FOR_TEST, DEFAULT_SMALL_SERVER_ARGS, popen_launch_server  # noqa: E402
 

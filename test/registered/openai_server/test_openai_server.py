@@ -11,7 +11,7 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import openai_client
 
-register_cpu_ci(est_time=30, suite="cpu")
+register_cpu_ci(est_time=30, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 CHAT = [{"role": "user", "content": "List three colors."}]
 

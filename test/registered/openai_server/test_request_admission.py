@@ -10,7 +10,7 @@ import time
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="cpu")
+register_cpu_ci(est_time=5, suite="cpu", serial=True)  # asserts a time or CPU measure: run alone
 
 from sglang.srt.entrypoints.http_middleware import AdmissionMiddleware  # noqa: E402
 from sglang.srt.entrypoints.read_pacing import ReadPacer  # noqa: E402
