@@ -35,6 +35,8 @@ DEFAULT_API_KEY_FOR_TEST = "sk-sglang-test"
 DEFAULT_TEST_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # Small pools keep startup (memory planning, pool allocation) fast; tests never need more.
 DEFAULT_SMALL_SERVER_ARGS = ["--max-total-tokens", "65536", "--max-running-requests", "64"]
+PORT_TAKEN_TEXT = "address already in use"  # errno EADDRINUSE's text, as the server's log reports a bind failure
+PORT_TAKEN_RETRIES = 3
 # upstream: files a test opens and hands to popen_launch_server(return_stdout_stderr=...) to read the server's output
 STDOUT_FILENAME = os.path.join(tempfile.gettempdir(), "stdout.txt")
 STDERR_FILENAME = os.path.join(tempfile.gettempdir(), "stderr.txt")
@@ -182,7 +184,16 @@ def popen_launch_server(
     log if it exits or times out.
     """
     if base_url is None:
-        base_url = f"http://{DEFAULT_HOST}:{find_free_port()}"
+        # the port is free when chosen, not held: another process (a test group running side by side) may bind it
+        # before the server does; the server then exits saying so, and it is launched again on a new port
+        for _ in range(PORT_TAKEN_RETRIES):
+            try:
+                return popen_launch_server(model, f"http://{DEFAULT_HOST}:{find_free_port()}", timeout, api_key,
+                                           other_args, env, return_stdout_stderr, device, command)
+            except RuntimeError as e:
+                if PORT_TAKEN_TEXT not in str(e).lower():
+                    raise
+        raise RuntimeError(f"No free port held long enough for the server to bind it in {PORT_TAKEN_RETRIES} tries")
     host, port = base_url.split("://", 1)[1].rsplit(":", 1)
     args = list(command or [sys.executable, "-m", "sglang.launch_server"])
     args += ["--host", host, "--port", port]
