@@ -84,8 +84,13 @@ def test_metrics_names_movement_and_plan():
             model=model, messages=[{"role": "user", "content": "Give a name."}], max_tokens=16,
             response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
                 "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}})
-        time.sleep(1.0)  # the idle stats push
+        # the idle stats push comes when the scheduler's loop next finds nothing to run: on a loaded machine (another
+        # test group beside this one) that can be later than 1 s, so wait for it up to a deadline
+        deadline = time.monotonic() + 30
         _, after = scrape(url)
+        while value(after, "sglang:num_running_reqs") != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            _, after = scrape(url)
 
         def moved(name, **labels):
             return value(after, name, **labels) - value(before, name, **labels)
