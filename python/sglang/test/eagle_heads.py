@@ -83,3 +83,19 @@ def make_eagle_head(path: str, target_path: str, seed: int = 0, layers: int = 1,
         if i:
             tensors[f"layers.{i}.input_layernorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g)
     return _save(path, _config(t, "LlamaForCausalLMEagle", layers), tensors)
+
+
+def make_llama_target(path: str, tok, layers: int = 6, seed: int = 0) -> str:
+    """A random fp32 Llama target (hidden 64) with the default model's tokenizer: enough layers for EAGLE-3's three
+    auxiliary layers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = (len(tok) + 63) // 64 * 64
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id, initializer_range=0.3)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
