@@ -304,9 +304,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("f32_supported", &sgl_cpu::f32_supported,
         "True when the fp32 rmsnorm / silu_and_mul / rotary_embedding_ / decode_attention run at the current level (>= avx2)");
   m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
-  m.def("quant_path", [](int64_t M) { return std::string(quant_uses_amx(sgl_cpu::current_isa(), M) ? "amx_int8"
-                                                         : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Vnni) ? "avx512_vnni" : "avx2"); },
-        "The kernel quant_linear runs for M input rows at the current level: amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
+  m.def("quant_path", [](int64_t M) {
+          const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
+          return std::string(quant_uses_amx_dense(level, M, true, sgl_cpu::kQBlock) ? "amx_bf16_dense"
+                             : quant_uses_amx(level, M) ? "amx_int8"
+                             : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Vnni) ? "avx512_vnni" : "avx2"); },
+        "The kernel quant_linear runs for M input rows of bf16 activations (K whole blocks) at the current level: "
+        "amx_bf16_dense (quant_gemm_amx_dense.h), amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: bits "
         "+ 16 * header); activations int8 per 32 values");

@@ -1,6 +1,7 @@
 // quant_linear: the binding of the quantized GEMM (argument checks, activation quantization, threading over 16-row
 // tiles), dispatched on the current ISA level (isa.h): avx512_vnni and above run quant_gemm.h (bf16 outputs rounded by
-// VCVTNEPS2BF16 from avx512_bf16 on, in software below), avx2 runs quant_gemm_avx2.h; included by bindings.cpp.
+// VCVTNEPS2BF16 from avx512_bf16 on, in software below), avx2 runs quant_gemm_avx2.h; at amx, quant_gemm_amx.h from 8
+// rows and, for bf16 activations from kQDenseMinRows rows, quant_gemm_amx_dense.h; included by bindings.cpp.
 #pragma once
 #include <torch/extension.h>
 
@@ -12,6 +13,7 @@
 #include "quant_gemm.h"
 #include "quant_gemm_avx2.h"
 #include "quant_gemm_amx.h"
+#include "quant_gemm_amx_dense.h"
 
 namespace {
 
@@ -33,6 +35,27 @@ void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, i
 // True when quant_linear takes the AMX-INT8 tiles (quant_gemm_amx.h) for M input rows at `level`.
 inline bool quant_uses_amx(sgl_cpu::CpuIsa level, int64_t M) {
   return level >= sgl_cpu::CpuIsa::kAmx && M >= sgl_cpu::kQAmxMinRows;
+}
+
+// True when quant_linear takes the dequantized bf16 tiles (quant_gemm_amx_dense.h): level amx, bf16 activations whose
+// K is whole blocks, M >= kQDenseMinRows.
+inline bool quant_uses_amx_dense(sgl_cpu::CpuIsa level, int64_t M, bool bf16, int64_t K) {
+  return level >= sgl_cpu::CpuIsa::kAmx && bf16 && M >= sgl_cpu::kQDenseMinRows && K % sgl_cpu::kQBlock == 0;
+}
+
+// The dense AMX path's dequantization of one tile for a format code.
+inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
+  switch (format) {
+    case 4: return &sgl_cpu::quant_dequant_tile<4>;
+    case 8: return &sgl_cpu::quant_dequant_tile<8>;
+    case 20: return &sgl_cpu::quant_dequant_tile<20>;
+    case 24: return &sgl_cpu::quant_dequant_tile<24>;
+    case 36: return &sgl_cpu::quant_dequant_tile<36>;
+    case 40: return &sgl_cpu::quant_dequant_tile<40>;
+    case 56: return &sgl_cpu::quant_dequant_tile<56>;
+    default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
+  }
+  return nullptr;
 }
 
 // Tiles [t0, t1) of y at `level` (M rows; with AMX the activations are padded to a multiple of 16 rows).
@@ -87,6 +110,21 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   TORCH_CHECK(K <= nb * sgl_cpu::kQBlock && K > (nb - 1) * sgl_cpu::kQBlock, "quant_linear: K = ", K, " does not match ",
               nb, " blocks");
   at::Tensor xc = x.contiguous();
+  if (quant_uses_amx_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
+    // the A tiles read 16 rows at a time: a copy padded with zero rows when M is not a multiple of 16
+    const int64_t Mp = (M + 15) / 16 * 16;
+    at::Tensor xp = Mp == M ? xc : at::zeros({Mp, K}, xc.options());
+    if (Mp != M) xp.narrow(0, 0, M).copy_(xc);
+    at::Tensor y = at::empty({M, N}, x.options());
+    const uint8_t* wp = packed.data_ptr<uint8_t>();
+    const uint16_t* xq = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
+    uint16_t* yq = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    const sgl_cpu::QDenseDequant dequant = quant_dense_dequant((int)format);
+    sgl_cpu::parallel_for(0, (tiles + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+      sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M, yq, N, 2 * p0, std::min(2 * p1, tiles));
+    });
+    return y;
+  }
   const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
   const bool halves = sgl_cpu::quant_format_halves((int)format);
   // the AMX tiles read 16 input rows at a time: Mp rows, those past M zero (their outputs are never stored)
