@@ -49,7 +49,7 @@ def build_proposer(cfg, model_runner: Any) -> Proposer:
         from sglang.srt.speculative.draft_proposer import DraftProposer
 
         return DraftProposer(model_runner.draft_runner, cfg.num_steps, model_runner.chunked_prefill_size)
-    if cfg.algorithm in ("EAGLE", "EAGLE3"):
+    if cfg.algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
         from sglang.srt.speculative.eagle_proposer import EagleProposer
 
         return EagleProposer(model_runner.draft_runner, model_runner, cfg.num_steps)
