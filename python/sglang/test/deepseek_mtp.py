@@ -80,6 +80,19 @@ def save_v3_with_mtp(path: str, num_layers: int = 2, seed: int = 0, vocab: int =
     return path
 
 
+def load_head(target_model, model_config, device: str = "cpu"):
+    """The NEXTN head of a loaded target, in its dtype, its tensors read from the target's own checkpoint (what
+    model_executor/draft_head.build_head does for a served head)."""
+    from sglang.srt.model_loader.loader import set_default_torch_dtype
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+    from sglang.srt.models.deepseek_nextn import DeepseekNextN
+
+    with set_default_torch_dtype(model_config.dtype), torch.device(device):
+        head = DeepseekNextN(model_config.hf_config, target_model)
+    head.load_weights(safetensors_weights_iterator(model_config.model_path))
+    return head.eval()
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 

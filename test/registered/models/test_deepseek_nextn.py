@@ -6,7 +6,7 @@ The head is fed as speculative decoding feeds it: two requests prefilled in chun
 one's latent rows from the pool), then decode steps, with random target features; every row's logits and hidden
 state must equal the reference's rows of the same sequence. Also: the target loads the same checkpoint without its
 MTP layer, the head's tensors are what the plan's draft_weights term declares (mem_plan/draft_heads.nextn_weights),
-and a checkpoint without the MTP tensors or with more MTP layers than one is refused, naming what is missing."""
+and a checkpoint without the MTP tensors, with more MTP layers than one, or quantized is refused, naming why."""
 
 import copy
 
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.deepseek_mtp import HIDDEN, VOCAB, MTPReference, save_v3_with_mtp
+from sglang.test.deepseek_mtp import HIDDEN, VOCAB, MTPReference, load_head, save_v3_with_mtp
 
 register_cpu_ci(est_time=40, suite="cpu")
 
@@ -26,12 +26,11 @@ NUM_LAYERS = 2
 def loaded(tmp_path_factory):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader import load_model
-    from sglang.srt.models.deepseek_nextn import load_nextn_head
 
     path = save_v3_with_mtp(str(tmp_path_factory.mktemp("v3_mtp")), NUM_LAYERS)
     mc = ModelConfig.from_pretrained(path, dtype="float32", kv_cache_dtype="auto", device="cpu")
     target = load_model(mc, "cpu")
-    return path, mc, target, load_nextn_head(target, mc, "cpu")
+    return path, mc, target, load_head(target, mc)
 
 
 class PagedHead:
@@ -149,7 +148,7 @@ def test_target_skips_mtp_and_head_weights_match_plan(loaded):
     assert held == groups_bytes(nextn_weights(load_config(path)), 4)
 
 
-def test_refused_without_mtp_tensors_or_with_two_layers(loaded):
+def test_refused_without_mtp_tensors_two_layers_or_quantized(loaded):
     from sglang.srt.models.deepseek_nextn import DeepseekNextN
 
     path, mc, target, _ = loaded
@@ -166,3 +165,7 @@ def test_refused_without_mtp_tensors_or_with_two_layers(loaded):
     none.num_nextn_predict_layers = 0
     with pytest.raises(ValueError, match="ships no MTP layer"):
         DeepseekNextN(none, target)
+    fp8 = copy.copy(mc.hf_config)
+    fp8.quantization_config = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="quantized"):
+        DeepseekNextN(fp8, target)

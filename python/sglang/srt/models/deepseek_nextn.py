@@ -61,6 +61,9 @@ class DeepseekNextN(nn.Module):
     def __init__(self, config, target_model: nn.Module):
         super().__init__()
         nextn_layer_count(config)
+        if getattr(config, "quantization_config", None):  # fp8 blocks would load without their scales
+            raise ValueError("--speculative-algorithm NEXTN: the checkpoint is quantized (quantization_config); this "
+                             "runtime loads MTP layers from unquantized checkpoints only; use NGRAM.")
         self.config = config
         self.checkpoint_layer = config.num_hidden_layers  # model.layers.{L}.* in the target checkpoint
         hidden, eps = config.hidden_size, config.rms_norm_eps
@@ -130,19 +133,3 @@ class DeepseekNextN(nn.Module):
                 module.arrange()
         check_experts_loaded(self)
 
-
-def load_nextn_head(target_model: nn.Module, model_config, device: str) -> DeepseekNextN:
-    """The NEXTN head of a loaded target: built in the target's dtype on `device`, its tensors read from the target's
-    own checkpoint (model_config: the target's ModelConfig)."""
-    from sglang.srt.layers.linear import prepack_dense_linear_weights
-    from sglang.srt.model_loader.loader import set_default_torch_dtype
-    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
-
-    if getattr(model_config.hf_config, "quantization_config", None):
-        raise ValueError("--speculative-algorithm NEXTN: the checkpoint is quantized (quantization_config); this "
-                         "runtime loads MTP layers from unquantized checkpoints only (use NGRAM).")
-    with set_default_torch_dtype(model_config.dtype), torch.device(device):
-        head = DeepseekNextN(model_config.hf_config, target_model)
-    head.load_weights(safetensors_weights_iterator(model_config.model_path))
-    prepack_dense_linear_weights(head)
-    return head.eval()
