@@ -5,8 +5,9 @@ really ran (/generate's meta_info spec_verify_ct > 0 and spec_accept_length > 1,
 counters, /metrics' sglang:spec_accept_length gauge, all > 1 token per verify); a contradictory --speculative-*
 combination stops the launcher with exit status 2 naming the flag.
 
-A second, small server runs STANDALONE (a random 2-layer Llama target in fp32 with a random 1-layer Llama draft, the
-default model's tokenizer): chat and a streamed completion through the `openai` client equal an in-process Engine's
+Then a small server runs STANDALONE (a random 2-layer Llama target in fp32 with a random 1-layer Llama draft, the
+default model's tokenizer), and after it one runs EAGLE3 over the same target (a random head in the published
+layout, sglang.test.eagle_heads): chat and a streamed completion through the `openai` client equal an in-process Engine's
 greedy output of the target without speculation, /generate's meta_info spec_verify_ct > 0, and /server_info names
 the algorithm and holds the draft's plan terms (draft_weights, draft_kv_cache, no draft_cuda_graphs) equal to what
 `sglang plan --json` with the same flags prices."""
@@ -25,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import openai_client, popen_launch_server
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=190, suite="cpu")
 
 MAX_TOKENS = 48
 PASSAGE = ("The lighthouse stood at the end of the rocky point. Every evening the keeper climbed the steps, "
@@ -138,21 +139,26 @@ STANDALONE_NEW = 24
 STANDALONE_TOKENS = 2048  # a fixed pool, so a start and the dry run hold the same number of draft KV rows
 
 
-@pytest.fixture(scope="module")
-def standalone():
-    """A random target and draft, the target's greedy text without speculation (an in-process Engine), and a
-    STANDALONE server over them."""
+@pytest.fixture(scope="module", params=["STANDALONE", "EAGLE3"])
+def standalone(request):
+    """A random target and draft (STANDALONE: a 1-layer Llama; EAGLE3: a random head reading layers 0, 1, 1 of the
+    2-layer target), the target's greedy text without speculation (an in-process Engine), and a server with that
+    algorithm over them (one at a time)."""
     from transformers import AutoTokenizer
 
     from sglang import Engine
+    from sglang.test.eagle_heads import make_eagle3_head
     from sglang.test.engine_fixtures import default_model_dir, shutdown
 
     tmp = tempfile.TemporaryDirectory()
     tok = AutoTokenizer.from_pretrained(default_model_dir())
     target = random_llama(os.path.join(tmp.name, "target"), 2, 0, tok)
-    draft = random_llama(os.path.join(tmp.name, "draft"), 1, 1, tok)
+    if request.param == "EAGLE3":
+        draft = make_eagle3_head(os.path.join(tmp.name, "head"), target, seed=1, aux_layer_ids=[0, 1, 1])
+    else:
+        draft = random_llama(os.path.join(tmp.name, "draft"), 1, 1, tok)
     flags = ["--dtype", "float32", "--max-total-tokens", str(STANDALONE_TOKENS), "--speculative-algorithm",
-             "STANDALONE", "--speculative-draft-model-path", draft]
+             request.param, "--speculative-draft-model-path", draft]
     engine = Engine(model_path=target, dtype="float32", max_total_tokens=STANDALONE_TOKENS, log_level="warning")
     try:
         chat_prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
@@ -162,7 +168,7 @@ def standalone():
         shutdown(engine)
     srv = popen_launch_server(model=target, other_args=flags)
     try:
-        yield dict(server=srv, ref=ref, target=target, flags=flags)
+        yield dict(server=srv, ref=ref, target=target, flags=flags, algorithm=request.param)
     finally:
         srv.kill()
         tmp.cleanup()
@@ -190,7 +196,7 @@ def test_standalone_over_http(standalone):
 
     info = requests.get(f"{url}/server_info", timeout=30).json()
     spec = info["speculative"]
-    assert spec["algorithm"] == "STANDALONE" and spec["verify_steps"] > 0 and spec["proposed_tokens"] > 0, spec
+    assert spec["algorithm"] == standalone["algorithm"] and spec["verify_steps"] > 0 and spec["proposed_tokens"] > 0, spec
     served = {t["name"]: t["num_bytes"] for t in info["memory_plan"]["terms"]}
 
     dry = subprocess.run(["sglang", "plan", "--model-path", standalone["target"], "--device", "cpu",
@@ -199,7 +205,7 @@ def test_standalone_over_http(standalone):
     planned = {t["name"]: t["num_bytes"] for t in json.loads(dry.stdout)["plan"]["terms"]}
     for name in ("draft_weights", "draft_kv_cache", "draft_cuda_graphs"):
         assert served[name] == planned[name], (name, served[name], planned[name])
-    # 1 draft layer x 2 KV heads x 16 dims, K and V, fp32, over the pool's tokens and its dummy page
+    # 1 draft (head) layer x 2 KV heads x 16 dims, K and V, fp32, over the pool's tokens and its dummy page
     page = info["memory_plan"]["page_size"]
     assert served["draft_kv_cache"] == 256 * (STANDALONE_TOKENS + page) and served["draft_weights"] > 0
 
