@@ -151,6 +151,7 @@ class ServerArgs:
         "length) every this many decode steps, at info level.")
     _section("Model and tokenizer")
     skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; requests must pass input_ids.")
+    skip_server_warmup: bool = _f(False, "Be ready without the warmup requests; the first request pays kernel setup.")
     _section("HTTP server")
     max_request_body_mb: float = _f(
         32.0,

@@ -34,13 +34,15 @@ def run_in_interpreter(*args: str, timeout_s: float = 600) -> dict:
 
 
 def run_engine(model_path, backend, engine_kwargs, batches, max_new_tokens):
-    """Greedy outputs of each batch (one generate call each, in order) plus the engine's state afterwards."""
+    """Greedy outputs of each batch (one generate call each, in order) plus the engine's state afterwards. The engine
+    starts without the warmup requests (skip_server_warmup, unless engine_kwargs says otherwise): interpreted, they
+    cost seconds per layer and step, and they leave the pools, the prefix cache and the counters as they were."""
     from sglang import Engine
 
     sampling = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     t0 = time.perf_counter()
     engine = Engine(model_path=model_path, dtype="float32", attention_backend=backend, log_level="warning",
-                    **engine_kwargs)
+                    **{"skip_server_warmup": True, **engine_kwargs})
     t1 = time.perf_counter()
     try:
         outputs = []

@@ -1,5 +1,6 @@
 """The engine's fp32 greedy tokens equal HF transformers fp32, on SmolLM2 (bundled) and on a random Qwen3. The bundled
-GGUF's path is given as a pathlib.Path, as users pass one."""
+GGUF's path is given as a pathlib.Path, as users pass one. The SmolLM2 engine starts with skip_server_warmup (no
+forward before the first request, the same tokens); the Qwen3 one with the default warmup."""
 
 import pathlib
 
@@ -18,13 +19,14 @@ MAX_NEW = 24
 @pytest.fixture(scope="module")
 def smollm_fp32():
     engine = Engine(model_path=pathlib.Path(default_model_path()), dtype="float32", max_total_memory_gb=3,
-                    chunked_prefill_size=512, log_level="warning")
+                    chunked_prefill_size=512, log_level="warning", skip_server_warmup=True)
     yield engine
     shutdown(engine)
 
 
 def test_smollm2_fp32_greedy_equals_hf(smollm_fp32):
     engine = smollm_fp32
+    assert engine.scheduler.runner.forward_ct == 0, "skip_server_warmup: no forward ran before the first request"
     tok = engine.tokenizer
     ids = [tok.encode(p) for p in PROMPTS]
     ref = hf_greedy(default_model_dir(), ids, MAX_NEW)
@@ -44,6 +46,7 @@ def test_random_qwen3_fp32_greedy_equals_hf(tmp_path):
     engine = Engine(model_path=path, dtype="float32", skip_tokenizer_init=True, max_total_memory_gb=1,
                     log_level="warning")
     try:
+        assert engine.scheduler.runner.forward_ct > 0, "the default start runs the warmup requests"
         outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 16,
                                                                    "ignore_eos": True})
         assert [o["output_ids"] for o in outs] == ref

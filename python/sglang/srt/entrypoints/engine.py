@@ -47,7 +47,8 @@ class Engine:
         self.server_args, self.tp_ranks = start_engine_ranks(self.server_args)
         try:
             self.scheduler = Scheduler(self.server_args)
-            self.scheduler.warmup()
+            if not self.server_args.skip_server_warmup:
+                self.scheduler.warmup()
         except BaseException:
             if self.tp_ranks is not None:
                 self.tp_ranks.stop()
