@@ -29,7 +29,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.tree import DraftTree, walk_trees
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=150, suite="cpu")
+register_cpu_ci(est_time=240, suite="cpu")
 
 V = 32
 
@@ -250,6 +250,82 @@ def test_the_chi_square_rejects_a_walk_that_reads_the_wrong_row():
     with mock.patch.object(DraftTree, "row", lambda self, n: self.depth[n]):
         outcomes = walked(6000)
     assert chi_square_p(outcomes, tree_law()) < 1e-3
+
+
+# ----------------------------------------------------------------------------------------- STANDALONE through Engine
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+# with most proposals accepted a request lives few steps: 128 new tokens keep all 8 running after the 4-token-chunk
+# prefills, over the 256-token pool (with 32 the speculative run may never retract)
+RETRACT_NEW = 128
+
+
+class TestStandaloneTreeEngine(unittest.TestCase):
+    """One engine: a random 2-layer Llama target (fp32) with itself as the draft (most proposals accepted, and the
+    beam's best path is not always the greedy one, so some steps commit through a side branch), top-k 3, a 4-token
+    chunked prefill and a 256-token pool; top-k 2 by setting the tree step's width on the same engine."""
+
+    @classmethod
+    def setUpClass(cls):
+        from transformers import AutoTokenizer
+
+        from sglang import Engine
+        from sglang.test.engine_fixtures import default_model_dir
+
+        from test_spec_standalone_engine import make_llama
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        tok = AutoTokenizer.from_pretrained(default_model_dir())
+        cls.vocab = (len(tok) + 63) // 64 * 64
+        target = make_llama(os.path.join(cls.tmp.name, "target"), cls.vocab, 2, 0, tok)
+        cls.engine = Engine(model_path=target, dtype="float32", speculative_algorithm="STANDALONE",
+                            speculative_draft_model_path=target, speculative_eagle_topk=3, speculative_num_steps=3,
+                            chunked_prefill_size=4, max_total_tokens=256, log_level="warning")
+
+    @classmethod
+    def tearDownClass(cls):
+        from sglang.test.engine_fixtures import shutdown
+
+        shutdown(cls.engine)
+        cls.tmp.cleanup()
+
+    def generate(self, prompts, **sp):
+        from sglang.test.engine_fixtures import assert_idle_and_intact
+
+        out = self.engine.generate(prompts, [dict(GREEDY, **sp) for _ in prompts])
+        assert_idle_and_intact(self.engine)  # nothing held: no slot or request row leaked
+        return out
+
+    def test_greedy_tokens_equal_decoding_without_speculation(self):
+        from sglang.test.engine_fixtures import PROMPTS
+        from sglang.test.retraction_checks import retraction_prompts, run_retraction
+        from sglang.test.spec_fixtures import spec_off
+
+        spec = self.engine.scheduler.runner.spec
+        self.assertEqual((spec.cfg.topk, spec.cfg.num_draft_tokens, spec.tree.max_rows), (3, 10, 12))
+        retract = retraction_prompts(self.vocab)
+        with spec_off(self.engine):
+            ref_retract, _ = run_retraction(self.engine, retract, RETRACT_NEW)  # from the fresh engine's empty pool
+            ref = self.generate(PROMPTS)
+            stop = ref[0]["text"][len(ref[0]["text"]) // 2:][:6]
+            ref_stop = self.generate(PROMPTS[:1], stop=[stop])
+        want = [o["output_ids"] for o in ref]
+        for topk in (3, 2):
+            spec.tree.topk = topk
+            side, counters = spec.tree.side_branch_commits, dict(spec.counters.to_dict())
+            outs, retractions = run_retraction(self.engine, retract, RETRACT_NEW)
+            self.assertEqual(outs, ref_retract, topk)
+            self.assertGreater(retractions, 0, topk)
+            got = self.generate(PROMPTS)
+            self.assertEqual([o["output_ids"] for o in got], want, topk)
+            self.assertTrue(all(o["meta_info"]["spec_verify_ct"] > 0 for o in got), topk)
+            hit = self.generate(PROMPTS[:2])  # their prompts are cached now
+            self.assertEqual([o["output_ids"] for o in hit], want[:2], topk)
+            stopped = self.generate(PROMPTS[:1], stop=[stop])
+            self.assertEqual(stopped[0]["text"], ref_stop[0]["text"], topk)
+            self.assertEqual(stopped[0]["meta_info"]["finish_reason"]["type"], "stop")
+            now = spec.counters.to_dict()
+            self.assertGreater(now["accepted_tokens"] - counters["accepted_tokens"], 50, topk)
+            self.assertGreater(spec.tree.side_branch_commits, side, topk)
 
 
 if __name__ == "__main__":
