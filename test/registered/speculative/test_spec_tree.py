@@ -252,6 +252,33 @@ def test_the_chi_square_rejects_a_walk_that_reads_the_wrong_row():
     assert chi_square_p(outcomes, tree_law()) < 1e-3
 
 
+# --------------------------------------------------------------------------------------------------------- the flags
+def tree_args(**kw):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="/m", speculative_algorithm="STANDALONE", speculative_draft_model_path="/d",
+                      speculative_eagle_topk=2, **kw)
+
+
+def test_tree_flags_resolve_and_refuse_naming_the_flags():
+    import pytest
+
+    cfg = tree_args().speculative()
+    assert (cfg.topk, cfg.num_steps, cfg.num_draft_tokens) == (2, 3, 7)  # every node of a full beam, + 1
+    assert tree_args(speculative_num_draft_tokens=5).speculative().num_draft_tokens == 5
+    refusals = [(dict(page_size=16), ["--speculative-eagle-topk 2", "--page-size 16"]),
+                (dict(speculative_num_draft_tokens=8), ["--speculative-num-draft-tokens 8", "[2, 7]"])]
+    for kw, named in refusals:
+        with pytest.raises(ValueError) as e:
+            tree_args(**kw)
+        assert all(n in str(e.value) for n in named), str(e.value)
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--speculative-eagle-topk 2 with --speculative-algorithm EAGLE3"):
+        ServerArgs(model_path="/m", speculative_algorithm="EAGLE3", speculative_draft_model_path="/d",
+                   speculative_eagle_topk=2)  # its proposer makes chains only
+
+
 # ----------------------------------------------------------------------------------------- STANDALONE through Engine
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 # with most proposals accepted a request lives few steps: 128 new tokens keep all 8 running after the 4-token-chunk
