@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from sglang import Engine
-from sglang.srt.speculative.spec_args import SERVED_ALGORITHMS
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.deepseek_mtp import MTPReference, save_v3_with_mtp
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
@@ -21,12 +20,6 @@ from sglang.test.retraction_checks import retraction_prompts, run_retraction
 from sglang.test.spec_fixtures import spec_off
 
 register_cpu_ci(est_time=240, suite="cpu")
-
-# NEXTN is served once the draft runner builds the MTP head (model_executor: draft_head.HEAD_CLASSES, the one-layer
-# latent pool, ModelRunner.init_draft_runner with the target's own path) and spec_args.SERVED_ALGORITHMS lists it
-pytestmark = pytest.mark.skipif("NEXTN" not in SERVED_ALGORITHMS,
-                                reason="NEXTN is not in spec_args.SERVED_ALGORITHMS yet (the draft runner does not "
-                                       "build its head)")
 
 NEW_TOKENS = 24
 NUM_LAYERS = 2
@@ -173,8 +166,8 @@ def test_draft_pool_is_the_planned_latent_pool(served):
     # one MTP layer's latent rows, kv_lora_rank 64 + rope 16, float32, over the target's slots and the dummy page
     assert draft.kv_bytes() == plan.bytes_of("draft_kv_cache") == 1 * 80 * 4 * (plan.max_total_num_tokens + 1)
     assert plan.bytes_of("draft_cuda_graphs") == 0
-    # the head's own parameters (the embedding and lm_head are the target's), as draft_heads.nextn_weights prices them
-    assert plan.bytes_of("draft_weights") == sum(p.numel() * p.element_size() for p in draft.model.parameters())
+    # the head's own tensors (the embedding and lm_head are the target's): draft_heads.nextn_weights + its rope table
+    assert plan.bytes_of("draft_weights") == draft.weight_bytes
 
 
 def test_plan_equals_a_real_start(served):

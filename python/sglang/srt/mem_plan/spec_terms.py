@@ -20,11 +20,10 @@ Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_p
                          target cell + draft cell, so max_total_num_tokens falls accordingly
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
     spec_hidden_states   EAGLE heads / MTP layers: the target's hidden states per verify row (EAGLE3: 3 layers')
-    draft_cuda_graphs    STANDALONE / EAGLE / EAGLE3: 0, because the served DraftRunner (model_executor/draft_runner.py)
-                         decodes the draft or head eagerly and captures no graphs, and a plan prices only what a start
-                         allocates. NEXTN (planned, not served yet): the head's decode graphs, priced as the target's
-                         dry run prices its own -- what upstream would hold. Verify forwards run eagerly (EXTEND), so
-                         no verify graphs for any algorithm
+    draft_cuda_graphs    0 for every served draft (STANDALONE / EAGLE / EAGLE3 / NEXTN): the DraftRunner
+                         (model_executor/draft_runner.py) decodes the draft or head eagerly and captures no graphs, and
+                         a plan prices only what a start allocates. Verify forwards run eagerly (EXTEND), so no verify
+                         graphs for any algorithm
 The verify forward's activations need no term: it holds at most verify_token_cap <= chunked_prefill_size tokens,
 which the activation term's profile forward covers (MemoryPlan.explain says so).
 """
@@ -51,7 +50,7 @@ NO_GRAPHS_STANDALONE = "STANDALONE: the draft decodes eagerly (model_executor/dr
 NO_GRAPHS_HEAD = ("{algorithm}: the head decodes eagerly (model_executor/draft_runner.py captures no graphs; "
                   "speculative/eagle_proposer.py runs it after every target forward)")
 # drafts the served DraftRunner runs eagerly: a plan prices no graphs for them (a start captures none)
-EAGER_DRAFTS = ("STANDALONE", "EAGLE", "EAGLE3")
+EAGER_DRAFTS = ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
 
 
 def draft_config(path: str) -> dict:
@@ -120,10 +119,13 @@ def _nextn(cfg: dict, tp: int, ep: int, dtype: str, kv_cache_dtype: str, weight_
                       qk_rope_head_dim=H.C.need(cfg, "qk_rope_head_dim"), tp_size=tp,
                       kv_format=fmt if is_quantized(fmt) else "")
     params = sum(g.numel for g in groups)
-    return dict(weights=weights, cell=cell, vocab=H.C.need(cfg, "vocab_size"),
+    # the head's decoder layer holds its own rotary table, as the target's layers do (models/deepseek_nextn.py)
+    text = model_shape_from_config(cfg).text
+    rope = text.rope_tables * text.max_position_embeddings * text.rotary_dim * elem
+    return dict(weights=weights + rope, cell=cell, vocab=H.C.need(cfg, "vocab_size"),
                 draft=f"{n} MTP layer{'s' if n > 1 else ''} of {cfg['model_type']}, {params / 1e6:.1f}M params",
-                weights_detail=f"{params:,} params in {held}: eh_proj, enorm/hnorm, one decoder layer each; "
-                               "embedding and shared head's lm_head are the target's")
+                weights_detail=f"{params:,} params in {held} + rope table {rope:,} B: eh_proj, enorm/hnorm, one "
+                               "decoder layer each; embedding and shared head's lm_head are the target's")
 
 
 def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: str, graph_bs: int,
@@ -153,8 +155,8 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         raise ValueError(f"--speculative-algorithm {spec.algorithm}: the planner has no terms for it")
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
     cell = d["cell"]
-    # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); the others
-    # (NEXTN until it is served) are priced with the head graphs upstream captures
+    # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); a draft
+    # outside EAGER_DRAFTS would be priced with the head graphs upstream captures
     eager = spec.algorithm in EAGER_DRAFTS
     graphs = graph_bytes(graph_bs, d["vocab"]) if graph_bs > 0 and not eager else 0
     eager_reason = NO_GRAPHS_STANDALONE if spec.algorithm == "STANDALONE" else \

@@ -19,7 +19,8 @@ from torch import nn
 HEAD_ALGORITHMS = ("EAGLE", "EAGLE3")
 CAPTURE_MODE = {"EAGLE": "last", "EAGLE3": "aux", "NEXTN": "last"}
 HEAD_CLASSES = {"EAGLE": ("sglang.srt.models.llama_eagle", "LlamaForCausalLMEagle"),
-                "EAGLE3": ("sglang.srt.models.llama_eagle3", "LlamaForCausalLMEagle3")}
+                "EAGLE3": ("sglang.srt.models.llama_eagle3", "LlamaForCausalLMEagle3"),
+                "NEXTN": ("sglang.srt.models.deepseek_nextn", "DeepseekNextN")}
 NUM_AUX_LAYERS = 3
 
 

@@ -15,6 +15,7 @@ the plan's draft KV term when the plan has one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import List, Optional, Sequence, Tuple
 
@@ -69,6 +70,10 @@ class DraftRunner:
                                  f"--context-length {self.model_config.context_len} (or a draft with a longer "
                                  "context).")
         cell = self.model_config.shape.kv_cell("auto", 1, self.model_config.dtype_name)
+        if algorithm == "NEXTN":  # the config is the target's: the head's pool holds its MTP layer only
+            from sglang.srt.models.deepseek_nextn import nextn_layer_count
+
+            cell = dataclasses.replace(cell, num_layers=nextn_layer_count(self.model_config.hf_config))
         if cell.is_mla and not self.is_head:
             raise ValueError(f"--speculative-draft-model-path {draft_path}: an MLA draft model is not supported; "
                              "use a draft with standard attention.")

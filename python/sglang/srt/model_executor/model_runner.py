@@ -174,15 +174,17 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.init_draft_runner()
 
     def init_draft_runner(self) -> None:
-        """Speculative decoding with a draft model (STANDALONE) or head (EAGLE, EAGLE3), over the target's request
+        """Speculative decoding with a draft model (STANDALONE) or head (EAGLE, EAGLE3, NEXTN), over the target's request
         table and slot range; a head's features are captured by every forward from then on (draft_head.py)."""
         spec = self.server_args.speculative()
         self.draft_runner = None
-        if spec is None or spec.algorithm not in ("STANDALONE", "EAGLE", "EAGLE3"):
+        if spec is None or spec.algorithm not in ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):
             return
         from sglang.srt.model_executor.draft_runner import DraftRunner
 
-        self.draft_runner = DraftRunner(self, spec.draft_model_path, spec.algorithm)
+        # NEXTN's MTP layer ships in the target's own checkpoint unless a path names another copy
+        path = spec.draft_model_path or self.server_args.model_path
+        self.draft_runner = DraftRunner(self, path, spec.algorithm)
         if spec.algorithm != "STANDALONE":
             from sglang.srt.model_executor.draft_head import enable_capture
 

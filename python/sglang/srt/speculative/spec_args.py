@@ -132,7 +132,7 @@ def _tree_config(a, algo: str, steps: int, topk: int) -> SpecConfig:
 TREE_ALGORITHMS = ("STANDALONE",)
 
 # what a server runs today; `sglang plan` prices every algorithm above
-SERVED_ALGORITHMS: tuple = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3")
+SERVED_ALGORITHMS: tuple = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
 
 
 def check_served(cfg: Optional[SpecConfig]) -> None:
