@@ -55,7 +55,9 @@ class TestKernelThreadPool(unittest.TestCase):
         g = torch.randn(256, dtype=BF16)
         big = torch.randn(3000, 256, dtype=BF16)
         out_norm, _ = self.ops.rmsnorm(big, None, g, 1e-6)
-        return out_packed, out_quant, out_norm
+        # 300 rows: at level amx the dense bf16-tile path (quant_gemm_amx_dense.h), its regions split weight tile pairs
+        out_quant_rows = self.ops.quant_linear(big[:300], qpacked, 208, 8)
+        return out_packed, out_quant, out_norm, out_quant_rows
 
     def test_same_bits_with_any_thread_count(self):
         """Chunks are taken dynamically, so which thread computes which rows changes from run to run; every row must
