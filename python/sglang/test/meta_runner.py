@@ -32,6 +32,8 @@ META = "meta"
 class MetaModelRunner:
     forward = ModelRunner.forward
     forward_local = ModelRunner.forward_local
+    capture_hidden = ModelRunner.capture_hidden  # no draft head: forwards keep no features
+    captured_batch = ModelRunner.captured_batch
     cuda_graph_runner = None
     encoder_admission = None
     mm_processor = None
