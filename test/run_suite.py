@@ -66,7 +66,7 @@ GPU_SUITES = {
 }
 PLATFORM_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
 PREFLIGHT_TIMEOUT_S = 300  # importing the vendor libraries can be slow on a cold disk
-DEFAULT_JOBS = 1  # 2 once a whole --jobs 2 run of the cpu suite has passed
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two groups side by side, each torch on half the cores
 
 
 @dataclass
