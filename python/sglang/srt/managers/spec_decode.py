@@ -25,7 +25,7 @@ import torch
 from sglang.srt.managers.fault_confinement import StepFault, step_phase
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.spec_policy import CPU_VERIFY_TOKEN_BUDGET, SpecPolicy
-from sglang.srt.managers.spec_tree import TreeStep
+from sglang.srt.managers.spec_tree import TreeStep, may_commit
 from sglang.srt.mem_plan.spec_sizes import verify_token_cap
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.ngram_proposer import NgramProposer
@@ -181,15 +181,8 @@ class SpecDecoder:
 
         def commit(i: int, out, row: int) -> bool:
             r, j = reqs[i], committed[i]
-            if not _alive(r):  # finished by the overlapped text of the previous step: its tokens are dropped
-                if overlap is not None:
-                    overlap.num_dropped_tokens += 1
+            if not may_commit(r, j, self.sink):
                 return False
-            if j and overlap is not None:  # the window queues one text half per request: decode the previous now
-                self.sink.flush_text(r)
-                if r.finished():  # a stop string in it
-                    self.sink.settle([r], [])
-                    return False
             committed[i] = j + 1
             accepted[i] += j < len(proposals[i]) and out.next_token_ids[row] == proposals[i][j]
             r.kv_len = base[i] + j + 1  # x0 and the accepted proposals before this token have their KV

@@ -38,6 +38,24 @@ def _alive(req: Req) -> bool:
     return req.req_pool_idx is not None and not req.finished()
 
 
+def may_commit(req: Req, num_committed: int, sink: Any) -> bool:
+    """Before a verify step commits a request's next token (the chain's and the tree's step alike): False when the
+    request finished meanwhile -- by the overlapped text of the previous step (its tokens are dropped), or by a stop
+    string in its previous token's text, which the overlap window queued and is decoded now (one text half per
+    request)."""
+    overlap = sink.overlap
+    if not _alive(req):
+        if overlap is not None:
+            overlap.num_dropped_tokens += 1
+        return False
+    if num_committed and overlap is not None:
+        sink.flush_text(req)
+        if req.finished():
+            sink.settle([req], [])
+            return False
+    return True
+
+
 def tree_shape(max_k: int, topk: int, num_steps: int, max_nodes: int):
     """(branches, depth) of a request allowed max_k + 1 expanded rows: depth min(num_steps, max_k), and as many
     branches (<= topk) as keep the rows branches * (depth + 1) within max_k + 1 and the nodes branches * depth within
@@ -189,15 +207,8 @@ class TreeStep:
 
         def commit(i: int, out, row: int, node: int) -> bool:
             r, j, tree = reqs[i], committed[i], chains[i]
-            if not _alive(r):  # finished by the overlapped text of the previous step: its tokens are dropped
-                if overlap is not None:
-                    overlap.num_dropped_tokens += 1
+            if not may_commit(r, j, sink):
                 return False
-            if j and overlap is not None:  # the window queues one text half per request: decode the previous now
-                sink.flush_text(r)
-                if r.finished():  # a stop string in it
-                    sink.settle([r], [])
-                    return False
             home = tree.home[node]
             if home:  # the row's [p, p + j] := the home branch's slots of x0 and the path to node
                 placed[i] = branches[i][home].slots[: j + 1]
