@@ -19,7 +19,7 @@ from sglang.test.windowed_server_checks import WindowedServerChecks, random_ids
 
 from test_gpt_oss import WINDOW, make_gpt_oss  # noqa: E402 (the same directory)
 
-register_cpu_ci(est_time=75, suite="cpu")
+register_cpu_ci(est_time=75, suite="cpu", serial=True)  # retraction by timing; a near-tie flipped in parallel
 
 PROMPT = ("The river ran past the old mill, where the miller kept his sacks of grain and his dog slept by the door "
           "every afternoon while the wheel turned slowly in the brown water under the bridge, and the children of the "
