@@ -10,6 +10,8 @@ values (or transformers' meta-device model), through `sglang plan` as users run 
     parameters x dtype + this runtime's rope table; the draft pool over the target's token slots.
   - EAGLE-1 head and DeepSeek-V3's MTP layer (NEXTN, against transformers' DeepSeek-V3 layer on the meta device).
   - NGRAM: verify rows only (a CPU: within the runtime's verify budget), and a real NGRAM start's plan == the dry run.
+  - A STANDALONE tree (top-k > 1): its verify rows are the tree's branches expanded, B x (depth + 1), not upstream's
+    num_draft_tokens (nodes + 1); the logits term holds that many rows a slot.
     Refusals name the flag and what the planner lacks.
 """
 
@@ -213,6 +215,29 @@ class TestStandaloneDraft(unittest.TestCase):
         self.assertEqual(terms(d)["draft_cuda_graphs"], 0)
         _, text = plan_text(*flags)
         self.assertIn("draft_runner.py captures no graphs", text)
+
+    def test_a_tree_prices_its_expanded_rows(self):
+        """Top-k 3, 3 steps, num_draft_tokens 8 (upstream's nodes + 1: 7 of the 9 a full beam has): the tree step
+        builds the deepest tree within 7 nodes, 2 branches x depth 3, and verifies it as 2 x (3 + 1) = 8 expanded
+        rows; top-k 4 with 2 steps and 5 draft tokens: 2 x (2 + 1) = 6 rows, more than its 5 draft tokens. On an H100
+        with 16 slots neither the chunk nor a CPU budget binds: the logits term holds 16 x those rows."""
+        for topk, steps, draft_tokens, rows in ((3, 3, 8, 8), (4, 2, 5, 6), (3, 3, None, 12)):
+            tree = ["--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps)]
+            if draft_tokens:
+                tree += ["--speculative-num-draft-tokens", str(draft_tokens)]
+            status, d = plan_json("--model-path", self.paths["target"], "--gpu", "h100-80gb", "--max-running-requests",
+                                  "16", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                                  self.paths["draft"], *tree)
+            self.assertEqual(status, 0, d)
+            s = d["plan"]["speculative"]
+            self.assertEqual((s["num_draft_tokens"], s["verify_rows_per_req"]), (draft_tokens or 10, rows))
+            self.assertEqual(s["verify_tokens"], verify_rows(16, rows, d["plan"]["chunked_prefill_size"]))
+            self.assertEqual(s["verify_tokens"], 16 * rows)
+            self.assertEqual(terms(d)["logits"], sampler_fixed_bytes(49152) + 16 * rows * sampler_bytes_per_slot(49152))
+        _, text = plan_text("--model-path", self.paths["target"], "--gpu", "h100-80gb", "--speculative-algorithm",
+                            "STANDALONE", "--speculative-draft-model-path", self.paths["draft"],
+                            "--speculative-eagle-topk", "3")
+        self.assertIn("num_draft_tokens 10: a tree's nodes + 1, verified as 12 expanded rows a request", text)
 
     def test_cpu_verify_budget_with_few_slots(self):
         status, d = plan_json(*self.base, "--max-running-requests", "4", "--speculative-algorithm", "NGRAM")

@@ -208,11 +208,14 @@ class MemoryPlan:
         s = self.speculative
         if s is None:
             return []
-        out = [f"Speculative decoding ({s.algorithm}, {s.num_draft_tokens} tokens a request per verify): draft "
+        rows = (f"{s.num_draft_tokens} tokens a request per verify" if s.verify_rows_per_req == s.num_draft_tokens
+                else f"num_draft_tokens {s.num_draft_tokens}: a tree's nodes + 1, verified as "
+                f"{s.verify_rows_per_req} expanded rows a request")
+        out = [f"Speculative decoding ({s.algorithm}, {rows}): draft "
                f"{s.draft}; weights {gib(s.draft_weight_bytes):.3f} GiB, KV {s.draft_kv_cell_bytes:,} B/token over the "
                f"target's {self.max_total_num_tokens:,} token slots ({gib(s.draft_kv_bytes):.3f} GiB)."]
         out.append(f"A verify forward holds at most {s.verify_tokens:,} tokens (max(slots, min(slots x "
-                   f"{s.num_draft_tokens}, chunked_prefill_size {self.chunked_prefill_size}"
+                   f"{s.verify_rows_per_req}, chunked_prefill_size {self.chunked_prefill_size}"
                    + (f", the CPU budget {s.verify_budget_tokens}" if s.verify_budget_tokens else "")
                    + "))): the logits term "
                    f"keeps a sampler row for each; its activations are no more than a prefill chunk's (the "

@@ -55,7 +55,7 @@ class _Resolved:
             per_slot_bytes=(x.workspace.per_req_bytes + row_bytes + (0 if spec else x.logits_per_req_bytes)
                             + x.grammar_per_req_bytes),
             verify_row_bytes=spec.row_bytes if spec else 0,
-            verify_tokens_per_slot=spec.num_draft_tokens if spec else 1,
+            verify_tokens_per_slot=spec.verify_rows_per_req if spec else 1,  # a tree's expanded rows
             verify_cap_tokens=spec.cap_tokens(x.chunked_prefill_size) if spec else 0,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
@@ -168,7 +168,7 @@ class _Resolved:
         rows, budget = spec.verify_tokens(num_reqs, x.chunked_prefill_size), spec.verify_budget_tokens
         return MemoryTerm("logits", x.logits_bytes + spec.verify_row_bytes * rows, x.source_of("logits"),
                           f"{x.logits_bytes:,} + {spec.verify_row_bytes:,} x {rows:,} verify rows (max({num_reqs:,} slots, "
-                          f"min({num_reqs:,} x {spec.num_draft_tokens} draft tokens, chunk {x.chunked_prefill_size}"
+                          f"min({num_reqs:,} x {spec.verify_rows_per_req} rows a request, chunk {x.chunked_prefill_size}"
                           + (f", CPU budget {budget}" if budget else "") + ")))")
 
     def window_rows(self, num_tokens: int) -> int:

@@ -1,11 +1,14 @@
 """Byte sizes and caps of speculative decoding (speculative/spec_args.py): defined here once, read by the planner,
 `sglang plan` and the runtime that allocates or stays within them. Torch-free, no imports beyond sizes.py.
 
-A verify forward holds every running request's last token and its proposals: at most
-max_running_requests x num_draft_tokens rows, capped by the chunked-prefill size so the forward's activations stay
-within the profiled prefill peak (the activation term). Each row's logits are kept, so the logits/sampler term is
-that of verify_token_cap rows instead of one row per request slot; an EAGLE head / MTP layer also keeps the target's
-hidden state of every verify row (EAGLE3: three layers' states).
+A verify forward holds every running request's verify rows: at most max_running_requests x verify_rows_per_request
+rows, capped by the chunked-prefill size so the forward's activations stay within the profiled prefill peak (the
+activation term). A chain's rows are its num_draft_tokens (the last token + its proposals). A tree's
+(--speculative-eagle-topk > 1) are its branches EXPANDED (managers/spec_tree.py): B branches of depth D take
+B x (D + 1) rows, not upstream's num_draft_tokens = nodes + 1 (B x D + 1 for a full tree; the flag keeps that meaning;
+the plan prices the expanded rows, tree_shape below being the one definition of the tree the runtime builds). Each
+row's logits are kept, so the logits/sampler term is that of verify_token_cap rows instead of one row per request
+slot; an EAGLE head / MTP layer also keeps the target's hidden state of every verify row (EAGLE3: three layers').
 
 A draft model's KV pool (STANDALONE, EAGLE heads, NEXTN's MTP layers) is indexed by the SAME token slots as the
 target's pool: slot i of the target's pool and row i of the draft's belong to the same token. So the draft's pool has
@@ -31,11 +34,45 @@ def verify_budget_tokens(device_kind: str) -> int:
     return CPU_VERIFY_TOKEN_BUDGET if device_kind == "cpu" else 0
 
 
-def verify_token_cap(max_running_requests: int, num_draft_tokens: int, chunked_prefill_size: int) -> int:
-    """Most tokens one verify forward holds: every slot's num_draft_tokens, at most the chunked-prefill size (the
-    activation profile's token count; -1 / 0: no chunking, no cap beyond the slots), and never fewer than one per
-    slot (a decode step). Nondecreasing in max_running_requests (the token solve relies on it)."""
-    full = max_running_requests * num_draft_tokens
+def tree_shape(max_k: int, topk: int, num_steps: int, max_nodes: int) -> tuple:
+    """(branches, depth) of the tree a request allowed max_k + 1 expanded rows gets (managers/spec_tree.py builds
+    it): the deepest first, depth min(num_steps, max_k, max_nodes), then as many branches (<= topk) as keep the rows
+    branches x (depth + 1) within max_k + 1 and the nodes branches x depth within max_nodes (num_draft_tokens - 1).
+    (0, 0) when max_k or max_nodes is 0."""
+    depth = min(num_steps, max_k, max_nodes)
+    if depth <= 0:
+        return 0, 0
+    return max(1, min(topk, (max_k + 1) // (depth + 1), max_nodes // depth)), depth
+
+
+def verify_rows_per_request(topk: int, num_steps: int, num_draft_tokens: int) -> int:
+    """The most rows one request takes in a verify forward: a chain (topk 1) its num_draft_tokens; a tree the
+    expanded rows branches x (depth + 1) of the largest tree tree_shape builds when nothing but the flags limits it.
+    The plan's verify rows, the runtime's verify budget and the policy's per-request cap all read this."""
+    if topk <= 1:
+        return num_draft_tokens
+    # max_k: the full beam's expanded rows - 1, which no rows budget of a smaller tree binds
+    branches, depth = tree_shape(topk * (num_steps + 1), topk, num_steps, num_draft_tokens - 1)
+    return branches * (depth + 1)
+
+
+def verify_budget(max_running_requests: int, rows_per_request: int, chunked_prefill_size: int,
+                  device_kind: str) -> int:
+    """The runtime's cap on a verify forward's tokens (managers/spec_policy.py's batch budget): every slot's rows,
+    at most the chunk (verify_token_cap), and on a CPU at most CPU_VERIFY_TOKEN_BUDGET. The plan prices
+    max(slots, this) rows (SpecInputs.verify_tokens): a batch of decodes holds one row per request whatever the
+    budget."""
+    cap = verify_token_cap(max_running_requests, rows_per_request, chunked_prefill_size)
+    device = verify_budget_tokens(device_kind)
+    return min(cap, device) if device else cap
+
+
+def verify_token_cap(max_running_requests: int, rows_per_request: int, chunked_prefill_size: int) -> int:
+    """Most tokens one verify forward holds: every slot's rows_per_request (verify_rows_per_request), at most the
+    chunked-prefill size (the activation profile's token count; -1 / 0: no chunking, no cap beyond the slots), and
+    never fewer than one per slot (a decode step). Nondecreasing in max_running_requests (the token solve relies on
+    it)."""
+    full = max_running_requests * rows_per_request
     if chunked_prefill_size is None or chunked_prefill_size <= 0:
         return full
     return max(max_running_requests, min(full, chunked_prefill_size))
@@ -53,7 +90,8 @@ class SpecInputs:
     draft's config.json). Bytes are one rank's."""
 
     algorithm: str  # NGRAM / STANDALONE / EAGLE / EAGLE3 / NEXTN
-    num_draft_tokens: int  # tokens per request in one verify forward (proposals + 1)
+    num_draft_tokens: int  # --speculative-num-draft-tokens (upstream's: a chain's proposals + 1, a tree's nodes + 1)
+    verify_rows_per_req: int  # rows a request takes in a verify forward (verify_rows_per_request: a tree expanded)
     verify_row_bytes: int  # sampler/logits bytes of one verify row (sizes.sampler_bytes_per_slot)
     hidden_row_bytes: int = 0  # target hidden states an EAGLE head / MTP layer reads, per verify row
     draft_weight_bytes: int = 0
@@ -72,8 +110,9 @@ class SpecInputs:
                      "draft_kv_fixed_bytes", "draft_cuda_graph_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SpecInputs.{name} must be >= 0, got {getattr(self, name)}")
-        if self.num_draft_tokens < 1:
-            raise ValueError(f"SpecInputs.num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        for name in ("num_draft_tokens", "verify_rows_per_req"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SpecInputs.{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def row_bytes(self) -> int:
@@ -86,7 +125,7 @@ class SpecInputs:
         return min(caps) if caps else 0
 
     def verify_tokens(self, num_reqs: int, chunked_prefill_size: int) -> int:
-        return verify_token_cap(num_reqs, self.num_draft_tokens, self.cap_tokens(chunked_prefill_size))
+        return verify_token_cap(num_reqs, self.verify_rows_per_req, self.cap_tokens(chunked_prefill_size))
 
 
 @dataclass(frozen=True)
@@ -97,7 +136,8 @@ class SpecPlan:
 
     algorithm: str
     num_draft_tokens: int
-    verify_tokens: int  # verify_token_cap(max_running_requests, num_draft_tokens, chunked_prefill_size)
+    verify_rows_per_req: int  # a request's rows in a verify forward (a tree's expanded: verify_rows_per_request)
+    verify_tokens: int  # verify_token_cap(max_running_requests, verify_rows_per_req, chunk or the CPU budget)
     verify_row_bytes: int
     hidden_row_bytes: int
     draft_weight_bytes: int
@@ -113,7 +153,7 @@ class SpecPlan:
 
     @classmethod
     def of(cls, s: SpecInputs, num_tokens: int, num_reqs: int, page_size: int, chunked_prefill_size: int):
-        return cls(s.algorithm, s.num_draft_tokens, s.verify_tokens(num_reqs, chunked_prefill_size),
+        return cls(s.algorithm, s.num_draft_tokens, s.verify_rows_per_req, s.verify_tokens(num_reqs, chunked_prefill_size),
                    s.verify_row_bytes, s.hidden_row_bytes, s.draft_weight_bytes, s.draft_kv_cell_bytes,
                    s.draft_kv_fixed_bytes, kv_pool_rows(num_tokens, page_size) if s.draft_kv_cell_bytes else 0,
                    draft_kv_pool_bytes(num_tokens, page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes),

@@ -11,7 +11,11 @@ Plan-side API (what the runtime allocates from; names fixed):
         .draft_kv_bytes        = draft_kv_rows x draft_kv_cell_bytes + draft_kv_fixed_bytes (term draft_kv_cache)
         .draft_weight_bytes    the draft model's / head's weights (term draft_weights), at .draft_dtype
         .draft_num_layers      its KV layers (an EAGLE head: 1)
-        .verify_tokens         the most tokens one verify forward may hold (spec_sizes.verify_token_cap)
+        .verify_rows_per_req   a request's rows in one verify forward (spec_sizes.verify_rows_per_request): a
+                               chain's num_draft_tokens, a tree's branches expanded, B x (depth + 1), not
+                               upstream's num_draft_tokens = nodes + 1 (the flag keeps that meaning)
+        .verify_tokens         the most tokens one verify forward may hold (spec_sizes.verify_token_cap of
+                               verify_rows_per_req a slot)
         .verify_row_bytes, .hidden_row_bytes, .draft_cuda_graph_bytes
 Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_plan):
     draft_weights        STANDALONE: the draft checkpoint sized from its config.json like any model (arch_*.py);
@@ -19,6 +23,7 @@ Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_p
     draft_kv_cache       the draft's pool over the target's token slots: the solver's cost of a token is
                          target cell + draft cell, so max_total_num_tokens falls accordingly
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
+                         (verify_rows_per_req a slot: a tree's expanded rows)
     spec_hidden_states   EAGLE heads / MTP layers: the target's hidden states per verify row (EAGLE3: 3 layers')
     draft_cuda_graphs    0 for every served draft (STANDALONE / EAGLE / EAGLE3 / NEXTN): the DraftRunner
                          (model_executor/draft_runner.py) decodes the draft or head eagerly and captures no graphs, and
@@ -39,7 +44,8 @@ from sglang.srt.mem_plan.kv_quant import is_quantized
 from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config
 from sglang.srt.mem_plan.plan import MemoryTerm
 from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
-from sglang.srt.mem_plan.spec_sizes import SpecInputs, draft_kv_pool_bytes, verify_budget_tokens
+from sglang.srt.mem_plan.spec_sizes import (SpecInputs, draft_kv_pool_bytes, verify_budget_tokens,
+                                            verify_rows_per_request)
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes
 
@@ -139,6 +145,7 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         return None
     target, tp, ep = shape.text, sa.tp_size, getattr(sa, "ep_size", 1)
     common = dict(algorithm=spec.algorithm, num_draft_tokens=spec.num_draft_tokens,
+                  verify_rows_per_req=verify_rows_per_request(spec.topk, spec.num_steps, spec.num_draft_tokens),
                   verify_row_bytes=sampler_bytes_per_slot(target.vocab_size),
                   verify_budget_tokens=verify_budget_tokens(device_kind))
     if spec.algorithm == "NGRAM":
