@@ -15,3 +15,28 @@ def spec_off(engine):
         yield
     finally:
         s.runner.spec = saved
+
+
+def assert_plan_matches_start(test, flags, tolerance: float = 0.03):
+    """`sglang plan --device cpu --json` with `flags` (serve flags, --model-path included) against a real
+    sglang.Engine started with the same flags: the draft's pool == the start plan's draft_kv_cache term, its weights
+    <= draft_weights, and the start's KV tokens within `tolerance` of the dry run's. Returns (the start's
+    MemoryPlan, the dry run's plan dict, the running engine: the caller shuts it down with engine_fixtures.shutdown,
+    which the returned engine is registered for through test.addCleanup)."""
+    from sglang import Engine
+    from sglang.cli.plan import run
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.test.engine_fixtures import shutdown
+
+    status, result, _ = run(["--device", "cpu", *flags, "--json"])
+    test.assertEqual(status, 0, result)
+    dry = result["plan"]
+    engine = Engine(server_args=prepare_server_args([*flags, "--log-level", "warning"]))
+    test.addCleanup(shutdown, engine)
+    runner = engine.scheduler.model_runner
+    plan, draft = runner.memory_plan, runner.draft_runner
+    test.assertEqual(draft.kv_bytes(), plan.bytes_of("draft_kv_cache"))
+    test.assertLessEqual(draft.weight_bytes, plan.bytes_of("draft_weights"))
+    ratio = plan.max_total_num_tokens / dry["max_total_num_tokens"]
+    test.assertLess(abs(ratio - 1), tolerance, (plan.max_total_num_tokens, dry["max_total_num_tokens"]))
+    return plan, dry, engine

@@ -280,24 +280,14 @@ class TestStandaloneEngine(unittest.TestCase):
         self.assertGreaterEqual(counters.accepted_tokens, 0.95 * counters.proposed_tokens)
 
     def test_plan_equals_a_real_start(self):
-        from sglang.cli.plan import run
+        from sglang.test.spec_fixtures import assert_plan_matches_start
 
         flags = ["--model-path", self.target, "--dtype", "float32", "--speculative-algorithm", "STANDALONE",
                  "--speculative-draft-model-path", self.draft, "--max-total-memory-gb", "1"]
-        status, result, _ = run(["--device", "cpu"] + flags + ["--json"])
-        self.assertEqual(status, 0)
-        dry = result["plan"]
-        engine = self.start(self.draft, max_total_memory_gb=1)
-        try:
-            runner = engine.scheduler.model_runner
-            plan, got = runner.memory_plan, runner.draft_runner
-            self.assertEqual(got.kv_bytes(), plan.bytes_of("draft_kv_cache"))
-            self.assertEqual(got.kv_bytes(), 256 * (plan.max_total_num_tokens + runner.server_args.page_size))
-            self.assertLessEqual(got.weight_bytes, plan.bytes_of("draft_weights"))
-            ratio = plan.max_total_num_tokens / dry["max_total_num_tokens"]
-            self.assertLess(abs(ratio - 1), 0.03, (plan.max_total_num_tokens, dry["max_total_num_tokens"]))
-        finally:
-            shutdown(engine)
+        plan, _, engine = assert_plan_matches_start(self, flags)
+        runner = engine.scheduler.model_runner
+        self.assertEqual(runner.draft_runner.kv_bytes(),
+                         256 * (plan.max_total_num_tokens + runner.server_args.page_size))
 
 
 if __name__ == "__main__":
