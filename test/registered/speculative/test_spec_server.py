@@ -6,10 +6,12 @@ counters, /metrics' sglang:spec_accept_length gauge, all > 1 token per verify); 
 combination stops the launcher with exit status 2 naming the flag.
 
 Then a small server runs STANDALONE (a random 2-layer Llama target in fp32 with a random 1-layer Llama draft, the
-default model's tokenizer), and after it one runs EAGLE3 over the same target (a random head in the published
-layout, sglang.test.eagle_heads): chat and a streamed completion through the `openai` client equal an in-process Engine's
-greedy output of the target without speculation, /generate's meta_info spec_verify_ct > 0, and /server_info names
-the algorithm and holds the draft's plan terms (draft_weights, draft_kv_cache, no draft_cuda_graphs) equal to what
+default model's tokenizer), after it one runs EAGLE3 over the same target (a random head in the published layout,
+sglang.test.eagle_heads), then STANDALONE as a tree (--speculative-eagle-topk 2): /generate, chat and a streamed
+completion through the `openai` client equal an in-process Engine's greedy output of the target without
+speculation, /generate's meta_info spec_verify_ct > 0, and /server_info names the algorithm and top-k and holds the
+draft's plan terms (draft_weights, draft_kv_cache, no draft_cuda_graphs, the logits and hidden-state rows) and the
+verify rows a request takes (a tree's expanded: 2 x (3 + 1) = 8 for num_draft_tokens 7) equal to what
 `sglang plan --json` with the same flags prices."""
 
 import json
@@ -139,11 +141,11 @@ STANDALONE_NEW = 24
 STANDALONE_TOKENS = 2048  # a fixed pool, so a start and the dry run hold the same number of draft KV rows
 
 
-@pytest.fixture(scope="module", params=["STANDALONE", "EAGLE3"])
+@pytest.fixture(scope="module", params=["STANDALONE", "EAGLE3", "STANDALONE-topk2"])
 def standalone(request):
-    """A random target and draft (STANDALONE: a 1-layer Llama; EAGLE3: a random head reading layers 0, 1, 1 of the
-    2-layer target), the target's greedy text without speculation (an in-process Engine), and a server with that
-    algorithm over them (one at a time)."""
+    """A random target and draft (STANDALONE: a 1-layer Llama, as a chain and as a tree of top-k 2; EAGLE3: a random
+    head reading layers 0, 1, 1 of the 2-layer target), the target's greedy text without speculation (an in-process
+    Engine), and a server with that algorithm over them (one at a time)."""
     from transformers import AutoTokenizer
 
     from sglang import Engine
@@ -153,12 +155,13 @@ def standalone(request):
     tmp = tempfile.TemporaryDirectory()
     tok = AutoTokenizer.from_pretrained(default_model_dir())
     target = random_llama(os.path.join(tmp.name, "target"), 2, 0, tok)
-    if request.param == "EAGLE3":
+    algorithm, _, tree = request.param.partition("-topk")
+    if algorithm == "EAGLE3":
         draft = make_eagle3_head(os.path.join(tmp.name, "head"), target, seed=1, aux_layer_ids=[0, 1, 1])
     else:
         draft = random_llama(os.path.join(tmp.name, "draft"), 1, 1, tok)
     flags = ["--dtype", "float32", "--max-total-tokens", str(STANDALONE_TOKENS), "--speculative-algorithm",
-             request.param, "--speculative-draft-model-path", draft]
+             algorithm, "--speculative-draft-model-path", draft] + (["--speculative-eagle-topk", tree] if tree else [])
     engine = Engine(model_path=target, dtype="float32", max_total_tokens=STANDALONE_TOKENS, log_level="warning")
     try:
         chat_prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
@@ -168,7 +171,7 @@ def standalone(request):
         shutdown(engine)
     srv = popen_launch_server(model=target, other_args=flags)
     try:
-        yield dict(server=srv, ref=ref, target=target, flags=flags, algorithm=request.param)
+        yield dict(server=srv, ref=ref, target=target, flags=flags, algorithm=algorithm, topk=int(tree or 1))
     finally:
         srv.kill()
         tmp.cleanup()
@@ -197,14 +200,21 @@ def test_standalone_over_http(standalone):
     info = requests.get(f"{url}/server_info", timeout=30).json()
     spec = info["speculative"]
     assert spec["algorithm"] == standalone["algorithm"] and spec["verify_steps"] > 0 and spec["proposed_tokens"] > 0, spec
+    assert spec["eagle_topk"] == standalone["topk"], spec
     served = {t["name"]: t["num_bytes"] for t in info["memory_plan"]["terms"]}
 
     dry = subprocess.run(["sglang", "plan", "--model-path", standalone["target"], "--device", "cpu",
                           *standalone["flags"], "--json"], capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    planned = {t["name"]: t["num_bytes"] for t in json.loads(dry.stdout)["plan"]["terms"]}
-    for name in ("draft_weights", "draft_kv_cache", "draft_cuda_graphs"):
+    dry_plan = json.loads(dry.stdout)["plan"]
+    planned = {t["name"]: t["num_bytes"] for t in dry_plan["terms"]}
+    for name in ("draft_weights", "draft_kv_cache", "draft_cuda_graphs", "logits", "spec_hidden_states"):
         assert served[name] == planned[name], (name, served[name], planned[name])
+    # the verify rows a request takes: a chain's num_draft_tokens (3 steps + 1), a tree's 2 branches x (3 + 1)
+    got, want = info["memory_plan"]["speculative"], dry_plan["speculative"]
+    keys = ("num_draft_tokens", "verify_rows_per_req", "verify_tokens")
+    assert [got[k] for k in keys] == [want[k] for k in keys], (got, want)
+    assert (got["num_draft_tokens"], got["verify_rows_per_req"]) == ((7, 8) if standalone["topk"] == 2 else (4, 4))
     # 1 draft (head) layer x 2 KV heads x 16 dims, K and V, fp32, over the pool's tokens and its dummy page
     page = info["memory_plan"]["page_size"]
     assert served["draft_kv_cache"] == 256 * (STANDALONE_TOKENS + page) and served["draft_weights"] > 0
