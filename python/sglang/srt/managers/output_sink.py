@@ -29,6 +29,9 @@ class OutputSink:
         # the overlap schedule (overlap_worker.py): it queues text halves, and the batch runner runs its forward while
         # a window thread decodes them; None: text is decoded at commit
         self.overlap = None
+        # a finishing request, before its computed tokens enter the prefix cache: a draft model's KV of the positions
+        # it never saw (DraftProposer.on_finish; set by the scheduler for a STANDALONE server); None: nothing to add
+        self.before_cache = None
         self.pending_outputs: List[ReqOutput] = []
         self.total_generated_tokens = self.num_failed_reqs = 0
 
@@ -84,6 +87,8 @@ class OutputSink:
     def finish(self, req: Req) -> None:
         """A finished request: its computed tokens enter the prefix cache, its last output is queued."""
         self.flush_text(req)
+        if self.before_cache is not None and req.req_pool_idx is not None and self.memory.tree_cache is not None:
+            self.before_cache(req)
         self.memory.release(req, cache=True)
         if req.grammar is not None:
             req.grammar.release()

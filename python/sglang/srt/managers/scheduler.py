@@ -118,6 +118,8 @@ class Scheduler:
         if spec is not None:
             self.runner.spec = SpecDecoder(spec, self.runner, self.max_running_requests, mr.chunked_prefill_size,
                                            self.device)
+            # a draft model's KV completed before a finished request's tokens enter the prefix cache
+            self.sink.before_cache = getattr(self.runner.spec.proposer, "on_finish", None)
         # overlap schedule: None when off (--disable-overlap-schedule, or the device's default)
         self.overlap = OverlapSchedule(self.sink) if overlap_enabled(server_args, self.device) else None
         if self.overlap is not None:

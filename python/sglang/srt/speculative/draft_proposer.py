@@ -4,8 +4,11 @@ Contract with the scheduler's step (managers/spec_decode.py) -- read before chan
   * on_extend(units) is called after a target EXTEND forward whose units were committed (req.kv_len already
     includes the unit's n tokens). The draft then runs the same tokens [kv_len - n, kv_len) into the same slots, so
     its KV is valid wherever the target's is. A request already released by then (finished at its first token) is
-    skipped: its prompt's slots reach the radix cache without draft KV, which a later prefix hit reads as zeros --
-    lower acceptance for that prompt, never a wrong token (the target verifies every proposal).
+    skipped here: on_finish computed its draft KV.
+  * on_finish(req) is called by OutputSink.finish before a finished request's tokens [0, kv_len) enter the prefix
+    cache: the draft runs the positions it never saw as inputs, so a later prefix hit (the next turn of a chat, a
+    repeated prompt) reads the draft's KV at every cached position, never a stale slot's (measured: a second turn
+    over the first turn's output fell from 100% to ~50% acceptance with the target as its own draft without it).
   * propose(reqs, max_k) is called AFTER the step recorded slots for positions p .. p + max_k[i] of each request in
     req_to_token (p = kv_len: the decode slot plus one per proposal; ReqMemory.alloc_if_free). The draft writes its
     KV of x0, d1 .. d_{k-1} into the slots of positions p .. p + k - 1, the same slots the verify forward then
@@ -126,6 +129,20 @@ class DraftProposer:
                 self.seen[r.rid] = min(self.seen[r.rid], r.kv_len)
 
     def release(self, req: Any) -> None:
+        self.seen.pop(req.rid, None)
+
+    def on_finish(self, req: Any) -> None:
+        """A finished request whose KV enters the prefix cache next: one draft EXTEND (batch 1) of [seen, kv_len) --
+        the positions past the draft's last input (the last accepted proposal, never an input itself; the tokens of
+        steps decoded without proposals), or, for a request the draft never saw (it finished at its first token, or
+        the scheduler decoded it without its SpecDecoder), everything after its prefix hit. Then its bookkeeping
+        goes."""
+        start = min(self.seen.get(req.rid, req.prefix_len), req.kv_len)
+        try:
+            if start < req.kv_len:
+                self._extend([req], [(0, start, req.kv_len)])
+        except Exception as e:  # noqa: BLE001 - see _forget
+            self._forget([req], "catch-up before caching", e)
         self.seen.pop(req.rid, None)
 
     # ------------------------------------------------------------------ draft forwards
