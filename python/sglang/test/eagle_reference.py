@@ -4,13 +4,13 @@ transformers -- independent of the runtime's capture, draft pool and proposer.
 
 proposals(seq, p, k): the head's k greedy proposals for a request whose last token sits at position p: rows 0..p-1
 read (token q + 1, the target's feature of q); each further row reads the previous proposal and the previous row's
-output (the head's own hidden state)."""
+output (the head's own hidden state). reference_beam: the top-k beam (trees) over the same rows."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,21 +75,32 @@ class HeadReference:
     def rows(self, tokens: List[int], h: torch.Tensor, pos: torch.Tensor):
         """(target ids each row predicts, each row's output hidden state); h: the rows' H-wide input (EAGLE-3: after
         fc for target features)."""
+        logits, out = self.logits(tokens, h, pos)
+        return self.to_target(logits.argmax(-1)), out
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.W["d2t"][ids] if self.eagle3 else ids
+
+    def head_input(self, features: torch.Tensor) -> torch.Tensor:
+        """The H-wide hidden input of rows reading target features (EAGLE-3: through fc)."""
+        return features @ self.W["fc.weight"].T if self.eagle3 else features
+
+    def logits(self, tokens: List[int], h: torch.Tensor, pos: torch.Tensor):
+        """(each row's logits in the head's vocabulary, each row's output hidden state)."""
         W, e = self.W, self.E[torch.tensor(tokens)]
         if self.eagle3:
             x = torch.cat([_rms(e, W["midlayer.input_layernorm.weight"], self.eps),
                            _rms(h, W["midlayer.hidden_norm.weight"], self.eps)], -1)
             r = h + self._attention(x, pos, "midlayer.self_attn.")
             out = r + self._mlp(_rms(r, W["midlayer.post_attention_layernorm.weight"], self.eps), "midlayer.mlp.")
-            ids = (_rms(out, W["norm.weight"], self.eps) @ W["lm_head.weight"].T).argmax(-1)
-            return ids + W["d2t"][ids], out
+            return _rms(out, W["norm.weight"], self.eps) @ W["lm_head.weight"].T, out
         x = torch.cat([e, h], -1) @ W["fc.weight"].T + W["fc.bias"]
         for i in range(self.cfg["num_hidden_layers"]):
             p = f"layers.{i}."
             a_in = x if i == 0 else _rms(x, W[p + "input_layernorm.weight"], self.eps)
             r = x + self._attention(a_in, pos, p + "self_attn.")
             x = r + self._mlp(_rms(r, W[p + "post_attention_layernorm.weight"], self.eps), p + "mlp.")
-        return (x @ self.LM.T).argmax(-1), x
+        return x @ self.LM.T, x
 
     @torch.no_grad()
     def proposals(self, seq: Sequence[int], features: torch.Tensor, p: int, k: int) -> List[int]:
@@ -107,3 +118,29 @@ class HeadReference:
             tokens.append(out[-1])
             h = torch.cat([h, hidden[-1:]])
             pos.append(pos[-1] + 1)
+
+
+@torch.no_grad()
+def reference_beam(run: Callable, tokens: List[int], h: torch.Tensor, width: int, depth: int, to_target: Callable):
+    """A plain beam over a head given as run(tokens, h) -> (logits [S, V] in the head's vocabulary, hidden [S, H]) over
+    positions 0 .. S-1 (full causal attention, every row recomputed from scratch): rows 0 .. p-1 read tokens[q] (the
+    token at q + 1) and h[q] (the target's feature of q, as the head reads it); a beam's further rows read its tokens
+    and the hidden state of the row that proposed each. Returns (paths in target ids, cumulative log-probs, the
+    smallest gap between the last kept and the best dropped candidate over the steps: a near tie may order either
+    way in another float32 computation)."""
+    logits, hidden = run(tokens, h)
+    lp = torch.log_softmax(logits[-1].double(), -1)
+    order = lp.sort(descending=True)
+    gap = float(order.values[width - 1] - order.values[width])
+    beams = [([int(i)], float(lp[i]), [hidden[-1]]) for i in order.indices[:width]]
+    for _ in range(1, depth):
+        cands = []
+        for ids, score, hs in beams:
+            path = [int(t) for t in to_target(torch.tensor(ids))]
+            logits, hidden = run(tokens + path, torch.cat([h] + [x[None] for x in hs]))
+            lp = torch.log_softmax(logits[-1].double(), -1)
+            cands += [(score + float(v), ids + [int(i)], hs + [hidden[-1]]) for v, i in zip(*lp.topk(width + 1))]
+        cands.sort(key=lambda c: -c[0])
+        gap = min(gap, cands[width - 1][0] - cands[width][0])
+        beams = [(ids, score, hs) for score, ids, hs in cands[:width]]
+    return [to_target(torch.tensor(ids)).tolist() for ids, _, _ in beams], [score for _, score, _ in beams], gap

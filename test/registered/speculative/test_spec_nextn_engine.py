@@ -7,7 +7,10 @@ than the pool holds (decode retracts). Proposals are made (a random head: near-z
 chain equals an independent reference: the published MTP equations (sglang.test.deepseek_mtp.MTPReference) over the
 request's whole text, fed transformers' DeepseekV3 final-normed hidden states as the target's features (the first
 proposal), then the reference head's own hidden state (the next ones). The draft pool is a one-layer MLA latent pool
-whose bytes are the plan's draft_kv_cache term; under a memory budget a start's pool is `sglang plan`'s within 3%."""
+whose bytes are the plan's draft_kv_cache term; under a memory budget a start's pool is `sglang plan`'s within 3%.
+Trees: a second engine with --speculative-eagle-topk 2 gives the same tokens as without (stop strings, a prefix hit,
+retraction), and each recorded beam equals sglang.test.eagle_reference.reference_beam over the MTP reference (which
+fails when a re-parented beam keeps its own latent KV rows or hidden state)."""
 
 import pytest
 import torch
@@ -19,7 +22,7 @@ from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdow
 from sglang.test.retraction_checks import retraction_prompts, run_retraction
 from sglang.test.spec_fixtures import spec_off
 
-register_cpu_ci(est_time=240, suite="cpu")
+register_cpu_ci(est_time=330, suite="cpu")
 
 NEW_TOKENS = 24
 NUM_LAYERS = 2
@@ -192,3 +195,69 @@ def test_plan_equals_a_real_start(served):
         assert dry_terms["draft_weights"] == plan.bytes_of("draft_weights")
     finally:
         shutdown(engine)
+
+
+# ------------------------------------------------------------------------------------------ trees (top-k 2, NEXTN)
+@pytest.fixture(scope="module")
+def tree_served(served):
+    """A second engine on the same checkpoint with --speculative-eagle-topk 2 (every step proposing)."""
+    from test_spec_eagle_engine import always_propose
+
+    _, path, tok = served
+    engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3, **FLAGS)
+    always_propose(engine)
+    yield engine, path, tok
+    shutdown(engine)
+
+
+def test_tree_greedy_equal_and_beams_as_reference(tree_served):
+    """Top-k 2: greedy tokens, texts and finish reasons == without speculation (8 prompts, stop strings, 16-token
+    chunks, a prefix hit, retraction), nothing leaked; each recorded beam == the reference beam over MTPReference
+    (sglang.test.eagle_reference.reference_beam), paths in order and cumulative log-probs within 1e-4."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from sglang.test.eagle_reference import reference_beam
+    from test_spec_eagle_tree import NEAR_TIE, record_trees
+
+    engine, path, tok = tree_served
+    with spec_off(engine):
+        plain = run(engine, PROMPTS, [greedy() for _ in PROMPTS])
+    params = [greedy() for _ in PROMPTS]
+    for i in (1, 4):
+        text = plain[i]["text"]
+        params[i]["stop"] = [text[len(text) // 3: len(text) // 3 + 3]]
+    engine.flush_cache()
+    log = []
+    before = stats(engine)
+    with record_trees(engine, log):
+        got = run(engine, PROMPTS, params)
+        hit = run(engine, PROMPTS[:2], params[:2])  # cached prompts
+    assert stats(engine)["spec_proposed_tokens"] > before["spec_proposed_tokens"]
+    retract = retraction_prompts(len(tok))
+    spec_retract, retractions = run_retraction(engine, retract)
+    assert retractions > 0
+    with spec_off(engine):
+        want = run(engine, PROMPTS, params)
+        plain_retract, _ = run_retraction(engine, retract)
+    assert_same(got, want)
+    assert_same(hit, want[:2])
+    assert spec_retract == plain_retract
+    uncached = {o["meta_info"]["id"] for o in got if o["meta_info"]["cached_tokens"] == 0}
+    target = DeepseekV3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ref = MTPReference(path)
+    checked = ties = 0
+    for rid, fill, p, width, depth, paths, scores in log[:40]:
+        if rid not in uncached or width < 2:
+            continue
+        ids = torch.tensor(fill[: p + 1])
+        with torch.no_grad():
+            feats = target.model(input_ids=ids[None]).last_hidden_state[0]
+        want_paths, want_scores, gap = reference_beam(lambda t, h: ref(torch.tensor(t), h), fill[1: p + 1],
+                                                      feats[:p], width, depth, lambda x: x)
+        if gap < NEAR_TIE:
+            ties += 1
+            continue
+        assert paths == want_paths, (fill, p)
+        assert max(abs(a - b) for a, b in zip(scores, want_scores)) < NEAR_TIE, (scores, want_scores)
+        checked += 1
+    assert checked >= 10 and ties <= 2, (checked, ties)

@@ -10,9 +10,11 @@
 - The walk's law at temperature 1: a chi-square over many draws against the chain rule over the tree's outcomes.
 - STANDALONE with top-k 3 and 2 through sglang.Engine (one engine; top-k 2 by the tree step's own setting): greedy
   tokens == the same engine's without speculation, with a 4-token chunked prefill, a prefix hit, a stop string and
-  retraction (python/sglang/test/retraction_checks.py), idle and intact after every run (no slot leaked).
+  retraction (python/sglang/test/retraction_checks.py), idle and intact after every run (no slot leaked); and a
+  JSON schema (xgrammar) with top-k 3: greedy tokens == without speculation, the text parses under the schema.
 """
 
+import json
 import os
 import tempfile
 import unittest
@@ -82,8 +84,8 @@ class FakeModel:
 class TreeStepHarness:
     """A TreeStep over real request memory (allocator, request table) with a fake runner and proposer."""
 
-    def __init__(self, topk=3, steps=3, draft_tokens=10, slots=256):
-        self.pool = ReqToTokenPool(8, 128)
+    def __init__(self, topk=3, steps=3, draft_tokens=10, slots=256, rows=8):
+        self.pool = ReqToTokenPool(rows, 128)
         self.alloc = TokenToKVPoolAllocator(slots)
         self.memory = ReqMemory(self.pool, self.alloc, None, 1)
         self.model = FakeModel(self.pool)
@@ -274,9 +276,13 @@ def test_tree_flags_resolve_and_refuse_naming_the_flags():
         assert all(n in str(e.value) for n in named), str(e.value)
     from sglang.srt.server_args import ServerArgs
 
-    with pytest.raises(ValueError, match="--speculative-eagle-topk 2 with --speculative-algorithm EAGLE3"):
-        ServerArgs(model_path="/m", speculative_algorithm="EAGLE3", speculative_draft_model_path="/d",
-                   speculative_eagle_topk=2)  # its proposer makes chains only
+    for algo in ("EAGLE", "EAGLE3", "NEXTN"):  # the heads' beams (speculative/eagle_beam.py): trees too
+        path = None if algo == "NEXTN" else "/d"
+        cfg = ServerArgs(model_path="/m", speculative_algorithm=algo, speculative_draft_model_path=path,
+                         speculative_eagle_topk=2).speculative()
+        assert (cfg.algorithm, cfg.topk, cfg.num_draft_tokens) == (algo, 2, 7)
+    with pytest.raises(ValueError, match="--speculative-num-steps / --speculative-eagle-topk apply to draft models"):
+        ServerArgs(model_path="/m", speculative_algorithm="NGRAM", speculative_eagle_topk=2)  # no draft: no beam
 
 
 # ----------------------------------------------------------------------------------------- STANDALONE through Engine
@@ -304,6 +310,11 @@ class TestStandaloneTreeEngine(unittest.TestCase):
         tok = AutoTokenizer.from_pretrained(default_model_dir())
         cls.vocab = (len(tok) + 63) // 64 * 64
         target = make_llama(os.path.join(cls.tmp.name, "target"), cls.vocab, 2, 0, tok)
+        with open(os.path.join(target, "config.json")) as f:
+            config = json.load(f)
+        config["eos_token_id"] = tok.eos_token_id  # a grammar needs a stop token (the other runs ignore EOS)
+        with open(os.path.join(target, "config.json"), "w") as f:
+            json.dump(config, f)
         cls.engine = Engine(model_path=target, dtype="float32", speculative_algorithm="STANDALONE",
                             speculative_draft_model_path=target, speculative_eagle_topk=3, speculative_num_steps=3,
                             chunked_prefill_size=4, max_total_tokens=256, log_level="warning")
@@ -353,6 +364,32 @@ class TestStandaloneTreeEngine(unittest.TestCase):
             now = spec.counters.to_dict()
             self.assertGreater(now["accepted_tokens"] - counters["accepted_tokens"], 50, topk)
             self.assertGreater(spec.tree.side_branch_commits, side, topk)
+
+    def test_json_schema_equals_decoding_without_speculation_and_parses(self):
+        import jsonschema
+
+        from sglang.test.spec_fixtures import spec_off
+
+        spec = self.engine.scheduler.runner.spec
+        spec.tree.topk = 3
+        prompts = ['Answer in JSON: {"color": "', "The three primary colors are"]
+        params = [{"temperature": 0, "max_new_tokens": 48, "json_schema": json.dumps(SCHEMA)} for _ in prompts]
+        with spec_off(self.engine):
+            ref = self.engine.generate(prompts, params)
+        steps = spec.counters.verify_steps
+        got = self.engine.generate(prompts, params)
+        from sglang.test.engine_fixtures import assert_idle_and_intact
+
+        assert_idle_and_intact(self.engine)
+        self.assertEqual([o["output_ids"] for o in got], [o["output_ids"] for o in ref])
+        self.assertGreater(spec.counters.verify_steps, steps)
+        for o in got:
+            self.assertGreater(o["meta_info"]["spec_verify_ct"], 0)
+            jsonschema.validate(json.loads(o["text"]), SCHEMA)  # the grammar held on every committed token
+
+
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "n": {"type": "boolean"}},
+          "required": ["color", "n"], "additionalProperties": False}
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def build_proposer(cfg, model_runner: Any) -> Proposer:
     if cfg.algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
         from sglang.srt.speculative.eagle_proposer import EagleProposer
 
-        return EagleProposer(model_runner.draft_runner, model_runner, cfg.num_steps)
+        return EagleProposer(model_runner.draft_runner, model_runner, cfg.num_steps, cfg.topk)
     raise ValueError(f"--speculative-algorithm {cfg.algorithm}: no proposer in this runtime yet")
 
 

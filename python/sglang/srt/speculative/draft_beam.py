@@ -59,14 +59,16 @@ def decode_logits(runner: Any, rows: List[int], tokens: List[int], positions: Li
 
 
 def copy_draft_kv(runner: Any, src: List[int], dst: List[int]) -> None:
-    """Draft KV of slots src -> slots dst, every layer (all sources read before any target is written)."""
+    """Draft KV of slots src -> slots dst, every layer (all sources read before any target is written): K and V of a
+    standard pool, or the latent rows of an MLA pool (NEXTN's head: mem_cache/mla_pool.py kv_buffer)."""
     if not src:
         return
     kv = runner.token_to_kv_pool
-    s, t = _int64(src).to(kv.k_buffer.device), _int64(dst).to(kv.k_buffer.device)
-    k, v = kv.k_buffer[:, s], kv.v_buffer[:, s]
-    kv.k_buffer[:, t] = k
-    kv.v_buffer[:, t] = v
+    buffers = [kv.kv_buffer] if getattr(kv, "is_mla", False) else [kv.k_buffer, kv.v_buffer]
+    s, t = _int64(src).to(buffers[0].device), _int64(dst).to(buffers[0].device)
+    rows = [b[:, s] for b in buffers]
+    for b, r in zip(buffers, rows):
+        b[:, t] = r
 
 
 def _slots(runner: Any, row: int, a: int, b: int) -> List[int]:

@@ -13,7 +13,11 @@ feature rows of those positions, in one head EXTEND over the request's draft pre
     extend chunk [a, b): e = b (the chunk's last token is followed by the next prompt token or the sampled one);
     decode of x0 at p:   e = p + 1;   verify of [x0, d1..dk] at p that committed c tokens: e = p + c.
 The last row's argmax (in target ids: to_target_ids) is d1, the proposal for position e + 1, and its hidden_out the
-head's own state h; both are kept per request with `end` = e (one row each).
+head's own state h; both are kept per request with `end` = e (one row each), and with top-k > 1 that row's top-k
+log-probs (speculative/eagle_beam.py starts the beams from them).
+After a TREE verify (managers/spec_tree.py) the forward held every branch as its own sequence: the committed
+positions' features are the rows of the committed path's home branch, which may be a temporary row; the tree step
+names them per request (on_tree_forward) and the catch-up reads those rows instead of the request's own row's.
 
 propose(): for a request with end == kv_len, d1 is ready; each further proposal is a head DECODE at the next
 position (e, e + 1, ...) with the previous proposal's token and the previous row's hidden_out (EAGLE-3: H wide,
@@ -28,11 +32,12 @@ borrowed from the radix cache carries the draft KV another request wrote there.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.speculative.eagle_beam import First, first_tokens, head_beam
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +68,13 @@ class EagleProposer:
 
     writes_kv = True  # propose() writes the head's KV into the proposals' slots: they must be allocated first
 
-    def __init__(self, runner: Any, target: Any, num_steps: int):
-        """runner: a DraftRunner holding a head; target: the ModelRunner whose captured_batch the catch-up reads."""
-        self.runner, self.target, self.num_steps = runner, target, num_steps
-        self.state: Dict[str, Tuple[int, torch.Tensor, int]] = {}  # rid -> (d1, hidden_out row, end)
+    def __init__(self, runner: Any, target: Any, num_steps: int, topk: int = 1):
+        """runner: a DraftRunner holding a head; target: the ModelRunner whose captured_batch the catch-up reads;
+        topk > 1: trees (propose_tree), the catch-up keeps its last row's topk best log-probs."""
+        self.runner, self.target, self.num_steps, self.topk = runner, target, num_steps, topk
+        # rid -> (d1, hidden_out row, end, the last row's top-k (log-probs, head ids) or None with top-k 1)
+        self.state: Dict[str, Tuple[int, torch.Tensor, int, Optional[First]]] = {}
+        self._tree_rows: Tuple[Any, Dict[int, Tuple[int, int, int]]] = (None, {})  # (tree forward, its home rows)
         self.indexes = self.state  # the scheduler step prunes the rids that left through this name
         self._consumed = None  # the target batch whose features were run last (never twice)
         self.num_forwards = 0
@@ -83,6 +91,34 @@ class EagleProposer:
 
     def release(self, req: Any) -> None:
         self.state.pop(req.rid, None)
+
+    def on_tree_forward(self, fb: ForwardBatch, home_rows: Dict[int, Tuple[int, int, int]]) -> None:
+        """The tree step's verify forward fb: per request-table row of a request, (first position, tokens, first input
+        row) of its committed path's home branch -- where the catch-up reads the committed positions' features."""
+        self._tree_rows = (fb, home_rows)
+
+    def propose_tree(self, reqs: Sequence[Any], rows: Sequence[List[int]],
+                     depth: Sequence[int]) -> List[List[List[int]]]:
+        """Tree proposals (top-k > 1): per request up to len(rows[i]) branches of depth[i] tokens, beam b's head KV in
+        row rows[i][b] (row 0: the request's own) -- speculative/eagle_beam.py. The slots were allocated first."""
+        out: List[List[List[int]]] = [[] for _ in reqs]
+        idx = [i for i, r in enumerate(reqs) if depth[i] > 0 and rows[i] and _alive(r) and r.rid in self.state
+               and self.state[r.rid][2] == r.kv_len and self.state[r.rid][3] is not None]
+        if not idx:
+            return out
+        st = [self.state[reqs[i].rid] for i in idx]
+        ds = [min(depth[i], self.num_steps) for i in idx]
+        try:
+            paths, _ = head_beam(self.runner, [reqs[i].kv_len for i in idx], [rows[i] for i in idx], ds,
+                                 [s[3] for s in st], [s[1] for s in st])
+        except Exception as e:  # noqa: BLE001 - a failed head forward costs proposals, never a request
+            logger.warning("Draft head tree proposal failed for %d requests (%s: %s); they decode without proposals",
+                           len(idx), type(e).__name__, e)
+            return out
+        self.num_forwards += max(ds) - 1
+        for j, i in enumerate(idx):
+            out[i] = paths[j]
+        return out
 
     def propose(self, reqs: Sequence[Any], max_k: Sequence[int]) -> List[List[int]]:
         out: List[List[int]] = [[] for _ in reqs]
@@ -104,6 +140,10 @@ class EagleProposer:
             return
         self._consumed = fb
         rows = batch_rows(fb)
+        tree_fb, home_rows = self._tree_rows
+        self._tree_rows = (None, {})
+        if tree_fb is fb:
+            rows.update(home_rows)
         pieces = []  # (req, first position, end position, first feature row)
         for r in reqs:
             if not _alive(r) or r.req_pool_idx not in rows:
@@ -146,7 +186,8 @@ class EagleProposer:
         d1 = self._to_target(logits)
         last = fb.logits_indices.to(hidden_out.device)
         for j, (r, _, e, _) in enumerate(pieces):
-            self.state[r.rid] = (d1[j], hidden_out[last[j]].clone(), e)
+            top = first_tokens(logits[j], self.topk) if self.topk > 1 else None
+            self.state[r.rid] = (d1[j], hidden_out[last[j]].clone(), e, top)
 
     def _propose(self, reqs, max_k, idx, out) -> List[List[int]]:
         r2t = self.runner.req_to_token_pool.req_to_token_host

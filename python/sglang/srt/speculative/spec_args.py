@@ -27,8 +27,8 @@ HELP = {
     "unset uses --model-path's own MTP layers.",
     "num_steps": "Forwards of the draft model or head per verify step (proposals per request). Default: 3 for "
     "STANDALONE / EAGLE / EAGLE3 / NEXTN; unused by NGRAM.",
-    "eagle_topk": "Candidates kept per draft step (a tree of that many branches when > 1: STANDALONE, --page-size 1). "
-    "Default 1.",
+    "eagle_topk": "Candidates kept per draft step (a tree of that many branches when > 1: STANDALONE, EAGLE, EAGLE3, "
+    "NEXTN; --page-size 1). Default 1.",
     "num_draft_tokens": "Tokens verified per request and step: its last token plus the proposals (a tree: its "
     "nodes). Default: num-steps + 1 with top-k 1; top-k x num-steps + 1 with top-k > 1; 8 for NGRAM.",
     "ngram_min_match_window_size": "NGRAM: the shortest suffix of the text that is looked up for a continuation.",
@@ -129,7 +129,7 @@ def _tree_config(a, algo: str, steps: int, topk: int) -> SpecConfig:
 
 
 # algorithms whose proposer makes trees (top-k > 1)
-TREE_ALGORITHMS = ("STANDALONE",)
+TREE_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
 
 # what a server runs today; `sglang plan` prices every algorithm above
 SERVED_ALGORITHMS: tuple = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
