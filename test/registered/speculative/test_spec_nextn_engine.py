@@ -10,7 +10,11 @@ proposal), then the reference head's own hidden state (the next ones). The draft
 whose bytes are the plan's draft_kv_cache term; under a memory budget a start's pool is `sglang plan`'s within 3%.
 Trees: a second engine with --speculative-eagle-topk 2 gives the same tokens as without (stop strings, a prefix hit,
 retraction), and each recorded beam equals sglang.test.eagle_reference.reference_beam over the MTP reference (which
-fails when a re-parented beam keeps its own latent KV rows or hidden state)."""
+fails when a re-parented beam keeps its own latent KV rows or hidden state); and on a checkpoint whose MTP layer copies
+its target (copying_checkpoint) most proposals are accepted, some steps commit through branch 1, and the beams match
+the reference scores within 1e-4 (which fails when the catch-up reads branch 0's features after such a commit)."""
+
+import os
 
 import pytest
 import torch
@@ -22,7 +26,7 @@ from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdow
 from sglang.test.retraction_checks import retraction_prompts, run_retraction
 from sglang.test.spec_fixtures import spec_off
 
-register_cpu_ci(est_time=330, suite="cpu")
+register_cpu_ci(est_time=360, suite="cpu")
 
 NEW_TOKENS = 24
 NUM_LAYERS = 2
@@ -243,11 +247,23 @@ def test_tree_greedy_equal_and_beams_as_reference(tree_served):
     assert_same(hit, want[:2])
     assert spec_retract == plain_retract
     uncached = {o["meta_info"]["id"] for o in got if o["meta_info"]["cached_tokens"] == 0}
+    checked, ties = check_beams(path, [c for c in log[:40] if c[0] in uncached])
+    assert checked >= 10 and ties <= 2, (checked, ties)
+
+
+def check_beams(path, log):
+    """(beams checked, near ties skipped): each recorded beam == reference_beam over MTPReference and transformers'
+    final-normed target states, paths in order and cumulative log-probs within NEAR_TIE."""
+    from transformers import DeepseekV3ForCausalLM
+
+    from sglang.test.eagle_reference import reference_beam
+    from test_spec_eagle_tree import NEAR_TIE
+
     target = DeepseekV3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ref = MTPReference(path)
     checked = ties = 0
-    for rid, fill, p, width, depth, paths, scores in log[:40]:
-        if rid not in uncached or width < 2:
+    for rid, fill, p, width, depth, paths, scores in log:
+        if width < 2:
             continue
         ids = torch.tensor(fill[: p + 1])
         with torch.no_grad():
@@ -260,4 +276,61 @@ def test_tree_greedy_equal_and_beams_as_reference(tree_served):
         assert paths == want_paths, (fill, p)
         assert max(abs(a - b) for a, b in zip(scores, want_scores)) < NEAR_TIE, (scores, want_scores)
         checked += 1
-    assert checked >= 10 and ties <= 2, (checked, ties)
+    return checked, ties
+
+
+def copying_checkpoint(path: str, tok) -> str:
+    """save_v3_with_mtp with every attention output and MLP / expert down projection zero and every norm weight one:
+    the target's next token is a function of its last token, its final-normed state at q one of the token at q; the
+    MTP layer's eh_proj passes the embedding plus 0.01 x a random map of the feature, so the head proposes what the
+    target decodes, up to the feature's small push on the scores."""
+    from safetensors.torch import load_file, save_file
+
+    save_v3_with_mtp(path, NUM_LAYERS, vocab=(len(tok) + 63) // 64 * 64, tokenizer=tok)
+    file = os.path.join(path, "model.safetensors")
+    w = load_file(file)
+    for k in w:
+        if "o_proj" in k or "down_proj" in k:
+            w[k] = torch.zeros_like(w[k])
+        elif k.endswith("norm.weight"):
+            w[k] = torch.ones_like(w[k])
+    H = w["model.embed_tokens.weight"].shape[1]
+    g = torch.Generator().manual_seed(5)
+    eh = f"model.layers.{NUM_LAYERS}.eh_proj.weight"
+    w[eh] = torch.cat([torch.eye(H), 0.01 * torch.randn(H, H, generator=g) / H ** 0.5], 1)
+    save_file(w, file, metadata={"format": "pt"})
+    return path
+
+
+def test_tree_side_branch_commits_with_a_copying_head(tmp_path):
+    """Top-k 2 with a head that copies the target: most proposals accepted, some steps commit through branch 1, greedy
+    == without; the beams after those commits == the reference (the catch-up read the home branch's features: from
+    branch 0's rows the scores move by ~1e-2)."""
+    from transformers import AutoTokenizer
+
+    from sglang.test.engine_fixtures import default_model_dir
+    from test_spec_eagle_engine import always_propose, unique_prompts
+    from test_spec_eagle_tree import record_trees
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    path = copying_checkpoint(str(tmp_path / "copy"), tok)
+    engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3, **FLAGS)
+    try:
+        always_propose(engine)
+        spec = engine.scheduler.runner.spec
+        prompts = unique_prompts((len(tok) + 63) // 64 * 64, 4, seed=3)
+        params = dict(greedy(), max_new_tokens=16)
+        log = []
+        with record_trees(engine, log):
+            got = engine.generate(input_ids=prompts, sampling_params=params)
+        assert_idle_and_intact(engine)
+        with spec_off(engine):
+            want = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        counters = spec.counters.to_dict()
+        assert counters["accepted_tokens"] > counters["proposed_tokens"] // 4, counters
+        assert spec.tree.side_branch_commits > 0
+    finally:
+        shutdown(engine)
+    checked, ties = check_beams(path, log)
+    assert checked >= 8 and ties <= 2, (checked, ties)
