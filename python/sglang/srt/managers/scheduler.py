@@ -74,7 +74,8 @@ class Scheduler:
         from sglang.srt.model_executor.model_runner import ModelRunner
 
         self.server_args = server_args
-        check_served(server_args.speculative())
+        spec = server_args.speculative()  # resolved once: refused here before the model loads
+        check_served(spec)
         self.model_runner = mr = model_runner or ModelRunner(server_args)
         self.model_config = mr.model_config
         self.tokenizer_path = mr.tokenizer_path
@@ -113,7 +114,6 @@ class Scheduler:
                                           self.max_running_requests)
         self.runner = BatchRunner(mr, self.memory, self.queues, self.sink, self.decode_memory, self.grammar,
                                   self.fault_policy)
-        spec = server_args.speculative()
         check_spec_model(spec, server_args, self.model_config.shape.text, self.memory.window_tokens)
         if spec is not None:
             self.runner.spec = SpecDecoder(spec, self.runner, self.max_running_requests, mr.chunked_prefill_size,
