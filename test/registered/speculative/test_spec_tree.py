@@ -376,8 +376,10 @@ class TestStandaloneTreeEngine(unittest.TestCase):
         params = [{"temperature": 0, "max_new_tokens": 48, "json_schema": json.dumps(SCHEMA)} for _ in prompts]
         with spec_off(self.engine):
             ref = self.engine.generate(prompts, params)
-        steps = spec.counters.verify_steps
+        steps, faults = spec.counters.verify_steps, self.engine.scheduler.fault_policy.num_faults
         got = self.engine.generate(prompts, params)
+        # no verify step fell back to a decode (a fault there is confined, and the decode's tokens would match)
+        self.assertEqual(self.engine.scheduler.fault_policy.num_faults, faults)
         from sglang.test.engine_fixtures import assert_idle_and_intact
 
         assert_idle_and_intact(self.engine)

@@ -24,9 +24,9 @@ import torch
 
 from sglang.srt.managers.fault_confinement import StepFault, step_phase
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.managers.spec_policy import CPU_VERIFY_TOKEN_BUDGET, SpecPolicy
+from sglang.srt.managers.spec_policy import SpecPolicy
 from sglang.srt.managers.spec_tree import TreeStep, may_commit
-from sglang.srt.mem_plan.spec_sizes import verify_token_cap
+from sglang.srt.mem_plan.spec_sizes import verify_budget, verify_rows_per_request
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.ngram_proposer import NgramProposer
 from sglang.srt.speculative.proposer import Proposer
@@ -77,11 +77,12 @@ class SpecDecoder:
         self.cfg, self.runner = cfg, runner
         self.memory, self.queues, self.sink = runner.memory, runner.queues, runner.sink
         self.proposer = build_proposer(cfg, runner.model_runner)
-        cap = verify_token_cap(max_running_requests, cfg.num_draft_tokens, chunked_prefill_size)
-        budget = min(cap, CPU_VERIFY_TOKEN_BUDGET) if str(device) == "cpu" else cap
-        # a tree's rows per request: its branches expanded (spec_tree.py), within the same total budget
+        # a request's verify rows (a chain's num_draft_tokens, a tree's branches expanded) and the batch budget: the
+        # rows the plan prices (mem_plan/spec_sizes.py), so a full batch of whole trees runs within them
+        rows = verify_rows_per_request(cfg.topk, cfg.num_steps, cfg.num_draft_tokens)
+        budget = verify_budget(max_running_requests, rows, chunked_prefill_size, str(device))
         self.tree = TreeStep(self) if cfg.topk > 1 else None
-        self.policy = SpecPolicy(cfg.max_proposals if self.tree is None else self.tree.max_rows - 1, budget)
+        self.policy = SpecPolicy(rows - 1, budget)
         self.counters = SpecCounters()
 
     def on_extend(self, units) -> None:

@@ -6,7 +6,8 @@ Per step a batch budget: the verify forward holds at most max(batch size, verify
 going to the requests with the best EMA first. On a CPU a forward's cost grows with its tokens as soon as the batch
 is more than a few rows (the GEMMs become compute-bound, and the verify forward takes the extend kernels instead of
 the decode ones), so the CPU budget is small: batch 1 proposes its full chain, large batches decode as without
-speculation. Elsewhere the budget is the plan's verify_token_cap (mem_plan/spec_sizes.py).
+speculation. Elsewhere the budget is the plan's verify_token_cap of every slot's verify rows (a tree's branches
+expanded), so a full batch of whole trees fits it: mem_plan/spec_sizes.verify_budget, which SpecDecoder reads.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Dict, List, Sequence
 
 # CPU: most tokens in one verify forward (defined once, in the plan that prices the same rows). 16 = batch 1 with 7
 # proposals twice over; at batch >= 16 no proposals (c = 32 decodes exactly as without speculation).
-from sglang.srt.mem_plan.spec_sizes import CPU_VERIFY_TOKEN_BUDGET  # noqa: F401 (spec_decode reads it here)
+from sglang.srt.mem_plan.spec_sizes import CPU_VERIFY_TOKEN_BUDGET  # noqa: F401 (spec_sizes.verify_budget applies it)
 
 # Initial rate: a new request proposes at once (one step of evidence decides whether it keeps going).
 INITIAL_ACCEPT_RATE = 0.5
@@ -41,6 +42,8 @@ class _ReqStats:
 
 class SpecPolicy:
     def __init__(self, max_proposals: int, verify_token_budget: int):
+        """max_proposals: a request's most rows in a verify forward - 1 (spec_sizes.verify_rows_per_request: a tree's
+        expanded rows); verify_token_budget: spec_sizes.verify_budget."""
         self.max_proposals = max_proposals
         self.verify_token_budget = verify_token_budget
         self.step = 0

@@ -4,9 +4,10 @@ forward -> the acceptance walk (speculative/tree.py) -> every slot of the step a
 Branch expansion: request r (x0 at p = kv_len) with B branches of depth D contributes B sequences [x0, path_b] at
 positions p .. p + D to one EXTEND forward over its prefix. Branch 0 uses the request's own request-table row
 (its decode slot at p plus D slots from ReqMemory.alloc_if_free); branch b > 0 a temporary row whose [0, p) copies
-the request's prefix slots and whose [p, p + D] are fresh slots. Rows per request B * (D + 1) <= max_k + 1 <=
-num_draft_tokens: the expanded forward holds no more tokens than the plan prices (mem_plan/spec_sizes.py), and its
-B * D <= num_draft_tokens - 1 nodes. Invariants:
+the request's prefix slots and whose [p, p + D] are fresh slots. The shape is mem_plan/spec_sizes.tree_shape's (the
+deepest tree, then the widest): rows per request B * (D + 1) <= max_k + 1 <= verify_rows_per_request, the expanded
+rows the plan prices a request, so a full batch of whole trees fits the plan's verify budget; its B * D <=
+num_draft_tokens - 1 nodes (upstream's count). Invariants:
     - branches take slots and temporary rows from what is free only (no eviction): speculation never evicts,
       retracts or OOMs; what is not free costs branches (B shrinks) or depth (D shrinks);
     - before committing the token sampled at node n (depth j), the request's row [p, p + j] maps the slots of n's
@@ -29,6 +30,7 @@ import torch
 
 from sglang.srt.managers.fault_confinement import StepFault, step_phase
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_plan.spec_sizes import tree_shape, verify_rows_per_request
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.tree import DraftTree, walk_trees
 
@@ -59,16 +61,6 @@ def may_commit(req: Req, num_committed: int, sink: Any) -> bool:
     return True
 
 
-def tree_shape(max_k: int, topk: int, num_steps: int, max_nodes: int):
-    """(branches, depth) of a request allowed max_k + 1 expanded rows: depth min(num_steps, max_k), and as many
-    branches (<= topk) as keep the rows branches * (depth + 1) within max_k + 1 and the nodes branches * depth within
-    max_nodes (num_draft_tokens - 1)."""
-    depth = min(num_steps, max_k, max_nodes)
-    if not depth:
-        return 0, 0
-    return max(1, min(topk, (max_k + 1) // (depth + 1), max_nodes // depth)), depth
-
-
 class Branch:
     __slots__ = ("row", "temp", "slots")
 
@@ -82,9 +74,8 @@ class TreeStep:
         cfg = decoder.cfg
         self.topk, self.num_steps, self.max_nodes = cfg.topk, cfg.num_steps, cfg.max_proposals
         self.memory = decoder.memory
-        # the most expanded rows a request's tree takes (the policy's per-request cap)
-        branches, depth = tree_shape(1 << 30, self.topk, self.num_steps, self.max_nodes)
-        self.max_rows = branches * (depth + 1)
+        # the most expanded rows a request's tree takes: the rows the plan prices (the policy's per-request cap)
+        self.max_rows = verify_rows_per_request(self.topk, self.num_steps, self.max_nodes + 1)
         self.side_branch_commits = 0  # request-steps whose committed path left branch 0 (slots moved in)
 
     # ------------------------------------------------------------------ slots

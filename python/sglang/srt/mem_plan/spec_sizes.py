@@ -48,7 +48,10 @@ def tree_shape(max_k: int, topk: int, num_steps: int, max_nodes: int) -> tuple:
 def verify_rows_per_request(topk: int, num_steps: int, num_draft_tokens: int) -> int:
     """The most rows one request takes in a verify forward: a chain (topk 1) its num_draft_tokens; a tree the
     expanded rows branches x (depth + 1) of the largest tree tree_shape builds when nothing but the flags limits it.
-    The plan's verify rows, the runtime's verify budget and the policy's per-request cap all read this."""
+    The plan's verify rows, the runtime's verify budget and the policy's per-request cap all read this.
+    Not priced: a tree's side branches also take temporary request-table rows, from the free ones only, and the
+    table has max_running_requests rows; with every row held by a running request a tree verifies branch 0 alone (a
+    chain of its depth), within these rows."""
     if topk <= 1:
         return num_draft_tokens
     # max_k: the full beam's expanded rows - 1, which no rows budget of a smaller tree binds
