@@ -1,5 +1,5 @@
 """A tree's verify rows priced by the plan (issue 44): --speculative-eagle-topk > 1 verifies B branches of depth D as
-B x (D + 1) expanded rows (managers/spec_tree.py), more than upstream's num_draft_tokens = nodes + 1. The plan
+B x (D + 1) expanded rows (managers/spec_tree.py), not upstream's num_draft_tokens = nodes + 1. The plan
 prices mem_plan/spec_sizes.verify_rows_per_request rows a request; the runtime's budget and policy read the same.
 
 - Exact: for every (topk, steps, num_draft_tokens) with topk 2..4, steps 1..3, the plan's rows == an independent
@@ -10,9 +10,9 @@ prices mem_plan/spec_sizes.verify_rows_per_request rows a request; the runtime's
 - A full batch (4 slots, top-k 3, 3 steps) through the real SpecDecoder with `sglang plan --json`'s slots and chunk
   on an H100: every request verifies the whole 3-branch tree, the forward holds the plan's verify_tokens rows (the
   stand-in's request table has a row for each branch; the runtime's has max_running_requests rows, which a tree's
-  side branches share with new requests: spec_sizes.verify_rows_per_request says so). On a
-  CPU the runtime's CPU_VERIFY_TOKEN_BUDGET (16 tokens a forward, the plan prices the same) leaves one request its
-  whole tree and the others a chain.
+  side branches share with new requests: spec_sizes.verify_rows_per_request says so). On a CPU the runtime's
+  CPU_VERIFY_TOKEN_BUDGET (16 tokens a forward, the plan prices the same) leaves one request its whole tree, the next
+  a chain of what is left and the rest x0 alone.
 - plan == a real start within 3% of the KV tokens for a STANDALONE top-k 3 server (fp32, 1 GB, CPU), the start's
   plan showing the same verify rows (sglang.test.spec_fixtures.assert_plan_matches_start).
 """
