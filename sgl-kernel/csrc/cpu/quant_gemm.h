@@ -23,6 +23,19 @@ namespace sgl_cpu {
 
 constexpr int kQMaxRowGroup = 8;   // input rows whose accumulators stay in registers
 
+// How far ahead of the record being read the weight stream is prefetched, in records: every 64-byte line of that
+// record (576 bytes for an 8-bit one), not only its first two, so the records are in L1 when the dot products reach
+// them. A decode-sized call streams a large table once (the Gemma 3 270M lm_head: 189 MB of Q8_0) with little work
+// per record, and waited on those loads (bench_lm_head_decode.py).
+constexpr int kQPrefetchRecords = 6;
+
+template <int64_t REC_BYTES>
+inline void quant_prefetch_record(const uint8_t* rec) {
+#pragma GCC unroll 16
+  for (int64_t l = 0; l < REC_BYTES; l += 64)
+    _mm_prefetch((const char*)(rec + kQPrefetchRecords * REC_BYTES + l), _MM_HINT_T0);
+}
+
 // n (<= 16) bf16 -> fp32 (exact: bf16 is the top half of an fp32); lanes from n on read as 0.
 SGL_AVX512_VNNI inline __m512 q_load_bf16(const uint16_t* p, int n) {
   const __m256i h = n == 16 ? _mm256_loadu_si256((const __m256i*)p) : _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), p);
@@ -133,6 +146,15 @@ SGL_AVX512_VNNI inline void load_record_scales(const uint8_t* rec, __m512& dw, _
   }
 }
 
+// A block's (or half block's) integer sums as the one fp32 factor of d * da: for 8-bit weights the main pass's sum plus
+// the residual pass's over kResidualScale (one FMA, so the block costs one scaling FMA, not two, in every row's
+// epilogue); for 4-bit weights the main sum alone (res unused). Exact but for the FMA's one rounding (2^-24 of it).
+template <int BITS>
+SGL_AVX512_VNNI __attribute__((always_inline)) inline __m512 quant_block_sum(__m512i main, __m512i res, __m512 inv_scale) {
+  if constexpr (BITS == 8) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(res), inv_scale, _mm512_cvtepi32_ps(main));
+  else return _mm512_cvtepi32_ps(main);
+}
+
 // MB input rows x one tile of 16 output rows, all nb blocks; y rows are ldy apart, n valid columns. FMT: a format
 // code (quant_layout.h). T = float, or uint16_t for bf16 (rounded by VCVTNEPS2BF16 with HW_BF16, else in software: the
 // same bits but for denormals). sh: the activations' half-block sums (kQHeadHalves only).
@@ -148,8 +170,7 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
   for (int i = 0; i < MB; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* rec = tile + b * rec_bytes;
-    _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
-    _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
+    quant_prefetch_record<rec_bytes>(rec);
     __m512i wv[8];
     load_record_u8<BITS, header>(rec, wv);
     __m512 dw, cw, dw1, cw1;  // d, c (kQHeadHalves: of k 0-15; dw1, cw1 of k 16-31)
@@ -161,18 +182,15 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
       const __m512 dai = _mm512_set1_ps(da[i * nb + b]);
       if constexpr (!quant_format_halves(FMT)) {
         const __m512 dwa = _mm512_mul_ps(dw, dai);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 8>(wv, a)), dwa, acc[i]);
-        if constexpr (BITS == 8)
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 8>(wv, a2)), _mm512_mul_ps(dwa, residual), acc[i]);
+        const __m512i dot = q_dot_groups<0, 8>(wv, a), res = BITS == 8 ? q_dot_groups<0, 8>(wv, a2) : dot;
+        acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot, res, residual), dwa, acc[i]);
         acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
       } else {  // groups 0-3 are k 0-15, groups 4-7 k 16-31: each half its own d and c
         const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 4>(wv, a)), dwa0, acc[i]);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<4, 8>(wv, a)), dwa1, acc[i]);
-        if constexpr (BITS == 8) {
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<0, 4>(wv, a2)), _mm512_mul_ps(dwa0, residual), acc[i]);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q_dot_groups<4, 8>(wv, a2)), _mm512_mul_ps(dwa1, residual), acc[i]);
-        }
+        const __m512i dot0 = q_dot_groups<0, 4>(wv, a), dot1 = q_dot_groups<4, 8>(wv, a);
+        const __m512i res0 = BITS == 8 ? q_dot_groups<0, 4>(wv, a2) : dot0, res1 = BITS == 8 ? q_dot_groups<4, 8>(wv, a2) : dot1;
+        acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot0, res0, residual), dwa0, acc[i]);
+        acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot1, res1, residual), dwa1, acc[i]);
         acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
         acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
       }

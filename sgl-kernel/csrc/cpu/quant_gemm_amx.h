@@ -7,7 +7,8 @@
 // bytes), so an 8-bit record is loaded in place (stride 64) and a 4-bit one after unpacking its nibbles to 512 bytes.
 // The activations of 16 input rows are the "A" tile (16 rows x 32 bytes, row stride = the activation row's bytes),
 // signed, against the unsigned weight bytes: TDPBSUD. Each block's int32 sums are stored (one 1 KiB tile store) and
-// scaled in fp32 exactly as quant_tile does: d * da * dot (+ the residual pass for 8-bit weights) + c * sa.
+// scaled in fp32 exactly as quant_tile does: d * da * quant_block_sum (for 8-bit weights dot + residual dot / 254) +
+// c * sa. Each record's lines are prefetched kQPrefetchRecords ahead, as quant_tile does (quant_prefetch_record).
 // The halves formats (kQHeadHalves, kQHeadQ6) take k 0-15 and 16-31 as two 4-row B tiles against two 16-byte A tiles.
 //   tmm0, tmm1: C of set 0 (main / residual, or half 0 / half 1)   tmm2, tmm3: C of set 1 (the next block's), or
 //   for the 8-bit halves formats the residual pass's halves (one set)
@@ -66,8 +67,7 @@ SGL_AMX_INT8 __attribute__((always_inline)) inline void quant_block_dots_amx(con
   constexpr int BITS = quant_format_bits(FMT), HEAD = quant_format_head(FMT);
   constexpr bool HALVES = quant_format_halves(FMT);
   constexpr int64_t rec_bytes = quant_record_bytes(FMT), header = quant_header_bytes(HEAD);
-  _mm_prefetch((const char*)(rec + 4 * rec_bytes), _MM_HINT_T0);
-  _mm_prefetch((const char*)(rec + 4 * rec_bytes + 64), _MM_HINT_T0);
+  quant_prefetch_record<rec_bytes>(rec);
   const uint8_t* w = rec + header;
   if constexpr (BITS == 4) {
     __m512i wv[8];
@@ -140,18 +140,15 @@ SGL_AMX_INT8 __attribute__((always_inline)) inline void quant_block_epilogue_amx
     const __m512i dot0 = _mm512_load_si512(c[0][i]);
     if constexpr (!HALVES) {
       const __m512 dwa = _mm512_mul_ps(dw, dai);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa, acc[i]);
-      if constexpr (BITS == 8)
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), _mm512_mul_ps(dwa, residual), acc[i]);
+      acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot0, _mm512_load_si512(c[1][i]), residual), dwa, acc[i]);
       acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sa[i * nb + b]), acc[i]);
     } else {
       const __m512 dwa0 = _mm512_mul_ps(dw, dai), dwa1 = _mm512_mul_ps(dw1, dai);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), dwa0, acc[i]);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][i])), dwa1, acc[i]);
-      if constexpr (BITS == 8) {
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[2][i])), _mm512_mul_ps(dwa0, residual), acc[i]);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[3][i])), _mm512_mul_ps(dwa1, residual), acc[i]);
-      }
+      // the 8-bit halves formats: c[2] / c[3] are the halves' residual sums
+      const __m512i dot1 = _mm512_load_si512(c[1][i]);
+      const __m512i res0 = BITS == 8 ? _mm512_load_si512(c[2][i]) : dot0, res1 = BITS == 8 ? _mm512_load_si512(c[3][i]) : dot1;
+      acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot0, res0, residual), dwa0, acc[i]);
+      acc[i] = _mm512_fmadd_ps(quant_block_sum<BITS>(dot1, res1, residual), dwa1, acc[i]);
       acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(sh[2 * (i * nb + b)]), acc[i]);
       acc[i] = _mm512_fmadd_ps(cw1, _mm512_set1_ps(sh[2 * (i * nb + b) + 1]), acc[i]);
     }

@@ -4,6 +4,9 @@ headers; 4- and 8-bit records, the 8-bit residual pass), bf16 and fp32 activatio
 and leave tails, and output columns that end inside a 16-row tile. The two compute the same exact int32 block sums
 and the same fp32 operations in the same order; the VNNI kernel is itself checked against an fp64 formula
 (test_kquant_kernels.py, test_quant_kernels_isa.py). Below 8 rows, and below level amx, the VNNI path runs.
+The decode rows of a GGUF Q8_0 lm_head (1 to 255, across each switch point) are held to the fp64 GGUF formula times
+the int8 activations the kernels quantize (reproduced here) within fp32 rounding: a change both paths share (a block's
+residual-pass sum, quant_block_sum) cannot hide behind their agreement.
 
 From 256 rows of bf16 activations quant_linear dequantizes each weight tile into three bf16 terms on AMX-BF16 tiles
 (quant_gemm_amx_dense.h): hi + mid + lo is the fp32 weight d * u + c exactly, so a one-hot power-of-two activation
@@ -13,6 +16,7 @@ rows are within half a bf16 ulp of the fp64 product plus fp32 summation, far ins
 
 import unittest
 
+import numpy as np
 import torch
 
 from sglang.jit_kernel.cpu_ops import cpu_ops_status, get_cpu_ops
@@ -145,6 +149,58 @@ class TestQuantGemmAmx(unittest.TestCase):
         want = self.ops.quant_linear(x, packed, 40, 20)
         self.ops.set_cpu_isa("amx")
         self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, 40, 20), want))
+
+    def test_q8_0_decode_rows_against_the_int8_formula(self):
+        """The lm_head's decode path (a GGUF Q8_0 table, K 640, outputs past whole 16-row tiles) at the row counts
+        decode serves, on both sides of each switch point (7 | 8: VNNI | AMX-INT8 tiles; 16 | 17 | 32: one, one and
+        a partial, two 16-row groups; 255: the last int8 row count): against the fp64 GGUF formula (d q per block of
+        32, read from the gguf package's bytes) times the activations the kernel quantizes (int8 + the residual
+        pass, reproduced here), within 2^-21 of the u-form magnitudes: what fp32 rounding alone can leave. A wrong
+        block scale, a dropped or mis-scaled residual pass, or a lost c * sa term misses by orders more."""
+        import gguf.quants as gq
+
+        gen = torch.Generator().manual_seed(4)
+        n, k = 200, 640
+        w = (torch.randn(n, k, generator=gen) * 0.05).numpy()
+        raw = gq.quantize(w, packing.GGUF_Q8_0)
+        packed = packing.pack(packing.staging_from_gguf(torch.from_numpy(raw), packing.GGUF_Q8_0), 8)
+        blocks = raw.reshape(n, -1, 34)  # fp16 d, 32 x int8 q
+        d = torch.from_numpy(blocks[:, :, :2].copy().view(np.float16).astype(np.float64))  # [n, nb, 1]
+        q = torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8).astype(np.float64))
+        wq = (d * q).reshape(n, k)  # the GGUF formula
+        mag = (d.abs() * (q + 128) + 128 * d.abs()).reshape(n, k)  # the kernel's u-form |d| u + |c|
+        for m in (1, 7, 8, 16, 17, 32, 255):
+            x = torch.randn(m, k, generator=gen)
+            a = int8_activations(x)
+            self.ops.set_cpu_isa("amx")
+            got = self.ops.quant_linear(x, packed, n, 8).double()
+            want = a @ wq.T
+            bound = 2.0**-21 * (a.abs() @ mag.T) + 1e-30
+            with self.subTest(m=m, path=self.ops.quant_path(m)):
+                self.assertLessEqual(((got - want).abs() / bound).max().item(), 1.0)
+            # bf16 activations (the served dtype) take the same path: within the fp32 bound plus the output's rounding
+            xb = x.bfloat16()
+            got16 = self.ops.quant_linear(xb, packed, n, 8).double()
+            want16 = int8_activations(xb.float()) @ wq.T
+            ulp = torch.pow(2.0, torch.floor(torch.log2(got16.abs().clamp_min(1e-30))) - 7)  # got16 rounds to nearest
+            with self.subTest(m=m, dtype="bf16"):
+                self.assertTrue(((got16 - want16).abs() <= ulp / 2 + 2.0**-21 * (int8_activations(xb.float()).abs() @ mag.T)).all())
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """fp64 [m, k] of what quant_linear's int8 activations for 8-bit weights stand for (quant_layout.h, K a multiple
+    of 32): per block of 32, da = fp32(max|x| / 127), q = round-half-even(fp32(x * fp32(1 / da))), the residual
+    r = fp32(x - q da) (one rounding, the kernel's FMA) quantized again with fp32(254 / da): da (q + q2 / 254)."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 32, 32)
+    da = xb.abs().amax(-1, keepdim=True) / 127.0
+    safe = torch.where(da > 0, da, torch.ones_like(da))
+    inv = torch.where(da > 0, 1.0 / safe, torch.zeros_like(da))
+    q = torch.round(xb * inv)
+    r = (xb.double() - q.double() * da.double()).float()
+    inv2 = torch.where(da > 0, 254.0 / safe, torch.zeros_like(da))
+    q2 = torch.round(r * inv2).clamp(-128, 127)
+    return (da.double() * (q.double() + q2.double() / 254.0)).reshape(m, k)
 
 
 if __name__ == "__main__":
