@@ -8,8 +8,10 @@
 // one record = 16 output rows x 32 k values, fp16 d and c per row, u in 4 or 8 bits; w13 and w2 may differ in bits.
 // Activations are quantized to int8 per 32 values as in quant_linear (with the residual pass for 8-bit weights):
 // hidden once per token before the gate/up tasks, silu(gate) * up (bf16, as in moe.h) once per slot before the down
-// tasks. A block's dot product is d * da * sum(u * qa) + c * da * sum(qa), exactly quant_tile's arithmetic; here the
-// input rows of a register tile are gathered through pointers (a gate/up tile's slots belong to scattered tokens).
+// tasks. A block's dot product is d * da * sum(u * qa) + c * da * sum(qa), quant_tile's arithmetic (for 8-bit weights
+// quant_tile adds the residual pass's sum / 254 to the main one before scaling; here each pass is scaled on its own);
+// here the input rows of a register tile are gathered through pointers (a gate/up tile's slots belong to scattered
+// tokens).
 // Prefetches stop at the end of the expert's weights: a decode step touches only its routed experts.
 #pragma once
 
