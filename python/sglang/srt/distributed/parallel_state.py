@@ -13,12 +13,19 @@ ep_size expert groups of moe_tp = tp_size / ep_size consecutive ranks (moe_paral
 group r // moe_tp (E / ep_size whole experts) and, within it, intermediate shard r % moe_tp; every (expert, shard)
 pair lives on exactly one rank, so the MoE block's one all-reduce over the TP group completes the sum as it does
 for plain TP (ep_size 1: moe_tp = tp_size) and for pure EP (ep_size = tp_size: moe_tp = 1).
+
+single_rank_view(): inside it, in the calling thread only, get_tp_group() is None, get_tp_size() 1, get_tp_rank() 0
+and get_ep_size() 1, so layers built there are unsharded and every collective of communication_op.py is the identity.
+Rank 0 builds and runs a speculative draft that way (model_executor/draft_runner.py); another thread (the overlap
+worker running a target forward) keeps the real group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -43,6 +50,7 @@ class TpGroup:
 
 
 _TP: Optional[TpGroup] = None
+_VIEW = threading.local()  # .single: this thread sees a tp=1 world (single_rank_view)
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -98,19 +106,37 @@ def destroy_tp_group() -> None:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def single_rank_view():
+    """This thread sees a tp=1 world inside the block (module docstring); nests."""
+    saved = getattr(_VIEW, "single", False)
+    _VIEW.single = True
+    try:
+        yield
+    finally:
+        _VIEW.single = saved
+
+
+def _group() -> Optional[TpGroup]:
+    return None if getattr(_VIEW, "single", False) else _TP
+
+
 def get_tp_group() -> Optional[TpGroup]:
-    return _TP
+    return _group()
 
 
 def get_tp_rank() -> int:
-    return _TP.rank if _TP is not None else 0
+    g = _group()
+    return g.rank if g is not None else 0
 
 
 def get_tp_size() -> int:
-    return _TP.size if _TP is not None else 1
+    g = _group()
+    return g.size if g is not None else 1
 
 
 def get_ep_size() -> int:
     """--ep-size: the expert groups of the MoE layers (1 outside a distributed run); moe_parallel_layout(get_tp_size(),
     get_tp_rank(), get_ep_size()) is this rank's place in them."""
-    return _TP.ep_size if _TP is not None else 1
+    g = _group()
+    return g.ep_size if g is not None else 1

@@ -19,7 +19,12 @@ Plan-side API (what the runtime allocates from; names fixed):
         .verify_row_bytes, .hidden_row_bytes, .draft_cuda_graph_bytes
 Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_plan):
     draft_weights        STANDALONE: the draft checkpoint sized from its config.json like any model (arch_*.py);
-                         EAGLE / EAGLE3: the head's own tensors (draft_heads.py); NEXTN: the MTP layers
+                         EAGLE / EAGLE3: the head's own tensors (draft_heads.py); NEXTN: the MTP layers.
+                         Always unsharded (tp=1): with --tp-size > 1 the draft runs on rank 0 alone
+                         (model_executor/draft_runner.py), and a head there also holds whole copies of the target
+                         tables it reads (draft_head.full_tables: the embedding; EAGLE / NEXTN the lm_head too unless
+                         tied). Every rank plans the same terms, so the other ranks keep these bytes (and the draft
+                         KV's) unused: their KV pool has rank 0's token count
     draft_kv_cache       the draft's pool over the target's token slots: the solver's cost of a token is
                          target cell + draft cell, so max_total_num_tokens falls accordingly
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
@@ -134,6 +139,19 @@ def _nextn(cfg: dict, tp: int, ep: int, dtype: str, kv_cache_dtype: str, weight_
                                "decoder layer each; embedding and shared head's lm_head are the target's")
 
 
+def _on_rank0(d: dict, algorithm: str, target, tp: int, dtype: str) -> dict:
+    """With --tp-size > 1: a head's whole copies of the target tables it reads join its weights; the detail says
+    where the draft is and that the other ranks keep its bytes unused."""
+    tables = 0
+    if algorithm != "STANDALONE":
+        count = 1 if algorithm == "EAGLE3" or target.tie_word_embeddings else 2
+        tables = count * target.vocab_size * target.hidden_size * dtype_bytes(dtype)
+        d = dict(d, weights=d["weights"] + tables)
+    what = f"; at --tp-size {tp} the head reads whole copies of those tables, {tables:,} B" if tables else ""
+    return dict(d, weights_detail=d["weights_detail"] + what + f"; unsharded, on TP rank 0 alone: the other "
+                f"{tp - 1} rank(s) plan these bytes and leave them unused")
+
+
 def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: str, graph_bs: int,
                       graph_bytes: Callable[[int, int], int], weight_format=None) -> Optional[SpecInputs]:
     """SpecInputs for `sa` (a ServerArgs) serving `shape` (model_shapes.ModelShape) in `dtype` (weight_format: the
@@ -143,7 +161,8 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
     spec = resolve() if callable(resolve) else None
     if spec is None:
         return None
-    target, tp, ep = shape.text, sa.tp_size, getattr(sa, "ep_size", 1)
+    target, tp = shape.text, sa.tp_size
+    dtp = dep = 1  # the draft's own view: unsharded, on rank 0 alone (module docstring)
     common = dict(algorithm=spec.algorithm, num_draft_tokens=spec.num_draft_tokens,
                   verify_rows_per_req=verify_rows_per_request(spec.topk, spec.num_steps, spec.num_draft_tokens),
                   verify_row_bytes=sampler_bytes_per_slot(target.vocab_size),
@@ -152,14 +171,16 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         return SpecInputs(**common, draft="none (NGRAM proposes from the text)",
                           graphs_detail="NGRAM: no draft model; verify forwards run eagerly (EXTEND)")
     if spec.algorithm == "STANDALONE":
-        d = _standalone(draft_config(spec.draft_model_path), tp, ep, dtype, kv_cache_dtype)
+        d = _standalone(draft_config(spec.draft_model_path), dtp, dep, dtype, kv_cache_dtype)
     elif spec.algorithm in ("EAGLE", "EAGLE3"):
-        d = _eagle(spec.algorithm, draft_config(spec.draft_model_path), target, tp, dtype, kv_cache_dtype)
+        d = _eagle(spec.algorithm, draft_config(spec.draft_model_path), target, dtp, dtype, kv_cache_dtype)
     elif spec.algorithm == "NEXTN":
-        d = _nextn(draft_config(spec.draft_model_path) if spec.draft_model_path else shape.text_config, tp, ep, dtype,
-                   kv_cache_dtype, weight_format)
+        d = _nextn(draft_config(spec.draft_model_path) if spec.draft_model_path else shape.text_config, dtp, dep,
+                   dtype, kv_cache_dtype, weight_format)
     else:
         raise ValueError(f"--speculative-algorithm {spec.algorithm}: the planner has no terms for it")
+    if tp > 1:
+        d = _on_rank0(d, spec.algorithm, target, tp, dtype)
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
     cell = d["cell"]
     # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); a draft
@@ -194,6 +215,8 @@ def spec_terms(x, num_tokens: int, num_reqs: int) -> tuple[MemoryTerm, ...]:
                    f"({num_tokens:,} tokens + {x.page_size} dummy) x {s.draft_kv_cell_bytes:,} B"
                    + (f" + {s.draft_kv_fixed_bytes:,} B of scales" if s.draft_kv_fixed_bytes else "")
                    + f": {s.draft_num_layers} draft layer(s) over the target pool's token slots"
+                   + (f", unsharded on TP rank 0 alone (the other {x.tp_size - 1} rank(s) leave it unused)"
+                      if x.tp_size > 1 else "")
                    if s.draft_kv_cell_bytes else "no draft model: no draft KV"),
         MemoryTerm("spec_hidden_states", s.hidden_row_bytes * rows, src("spec_hidden_states"),
                    f"{s.hidden_row_bytes:,} B x {rows:,} verify rows: the target's hidden states the draft reads"

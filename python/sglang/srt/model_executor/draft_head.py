@@ -6,12 +6,18 @@ EAGLE-3 reads three decoder layers' outputs concatenated ("aux"), the layers nam
 eagle_config.eagle_aux_hidden_state_layer_ids, else upstream's low / middle / high triple. Once enabled, EVERY
 target forward keeps its features for all its input rows (ModelRunner.forward_local), which is what the eager
 catch-up of speculative/eagle_proposer.py reads right after the forward.
+
+With --tp-size > 1 the head runs on rank 0 only, unsharded (parallel_state.single_rank_view), while the target's
+embedding and lm_head hold a vocabulary shard per rank: full_tables gathers the tables a head reads (EAGLE-1 and
+NEXTN: embedding and lm_head, one table when tied; EAGLE-3: the embedding, its lm_head is its own) onto rank 0 at
+start, which build_head gives the head instead of the target's shards. The target's captured features are full rows
+on every rank (all-reduced before they are captured), so the head reads them as at tp=1.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -22,6 +28,9 @@ HEAD_CLASSES = {"EAGLE": ("sglang.srt.models.llama_eagle", "LlamaForCausalLMEagl
                 "EAGLE3": ("sglang.srt.models.llama_eagle3", "LlamaForCausalLMEagle3"),
                 "NEXTN": ("sglang.srt.models.deepseek_nextn", "DeepseekNextN")}
 NUM_AUX_LAYERS = 3
+# the target tables each head reads (model.model.embed_tokens, model.lm_head): gathered whole at tp > 1
+SHARED_TABLES = {"EAGLE": ("embed_tokens", "lm_head"), "EAGLE3": ("embed_tokens",),
+                 "NEXTN": ("embed_tokens", "lm_head")}
 
 
 def default_aux_layer_ids(num_layers: int) -> Tuple[int, ...]:
@@ -73,9 +82,49 @@ def check_head_fits(algorithm: str, head_config, target_config, path: str) -> No
                          f"tokens, the target's {tv}; use a head trained for this target.")
 
 
+def full_tables(target_model: nn.Module, algorithm: str, is_rank0: bool) -> Optional[tuple]:
+    """EVERY TP rank calls this (all-gathers): on rank 0 the unsharded copies of the tables SHARED_TABLES names, in
+    that order, as tp=1 modules (a tied lm_head shares the embedding's copy); None on the other ranks."""
+    from sglang.srt.distributed.communication_op import tp_all_gather
+    from sglang.srt.distributed.parallel_state import single_rank_view
+    from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embed = target_model.model.embed_tokens
+    vocab, hidden = embed.num_embeddings, embed.embedding_dim
+    weights = [tp_all_gather(embed.weight.data, dim=0)[:vocab]]
+    lm_head = target_model.lm_head if "lm_head" in SHARED_TABLES[algorithm] else None
+    tied = lm_head is not None and lm_head.weight is embed.weight
+    if lm_head is not None and not tied:
+        if getattr(lm_head.weight, "vnni_packed", False) or lm_head.quant_method is not None:
+            raise ValueError(f"--speculative-algorithm {algorithm} with --tp-size > 1: the target's lm_head is held "
+                             "packed for the CPU kernel, which cannot be gathered into the head's unsharded copy; "
+                             "use --tp-size 1 (or --dtype float32).")
+        weights.append(tp_all_gather(lm_head.weight.data, dim=0)[:vocab])
+    if not is_rank0:
+        return None
+    with single_rank_view(), torch.device("meta"):  # shells, given the gathered tensors below
+        tables = [VocabParallelEmbedding(vocab, hidden)] + ([ParallelLMHead(vocab, hidden)] if lm_head else [])
+    for table, weight in zip(tables, weights):
+        table.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    if tied:
+        tables[1].tie_weights(tables[0])
+    return tuple(tables)
+
+
+def check_unsharded(modules) -> None:
+    """Every layer a rank-0-only draft runs was built for one rank: a sharded one would need its peers' collective,
+    which single_rank_view turns into the identity (a wrong result, not an error)."""
+    for m in modules:
+        for sub in m.modules():
+            if getattr(sub, "tp_size", 1) != 1:
+                raise RuntimeError(f"draft layer {type(sub).__name__} is sharded over {sub.tp_size} TP ranks; the "
+                                   "draft runs on rank 0 alone (single_rank_view)")
+
+
 def build_head(algorithm: str, head_config, target_model: nn.Module, path: str, dtype: torch.dtype,
-               device: str) -> nn.Module:
-    """The head module in `dtype` on `device`, its own tensors read from `path`'s safetensors."""
+               device: str, tables: Optional[tuple] = None) -> nn.Module:
+    """The head module in `dtype` on `device`, its own tensors read from `path`'s safetensors; tables: full_tables'
+    copies, which replace the target's (sharded) ones the head holds in _shared."""
     from sglang.srt.layers.linear import prepack_dense_linear_weights
     from sglang.srt.layers.quantization import quantization_config
     from sglang.srt.model_loader.loader import set_default_torch_dtype
@@ -86,5 +135,7 @@ def build_head(algorithm: str, head_config, target_model: nn.Module, path: str, 
     with set_default_torch_dtype(dtype), torch.device(device), quantization_config("none", "", (128, 128)):
         head = cls(head_config, target_model)
     head.load_weights(safetensors_weights_iterator(path))
+    if tables is not None:
+        head._shared = tuple(t.to(dtype) for t in tables)
     prepack_dense_linear_weights(head)
     return head.eval()

@@ -11,6 +11,12 @@ Built after the target's pools exist (ModelRunner.init_draft_runner), so that:
   * its own attention backend instance reads that pool.
 The draft's weights and KV are terms of the memory plan (mem_plan/spec_sizes.py); check_allocation holds the pool to
 the plan's draft KV term when the plan has one.
+
+With --tp-size > 1 only rank 0 schedules and proposes (distributed/batch_sync.py), so the draft lives on rank 0 alone,
+unsharded: build_draft_runner gives rank 0 a DraftRunner built, and run, inside parallel_state.single_rank_view (tp=1
+layers, whole checkpoint tensors, collectives the identity; a thread-local view, so an overlap worker's target forward
+keeps the real group), and the other ranks none (they only join the gather of a head's tables, draft_head.full_tables).
+The plan prices the draft at tp=1 on every rank (mem_plan/spec_terms.py); the followers leave those bytes unused.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.distributed.parallel_state import single_rank_view
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, move_to_device
 
 logger = logging.getLogger(__name__)
@@ -39,20 +46,32 @@ def check_same_vocabulary(target_config, draft_config, draft_path: str) -> None:
                          "vocabulary (pick a draft from the same model family).")
 
 
+def build_draft_runner(target, draft_path: str, algorithm: str) -> Optional["DraftRunner"]:
+    """The DraftRunner of `target` (a ModelRunner) on TP rank 0; None on the other ranks (module docstring). Every
+    rank calls it: with tp > 1 a head's tables are gathered first, before anything rank 0 alone may refuse."""
+    from sglang.srt.model_executor.draft_head import full_tables
+
+    tables = None
+    if target.tp_size > 1 and algorithm != "STANDALONE":
+        tables = full_tables(target.model, algorithm, target.tp_rank == 0)
+    if target.tp_rank != 0:
+        return None
+    with single_rank_view():
+        return DraftRunner(target, draft_path, algorithm, tables)
+
+
 class DraftRunner:
     """The draft model (STANDALONE) or draft head (EAGLE, EAGLE3: model_executor/draft_head.py), its KV pool and
-    attention backend; forward() runs one ForwardBatch of a draft model, forward_head() one of a head."""
+    attention backend; forward() runs one ForwardBatch of a draft model, forward_head() one of a head. Built on one
+    rank (build_draft_runner); tables: a head's unsharded target tables at tp > 1 (draft_head.full_tables)."""
 
-    def __init__(self, target, draft_path: str, algorithm: str = "STANDALONE"):
+    def __init__(self, target, draft_path: str, algorithm: str = "STANDALONE", tables: Optional[tuple] = None):
         from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_executor.draft_head import check_unsharded
         from sglang.srt.model_loader import load_model
 
-        sa = target.server_args
         self.algorithm = algorithm
         flag = f"--speculative-algorithm {algorithm}"
-        if sa.tp_size > 1:
-            raise ValueError(f"{flag} with --tp-size {sa.tp_size}: the draft runs on one rank only in this runtime; "
-                             "use --tp-size 1.")
         if target.model_config.kv_cache_dtype_name != target.model_config.dtype_name:
             raise ValueError(f"{flag} with --kv-cache-dtype {target.model_config.kv_cache_dtype_name}: the draft's "
                              f"KV pool is held in the model's dtype only; drop --kv-cache-dtype (or use NGRAM).")
@@ -77,12 +96,16 @@ class DraftRunner:
         if cell.is_mla and not self.is_head:
             raise ValueError(f"--speculative-draft-model-path {draft_path}: an MLA draft model is not supported; "
                              "use a draft with standard attention.")
-        with torch.no_grad():
+        with torch.no_grad(), single_rank_view():
             if self.is_head:
-                self.model = self._load_head(target, algorithm, draft_path)
+                self.model = self._load_head(target, algorithm, draft_path, tables)
             else:
                 self.model = load_model(self.model_config, self.device)
-        self.weight_bytes = _tensor_bytes(self.model)
+        shared = tuple(getattr(self.model, "_shared", ())) if tables is not None else ()
+        if target.tp_size > 1:
+            check_unsharded((self.model, *shared))
+        # a head's gathered tables are the draft's bytes (at tp=1 the target's own tables are shared, not counted)
+        self.weight_bytes = _tensor_bytes(self.model, *shared)
         self.req_to_token_pool = target.req_to_token_pool
         # the same slot range as the target's pool: slot s of a request means the same position in both pools
         self.token_to_kv_pool = self._make_pool(target, cell)
@@ -92,7 +115,7 @@ class DraftRunner:
                     draft_path, self.weight_bytes / 2**20, self.kv_bytes() / 2**20, cell.cell_bytes,
                     target.max_total_num_tokens)
 
-    def _load_head(self, target, algorithm: str, path: str):
+    def _load_head(self, target, algorithm: str, path: str, tables: Optional[tuple]):
         """A hidden-state head over the target's embedding (and lm_head where it has none); its rotary table spans
         the target's context (a head's config often says 2,048 positions)."""
         from sglang.srt.model_executor.draft_head import build_head, check_head_fits
@@ -101,7 +124,7 @@ class DraftRunner:
         check_head_fits(algorithm, cfg, target.model.config, path)
         target_positions = getattr(target.model.config, "max_position_embeddings", 0) or target.context_len
         cfg.max_position_embeddings = max(getattr(cfg, "max_position_embeddings", 0) or 0, target_positions)
-        return build_head(algorithm, cfg, target.model, path, self.model_config.dtype, self.device)
+        return build_head(algorithm, cfg, target.model, path, self.model_config.dtype, self.device, tables)
 
     def _make_pool(self, target, cell):
         """The draft's KV pool over the target's slot range: standard K/V, or an MLA latent pool for an MLA head
@@ -134,7 +157,8 @@ class DraftRunner:
         facts = self.model_config.facts
         # the device's facts, with whether the DRAFT's geometry decodes through the fused CPU kernel
         device = dataclasses.replace(target.device_facts(), fused_cpu_decode=fused_cpu_decode(facts, self.device))
-        inputs = B.backend_inputs(target.server_args, facts, device, target.max_running_requests, 0)
+        sa = dataclasses.replace(target.server_args, tp_size=1)  # the draft's heads are all on this rank
+        inputs = B.backend_inputs(sa, facts, device, target.max_running_requests, 0)
         return create_attention_backend(target.server_args.attention_backend, model_config=self.model_config,
                                         req_to_token_pool=self.req_to_token_pool,
                                         token_to_kv_pool=self.token_to_kv_pool, device=self.device, inputs=inputs)
@@ -196,23 +220,25 @@ class DraftRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) of the rows fb.logits_indices selects (decode: every row), from the draft model."""
         self._prepare(fb)
-        return self.model.forward(fb.input_ids, fb.positions, fb)
+        with single_rank_view():  # its logits' all-gather is this rank's alone (module docstring)
+            return self.model.forward(fb.input_ids, fb.positions, fb)
 
     @torch.inference_mode()
     def forward_head(self, fb: ForwardBatch, hidden_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """A head's forward: (float32 logits of fb.logits_indices' rows in the head's vocabulary, hidden_out [N, H])."""
         self._prepare(fb)
-        return self.model.forward(fb.input_ids, fb.positions, fb, hidden_in.to(self.device))
+        with single_rank_view():
+            return self.model.forward(fb.input_ids, fb.positions, fb, hidden_in.to(self.device))
 
 
 def _int64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-def _tensor_bytes(model) -> int:
-    """Bytes of the draft's parameters and buffers, each storage once (tied embeddings share one)."""
+def _tensor_bytes(*modules) -> int:
+    """Bytes of the modules' parameters and buffers, each storage once (tied embeddings share one)."""
     storages = {(t.untyped_storage().data_ptr(), t.device): t.untyped_storage().nbytes()
-                for t in list(model.parameters()) + list(model.buffers())}
+                for m in modules for t in list(m.parameters()) + list(m.buffers())}
     return sum(storages.values())
 
 

@@ -180,12 +180,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.draft_runner = None
         if spec is None or spec.algorithm not in ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):
             return
-        from sglang.srt.model_executor.draft_runner import DraftRunner
+        from sglang.srt.model_executor.draft_runner import build_draft_runner
 
         # NEXTN's MTP layer ships in the target's own checkpoint unless a path names another copy
         path = spec.draft_model_path or self.server_args.model_path
-        self.draft_runner = DraftRunner(self, path, spec.algorithm)
-        if spec.algorithm != "STANDALONE":
+        # rank 0 only (with tp > 1 the followers propose nothing: draft_runner.build_draft_runner)
+        self.draft_runner = build_draft_runner(self, path, spec.algorithm)
+        if self.draft_runner is not None and spec.algorithm != "STANDALONE":
             from sglang.srt.model_executor.draft_head import enable_capture
 
             enable_capture(self, spec.algorithm, self.draft_runner.model_config.hf_config)
