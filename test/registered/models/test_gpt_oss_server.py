@@ -7,7 +7,7 @@ completion streamed and not gives the same text; a bad field is a 400 naming it 
 
 The ten prompts' reference is unambiguous in fp32 (reference_margins): at every position each layer's router has a
 gap >= MARGIN between its 2nd and 3rd expert, and every greedy step a gap >= MARGIN between its top two logits. Which
-requests retract, and so the MoE batches, follow timing, and batch shapes move fp32 sums by ~1e-5: with seed 3, layer
+requests retract, and so the MoE batches, follow timing, and batch shapes move fp32 sums by 1e-5..1e-4: with seed 3, layer
 3's router at position 68 of prompt 5 weighed experts 3 and 5 within 7e-6, and the token after it flipped with the
 schedule (HF's own cached and uncached forwards split the same way)."""
 
@@ -33,7 +33,7 @@ PROMPT = ("The river ran past the old mill, where the miller kept his sacks of g
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
 POOL = 256  # 10 x (48 prompt + 40 new) overfill it
 RETRACTION_SEED = 17  # random_ids seed of the ten prompts: every margin >= 1.2e-3 (seed 3 had a 7e-6 router tie)
-MARGIN = 2e-4  # 10x this server's measured fp32 distance from HF's logits (<= 2e-5); the flip came at a 7e-6 gap
+MARGIN = 1e-3  # 6x the most this server's logprobs sat from HF's in 40 fuzzed schedules (1.7e-4); a 7e-6 tie flipped
 
 
 def reference_margins(hf, ids, ref):
