@@ -7,9 +7,9 @@ completion streamed and not gives the same text; a bad field is a 400 naming it 
 
 The ten prompts' reference is unambiguous in fp32 (reference_margins): at every position each layer's router has a
 gap >= MARGIN between its 2nd and 3rd expert, and every greedy step a gap >= MARGIN between its top two logits. Which
-requests retract, and so the MoE batches, follow timing, and batch shapes move fp32 sums by 1e-5..1e-4: with seed 3, layer
-3's router at position 68 of prompt 5 weighed experts 3 and 5 within 7e-6, and the token after it flipped with the
-schedule (HF's own cached and uncached forwards split the same way)."""
+requests retract, and so the MoE batches, follow timing, and batch shapes move fp32 sums by 1e-5..1e-4: with seed 3,
+layer 3's router at position 68 of prompt 5 weighed experts 3 and 5 within 7e-6, and the token after it flipped with
+the schedule (HF's own cached and uncached forwards split the same way)."""
 
 import os
 import tempfile
