@@ -11,7 +11,7 @@ every step proposing):
   * plan == start: rank 0's draft pool == the start plan's draft_kv_cache term, its cell == `sglang plan --tp-size
     2`'s and unsharded (every KV head), the KV tokens within 3%; the draft's tensors on rank 0 (a head's with the
     whole target tables it reads) == the draft_weights term == the dry run's; both terms say they are rank 0's.
-And `sglang plan` alone for Llama-3.1-8B + the published EAGLE3 head's config on an H100: the tp=2 draft cell ==
+single_rank_view is the calling thread's alone (another thread keeps the real group). And `sglang plan` alone for Llama-3.1-8B + the published EAGLE3 head's config on an H100: the tp=2 draft cell ==
 tp=1's, draft_weights == tp=1's + the whole embedding. A draft forward that reached a collective would wait forever
 for ranks that never join it: a watchdog ends the process (exit 1, tracebacks with -s) after WATCHDOG_S.
 """
@@ -20,6 +20,8 @@ import faulthandler
 import os
 import tempfile
 import unittest
+
+import torch
 
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -173,6 +175,40 @@ class TestEagleTp2(Tp2Case, unittest.TestCase):
 
 class TestNextnTp2(Tp2Case, unittest.TestCase):
     algorithm, cell_bytes = "NEXTN", 1 * (64 + 16) * 4  # one MLA layer's latent (kv_lora_rank + rope dims), fp32
+
+
+def test_single_rank_view_is_this_threads_alone():
+    """Inside the view this thread sees tp=1 (no group: collectives are the identity); another thread (an overlap
+    worker's target forward) still sees the real group meanwhile, and the view ends with the block, nested too."""
+    import threading
+    from unittest import mock
+
+    from sglang.srt.distributed import communication_op, parallel_state as ps
+
+    group = ps.TpGroup(1, 2, "cpu", object(), object(), ep_size=2)
+    seen = {}
+    with mock.patch.object(ps, "_TP", group):
+        entered, checked = threading.Event(), threading.Event()
+
+        def other():
+            entered.wait()
+            seen["other"] = (ps.get_tp_size(), ps.get_tp_rank(), ps.get_ep_size(), ps.get_tp_group())
+            checked.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        with ps.single_rank_view():
+            with ps.single_rank_view():
+                pass
+            seen["view"] = (ps.get_tp_size(), ps.get_tp_rank(), ps.get_ep_size(), ps.get_tp_group())
+            x = torch.ones(3)
+            assert communication_op.tp_all_gather(x) is x and communication_op.tp_all_reduce(x) is x
+            entered.set()
+            checked.wait(10)
+        t.join(10)
+        seen["after"] = (ps.get_tp_size(), ps.get_tp_rank(), ps.get_ep_size(), ps.get_tp_group())
+    assert seen["view"] == (1, 0, 1, None)
+    assert seen["other"] == seen["after"] == (2, 1, 2, group)
 
 
 def test_plan_prices_the_draft_unsharded_at_tp2():
