@@ -11,9 +11,10 @@ every step proposing):
   * plan == start: rank 0's draft pool == the start plan's draft_kv_cache term, its cell == `sglang plan --tp-size
     2`'s and unsharded (every KV head), the KV tokens within 3%; the draft's tensors on rank 0 (a head's with the
     whole target tables it reads) == the draft_weights term == the dry run's; both terms say they are rank 0's.
-single_rank_view is the calling thread's alone (another thread keeps the real group). And `sglang plan` alone for Llama-3.1-8B + the published EAGLE3 head's config on an H100: the tp=2 draft cell ==
-tp=1's, draft_weights == tp=1's + the whole embedding. A draft forward that reached a collective would wait forever
-for ranks that never join it: a watchdog ends the process (exit 1, tracebacks with -s) after WATCHDOG_S.
+single_rank_view is the calling thread's alone (another thread keeps the real group). `sglang plan` alone for
+Llama-3.1-8B + the published EAGLE3 head's config on an H100: the tp=2 draft cell == tp=1's, draft_weights == tp=1's
++ the whole embedding. A draft forward that reached a collective would wait forever for ranks that never join it: a
+watchdog ends the process (exit 1, tracebacks with -s) after WATCHDOG_S.
 """
 
 import faulthandler
