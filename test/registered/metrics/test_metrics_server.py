@@ -85,10 +85,17 @@ def test_metrics_names_movement_and_plan():
             response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
                 "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}})
         # the idle stats push comes when the scheduler's loop next finds nothing to run: on a loaded machine (another
-        # test group beside this one) that can be later than 1 s, so wait for it up to a deadline
+        # test group beside this one) that can be later than 1 s, so wait for it up to a deadline. num_running_reqs
+        # already reads 0 in the push made before the JSON request, so also wait for a push that counts its grammar
         deadline = time.monotonic() + 30
+
+        def settled(samples):
+            compiled = (value(samples, "sglang:grammar_compilation_time_seconds_count")
+                        - value(before, "sglang:grammar_compilation_time_seconds_count"))
+            return value(samples, "sglang:num_running_reqs") == 0 and compiled >= 1
+
         _, after = scrape(url)
-        while value(after, "sglang:num_running_reqs") != 0 and time.monotonic() < deadline:
+        while not settled(after) and time.monotonic() < deadline:
             time.sleep(0.2)
             _, after = scrape(url)
 
