@@ -63,7 +63,7 @@ def config(path):
         return json.load(f)
 
 
-CPU_BUDGET = 16  # managers/spec_policy.py: a CPU verify forward's most tokens
+CPU_BUDGET = 16  # mem_plan/spec_sizes.py CPU_VERIFY_TOKEN_BUDGET: a CPU verify forward's most tokens
 
 
 def verify_rows(slots, draft_tokens, chunk, budget=None):
@@ -260,9 +260,10 @@ class TestStandaloneDraft(unittest.TestCase):
 
 class TestOtherAlgorithms(unittest.TestCase):
     def test_the_runtimes_cpu_budget_is_the_one_planned(self):
-        from sglang.srt.managers import spec_policy
+        from sglang.srt.mem_plan.spec_sizes import verify_budget  # what SpecDecoder gives the policy
 
-        self.assertEqual(spec_policy.CPU_VERIFY_TOKEN_BUDGET, CPU_BUDGET)
+        self.assertEqual(verify_budget(64, 10, 8192, "cpu"), CPU_BUDGET)
+        self.assertEqual(verify_budget(64, 10, 8192, "cuda"), 640)  # no device cap elsewhere
 
     def test_eagle1_head(self):
         status, d = plan_json("--model-path", LLAMA, "--gpu", "h100-80gb", "--speculative-algorithm", "EAGLE",

@@ -5,7 +5,7 @@ A random Qwen3 over a 4-token vocabulary (no tokenizer) makes n-gram proposals f
 temperature 1: every seed gives identical tokens with and without speculation, and unseeded draws of the committed
 tokens pass a two-sample chi-square against non-speculative decoding (an always-accepting verify fails it). A random
 Qwen3 with the SmolLM2 tokenizer serves JSON-schema requests with proposals: the output equals non-speculative
-decoding's and parses. The CPU verify budget (spec_policy.CPU_VERIFY_TOKEN_BUDGET, a speed policy) is raised so the
+decoding's and parses. The CPU verify budget (spec_sizes.CPU_VERIFY_TOKEN_BUDGET, a speed policy) is raised so the
 batches here get proposals."""
 
 import json

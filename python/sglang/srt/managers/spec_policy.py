@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-# CPU: most tokens in one verify forward (defined once, in the plan that prices the same rows). 16 = batch 1 with 7
-# proposals twice over; at batch >= 16 no proposals (c = 32 decodes exactly as without speculation).
-from sglang.srt.mem_plan.spec_sizes import CPU_VERIFY_TOKEN_BUDGET  # noqa: F401 (spec_sizes.verify_budget applies it)
 
 # Initial rate: a new request proposes at once (one step of evidence decides whether it keeps going).
 INITIAL_ACCEPT_RATE = 0.5
