@@ -1,6 +1,7 @@
 """Device memory pools: the request-to-token table and the per-layer K/V token pool.
 
-ReqToTokenPool.req_to_token: int64[size + 1, max_context_len]; row 0 is a dummy row, rows 1..size are request slots.
+ReqToTokenPool.req_to_token: int64[size + branch_rows + 1, max_context_len]; row 0 is a dummy row, rows 1..size are
+request slots, rows size + 1 .. size + branch_rows the side branches of speculative trees (alloc_branch).
 The scheduler reads and writes its rows through the host copy (ReqToTokenPool.write / read / sync_to_device).
 MHATokenToKVPool.k_buffer / v_buffer: [layer_num, size + page_size, head_num, head_dim]; slots [0, page_size) are the
 dummy page that is never handed out, so real slots are [page_size, size + page_size).
@@ -23,28 +24,38 @@ class ReqToTokenPool:
     On a CPU device the two are one tensor. Elsewhere every write goes to the host copy and is queued; the model
     runner calls sync_to_device() once before each forward, which applies the queue with one scatter (three small
     host-to-device copies), so the device table holds every row a forward reads. The host copy costs host RAM of
-    the table's size (pinned on CUDA, so those copies are asynchronous); it is not a device-plan term."""
+    the table's size (pinned on CUDA, so those copies are asynchronous); it is not a device-plan term.
+    Two kinds of rows, each with its own free list: `size` request slots (alloc / free: a request holds one while it
+    is admitted) and `branch_rows` rows a verify step's tree borrows for its side branches (alloc_branch / free,
+    all given back within the step; mem_plan/spec_sizes.branch_rows plans how many), so branches never take a
+    request's slot and requests never take a branch's row."""
 
-    def __init__(self, size: int, max_context_len: int, device: str = "cpu", host_mirror: Optional[bool] = None):
+    def __init__(self, size: int, max_context_len: int, device: str = "cpu", host_mirror: Optional[bool] = None,
+                 branch_rows: int = 0):
         if size <= 0:
             raise ValueError(f"ReqToTokenPool needs at least one request slot, got {size}.")
+        if branch_rows < 0:
+            raise ValueError(f"ReqToTokenPool branch_rows must be >= 0, got {branch_rows}.")
         self.size = size
+        self.branch_rows = branch_rows
+        rows = size + branch_rows + 1
         self.max_context_len = max_context_len
         self.device = device
         dtype = getattr(torch, REQ_TO_TOKEN_DTYPE)
         # torch.empty: on CPU a large table is backed lazily, page by page, as rows are used; a row is zeroed when
         # its slot is handed out, so stale indices never reach a backend.
-        self.req_to_token = torch.empty((size + 1, max_context_len), dtype=dtype, device=device)
+        self.req_to_token = torch.empty((rows, max_context_len), dtype=dtype, device=device)
         self.req_to_token[0].zero_()
         mirrored = torch.device(device).type != "cpu" if host_mirror is None else host_mirror
         self.req_to_token_host = self.req_to_token
         if mirrored:
             pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
-            self.req_to_token_host = torch.zeros((size + 1, max_context_len), dtype=dtype, pin_memory=pin)
+            self.req_to_token_host = torch.zeros((rows, max_context_len), dtype=dtype, pin_memory=pin)
         self._pending_rows: List[int] = []  # queued device writes: req_to_token[row, col] = slot
         self._pending_cols: List[int] = []
         self._pending_slots: List[int] = []
         self.free_slots: List[int] = list(range(1, size + 1))
+        self.free_branch_rows: List[int] = list(range(size + 1, size + branch_rows + 1))
         self.on_alloc: List = []  # callbacks(row) when a row is handed out
         # a KV pool's recent window whose ring rows follow the running requests (attach_window), or None
         self.window = None
@@ -61,10 +72,11 @@ class ReqToTokenPool:
         the slots of the requests that survive). The ring rows of the slots this frees go back to the window."""
         held = set(held_slots)
         slots = [s for s in range(1, self.size + 1) if s not in held]
+        branch = list(range(self.size + 1, self.size + self.branch_rows + 1))  # a step's branches are gone too
         if self.window is not None:
-            for row in set(slots) - set(self.free_slots):
+            for row in (set(slots) - set(self.free_slots)) | (set(branch) - set(self.free_branch_rows)):
                 self.window.release(row)
-        self.free_slots = slots
+        self.free_slots, self.free_branch_rows = slots, branch
 
     @property
     def mirrored(self) -> bool:
@@ -77,9 +89,17 @@ class ReqToTokenPool:
         return len(self.free_slots)
 
     def alloc(self) -> Optional[int]:
-        if not self.free_slots:
+        """A request slot, None when every one is held."""
+        return self._hand_out(self.free_slots)
+
+    def alloc_branch(self) -> Optional[int]:
+        """A row for a tree's side branch (given back with free() within the step), None when every one is held."""
+        return self._hand_out(self.free_branch_rows)
+
+    def _hand_out(self, free: List[int]) -> Optional[int]:
+        if not free:
             return None
-        slot = self.free_slots.pop()
+        slot = free.pop()
         self.req_to_token[slot].zero_()  # a device kernel, no wait
         if self.mirrored:
             self.req_to_token_host[slot].zero_()
@@ -90,8 +110,9 @@ class ReqToTokenPool:
         return slot
 
     def free(self, slot: int) -> None:
-        assert 1 <= slot <= self.size and slot not in self.free_slots, f"bad request slot free: {slot}"
-        self.free_slots.append(slot)
+        free = self.free_slots if slot <= self.size else self.free_branch_rows
+        assert 1 <= slot <= self.size + self.branch_rows and slot not in free, f"bad request slot free: {slot}"
+        free.append(slot)
         if self.window is not None:
             self.window.release(slot)
 
@@ -150,6 +171,8 @@ class ReqToTokenPool:
         assert len(self.free_slots) + num_used == self.size, (
             f"request slots leak: free {len(self.free_slots)} + used {num_used} != {self.size}"
         )
+        assert sorted(self.free_branch_rows) == list(range(self.size + 1, self.size + self.branch_rows + 1)), (
+            f"branch rows held between steps: free {sorted(self.free_branch_rows)} of {self.branch_rows}")
         if self.window is not None:
             self.window.rows.check_integrity(set(range(1, self.size + 1)) - set(self.free_slots))
 

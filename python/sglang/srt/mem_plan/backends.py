@@ -24,6 +24,9 @@ Transient buffers are upper bounds on per-forward scratch: charged, never alloca
       copy and output, and each kernel thread's fp32 scores over the longest sequence.
 AITER and FlashInfer also keep small int32 indptr buffers of R + 1 entries; AITER's kv indices (token slots, block 1)
       are int32 [R * context_len].
+A speculative tree's side branches are sequences of their own in a verify forward (EXTEND), each in a request-table
+row beyond the R slots (mem_plan/spec_sizes.branch_rows): every buffer an extend batch is indexed into (indptrs,
+qo_start, kv indices) is sized for S = R + those rows (BackendInputs.num_seqs); the decode-only ones stay at R.
 """
 
 from __future__ import annotations
@@ -100,10 +103,16 @@ class BackendInputs:
     # a quantized pool: through the kernel over its codes (resolved.fused_cpu_decode)
     cpu_threads: int = 1  # the CPU kernels' threads (each holds the fused extend's scores)
     page_size: int = 1  # tokens per KV page (--page-size): sizes the page-index buffers
+    num_branch_rows: int = 0  # request-table rows beyond the slots: a speculative tree's side branches
 
     def __post_init__(self):
-        if self.num_reqs < 0 or self.cuda_graph_max_bs < 0 or self.max_extend_tokens < 0:
+        if min(self.num_reqs, self.cuda_graph_max_bs, self.max_extend_tokens, self.num_branch_rows) < 0:
             raise ValueError(f"BackendInputs counts must be >= 0: {self}")
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences one extend forward may hold: one per request-table row (request slots + branch rows)."""
+        return self.num_reqs + self.num_branch_rows
 
     @property
     def graph_bs(self) -> int:
@@ -124,9 +133,9 @@ def aiter_decode_workspace_per_req_bytes(num_q_heads: int, head_dim: int, contex
 
 
 def aiter_buffers(x: BackendInputs) -> list[BufferDecl]:
-    s, r = x.shape, x.num_reqs
-    bufs = [BufferDecl(name, (r + 1,), "int32") for name in ("kv_indptr", "qo_indptr", "kv_last_page_len")]
-    bufs.append(BufferDecl("kv_indices", (r * x.max_pages_per_req(1),), "int32"))  # token granularity (block 1)
+    s, r, n = x.shape, x.num_reqs, x.num_seqs
+    bufs = [BufferDecl(name, (n + 1,), "int32") for name in ("kv_indptr", "qo_indptr", "kv_last_page_len")]
+    bufs.append(BufferDecl("kv_indices", (n * x.max_pages_per_req(1),), "int32"))  # token granularity (block 1)
     if s.is_mla:
         return bufs
     # one buffer: the kernel places exp sums, max logits and partial outputs at offsets that depend on the batch
@@ -141,15 +150,15 @@ def flashinfer_workspace_bytes(architectures: tuple[str, ...] = ()) -> int:
 
 
 def flashinfer_buffers(x: BackendInputs) -> list[BufferDecl]:
-    s, r = x.shape, x.num_reqs
+    s, n = x.shape, x.num_seqs
     bufs = [BufferDecl("workspace", (flashinfer_workspace_bytes(s.architectures),), "uint8"),
             BufferDecl("int_workspace", (FLASHINFER_INT_WORKSPACE_BYTES,), "uint8")]
     for w in range(s.num_wrappers):
-        bufs.append(BufferDecl(f"kv_indptr_{w}", (r + 1,), "int32"))
-        # the page ids of any batch of <= R requests (eager) and the fixed buffer the graph wrappers read (G <= R)
-        bufs.append(BufferDecl(f"kv_indices_{w}", (r * x.max_pages_per_req(x.page_size),), "int32"))
-    bufs.append(BufferDecl("qo_indptr", (r + 1,), "int32"))
-    bufs.append(BufferDecl("kv_last_page_len", (r + 1,), "int32"))
+        bufs.append(BufferDecl(f"kv_indptr_{w}", (n + 1,), "int32"))
+        # the page ids of any batch of <= S sequences (eager) and the fixed buffer the graph wrappers read (G <= R)
+        bufs.append(BufferDecl(f"kv_indices_{w}", (n * x.max_pages_per_req(x.page_size),), "int32"))
+    bufs.append(BufferDecl("qo_indptr", (n + 1,), "int32"))
+    bufs.append(BufferDecl("kv_last_page_len", (n + 1,), "int32"))
     return bufs
 
 
@@ -161,7 +170,7 @@ def triton_buffers(x: BackendInputs) -> list[BufferDecl]:
                          "(AttentionShape.num_kv_splits)")
     # the kernels read K/V through req_to_token and derive their splits from seq_lens: no kv-index buffers, and
     # extend needs only where each request's rows start in q
-    return [BufferDecl("qo_start", (r + 1,), "int32")] + [
+    return [BufferDecl("qo_start", (x.num_seqs + 1,), "int32")] + [
         BufferDecl("attn_logits", (r, h, splits, dv), "float32"),
         BufferDecl("attn_lse", (r, h, splits), "float32"),
         BufferDecl("cuda_graph_attn_logits", (g, h, splits, dv), "float32"),
@@ -241,16 +250,18 @@ def buffers_bytes(buffers: list[BufferDecl]) -> int:
 
 
 def workspace_spec(backend: str, shape_or_inputs: AttentionShape | BackendInputs) -> WorkspaceSpec:
-    """The backend's declared bytes as fixed + per_req * R + per_graph_bs * G (exact: linear in R and G).
+    """The backend's declared bytes as fixed + per_req * R + per_graph_bs * G + per_branch_row * rows (exact: linear
+    in the three).
 
-    With BackendInputs, everything but R and G (the chunk, the decode path) is taken from it."""
+    With BackendInputs, everything but R, G and the branch rows (the chunk, the decode path) is taken from it."""
     x = shape_or_inputs if isinstance(shape_or_inputs, BackendInputs) else BackendInputs(shape_or_inputs, 0)
 
-    def at(num_reqs: int, graph_bs: int) -> int:
-        return buffers_bytes(declare(backend, replace(x, num_reqs=num_reqs, cuda_graph_max_bs=graph_bs)))
+    def at(num_reqs: int, graph_bs: int, branch_rows: int = 0) -> int:
+        return buffers_bytes(declare(backend, replace(x, num_reqs=num_reqs, cuda_graph_max_bs=graph_bs,
+                                                      num_branch_rows=branch_rows)))
 
     base = at(0, 0)
     # G is capped at R, so the graph coefficient is read at R = 1 and the slot coefficient from R = 1, G = 0
     per_req = at(1, 0) - base
     per_graph_bs = at(1, 1) - at(1, 0)
-    return WorkspaceSpec(base, per_req, per_graph_bs, name=backend)
+    return WorkspaceSpec(base, per_req, per_graph_bs, name=backend, per_branch_row_bytes=at(0, 0, 1) - base)

@@ -171,13 +171,15 @@ def attention_shape(sa, model: ModelFacts) -> AttentionShape:
                                kv_rotated_parts=len(rotated_parts(model.kv_cache_dtype)))
 
 
-def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cuda_graph_max_bs: int) -> BackendInputs:
+def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cuda_graph_max_bs: int,
+                   num_branch_rows: int = 0) -> BackendInputs:
     """The inputs the attention backend is built with -- and, at R = G = 0, what its declared workspace is fitted
-    from. The runner passes the plan's slot count and graph batch size."""
+    from. The runner passes the plan's slot count, graph batch size and speculative branch rows."""
     return BackendInputs(attention_shape(sa, model), num_reqs, cuda_graph_max_bs,
                          max_extend_tokens=resolve_chunked_prefill_size(sa, device, model.context_len),
                          page_size=sa.page_size,
-                         fused_cpu_decode=device.fused_cpu_decode, cpu_threads=device.cpu_threads)
+                         fused_cpu_decode=device.fused_cpu_decode, cpu_threads=device.cpu_threads,
+                         num_branch_rows=num_branch_rows)
 
 
 def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:

@@ -220,6 +220,12 @@ class MemoryPlan:
                    + "))): the logits term "
                    f"keeps a sampler row for each; its activations are no more than a prefill chunk's (the "
                    f"activation term's profile forward) or a decode step's of every slot, which the plan already holds.")
+        if s.branch_rows:
+            out.append(f"A tree has up to {s.tree_branches} branches; the side branches of one verify forward take "
+                       f"at most {s.branch_rows:,} request-table rows beside the {self.max_running_requests:,} slots "
+                       f"(slots x {s.tree_branches - 1}, or fewer where the verify budget holds fewer whole branches: "
+                       f"spec_sizes.branch_rows), priced in req_to_token, the attention workspace's per-sequence "
+                       f"buffers and the KV window map.")
         return out
 
     def _full_pool_line(self) -> str:

@@ -59,6 +59,11 @@ class _Resolved:
             verify_cap_tokens=spec.cap_tokens(x.chunked_prefill_size) if spec else 0,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
+            # a tree's side-branch rows: a table row, the backend's per-sequence buffers, a window map entry
+            branch_row_bytes=(row_bytes + x.workspace.per_branch_row_bytes
+                              + (KV_WINDOW_MAP_ENTRY_BYTES if x.kv_window_row_bytes else 0)) if spec else 0,
+            spec=spec,
+            chunk_tokens=x.chunked_prefill_size,
             window_row_bytes=x.kv_window_row_bytes,  # a quantized KV's recent window: rows by budget (kv_window.py)
             window_cap_rows=planned_window_rows(budget, x.kv_window_row_bytes),
         )
@@ -123,6 +128,7 @@ class _Resolved:
         x = self.inputs
         num_reqs = self.rule.slots(num_tokens)
         graph_bs = min(self.graph_bs, num_reqs)
+        branch = self.slot_cost.branch_rows(num_reqs)
         src = x.source_of
         ws = x.workspace
         return (
@@ -133,15 +139,17 @@ class _Resolved:
                        f"({num_tokens:,} tokens + {x.page_size} dummy) x {x.kv_cell_bytes:,} B"
                        + (f" + {x.kv_fixed_bytes:,} B of scales" if x.kv_fixed_bytes else "")
                        + (f"; {x.kv_detail}" if x.kv_detail else "")),
-            *((self.window_term(num_reqs),) if x.kv_window_row_bytes else ()),
+            *((self.window_term(num_reqs, branch),) if x.kv_window_row_bytes else ()),
             *self.pool_terms(num_tokens, num_reqs),
-            MemoryTerm("req_to_token", req_to_token_bytes(num_reqs, x.context_len, x.req_to_token_elem_bytes),
+            MemoryTerm("req_to_token", req_to_token_bytes(num_reqs + branch, x.context_len, x.req_to_token_elem_bytes),
                        src("req_to_token"),
-                       f"{num_reqs + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
-                       f"{x.req_to_token_elem_bytes} B"),
-            MemoryTerm("attention_workspace", ws.bytes_for(num_reqs, graph_bs), src("attention_workspace"),
+                       f"{num_reqs + branch + 1:,} rows x {req_to_token_row_len(x.context_len):,} x "
+                       f"{x.req_to_token_elem_bytes} B" + (f" ({num_reqs:,} slots, {branch:,} rows for speculative "
+                                                            f"trees' side branches, 1 dummy)" if branch else "")),
+            MemoryTerm("attention_workspace", ws.bytes_for(num_reqs, graph_bs, branch), src("attention_workspace"),
                        f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x {num_reqs:,} slots"
-                       f" + {ws.per_graph_bs_bytes:,} x {graph_bs} graph bs"),
+                       f" + {ws.per_graph_bs_bytes:,} x {graph_bs} graph bs"
+                       + (f" + {ws.per_branch_row_bytes:,} x {branch:,} branch rows" if branch else "")),
             self.logits_term(num_reqs),
             MemoryTerm("activations", x.activation_bytes, src("activations"),
                        f"forward at chunked_prefill_size {x.chunked_prefill_size}"),
@@ -175,12 +183,14 @@ class _Resolved:
         """R_w: the recent-window rows requests can hold (kv_window.py); 0 without a window."""
         return window_rows_for(self.slot_cost.window_cap_rows, self.rule.slots(num_tokens))
 
-    def window_term(self, num_reqs: int) -> MemoryTerm:
+    def window_term(self, num_reqs: int, branch_rows: int = 0) -> MemoryTerm:
         x, cap = self.inputs, self.slot_cost.window_cap_rows
         rows = window_rows_for(cap, num_reqs)
-        return MemoryTerm("kv_window", window_term_bytes(cap, x.kv_window_row_bytes, num_reqs), x.source_of("kv_window"),
+        return MemoryTerm("kv_window", window_term_bytes(cap, x.kv_window_row_bytes, num_reqs)
+                          + KV_WINDOW_MAP_ENTRY_BYTES * branch_rows, x.source_of("kv_window"),
                           f"({rows:,} rows + {KV_WINDOW_SCRATCH_ROWS} scratch) x {x.kv_window_row_bytes:,} B + "
-                          f"{num_reqs + 1:,} x {KV_WINDOW_MAP_ENTRY_BYTES} B map: running requests' recent tokens "
+                          f"{num_reqs + branch_rows + 1:,} x {KV_WINDOW_MAP_ENTRY_BYTES} B map (a request-table row "
+                          f"each): running requests' recent tokens "
                           f"uncompressed ({KV_WINDOW_BUDGET_SHARE:.0%} of budget, at most one row a slot)")
 
     def pool_terms(self, num_tokens: int, num_reqs: int) -> tuple[MemoryTerm, ...]:

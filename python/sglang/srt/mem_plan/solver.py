@@ -3,6 +3,7 @@
     total(T) = T * cell_bytes + slot_cost(R(T)) + pools(T, R(T))        R(T): slots.SlotRule
     slot_cost(R) = fixed_bytes + per_slot_bytes * R + per_graph_bs_bytes * min(cuda_graph_max_bs, R)
                    + verify_row_bytes * verify_token_cap(R, verify_tokens_per_slot, verify_cap_tokens)
+                   + branch_row_bytes * branch_rows(R)   (a speculative tree's side-branch table rows)
     pools(T, R)  = the windowed KV and linear-state pools (layer_pools.PoolCost; 0 when every layer is full)
 
 Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
@@ -10,7 +11,7 @@ Find the largest T, a multiple of page_size, with total(T) <= budget_bytes.
 Why a bisection is exact: R(T) is nondecreasing in T (every piece of the rule -- floor, linear, cap, T // 2,
 user, the hybrid models' balance cap -- is), slot_cost is nondecreasing in R (coefficients >= 0), pools is nondecreasing in T and R
 (layer_pools.py), and T * cell_bytes is nondecreasing. So total(T)
-is nondecreasing (so is verify_token_cap in R: spec_sizes.py) and the feasible T form a prefix {0, p, 2p, ..., T*}.
+is nondecreasing (so are verify_token_cap and branch_rows in R: spec_sizes.py) and the feasible T form a prefix {0, p, 2p, ..., T*}.
 Bisection over that prefix returns T*
 exactly, in every region of the rule and across region boundaries, including the floor in R(T) that a
 continuous solve ignores (see linear_regime_tokens and the PR #18263 case in the tests).
@@ -23,7 +24,7 @@ from typing import Optional
 
 from sglang.srt.mem_plan.layer_pools import PoolCost
 from sglang.srt.mem_plan.slots import SlotRule
-from sglang.srt.mem_plan.spec_sizes import verify_token_cap
+from sglang.srt.mem_plan.spec_sizes import SpecInputs, verify_token_cap
 
 NO_POOLS = PoolCost()
 
@@ -40,11 +41,19 @@ class SlotCost:
     verify_row_bytes: int = 0
     verify_tokens_per_slot: int = 1
     verify_cap_tokens: int = 0
+    # a tree's side branches: bytes of one request-table row beyond the slots (the row, the backend's per-sequence
+    # buffers, a window map entry), for spec.branch_rows(R, chunk) rows
+    branch_row_bytes: int = 0
+    spec: Optional[SpecInputs] = None
+    chunk_tokens: int = 0
 
     def __post_init__(self):
         if min(self.fixed_bytes, self.per_slot_bytes, self.per_graph_bs_bytes, self.cuda_graph_max_bs,
-               self.verify_row_bytes) < 0:
+               self.verify_row_bytes, self.branch_row_bytes) < 0:
             raise ValueError(f"SlotCost coefficients must be >= 0: {self}")
+
+    def branch_rows(self, num_slots: int) -> int:
+        return self.spec.branch_rows(num_slots, self.chunk_tokens) if self.spec is not None else 0
 
     def verify_bytes(self, num_slots: int) -> int:
         if not self.verify_row_bytes:
@@ -54,7 +63,7 @@ class SlotCost:
     def bytes_for(self, num_slots: int) -> int:
         graph_bs = min(self.cuda_graph_max_bs, num_slots)
         return (self.fixed_bytes + self.per_slot_bytes * num_slots + self.per_graph_bs_bytes * graph_bs
-                + self.verify_bytes(num_slots))
+                + self.verify_bytes(num_slots) + self.branch_row_bytes * self.branch_rows(num_slots))
 
 
 def total_bytes(num_tokens: int, cell_bytes: int, rule: SlotRule, cost: SlotCost, pools: PoolCost = NO_POOLS) -> int:

@@ -6,7 +6,10 @@ rows, capped by the chunked-prefill size so the forward's activations stay withi
 activation term). A chain's rows are its num_draft_tokens (the last token + its proposals). A tree's
 (--speculative-eagle-topk > 1) are its branches EXPANDED (managers/spec_tree.py): B branches of depth D take
 B x (D + 1) rows, not upstream's num_draft_tokens = nodes + 1 (B x D + 1 for a full tree; the flag keeps that meaning;
-the plan prices the expanded rows, tree_shape below being the one definition of the tree the runtime builds). Each
+the plan prices the expanded rows, tree_shape below being the one definition of the tree the runtime builds). The
+B - 1 side branches of each tree also take request-table rows of their own (branch_rows: R x (B - 1) at a full
+batch, capped by the policy's budget), which the req_to_token term, the attention backends' per-sequence buffers and
+a quantized KV's window map price beside the R request slots. Each
 row's logits are kept, so the logits/sampler term is that of verify_token_cap rows instead of one row per request
 slot; an EAGLE head / MTP layer also keeps the target's hidden state of every verify row (EAGLE3: three layers').
 
@@ -49,14 +52,43 @@ def verify_rows_per_request(topk: int, num_steps: int, num_draft_tokens: int) ->
     """The most rows one request takes in a verify forward: a chain (topk 1) its num_draft_tokens; a tree the
     expanded rows branches x (depth + 1) of the largest tree tree_shape builds when nothing but the flags limits it.
     The plan's verify rows, the runtime's verify budget and the policy's per-request cap all read this.
-    Not priced: a tree's side branches also take temporary request-table rows, from the free ones only, and the
-    table has max_running_requests rows; with every row held by a running request a tree verifies branch 0 alone (a
-    chain of its depth), within these rows."""
+    A tree's side branches also take request-table rows of their own: branch_rows."""
     if topk <= 1:
         return num_draft_tokens
     # max_k: the full beam's expanded rows - 1, which no rows budget of a smaller tree binds
     branches, depth = tree_shape(topk * (num_steps + 1), topk, num_steps, num_draft_tokens - 1)
     return branches * (depth + 1)
+
+
+def largest_tree(topk: int, num_steps: int, num_draft_tokens: int) -> tuple:
+    """(B, D): branches and depth of the largest tree tree_shape builds (verify_rows_per_request's); (1, 0) for a
+    chain. Every tree with more than one branch has depth D exactly: tree_shape goes deepest first, and at a smaller
+    depth (max_k < D) its rows budget holds a single branch."""
+    if topk <= 1:
+        return 1, 0
+    return tree_shape(topk * (num_steps + 1), topk, num_steps, num_draft_tokens - 1)
+
+
+def branch_rows(num_reqs: int, branches: int, depth: int, budget_tokens: int) -> int:
+    """Request-table rows beyond the R request slots for the side branches of one verify forward's trees
+    (managers/spec_tree.py; mem_cache/memory_pool.ReqToTokenPool.alloc_branch): a tree keeps branch 0 in its
+    request's own row and gives each other branch a row holding a copy of the prefix. The most a forward can hold:
+    t trees with side branches have at most min(t x B, F) branches in all, F = budget // (D + 1) (the policy gives a
+    forward at most budget_tokens rows, policy_budget, and each branch of such a tree holds D + 1), so
+    max over 1 <= t <= R of min(t x B, F) - t: R x (B - 1) when the budget holds every tree whole. Nondecreasing in
+    num_reqs (the token solve relies on it)."""
+    if branches <= 1 or num_reqs <= 0:
+        return 0
+    whole = budget_tokens // (depth + 1)
+    trees = {min(num_reqs, max(1, whole // branches)), min(num_reqs, max(1, -(-whole // branches)))}
+    return max(0, max(min(t * branches, whole) - t for t in trees))
+
+
+def policy_budget(max_running_requests: int, rows_per_request: int, chunked_prefill_size: int,
+                  device_cap_tokens: int) -> int:
+    """verify_budget with the device's cap given as a count (0: none)."""
+    cap = verify_token_cap(max_running_requests, rows_per_request, chunked_prefill_size)
+    return min(cap, device_cap_tokens) if device_cap_tokens else cap
 
 
 def verify_budget(max_running_requests: int, rows_per_request: int, chunked_prefill_size: int,
@@ -65,9 +97,8 @@ def verify_budget(max_running_requests: int, rows_per_request: int, chunked_pref
     at most the chunk (verify_token_cap), and on a CPU at most CPU_VERIFY_TOKEN_BUDGET. The plan prices
     max(slots, this) rows (SpecInputs.verify_tokens): a batch of decodes holds one row per request whatever the
     budget."""
-    cap = verify_token_cap(max_running_requests, rows_per_request, chunked_prefill_size)
-    device = verify_budget_tokens(device_kind)
-    return min(cap, device) if device else cap
+    return policy_budget(max_running_requests, rows_per_request, chunked_prefill_size,
+                         verify_budget_tokens(device_kind))
 
 
 def verify_token_cap(max_running_requests: int, rows_per_request: int, chunked_prefill_size: int) -> int:
@@ -105,6 +136,8 @@ class SpecInputs:
     draft_dtype: str = ""
     draft_num_layers: int = 0  # KV layers of the draft (an EAGLE head: 1)
     verify_budget_tokens: int = 0  # the device's cap on a verify forward's tokens (verify_budget_tokens), 0: none
+    tree_branches: int = 1  # B of the largest tree (largest_tree): each request's side branches take B - 1 rows
+    tree_depth: int = 0  # its D: every branch of a tree with side branches holds D + 1 verify rows
     weights_detail: str = ""
     graphs_detail: str = ""
 
@@ -113,7 +146,7 @@ class SpecInputs:
                      "draft_kv_fixed_bytes", "draft_cuda_graph_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SpecInputs.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("num_draft_tokens", "verify_rows_per_req"):
+        for name in ("num_draft_tokens", "verify_rows_per_req", "tree_branches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SpecInputs.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -129,6 +162,11 @@ class SpecInputs:
 
     def verify_tokens(self, num_reqs: int, chunked_prefill_size: int) -> int:
         return verify_token_cap(num_reqs, self.verify_rows_per_req, self.cap_tokens(chunked_prefill_size))
+
+    def branch_rows(self, num_reqs: int, chunked_prefill_size: int) -> int:
+        """The request table's side-branch rows at R slots (branch_rows under the policy's budget)."""
+        budget = policy_budget(num_reqs, self.verify_rows_per_req, chunked_prefill_size, self.verify_budget_tokens)
+        return branch_rows(num_reqs, self.tree_branches, self.tree_depth, budget)
 
 
 @dataclass(frozen=True)
@@ -153,6 +191,8 @@ class SpecPlan:
     draft_dtype: str
     draft_num_layers: int
     verify_budget_tokens: int = 0  # a CPU's cap on verify tokens (CPU_VERIFY_TOKEN_BUDGET), 0: none
+    tree_branches: int = 1  # B of the largest tree
+    branch_rows: int = 0  # request-table rows for side branches beyond the request slots (spec_sizes.branch_rows)
 
     @classmethod
     def of(cls, s: SpecInputs, num_tokens: int, num_reqs: int, page_size: int, chunked_prefill_size: int):
@@ -160,4 +200,5 @@ class SpecPlan:
                    s.verify_row_bytes, s.hidden_row_bytes, s.draft_weight_bytes, s.draft_kv_cell_bytes,
                    s.draft_kv_fixed_bytes, kv_pool_rows(num_tokens, page_size) if s.draft_kv_cell_bytes else 0,
                    draft_kv_pool_bytes(num_tokens, page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes),
-                   s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers, s.verify_budget_tokens)
+                   s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers, s.verify_budget_tokens,
+                   s.tree_branches, s.branch_rows(num_reqs, chunked_prefill_size))

@@ -17,6 +17,8 @@ Plan-side API (what the runtime allocates from; names fixed):
         .verify_tokens         the most tokens one verify forward may hold (spec_sizes.verify_token_cap of
                                verify_rows_per_req a slot)
         .verify_row_bytes, .hidden_row_bytes, .draft_cuda_graph_bytes
+        .branch_rows           a tree's side-branch rows of the request table beyond the request slots
+                               (spec_sizes.branch_rows; 0 for a chain)
 Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_plan):
     draft_weights        STANDALONE: the draft checkpoint sized from its config.json like any model (arch_*.py);
                          EAGLE / EAGLE3: the head's own tensors (draft_heads.py); NEXTN: the MTP layers.
@@ -27,6 +29,8 @@ Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_p
                          KV's) unused: their KV pool has rank 0's token count
     draft_kv_cache       the draft's pool over the target's token slots: the solver's cost of a token is
                          target cell + draft cell, so max_total_num_tokens falls accordingly
+    req_to_token, attention_workspace, kv_window (the target's terms) a tree's branch rows beside the slots: table
+                         rows, the backend's per-sequence index buffers, the window map's entries
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
                          (verify_rows_per_req a slot: a tree's expanded rows)
     spec_hidden_states   EAGLE heads / MTP layers: the target's hidden states per verify row (EAGLE3: 3 layers')
@@ -49,7 +53,7 @@ from sglang.srt.mem_plan.kv_quant import is_quantized
 from sglang.srt.mem_plan.model_shapes import load_config, model_shape_from_config
 from sglang.srt.mem_plan.plan import MemoryTerm
 from sglang.srt.mem_plan.sizes import sampler_bytes_per_slot
-from sglang.srt.mem_plan.spec_sizes import (SpecInputs, draft_kv_pool_bytes, verify_budget_tokens,
+from sglang.srt.mem_plan.spec_sizes import (SpecInputs, draft_kv_pool_bytes, largest_tree, verify_budget_tokens,
                                             verify_rows_per_request)
 from sglang.srt.mem_plan.dtypes import resolve_kv_cache_dtype
 from sglang.srt.mem_plan.specs import KVCellSpec, kv_dtype_bytes
@@ -167,6 +171,7 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
                   verify_rows_per_req=verify_rows_per_request(spec.topk, spec.num_steps, spec.num_draft_tokens),
                   verify_row_bytes=sampler_bytes_per_slot(target.vocab_size),
                   verify_budget_tokens=verify_budget_tokens(device_kind))
+    common["tree_branches"], common["tree_depth"] = largest_tree(spec.topk, spec.num_steps, spec.num_draft_tokens)
     if spec.algorithm == "NGRAM":
         return SpecInputs(**common, draft="none (NGRAM proposes from the text)",
                           graphs_detail="NGRAM: no draft model; verify forwards run eagerly (EXTEND)")

@@ -91,21 +91,25 @@ class KVCellSpec:
 
 @dataclass(frozen=True)
 class WorkspaceSpec:
-    """Bytes = fixed_bytes + per_req_bytes * num_reqs + per_graph_bs_bytes * cuda_graph_bs.
+    """Bytes = fixed_bytes + per_req_bytes * num_reqs + per_graph_bs_bytes * cuda_graph_bs
+    + per_branch_row_bytes * branch_rows.
 
-    num_reqs is the request-slot count (req_to_token rows minus the dummy row); cuda_graph_bs is the largest
-    captured decode batch, which never exceeds num_reqs. All coefficients are >= 0, so the total is
-    nondecreasing in num_reqs -- the property the token solver relies on.
+    num_reqs is the request-slot count; cuda_graph_bs is the largest captured decode batch, which never exceeds
+    num_reqs; branch_rows are the request-table rows beyond the slots that a speculative tree's side branches take
+    (spec_sizes.branch_rows, nondecreasing in num_reqs). All coefficients are >= 0, so the total is nondecreasing in
+    num_reqs -- the property the token solver relies on.
     """
 
     fixed_bytes: int = 0
     per_req_bytes: int = 0
     per_graph_bs_bytes: int = 0
     name: str = "workspace"
+    per_branch_row_bytes: int = 0
 
     def __post_init__(self):
-        if min(self.fixed_bytes, self.per_req_bytes, self.per_graph_bs_bytes) < 0:
+        if min(self.fixed_bytes, self.per_req_bytes, self.per_graph_bs_bytes, self.per_branch_row_bytes) < 0:
             raise ValueError(f"WorkspaceSpec coefficients must be >= 0: {self}")
 
-    def bytes_for(self, num_reqs: int, cuda_graph_bs: int = 0) -> int:
-        return self.fixed_bytes + self.per_req_bytes * num_reqs + self.per_graph_bs_bytes * cuda_graph_bs
+    def bytes_for(self, num_reqs: int, cuda_graph_bs: int = 0, branch_rows: int = 0) -> int:
+        return (self.fixed_bytes + self.per_req_bytes * num_reqs + self.per_graph_bs_bytes * cuda_graph_bs
+                + self.per_branch_row_bytes * branch_rows)

@@ -158,7 +158,9 @@ class DraftRunner:
         # the device's facts, with whether the DRAFT's geometry decodes through the fused CPU kernel
         device = dataclasses.replace(target.device_facts(), fused_cpu_decode=fused_cpu_decode(facts, self.device))
         sa = dataclasses.replace(target.server_args, tp_size=1)  # the draft's heads are all on this rank
-        inputs = B.backend_inputs(sa, facts, device, target.max_running_requests, 0)
+        # a tree's beam decodes every branch row (the request slots and the side branches' rows) in one batch
+        pool = target.req_to_token_pool
+        inputs = B.backend_inputs(sa, facts, device, pool.size + pool.branch_rows, 0)
         return create_attention_backend(target.server_args.attention_backend, model_config=self.model_config,
                                         req_to_token_pool=self.req_to_token_pool,
                                         token_to_kv_pool=self.token_to_kv_pool, device=self.device, inputs=inputs)

@@ -64,8 +64,9 @@ class ModelRunnerKVCacheMixin:
                              fused_cpu_decode(self.model_facts(), self.device), cpu_kernels_available(self.device),
                              self.cpu_threads.num_threads if self.cpu_threads is not None else 1)
 
-    def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int):
-        return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs)
+    def backend_inputs(self, num_reqs: int, cuda_graph_max_bs: int, num_branch_rows: int = 0):
+        return B.backend_inputs(self.server_args, self.model_facts(), self.device_facts(), num_reqs, cuda_graph_max_bs,
+                                num_branch_rows)
 
     def layer_pools(self):
         """The plan's split of this model's layers (mem_plan/layer_pools.py), computed as build_plan_inputs does."""
@@ -102,7 +103,7 @@ class ModelRunnerKVCacheMixin:
             r2t.attach_window(pool.window)
         return pool
 
-    def _attention_backend(self, r2t, kv, num_reqs: int, cuda_graph_max_bs: int):
+    def _attention_backend(self, r2t, kv, num_reqs: int, cuda_graph_max_bs: int, num_branch_rows: int = 0):
         from sglang.srt.layers.attention.attention_registry import create_attention_backend
         from sglang.srt.mem_plan.kv_quant import check_kv_format_backend
 
@@ -111,7 +112,7 @@ class ModelRunnerKVCacheMixin:
 
         return create_attention_backend(self.server_args.attention_backend, model_config=self.model_config,
                                         req_to_token_pool=r2t, token_to_kv_pool=kv, device=self.device,
-                                        inputs=self.backend_inputs(num_reqs, cuda_graph_max_bs))
+                                        inputs=self.backend_inputs(num_reqs, cuda_graph_max_bs, num_branch_rows))
 
     # ------------------------------------------------------------------ measure
     @torch.inference_mode()
@@ -245,8 +246,9 @@ class ModelRunnerKVCacheMixin:
         self.max_total_num_tokens = plan.max_total_num_tokens
         self.max_running_requests = plan.max_running_requests
         self.chunked_prefill_size = plan.chunked_prefill_size or chunk
+        branch_rows = plan.speculative.branch_rows if plan.speculative is not None else 0  # a tree's side branches
         self.req_to_token_pool = ReqToTokenPool(plan.max_running_requests, req_to_token_row_len(self.context_len),
-                                                self.device)
+                                                self.device, branch_rows=branch_rows)
         self.token_to_kv_pool = self._kv_pool(plan.max_total_num_tokens, self.req_to_token_pool, plan.kv_window_rows,
                                               plan.windowed_tokens)
         attach_linear_state(self, self.req_to_token_pool, self.layer_pools(), plan.state_slots)
@@ -254,7 +256,7 @@ class ModelRunnerKVCacheMixin:
         self.token_to_kv_pool_allocator = kv_allocator(self.token_to_kv_pool, plan, self.server_args.page_size,
                                                        self.layer_pools().window_tokens)
         self.attn_backend = self._attention_backend(self.req_to_token_pool, self.token_to_kv_pool,
-                                                    plan.max_running_requests, plan.cuda_graph_max_bs)
+                                                    plan.max_running_requests, plan.cuda_graph_max_bs, branch_rows)
         self.check_allocation()
         self.rank_memory = self.gather_rank_memory()
         self.init_cuda_graphs()

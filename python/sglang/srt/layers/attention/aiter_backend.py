@@ -5,8 +5,9 @@ Memory (declared in mem_plan/backends.py, allocated once by the base class):
     workspace         uint8 [R * H_q * P * (4 * head_dim + 8)], P = ceil(context_len / 256)
                       the decode kernel's scratch, PR #18263's per-slot formula; handed to every decode call
     kv_scales         fp32 [2]  the K and V dequant scales the decode kernel reads (1.0: no fp8 scaling)
-    kv_indptr, qo_indptr, kv_last_page_len  int32 [R + 1]  this batch's CSR arrays (views [:B + 1])
-    kv_indices        int32 [R * context_len]  this batch's token slots, gathered into it (paged_kv_indices.py)
+    kv_indptr, qo_indptr, kv_last_page_len  int32 [S + 1]  this batch's CSR arrays (views [:B + 1]); S = R + the
+                      request table's branch rows (a speculative tree's side branches: sequences of their own)
+    kv_indices        int32 [S * context_len]  this batch's token slots, gathered into it (paged_kv_indices.py)
 paged_attention_ragged splits the workspace at offsets that depend on the batch B <= R: exp sums and max logits
 fp32 [B, H_q, P] at 0 and B * H_q * P * 4, then the partial outputs [B, H_q, P, head_dim] (in the query dtype, so
 the 4 B per element charged is an upper bound). That is why the plan solves the KV pool and the slot count together.

@@ -9,10 +9,11 @@ Memory (declared in mem_plan/backends.py, allocated once by the base class, neve
     workspace            uint8 [384 MiB; 512 MiB for Qwen2/Qwen3/MiMo]  the float workspace of every wrapper
     int_workspace        uint8 [8 MiB]  the plan-info workspace; each wrapper allocates a private one in its
                          constructor, which is swapped for this shared one right away (reset_workspace_buffer)
-    kv_indptr_0          int32 [R + 1]  kv_indptr of the batch (eager) / of the captured batch (graphs)
-    qo_indptr            int32 [R + 1]  extend: rows of each request's new tokens
-    kv_last_page_len     int32 [R + 1]
-    kv_indices_0         int32 [R * ceil(context_len / page_size)]  every batch's page ids, gathered into it by one
+    kv_indptr_0          int32 [S + 1]  kv_indptr of the batch (eager) / of the captured batch (graphs); S = R + the
+                         request table's branch rows (a speculative tree's side branches: sequences of their own)
+    qo_indptr            int32 [S + 1]  extend: rows of each sequence's new tokens
+    kv_last_page_len     int32 [S + 1]
+    kv_indices_0         int32 [S * ceil(context_len / page_size)]  every batch's page ids, gathered into it by one
                          kernel (paged_kv_indices.py); also the fixed page-index buffer graph decode wrappers read
 All wrappers share the two workspaces: each forward plans before it runs, so one plan's scratch is never live while
 another wrapper runs.

@@ -16,8 +16,8 @@ A windowed layer's table (first_pos given: FlashInfer's second wrapper) covers r
 the pool's slot_map (token slot -> windowed slot, page-parallel) when the layer's pool has one.
 
 Everything is written into the backend's planned buffers: the small indptr arrays (views [:B + 1]) from host lists,
-kv_indices (a view [:total pages] of a buffer of R x ceil(context / page_size) entries, mem_plan/backends.py) by one
-gather kernel. No per-step device tensor grows with the batch or its context.
+kv_indices (a view [:total pages] of a buffer of S x ceil(context / page_size) entries, S the request table's rows,
+mem_plan/backends.py) by one gather kernel. No per-step device tensor grows with the batch or its context.
 """
 
 from __future__ import annotations

@@ -55,9 +55,10 @@ class PlannedGpuAttnBackend(AttentionBackend):
         except ImportError as e:  # keeps the type: callers (and tests) catch ImportError
             raise ImportError(f"--attention-backend {self.backend_name} needs the {self.kernel_module!r} package "
                               f"({self.install_hint}): {e}. {self.alternatives_hint()}") from e
-        if inputs.num_reqs != req_to_token_pool.size:
-            raise ValueError(f"{self.backend_name}: planned {inputs.num_reqs} request slots, the request table has "
-                             f"{req_to_token_pool.size}")
+        branch = getattr(req_to_token_pool, "branch_rows", 0)  # a table built without branch rows has none
+        if inputs.num_seqs != req_to_token_pool.size + branch:  # every row a batch may index, branches included
+            raise ValueError(f"{self.backend_name}: planned {inputs.num_reqs} request slots + {inputs.num_branch_rows} "
+                             f"branch rows, the request table has {req_to_token_pool.size} + {branch}")
         super().__init__(model_config=model_config, req_to_token_pool=req_to_token_pool,
                          token_to_kv_pool=token_to_kv_pool, device=device, inputs=inputs)
 

@@ -9,7 +9,8 @@ req_to_token, so no per-step KV index list is built and any page size works.
 Planned buffers (mem_plan/backends.py, allocated once by AttentionBackend.__init__, exactly as declared):
   attn_logits fp32 [R, H_q, num_kv_splits, Dv], attn_lse fp32 [R, H_q, num_kv_splits]: the split-KV decode
       workspace; decode batch b uses row b (B <= R request slots). num_kv_splits = --triton-attention-num-kv-splits.
-  qo_start int32 [R + 1]: extend, where each request's new tokens start in q (exclusive prefix sum of extend lens).
+  qo_start int32 [S + 1]: extend, where each sequence's new tokens start in q (exclusive prefix sum of extend lens);
+      S = R + the request table's branch rows (a speculative tree's side branches are sequences of their own).
   cuda_graph_attn_logits / cuda_graph_attn_lse [G, ...]: the same workspace for decode under CUDA graphs
       (G = --cuda-graph-max-bs; init_forward_metadata_capture_cuda_graph). No kv-index buffers: the kernels read
       req_to_token and derive the splits from seq_lens.
