@@ -46,6 +46,8 @@ CASES = {  # name: (algorithm, tp size)
 
 
 SHARED = 0.3  # every embedding row's value in dimension 0 (dimension 1 is the absent token's alone)
+GAIN = 100  # pairing_target's layer-1 attention output per unit of the absent token's normed value
+MLP_STEP = 0.04  # copying_eagle3_head's MLP: what it adds to dimension 0 per unit of silu(d0) x d0
 
 
 class _OneMore:
@@ -69,8 +71,8 @@ def pairing_target(path: str, tok) -> str:
     which is dimension 1's unit vector; every norm's weight is one; lm_head row t is the embedding of t's partner.
     Both layers' attention outputs and MLPs add nothing but layer 1's attention: its scores are all zero (attention
     is the mean over the context) and its values read dimension 1 alone, so where the absent token's KV is in the
-    context the output moves by GAIN x its share toward another token -- as it is where a tree step commits through a
-    side branch and the rejected branch's KV stays at a committed position."""
+    context the output moves by GAIN x 8 x its share toward another token -- as it is where a tree step commits
+    through a side branch and the rejected branch's KV stays at a committed position."""
     from safetensors.torch import load_file, save_file
 
     from sglang.test.eagle_heads import make_llama_target
@@ -98,7 +100,7 @@ def pairing_target(path: str, tok) -> str:
     v = torch.zeros_like(w["model.layers.1.self_attn.v_proj.weight"])
     v[0, 1] = 1  # KV head 0's first value dimension := the input's dimension 1 (normed: 8 for the absent token)
     o = torch.zeros_like(w["model.layers.1.self_attn.o_proj.weight"])
-    o[:, 0] = 100 * embed[2]  # query head 0's first dimension -> toward token 2 (so the next token becomes 3)
+    o[:, 0] = GAIN * embed[2]  # query head 0's first dimension -> toward token 2 (so the next token becomes 3)
     w["model.layers.1.self_attn.v_proj.weight"], w["model.layers.1.self_attn.o_proj.weight"] = v, o
     save_file(w, file, metadata={"format": "pt"})
     return path
@@ -107,10 +109,11 @@ def pairing_target(path: str, tok) -> str:
 def copying_eagle3_head(path: str, target: str) -> str:
     """An EAGLE-3 head (full draft vocabulary, d2t zero) whose first choice at row q is always the absent token
     (wrong) and its second the token at q, which over pairing_target's alternating text is the token at q + 2: every
-    tree step commits its first draft token through branch 1, a chain never commits a draft token. fc passes the
-    first auxiliary layer's residual stream (the token's embedding), the midlayer adds nothing (o_proj and down_proj
-    zero), the final norm's weight is one, lm_head is the target's embedding but the absent token's row, 5 x
-    dimension 0's unit vector (score 5 x SHARED = 1.5 against the token's own 1)."""
+    tree step over that text commits its first draft token through branch 1, a chain never commits a draft token.
+    fc passes the first auxiliary layer's residual stream (the token's embedding), the midlayer's attention adds
+    nothing (o_proj zero) and its MLP only a little to dimension 0, the final norm's weight is one, lm_head is the
+    target's embedding but the absent token's row, 5 x dimension 0's unit vector (at the first step a logit lead of
+    ~11 over the token's own, larger at each later step)."""
     from safetensors.torch import load_file, save_file
 
     from sglang.test.eagle_heads import make_eagle3_head
@@ -122,8 +125,14 @@ def copying_eagle3_head(path: str, target: str) -> str:
     w, embed = load_file(file), load_file(os.path.join(target, "model.safetensors"))["model.embed_tokens.weight"]
     H = embed.shape[1]
     w["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, 2 * H)], 1)
-    for k in ("midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"):
-        w[k] = torch.zeros_like(w[k])
+    w["midlayer.self_attn.o_proj.weight"] = torch.zeros_like(w["midlayer.self_attn.o_proj.weight"])
+    # the MLP adds MLP_STEP x silu(d0) x d0 to dimension 0 (d0: the normed input's dimension 0, ~2.4 at the first
+    # step), and the sum carries into the next step: the absent token's lead grows with depth, so the tree's second
+    # branch takes the right token at depth 1 rather than a runner-up deeper down (no tie between them)
+    for k, value in (("gate_proj", 1.0), ("up_proj", 1.0), ("down_proj", MLP_STEP)):
+        w[f"midlayer.mlp.{k}.weight"] = torch.zeros_like(w[f"midlayer.mlp.{k}.weight"])
+        w[f"midlayer.mlp.{k}.weight"][0, 0] = value
+    w["midlayer.post_attention_layernorm.weight"] = torch.ones_like(w["midlayer.post_attention_layernorm.weight"])
     head = embed.clone()
     head[-1] = 0
     head[-1, 0] = 5
