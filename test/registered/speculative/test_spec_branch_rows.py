@@ -15,6 +15,10 @@ and mem_plan/spec_sizes.branch_rows says how many one verify forward can hold. C
 - The planned FlashInfer buffers hold the page table of the largest verify forward (R + branch rows sequences of the
   whole context, built by paged_kv_indices.build_page_table as the backend does); without the branch rows it does not
   fit.
+- The draft's own attention backend (model_executor/draft_runner.py) is priced as draft_attention_workspace, sized
+  for every table row (slots + branch rows: a head's beam decodes them in one batch): FlashInfer's two workspaces plus
+  its CSR arrays and page ids, Triton's qo_start and split-KV decode buffers over the draft's heads, computed here
+  from the buffers' shapes; torch_native's is 0.
 - ReqToTokenPool keeps the two kinds apart: requests never take a branch row, branches never a request slot, a
   repair frees both, check_integrity names a branch row held between steps.
 """
@@ -117,6 +121,24 @@ class TestPlanTerms(unittest.TestCase):
         self.assertEqual(t["req_to_token"] - c["req_to_token"], 2 * req_to_token_row_len(ctx) * 8)
         self.assertEqual(t["kv_window"] - c["kv_window"], 2 * 8)
         self.assertEqual(chain["speculative"]["branch_rows"], 0)
+
+
+class TestDraftWorkspace(unittest.TestCase):
+    def test_draft_backend_priced_per_table_row(self):
+        ctx = 32768
+        gpu = ["--gpu", "h100-80gb", "--max-running-requests", "64", "--context-length", str(ctx)]
+        for topk, rows in ((3, 64 + 128), (1, 64)):
+            _, t = plan_of(*tree_flags(LLAMA, LLAMA, topk=topk), *gpu, "--attention-backend", "flashinfer")
+            # float + int workspaces, kv_indptr / qo_indptr / kv_last_page_len [rows + 1], kv_indices [rows x ctx]
+            want = 384 * 2**20 + 8 * 2**20 + 3 * 4 * (rows + 1) + 4 * rows * ctx
+            self.assertEqual(t["draft_attention_workspace"], want, topk)
+            _, t = plan_of(*tree_flags(LLAMA, LLAMA, topk=topk), *gpu, "--attention-backend", "triton",
+                           "--triton-attention-num-kv-splits", "8")
+            heads, splits, dv = 32, 8, 128  # the draft (Llama-3.1-8B's config) unsharded
+            want = 4 * (rows + 1) + 4 * rows * heads * splits * (dv + 1)  # qo_start; decode logits and lse
+            self.assertEqual(t["draft_attention_workspace"], want, topk)
+        _, t = plan_of(*tree_flags(LLAMA, LLAMA), "--device", "cpu", "--total-memory-gb", "128", "--dtype", "bfloat16")
+        self.assertEqual(t["draft_attention_workspace"], 0)  # torch_native allocates nothing
 
 
 class TestPageTableFits(unittest.TestCase):

@@ -249,16 +249,18 @@ def buffers_bytes(buffers: list[BufferDecl]) -> int:
     return sum(b.num_bytes for b in buffers)
 
 
-def workspace_spec(backend: str, shape_or_inputs: AttentionShape | BackendInputs) -> WorkspaceSpec:
+def workspace_spec(backend: str, shape_or_inputs: AttentionShape | BackendInputs,
+                   persistent_only: bool = False) -> WorkspaceSpec:
     """The backend's declared bytes as fixed + per_req * R + per_graph_bs * G + per_branch_row * rows (exact: linear
-    in the three).
+    in the three); persistent_only: the buffers it allocates at construction, without the transient scratch bounds.
 
     With BackendInputs, everything but R, G and the branch rows (the chunk, the decode path) is taken from it."""
     x = shape_or_inputs if isinstance(shape_or_inputs, BackendInputs) else BackendInputs(shape_or_inputs, 0)
 
     def at(num_reqs: int, graph_bs: int, branch_rows: int = 0) -> int:
-        return buffers_bytes(declare(backend, replace(x, num_reqs=num_reqs, cuda_graph_max_bs=graph_bs,
-                                                      num_branch_rows=branch_rows)))
+        declared = declare(backend, replace(x, num_reqs=num_reqs, cuda_graph_max_bs=graph_bs,
+                                            num_branch_rows=branch_rows))
+        return buffers_bytes(persistent(declared) if persistent_only else declared)
 
     base = at(0, 0)
     # G is capped at R, so the graph coefficient is read at R = 1 and the slot coefficient from R = 1, G = 0

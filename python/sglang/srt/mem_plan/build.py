@@ -182,6 +182,24 @@ def backend_inputs(sa, model: ModelFacts, device: DeviceFacts, num_reqs: int, cu
                          num_branch_rows=num_branch_rows)
 
 
+def draft_facts(model: ModelFacts, draft_shape: ModelShape) -> ModelFacts:
+    """The draft as its attention backend sees it (model_executor/draft_runner.py builds its backend from this): its
+    own geometry, the target's context (a draft reads the target's whole prefix), dtype and KV in the target's dtype."""
+    return ModelFacts(draft_shape, model.context_len, model.dtype, model.dtype)
+
+
+def draft_backend_inputs(sa, model: ModelFacts, device: DeviceFacts, draft_shape: ModelShape, num_rows: int):
+    """The draft's attention backend inputs: unsharded (tp 1, on rank 0), sized for num_rows request-table rows
+    (slots + a tree's branch rows, which a head's beam decodes in one batch), no graphs."""
+    return backend_inputs(dataclasses.replace(sa, tp_size=1), draft_facts(model, draft_shape), device, num_rows, 0)
+
+
+def draft_workspace_spec(sa, model: ModelFacts, device: DeviceFacts, draft_shape: ModelShape):
+    """The persistent buffers of the draft's backend per request-table row (per_req_bytes) and fixed."""
+    return workspace_spec(planned_attention_backend(sa), draft_backend_inputs(sa, model, device, draft_shape, 0),
+                          persistent_only=True)
+
+
 def activation_formula_bytes(sa, model: ModelFacts, device: DeviceFacts) -> int:
     """The declared activations of one forward at the chunk (model_shapes.activation_bytes, a MoE model's with the
     planned experts' implementation): the dry run's term, and on CPU the runner's too unless it measured more."""
@@ -329,7 +347,8 @@ def build_plan_inputs(sa, model: ModelFacts, device: DeviceFacts, measured: Meas
         moe_workspace_detail=moe.describe() if moe is not None else "",
         sources=dict(measured.sources),
         speculative=build_spec_inputs(sa, model.shape, model.dtype, model.kv_cache_dtype, device.kind, graph_bs,
-                                      formula_cuda_graph_bytes, model.weight_format),
+                                      formula_cuda_graph_bytes, model.weight_format,
+                                      draft_workspace=lambda draft: draft_workspace_spec(sa, model, device, draft)),
     )
 
 

@@ -33,6 +33,7 @@ DEFAULT_SOURCES = {
     "draft_kv_cache": "formula",
     "spec_hidden_states": "declared",
     "draft_cuda_graphs": "formula",
+    "draft_attention_workspace": "declared",
 }
 
 

@@ -158,7 +158,7 @@ class MemoryPlan:
     def bytes_of(self, name: str) -> int:
         """A term's bytes; 0 for an optional term this plan does not have (kv_window without a recent window)."""
         optional = ("kv_window", "kv_windowed", "kv_windowed_map", "linear_state", "draft_weights", "draft_kv_cache",
-                    "spec_hidden_states", "draft_cuda_graphs")
+                    "spec_hidden_states", "draft_cuda_graphs", "draft_attention_workspace")
         if name in optional and all(t.name != name for t in self.terms):
             return 0
         return self.term(name).num_bytes

@@ -50,17 +50,19 @@ class _Resolved:
             graph_bs = 0
         row_bytes = req_to_token_bytes(0, x.context_len, x.req_to_token_elem_bytes)  # one row
         spec = x.speculative  # its verify rows replace the sampler's row per slot (spec_sizes.py)
+        draft_fixed, draft_row = ((spec.draft_workspace_fixed_bytes, spec.draft_workspace_per_row_bytes) if spec
+                                  else (0, 0))  # the draft backend's buffers: per request-table row
         slot_cost = WindowedSlotCost(
-            fixed_bytes=x.workspace.fixed_bytes + row_bytes,  # + the dummy row 0 of req_to_token
+            fixed_bytes=x.workspace.fixed_bytes + row_bytes + draft_fixed,  # + the dummy row 0 of req_to_token
             per_slot_bytes=(x.workspace.per_req_bytes + row_bytes + (0 if spec else x.logits_per_req_bytes)
-                            + x.grammar_per_req_bytes),
+                            + x.grammar_per_req_bytes + draft_row),
             verify_row_bytes=spec.row_bytes if spec else 0,
             verify_tokens_per_slot=spec.verify_rows_per_req if spec else 1,  # a tree's expanded rows
             verify_cap_tokens=spec.cap_tokens(x.chunked_prefill_size) if spec else 0,
             per_graph_bs_bytes=x.workspace.per_graph_bs_bytes,
             cuda_graph_max_bs=graph_bs,
-            # a tree's side-branch rows: a table row, the backend's per-sequence buffers, a window map entry
-            branch_row_bytes=(row_bytes + x.workspace.per_branch_row_bytes
+            # a tree's side-branch rows: a table row, the backends' per-sequence buffers, a window map entry
+            branch_row_bytes=(row_bytes + x.workspace.per_branch_row_bytes + draft_row
                               + (KV_WINDOW_MAP_ENTRY_BYTES if x.kv_window_row_bytes else 0)) if spec else 0,
             spec=spec,
             chunk_tokens=x.chunked_prefill_size,

@@ -138,12 +138,18 @@ class SpecInputs:
     verify_budget_tokens: int = 0  # the device's cap on a verify forward's tokens (verify_budget_tokens), 0: none
     tree_branches: int = 1  # B of the largest tree (largest_tree): each request's side branches take B - 1 rows
     tree_depth: int = 0  # its D: every branch of a tree with side branches holds D + 1 verify rows
+    # the draft's own attention backend (model_executor/draft_runner.py): its persistent buffers, sized for every
+    # request-table row (a tree's beam decodes the slots' rows and the branch rows in one batch)
+    draft_workspace_fixed_bytes: int = 0
+    draft_workspace_per_row_bytes: int = 0
+    draft_workspace_detail: str = ""
     weights_detail: str = ""
     graphs_detail: str = ""
 
     def __post_init__(self):
         for name in ("verify_row_bytes", "hidden_row_bytes", "draft_weight_bytes", "draft_kv_cell_bytes",
-                     "draft_kv_fixed_bytes", "draft_cuda_graph_bytes"):
+                     "draft_kv_fixed_bytes", "draft_cuda_graph_bytes", "draft_workspace_fixed_bytes",
+                     "draft_workspace_per_row_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SpecInputs.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("num_draft_tokens", "verify_rows_per_req", "tree_branches"):
@@ -167,6 +173,11 @@ class SpecInputs:
         """The request table's side-branch rows at R slots (branch_rows under the policy's budget)."""
         budget = policy_budget(num_reqs, self.verify_rows_per_req, chunked_prefill_size, self.verify_budget_tokens)
         return branch_rows(num_reqs, self.tree_branches, self.tree_depth, budget)
+
+    def draft_workspace_bytes(self, num_reqs: int, chunked_prefill_size: int) -> int:
+        """The draft backend's buffers at R slots: sized for the R + branch_rows rows of the request table."""
+        rows = num_reqs + self.branch_rows(num_reqs, chunked_prefill_size)
+        return self.draft_workspace_fixed_bytes + self.draft_workspace_per_row_bytes * rows
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,7 @@ class SpecPlan:
     verify_budget_tokens: int = 0  # a CPU's cap on verify tokens (CPU_VERIFY_TOKEN_BUDGET), 0: none
     tree_branches: int = 1  # B of the largest tree
     branch_rows: int = 0  # request-table rows for side branches beyond the request slots (spec_sizes.branch_rows)
+    draft_workspace_bytes: int = 0  # the draft attention backend's persistent buffers (term draft_attention_workspace)
 
     @classmethod
     def of(cls, s: SpecInputs, num_tokens: int, num_reqs: int, page_size: int, chunked_prefill_size: int):
@@ -201,4 +213,5 @@ class SpecPlan:
                    s.draft_kv_fixed_bytes, kv_pool_rows(num_tokens, page_size) if s.draft_kv_cell_bytes else 0,
                    draft_kv_pool_bytes(num_tokens, page_size, s.draft_kv_cell_bytes, s.draft_kv_fixed_bytes),
                    s.draft_cuda_graph_bytes, s.draft, s.draft_dtype, s.draft_num_layers, s.verify_budget_tokens,
-                   s.tree_branches, s.branch_rows(num_reqs, chunked_prefill_size))
+                   s.tree_branches, s.branch_rows(num_reqs, chunked_prefill_size),
+                   s.draft_workspace_bytes(num_reqs, chunked_prefill_size))

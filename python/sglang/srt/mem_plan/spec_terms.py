@@ -34,6 +34,9 @@ Terms (MemoryPlan.terms, in to_dict(), `sglang plan` and /server_info's memory_p
     logits               (the target's term) the sampler's rows for verify_token_cap rows instead of one per slot
                          (verify_rows_per_req a slot: a tree's expanded rows)
     spec_hidden_states   EAGLE heads / MTP layers: the target's hidden states per verify row (EAGLE3: 3 layers')
+    draft_attention_workspace  the persistent buffers of the draft's own attention backend (the target's backend
+                         kind, the draft's heads, the target's context), one set per request-table row: the slots and
+                         a tree's branch rows, which a head's beam decodes in one batch (0 for torch_native)
     draft_cuda_graphs    0 for every served draft (STANDALONE / EAGLE / EAGLE3 / NEXTN): the DraftRunner
                          (model_executor/draft_runner.py) decodes the draft or head eagerly and captures no graphs, and
                          a plan prices only what a start allocates. Verify forwards run eagerly (EXTEND), so no verify
@@ -157,10 +160,12 @@ def _on_rank0(d: dict, algorithm: str, target, tp: int, dtype: str) -> dict:
 
 
 def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: str, graph_bs: int,
-                      graph_bytes: Callable[[int, int], int], weight_format=None) -> Optional[SpecInputs]:
+                      graph_bytes: Callable[[int, int], int], weight_format=None,
+                      draft_workspace: Optional[Callable] = None) -> Optional[SpecInputs]:
     """SpecInputs for `sa` (a ServerArgs) serving `shape` (model_shapes.ModelShape) in `dtype` (weight_format: the
     target's, quantization_sizes.WeightFormat); None without --speculative-algorithm. graph_bytes(graph_bs, vocab):
-    the dry run's CUDA-graph formula (build.py)."""
+    the dry run's CUDA-graph formula (build.py); draft_workspace(draft ModelShape): the WorkspaceSpec of the
+    persistent buffers the draft's attention backend allocates per request-table row (build.py; None: not priced)."""
     resolve = getattr(sa, "speculative", None)
     spec = resolve() if callable(resolve) else None
     if spec is None:
@@ -186,6 +191,12 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         raise ValueError(f"--speculative-algorithm {spec.algorithm}: the planner has no terms for it")
     if tp > 1:
         d = _on_rank0(d, spec.algorithm, target, tp, dtype)
+    if draft_workspace is not None:  # the shape the DraftRunner's backend is built from (its config.json)
+        ws = draft_workspace(model_shape_from_config(draft_config(spec.draft_model_path))
+                             if spec.draft_model_path else shape)
+        common.update(draft_workspace_fixed_bytes=ws.fixed_bytes, draft_workspace_per_row_bytes=ws.per_req_bytes,
+                      draft_workspace_detail=f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x request-table "
+                      f"row (slots + branch rows)")
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
     cell = d["cell"]
     # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); a draft
@@ -227,4 +238,6 @@ def spec_terms(x, num_tokens: int, num_reqs: int) -> tuple[MemoryTerm, ...]:
                    f"{s.hidden_row_bytes:,} B x {rows:,} verify rows: the target's hidden states the draft reads"
                    if s.hidden_row_bytes else "the draft reads no hidden states"),
         MemoryTerm("draft_cuda_graphs", s.draft_cuda_graph_bytes, src("draft_cuda_graphs"), s.graphs_detail),
+        MemoryTerm("draft_attention_workspace", s.draft_workspace_bytes(num_reqs, x.chunked_prefill_size),
+                   src("draft_attention_workspace"), s.draft_workspace_detail or "no draft model: no draft backend"),
     )

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 # the plan's term for the draft model's KV pool (mem_plan: helper P's spec_terms)
 DRAFT_KV_TERM = "draft_kv_cache"
 DRAFT_WEIGHTS_TERM = "draft_weights"
+DRAFT_WORKSPACE_TERM = "draft_attention_workspace"
 
 
 def check_same_vocabulary(target_config, draft_config, draft_path: str) -> None:
@@ -154,13 +155,14 @@ class DraftRunner:
 
         from sglang.srt.configs.resolved import fused_cpu_decode
 
-        facts = self.model_config.facts
+        # the draft's geometry over the target's context and dtype, as the plan's draft_attention_workspace prices it
+        facts = B.draft_facts(target.model_facts(), self.model_config.shape)
         # the device's facts, with whether the DRAFT's geometry decodes through the fused CPU kernel
         device = dataclasses.replace(target.device_facts(), fused_cpu_decode=fused_cpu_decode(facts, self.device))
-        sa = dataclasses.replace(target.server_args, tp_size=1)  # the draft's heads are all on this rank
-        # a tree's beam decodes every branch row (the request slots and the side branches' rows) in one batch
+        # unsharded, for every request-table row: a tree's beam decodes the slots' rows and the branch rows at once
         pool = target.req_to_token_pool
-        inputs = B.backend_inputs(sa, facts, device, pool.size + pool.branch_rows, 0)
+        inputs = B.draft_backend_inputs(target.server_args, target.model_facts(), device, self.model_config.shape,
+                                        pool.size + pool.branch_rows)
         return create_attention_backend(target.server_args.attention_backend, model_config=self.model_config,
                                         req_to_token_pool=self.req_to_token_pool,
                                         token_to_kv_pool=self.token_to_kv_pool, device=self.device, inputs=inputs)
@@ -169,10 +171,15 @@ class DraftRunner:
         return self.token_to_kv_pool.mem_usage_bytes()
 
     def check_allocation(self, plan) -> None:
-        """The draft's KV pool holds exactly the plan's draft KV term (when the plan prices one)."""
+        """The draft's KV pool and its attention backend's buffers hold exactly the plan's draft_kv_cache and
+        draft_attention_workspace terms (when the plan prices them)."""
         planned = planned_term_bytes(plan, DRAFT_KV_TERM)
         if planned is not None:
             assert self.kv_bytes() == planned, (DRAFT_KV_TERM, self.kv_bytes(), planned)
+        planned = planned_term_bytes(plan, DRAFT_WORKSPACE_TERM)
+        if planned is not None:
+            got = self.attn_backend.allocated_bytes()
+            assert got == planned, (DRAFT_WORKSPACE_TERM, got, planned)
         # the weights are loaded after the plan (declared from config.json, not measured): say when they outgrow it
         planned = planned_term_bytes(plan, DRAFT_WEIGHTS_TERM)
         if planned is not None and self.weight_bytes > planned:
