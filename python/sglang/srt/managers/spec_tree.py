@@ -18,7 +18,8 @@ num_draft_tokens - 1 nodes (upstream's count). Invariants:
       faults included.
 A proposer with on_tree_forward(fb, rows) is told, per request-table row of a request that committed, (first position,
 tokens, first row) of its committed path's home branch in the forward fb (an EAGLE head's catch-up reads those rows'
-features).
+features): it gets the dict before the walk, which fills each request's entry before committing a token, so a
+request the commit finishes has its home rows recorded when OutputSink.finish asks the proposer (on_finish).
 Page size 1 only (spec_args refuses top-k > 1 with --page-size > 1): a branch cannot share a partly filled page.
 """
 
@@ -197,13 +198,18 @@ class TreeStep:
             acc += t.num_rows if t is not None else 1
         chains = [t if t is not None else DraftTree([[]]) for t in trees]  # x0 alone: one row
         base = [r.kv_len for r in reqs]
-        committed, accepted, homes = [0] * len(reqs), [0] * len(reqs), [0] * len(reqs)
+        committed, accepted = [0] * len(reqs), [0] * len(reqs)
+        home_rows = {}  # request-table row -> its committed path's home branch rows in fb, filled before each commit
+        note = getattr(d.proposer, "on_tree_forward", None)
+        if note is not None:  # a hidden-state head reads the committed path's features from its home branch's rows
+            note(fb, home_rows)
 
         def commit(i: int, out, row: int, node: int) -> bool:
             r, j, tree = reqs[i], committed[i], chains[i]
             if not may_commit(r, j, sink):
                 return False
-            home = homes[i] = tree.home[node]
+            home = tree.home[node]
+            home_rows[r.req_pool_idx] = (base[i], len(tree.branches[home]) + 1, offsets[i] + tree.row_start[home])
             if home:  # the row's [p, p + j] := the home branch's slots of x0 and the path to node
                 placed[i] = branches[i][home].slots[: j + 1]
                 pool.write(r.req_pool_idx, base[i], placed[i])
@@ -220,11 +226,6 @@ class TreeStep:
         except StepFault as f:
             d._recover_as_decode([r for i, r in enumerate(reqs) if not committed[i] and _alive(r)], f)
         self.side_branch_commits += sum(1 for pl in placed if pl)
-        note = getattr(d.proposer, "on_tree_forward", None)
-        if note is not None:  # a hidden-state head reads the committed path's features from its home branch's rows
-            note(fb, {r.req_pool_idx: (base[i], len(chains[i].branches[homes[i]]) + 1,
-                                       offsets[i] + chains[i].row_start[homes[i]])
-                      for i, r in enumerate(reqs) if committed[i] and _alive(r)})
         for i, r in enumerate(reqs):
             if committed[i] and _alive(r):
                 self.memory.truncate(r)

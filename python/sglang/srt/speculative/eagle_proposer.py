@@ -18,6 +18,9 @@ log-probs (speculative/eagle_beam.py starts the beams from them).
 After a TREE verify (managers/spec_tree.py) the forward held every branch as its own sequence: the committed
 positions' features are the rows of the committed path's home branch, which may be a temporary row; the tree step
 names them per request (on_tree_forward) and the catch-up reads those rows instead of the request's own row's.
+A request that finishes in a forward's commits leaves before that catch-up: on_finish (OutputSink.finish, before
+its tokens enter the prefix cache) runs the same piece for it alone, so the cached positions carry head KV from the
+target's features (a later prefix hit -- the next chat turn, a repeated prompt -- reads them).
 
 propose(): for a request with end == kv_len, d1 is ready; each further proposal is a head DECODE at the next
 position (e, e + 1, ...) with the previous proposal's token and the previous row's hidden_out (EAGLE-3: H wide,
@@ -78,6 +81,7 @@ class EagleProposer:
         self.indexes = self.state  # the scheduler step prunes the rids that left through this name
         self._consumed = None  # the target batch whose features were run last (never twice)
         self.num_forwards = 0
+        self.num_unfed_positions = 0  # positions on_finish found no target features for (their head KV stays)
 
     # ------------------------------------------------------------------ protocol
     def on_extend(self, units: Sequence[Tuple[Any, int]]) -> None:
@@ -93,9 +97,42 @@ class EagleProposer:
         self.state.pop(req.rid, None)
 
     def on_tree_forward(self, fb: ForwardBatch, home_rows: Dict[int, Tuple[int, int, int]]) -> None:
-        """The tree step's verify forward fb: per request-table row of a request, (first position, tokens, first input
-        row) of its committed path's home branch -- where the catch-up reads the committed positions' features."""
+        """The tree step's verify forward fb, told before its walk: per request-table row of a request that committed,
+        (first position, tokens, first input row) of its committed path's home branch -- where the catch-up (and
+        on_finish, for a request the walk finishes) reads the committed positions' features. The tree step fills
+        home_rows as it commits, before each commit may finish the request."""
         self._tree_rows = (fb, home_rows)
+
+    def on_finish(self, req: Any) -> None:
+        """A finished request whose KV enters the prefix cache next (OutputSink.finish, before caching): the head runs
+        the positions of the forward that committed its last tokens, exactly as the catch-up after that forward would
+        have (the catch-up skips finished requests) -- a verify's [p, kv_len) from the request's rows or, after a tree
+        verify, its committed path's home branch's; a decode's [p, p + 1); a last prefill chunk's [a, kv_len). So a
+        later prefix hit reads head KV from the target's features at every cached position, not the approximate KV
+        propose() wrote there (the head's own hidden state) or a slot's stale KV. Positions between the head's last
+        catch-up and that forward have no target features left (the forward of a fault retried in halves, or a
+        request the head never saw): they stay as they are and are counted in num_unfed_positions."""
+        seen = self.state.pop(req.rid, None)
+        fed = seen[2] if seen is not None else req.prefix_len
+        fb = self.target.captured_batch
+        piece = None
+        if fb is not None and fb is not self._consumed and fb.captured_hidden is not None:
+            entry = self._feature_rows(fb).get(req.req_pool_idx)
+            if entry is not None:
+                first, n, offset = entry
+                end = min(first + n, req.kv_len, req.fill_len - 1)
+                if end > first:
+                    piece = (req, first, end, offset)
+        start = piece[1] if piece is not None else req.kv_len
+        self.num_unfed_positions += max(0, min(start, req.kv_len) - fed)
+        if piece is None:
+            return
+        try:
+            self._extend(fb.captured_hidden, [piece])
+        except Exception as e:  # noqa: BLE001 - the cached positions keep their approximate head KV
+            logger.warning("Draft head catch-up before caching request %s failed (%s: %s)", req.rid,
+                           type(e).__name__, e)
+        self.state.pop(req.rid, None)
 
     def propose_tree(self, reqs: Sequence[Any], rows: Sequence[List[int]],
                      depth: Sequence[int]) -> List[List[List[int]]]:
@@ -139,11 +176,8 @@ class EagleProposer:
         if fb is None or fb is self._consumed or fb.captured_hidden is None:
             return
         self._consumed = fb
-        rows = batch_rows(fb)
-        tree_fb, home_rows = self._tree_rows
+        rows = self._feature_rows(fb)
         self._tree_rows = (None, {})
-        if tree_fb is fb:
-            rows.update(home_rows)
         pieces = []  # (req, first position, end position, first feature row)
         for r in reqs:
             if not _alive(r) or r.req_pool_idx not in rows:
@@ -160,6 +194,14 @@ class EagleProposer:
             logger.warning("Draft head catch-up failed for %d requests (%s: %s)", len(pieces), type(e).__name__, e)
             for r, *_ in pieces:
                 self.state.pop(r.rid, None)
+
+    def _feature_rows(self, fb: ForwardBatch) -> Dict[int, Tuple[int, int, int]]:
+        """batch_rows(fb), with the committed paths' home branches when fb is the tree step's forward."""
+        rows = batch_rows(fb)
+        tree_fb, home_rows = self._tree_rows
+        if tree_fb is fb:
+            rows.update(home_rows)
+        return rows
 
     def _extend(self, features: torch.Tensor, pieces: List[Tuple[Any, int, int, int]]) -> None:
         pool = self.runner.req_to_token_pool
