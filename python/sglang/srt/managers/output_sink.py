@@ -29,8 +29,9 @@ class OutputSink:
         # the overlap schedule (overlap_worker.py): it queues text halves, and the batch runner runs its forward while
         # a window thread decodes them; None: text is decoded at commit
         self.overlap = None
-        # a finishing request, before its computed tokens enter the prefix cache: a draft model's KV of the positions
-        # it never saw (DraftProposer.on_finish; set by the scheduler for a STANDALONE server); None: nothing to add
+        # a finishing request, before its computed tokens enter the prefix cache: the draft's KV of the positions it
+        # never saw (DraftProposer.on_finish, EagleProposer.on_finish; set by the scheduler for a server whose
+        # proposer has one); None: nothing to add
         self.before_cache = None
         self.pending_outputs: List[ReqOutput] = []
         self.total_generated_tokens = self.num_failed_reqs = 0
