@@ -10,11 +10,13 @@ Three servers, one after the other, fp32, the default model's tokenizer, --specu
   * NEXTN at --tp-size 2: a DeepSeek-V3 (MLA, routed + shared experts) whose MTP layer copies its target
     (test_spec_nextn_engine.copying_checkpoint): most proposals accepted, the head on rank 0 alone.
 For each: /generate, a chat completion and a streamed text completion equal an in-process Engine's greedy output of
-the same target without speculation (same --tp-size); a chat completion with response_format json_schema equals the
-Engine's output under the same schema and parses under it; /generate's meta_info spec_verify_ct > 0 and
-spec_accept_length > 1; /server_info names the algorithm, the top-k and the tp size, and its plan's draft terms
-(draft_weights, draft_kv_cache, draft_cuda_graphs, logits, spec_hidden_states; at tp 2 "TP rank 0 alone") and the
-verify rows a request takes (num_draft_tokens 7, 2 x (3 + 1) = 8 rows) equal `sglang plan --json` with its flags."""
+the same target without speculation (same --tp-size); a chat completion with response_format json_schema (24 digits
+and an enum) and /generate with the same json_schema equal the Engine's output under that schema and parse under it
+(EAGLE3: more than one token per verify step under the grammar); /generate's meta_info spec_verify_ct > 0 and
+spec_accept_length > 1; /server_info names the algorithm, the top-k and the tp size, counts no fault (a verify step
+that fell back), and its plan's draft terms (draft_weights, draft_kv_cache, draft_cuda_graphs, logits,
+spec_hidden_states; at tp 2 "TP rank 0 alone") and the verify rows a request takes (num_draft_tokens 7,
+2 x (3 + 1) = 8 rows) equal `sglang plan --json` with its flags."""
 
 import json
 import os
@@ -31,17 +33,20 @@ from sglang.test.test_utils import openai_client, popen_launch_server
 register_cpu_ci(est_time=90, suite="cpu")
 
 NEW_TOKENS = 24
-JSON_TOKENS = 48
+JSON_TOKENS = 64
 POOL_TOKENS = 2048  # a fixed pool, so the start and the dry run hold the same number of draft KV rows
 CHAT = [{"role": "user", "content": "Quote this line word for word: the lighthouse keeper lit the lamp at dusk."}]
 JSON_CHAT = [{"role": "user", "content": "Give a color as JSON."}]
 CODE = "".join(f"def add_{n}(x):\n    return x + {n}\n\n" for n in range(1, 4)) + "def add_4(x):\n"
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "n": {"type": "boolean"}},
-          "required": ["color", "n"], "additionalProperties": False}
-CASES = {  # name: (algorithm, tp size)
-    "EAGLE3-topk2": ("EAGLE3", 1),
-    "EAGLE3-topk2-tp2": ("EAGLE3", 2),
-    "NEXTN-topk2-tp2": ("NEXTN", 2),
+# 24 digits: pairing_target alternates two digit tokens there (the digits' ids pair up), so the copying EAGLE3 head's
+# proposals are accepted under the grammar, and the 25th must be the closing quote the grammar forces
+SCHEMA = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[0-9]{24}$"},
+                                           "color": {"enum": ["red", "green", "blue"]}},
+          "required": ["code", "color"], "additionalProperties": False}
+CASES = {  # name: (algorithm, tp size, whether the JSON request must accept draft tokens)
+    "EAGLE3-topk2": ("EAGLE3", 1, True),
+    "EAGLE3-topk2-tp2": ("EAGLE3", 2, True),
+    "NEXTN-topk2-tp2": ("NEXTN", 2, False),  # the MTP layer copies the target's unmasked choice: rarely a digit
 }
 
 
@@ -159,6 +164,10 @@ def checkpoints(name: str, root: str, tok):
     return target, None
 
 
+def json_params() -> dict:
+    return {"temperature": 0.0, "max_new_tokens": JSON_TOKENS, "json_schema": json.dumps(SCHEMA)}
+
+
 @pytest.fixture(scope="module", params=list(CASES))
 def served(request):
     """The checkpoints, the target's greedy outputs without speculation (an in-process Engine of the same tp size),
@@ -168,7 +177,7 @@ def served(request):
     from sglang import Engine
     from sglang.test.engine_fixtures import default_model_dir, shutdown
 
-    algorithm, tp = CASES[request.param]
+    algorithm, tp, json_accepts = CASES[request.param]
     tmp = tempfile.TemporaryDirectory()
     tok = AutoTokenizer.from_pretrained(default_model_dir())
     target, draft = checkpoints(request.param, tmp.name, tok)
@@ -182,13 +191,14 @@ def served(request):
         render = lambda msgs: tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)  # noqa: E731
         sp = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         ref = {"code": engine.generate(CODE, sp), "chat": engine.generate(render(CHAT), sp),
-               "json": engine.generate(render(JSON_CHAT), {"temperature": 0.0, "max_new_tokens": JSON_TOKENS,
-                                                           "json_schema": json.dumps(SCHEMA)})}
+               "json_prompt": render(JSON_CHAT)}
+        ref["json"] = engine.generate(ref["json_prompt"], json_params())
     finally:
         shutdown(engine)
     srv = popen_launch_server(model=target, other_args=flags)
     try:
-        yield dict(server=srv, ref=ref, target=target, flags=flags, algorithm=algorithm, tp=tp)
+        yield dict(server=srv, ref=ref, target=target, flags=flags, algorithm=algorithm, tp=tp,
+                   json_accepts=json_accepts)
     finally:
         srv.kill()
         tmp.cleanup()
@@ -224,12 +234,20 @@ def test_tree_over_http_equals_decoding_without_speculation(served):
     assert out.choices[0].message.content == ref["json"]["text"]
     assert out.choices[0].finish_reason == "stop", out.choices[0]
     jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+    # and through /generate's json_schema: over the digits a step commits a draft token and the next row's token
+    # (sampled under the grammar as advanced by the first), so more than one token per verify step
+    r = requests.post(f"{url}/generate", json={"text": ref["json_prompt"], "sampling_params": json_params()},
+                      timeout=120).json()
+    assert r["output_ids"] == ref["json"]["output_ids"]
+    assert r["meta_info"]["spec_accept_length"] > 1 or not served["json_accepts"], r["meta_info"]
 
     info = requests.get(f"{url}/server_info", timeout=30).json()
     spec = info["speculative"]
     assert spec["algorithm"] == served["algorithm"] and spec["eagle_topk"] == 2, spec
     assert spec["verify_steps"] > 0 and 0 < spec["accepted_tokens"] <= spec["proposed_tokens"], spec
     assert info["tp_size"] == served["tp"], info["tp_size"]
+    # no step fell back to a decode (a fault in a verify step is confined, and the decode's tokens would match)
+    assert info["stats"]["num_faults"] == 0 and info["stats"]["num_failed_reqs"] == 0, info["stats"]
     terms = {t["name"]: t for t in info["memory_plan"]["terms"]}
     served_terms = {name: t["num_bytes"] for name, t in terms.items()}
 
