@@ -24,6 +24,7 @@ output -- reads them: lower acceptance, never a wrong token.
   turn's cached head KV, so a cached position with approximate or stale head KV fails it (on_finish a no-op, or a
   position short), and so does on_finish reading a tree's branch 0 instead of the committed path's home branch (the
   tree class requires a finishing step that committed through a side branch).
+- NEXTN top-k 2 (a random DeepSeek-V3 MTP layer, MLA latent draft pool): a second turn's beams == the MTP reference.
 """
 
 import contextlib
@@ -40,7 +41,7 @@ from sglang.test.spec_fixtures import spec_off
 
 from test_spec_eagle_engine import AUX_LAYERS, always_propose, unique_prompts
 
-register_cpu_ci(est_time=50, suite="cpu")
+register_cpu_ci(est_time=60, suite="cpu")
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 MIN_ACCEPTED = 0.8  # of the proposed tokens (see the module docstring for the measured shares)
@@ -273,11 +274,53 @@ class TestEagle3ChainExact(HeadExactness):
 class TestLayerCopyTreeExact(HeadExactness):
     """The copying pair with the head's fc reading FEATURE_EPS of the feature: features count, proposals are often
     accepted off branch 0, so requests finish in steps that committed through a side branch."""
-    algorithm, topk, side_branch_finishes, num_prompts, max_new_tokens = "EAGLE", 3, True, 12, 24
+    algorithm, topk, side_branch_finishes, num_prompts, max_new_tokens = "EAGLE", 3, True, 8, 24
 
     @classmethod
     def make(cls, tmp, tok):
         return layer_copy_pair(tmp, tok, FEATURE_EPS)
+
+
+class TestNextnTreeSecondTurn(unittest.TestCase):
+    """NEXTN (a random DeepSeek-V3 with one MTP layer, MLA latent draft pool), top-k 2: a second turn over each first
+    turn's output proposes beams == test_spec_nextn_engine.check_beams' reference (the MTP equations over the whole
+    text, cumulative log-probs within 1e-4); the beams attend to the first turn's cached latent rows (fails with
+    on_finish a no-op)."""
+
+    def test_second_turn_beams_equal_the_reference(self):
+        from transformers import AutoTokenizer
+
+        from sglang.test.deepseek_mtp import save_v3_with_mtp
+        from sglang.test.engine_fixtures import default_model_dir
+        from test_spec_eagle_tree import record_trees
+        from test_spec_nextn_engine import FLAGS, NUM_LAYERS, check_beams
+
+        tok = AutoTokenizer.from_pretrained(default_model_dir())
+        vocab = (len(tok) + 63) // 64 * 64
+        with tempfile.TemporaryDirectory() as tmp:
+            path = save_v3_with_mtp(tmp, NUM_LAYERS, vocab=vocab, tokenizer=tok)
+            engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3,
+                            **dict(FLAGS, max_total_tokens=1024))
+            try:
+                always_propose(engine)
+                params = dict(GREEDY, max_new_tokens=12)
+                first = unique_prompts(vocab, 4, seed=5)
+                out = engine.generate(input_ids=first, sampling_params=params)
+                second = [p + o["output_ids"] + [p[1]] for p, o in zip(first, out)]
+                log = []
+                with record_trees(engine, log):
+                    got = engine.generate(input_ids=second, sampling_params=params)
+                assert_idle_and_intact(engine)
+                # the first turn cached all but its last output token: the second turn reads its head's latent rows
+                self.assertEqual([o["meta_info"]["cached_tokens"] for o in got], [len(p) - 2 for p in second])
+                with spec_off(engine):
+                    want = engine.generate(input_ids=second, sampling_params=params)
+                self.assertEqual([o["output_ids"] for o in got], [o["output_ids"] for o in want])
+            finally:
+                shutdown(engine)
+            checked, ties = check_beams(path, log)
+        self.assertGreaterEqual(checked, 10)
+        self.assertLessEqual(ties, 2)
 
 
 del CopyingHeadAcceptance, HeadExactness  # not collected themselves
