@@ -84,8 +84,9 @@ class FakeModel:
 class TreeStepHarness:
     """A TreeStep over real request memory (allocator, request table) with a fake runner and proposer."""
 
-    def __init__(self, topk=3, steps=3, draft_tokens=10, slots=256, rows=8):
-        self.pool = ReqToTokenPool(rows, 128)
+    def __init__(self, topk=3, steps=3, draft_tokens=10, slots=256, rows=8, branch_rows=None):
+        # request slots, and the branch rows the side branches take (default: every slot's tree whole)
+        self.pool = ReqToTokenPool(rows, 128, branch_rows=rows * (topk - 1) if branch_rows is None else branch_rows)
         self.alloc = TokenToKVPoolAllocator(slots)
         self.memory = ReqMemory(self.pool, self.alloc, None, 1)
         self.model = FakeModel(self.pool)
@@ -121,7 +122,7 @@ class TreeStepHarness:
 class TestTreeStep(unittest.TestCase):
     def test_walk_follows_the_right_branch_and_gives_back_every_other_slot(self):
         h = TreeStepHarness()
-        free_slots, free_rows = self.alloc_state(h)
+        free_slots, free_rows, free_branches = self.alloc_state(h)
         a = h.decoding_req("a", [5, 6, 7], 9)
         b = h.decoding_req("b", [1, 2], 4)
         c = h.decoding_req("c", [3, 3, 3, 3], 8)
@@ -157,16 +158,16 @@ class TestTreeStep(unittest.TestCase):
         self.assertEqual(h.step.side_branch_commits, 2)  # a and d left branch 0
         for r in reqs:
             h.memory.release(r, cache=False)
-        self.assertEqual(self.alloc_state(h), (free_slots, free_rows))
+        self.assertEqual(self.alloc_state(h), (free_slots, free_rows, free_branches))
 
     def test_nothing_proposed_gives_back_the_branches(self):
         h = TreeStepHarness()
-        free_slots, free_rows = self.alloc_state(h)
+        free_slots, free_rows, free_branches = self.alloc_state(h)
         r = h.decoding_req("a", [5, 6, 7], 9)
         self.assertFalse(h.step.try_verify([r], [11]))  # the proposer made no tree
         self.assertEqual(r.alloc_len, r.kv_len + 1)
         h.memory.release(r, cache=False)
-        self.assertEqual(self.alloc_state(h), (free_slots, free_rows))
+        self.assertEqual(self.alloc_state(h), (free_slots, free_rows, free_branches))
 
     def test_branches_take_only_free_slots(self):
         h = TreeStepHarness(slots=12)  # 3 prompt + 1 decode slot leave 8: branch 0 (+3) and one more branch (4)
@@ -183,9 +184,27 @@ class TestTreeStep(unittest.TestCase):
         self.assertEqual(seen, [([2], [3])])
         self.assertEqual(h.alloc.available_size(), 12 - r.alloc_len)
 
+    def test_side_branches_take_branch_rows_never_request_slots(self):
+        h = TreeStepHarness(rows=2, branch_rows=2)  # both request slots held; branch rows for one whole tree
+        a, b = h.decoding_req("a", [5, 6, 7], 9), h.decoding_req("b", [1, 2], 4)
+        h.branches = {r.rid: [[1, 2, 3], [2, 3, 4], [3, 4, 5]] for r in (a, b)}
+        seen = []
+
+        def propose(reqs, rows, depth):
+            seen.append(([list(x) for x in rows], depth))
+            self.assertEqual((h.pool.available_size(), h.pool.free_branch_rows), (0, []))
+            return h.propose(reqs, rows, depth)
+
+        h.decoder.proposer.propose_tree = propose
+        self.assertTrue(h.step.try_verify([a, b], [11, 11]))
+        # a: its own row and both branch rows (a whole tree); b: what is left, its own row (a chain)
+        self.assertEqual(seen, [([[a.req_pool_idx, 4, 3], [b.req_pool_idx]], [3, 3])])
+        self.assertEqual(sorted(h.pool.free_branch_rows), [3, 4])
+        h.pool.check_integrity(2)
+
     @staticmethod
     def alloc_state(h):
-        return h.alloc.available_size(), h.pool.available_size()
+        return h.alloc.available_size(), h.pool.available_size(), len(h.pool.free_branch_rows)
 
 
 # ------------------------------------------------------------------------------------ the walk's law (temperature 1)

@@ -7,12 +7,11 @@ prices mem_plan/spec_sizes.verify_rows_per_request rows a request; the runtime's
   as the tree step's docstring states), and == the largest tree the real TreeStep builds (over a fake model: rows
   counted in the forward it runs) for every per-request cap the policy can give and for short free slots; with no cap
   at all it builds exactly that tree (the plan does not under-price), and never a shape outside the flags.
-- A full batch (4 slots, top-k 3, 3 steps) through the real SpecDecoder with `sglang plan --json`'s slots and chunk
-  on an H100: every request verifies the whole 3-branch tree, the forward holds the plan's verify_tokens rows (the
-  stand-in's request table has a row for each branch; the runtime's has max_running_requests rows, which a tree's
-  side branches share with new requests: spec_sizes.verify_rows_per_request says so). On a CPU the runtime's
-  CPU_VERIFY_TOKEN_BUDGET (16 tokens a forward, the plan prices the same) leaves one request its whole tree, the next
-  a chain of what is left and the rest x0 alone.
+- A full batch (4 slots, top-k 3, 3 steps) through the real SpecDecoder with `sglang plan --json`'s slots, chunk and
+  request table (4 slots, every one held, + the plan's branch rows) on an H100: every request verifies the whole
+  3-branch tree, the forward holds the plan's verify_tokens rows. On a CPU the runtime's CPU_VERIFY_TOKEN_BUDGET
+  (16 tokens a forward, the plan prices the same) leaves one request its whole tree (the plan's 2 branch rows), the
+  next a chain of what is left and the rest x0 alone.
 - plan == a real start within 3% of the KV tokens for a STANDALONE top-k 3 server (fp32, 1 GB, CPU), the start's
   plan showing the same verify rows (sglang.test.spec_fixtures.assert_plan_matches_start).
 """
@@ -101,7 +100,8 @@ class TestFullBatch(unittest.TestCase):
         cfg = ServerArgs(model_path=LLAMA, speculative_algorithm="STANDALONE", speculative_draft_model_path=LLAMA,
                          speculative_eagle_topk=3, speculative_num_steps=3).speculative()
         num_reqs = plan["max_running_requests"]
-        h = TreeStepHarness(3, 3, cfg.num_draft_tokens, slots=1024, rows=num_reqs * 3)
+        h = TreeStepHarness(3, 3, cfg.num_draft_tokens, slots=1024, rows=num_reqs,
+                            branch_rows=plan["speculative"]["branch_rows"])  # the plan's request table
         reqs = [h.decoding_req(f"r{i}", [5 + i, 6, 7], 9) for i in range(num_reqs)]
         h.branches = {r.rid: [[(b + j + i) % 32 for j in range(3)] for b in range(3)] for i, r in enumerate(reqs)}
         h.model.draft_runner, h.model.chunked_prefill_size = None, plan["chunked_prefill_size"]
@@ -121,6 +121,7 @@ class TestFullBatch(unittest.TestCase):
         self.assertEqual((plan["max_running_requests"], spec["num_draft_tokens"], spec["verify_rows_per_req"]),
                          (4, 10, 12))  # upstream's count: 3 x 3 nodes + 1; expanded: 3 x (3 + 1)
         self.assertEqual(spec["verify_tokens"], 4 * 12)  # the chunk does not bind
+        self.assertEqual(spec["branch_rows"], 4 * 2)
         sd, lens = self.step(plan, "cuda")
         self.assertEqual(sd.policy.verify_token_budget, spec["verify_tokens"])
         self.assertEqual(lens, [4] * 12)  # 4 requests x 3 branches x (x0 + 3 nodes): every tree whole
@@ -130,6 +131,7 @@ class TestFullBatch(unittest.TestCase):
         plan = self.plan(["--device", "cpu", "--total-memory-gb", "128", "--dtype", "bfloat16"])
         spec = plan["speculative"]
         self.assertEqual((spec["verify_rows_per_req"], spec["verify_tokens"]), (12, 16))  # max(4, min(48, 16))
+        self.assertEqual(spec["branch_rows"], 2)  # 16 rows hold 4 branches of 4: one tree's 3, or 2 + 2
         _, lens = self.step(plan, "cpu")
         self.assertEqual(sum(lens), 16)
         self.assertEqual(lens, [4, 4, 4, 2, 1, 1])  # one whole tree; 16 - 12 - 1 - 1 rows: a chain of 1, x0 alone
@@ -155,6 +157,11 @@ class TestPlanEqualsStart(unittest.TestCase):
             self.assertEqual((plan.speculative.num_draft_tokens, plan.speculative.verify_rows_per_req), (10, 12))
             spec = engine.scheduler.runner.spec
             self.assertEqual((spec.policy.max_proposals, spec.tree.max_rows), (11, 12))
+            # the request table the start allocated: the plan's slots + its branch rows (the CPU budget's 2) + 1
+            pool = engine.scheduler.runner.memory.req_to_token_pool
+            self.assertEqual((pool.size, pool.branch_rows), (plan.max_running_requests, plan.speculative.branch_rows))
+            self.assertEqual(plan.speculative.branch_rows, 2)
+            self.assertEqual(pool.req_to_token.shape[0], plan.max_running_requests + 3)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,20 @@ forward -> the acceptance walk (speculative/tree.py) -> every slot of the step a
 
 Branch expansion: request r (x0 at p = kv_len) with B branches of depth D contributes B sequences [x0, path_b] at
 positions p .. p + D to one EXTEND forward over its prefix. Branch 0 uses the request's own request-table row
-(its decode slot at p plus D slots from ReqMemory.alloc_if_free); branch b > 0 a temporary row whose [0, p) copies
-the request's prefix slots and whose [p, p + D] are fresh slots. The shape is mem_plan/spec_sizes.tree_shape's (the
+(its decode slot at p plus D slots from ReqMemory.alloc_if_free); branch b > 0 a branch row of the request table
+(ReqToTokenPool.alloc_branch: rows beside the request slots, as many as mem_plan/spec_sizes.branch_rows plans, so a
+full batch of whole trees has them) whose [0, p) copies the request's prefix slots and whose [p, p + D] are fresh
+slots. The shape is mem_plan/spec_sizes.tree_shape's (the
 deepest tree, then the widest): rows per request B * (D + 1) <= max_k + 1 <= verify_rows_per_request, the expanded
 rows the plan prices a request, so a full batch of whole trees fits the plan's verify budget; its B * D <=
 num_draft_tokens - 1 nodes (upstream's count). Invariants:
-    - branches take slots and temporary rows from what is free only (no eviction): speculation never evicts,
+    - branches take slots and branch rows from what is free only (no eviction): speculation never evicts,
       retracts or OOMs; what is not free costs branches (B shrinks) or depth (D shrinks);
     - before committing the token sampled at node n (depth j), the request's row [p, p + j] maps the slots of n's
       home branch (those hold the KV of x0 and the path to n), so whenever the sink may finish or release the
       request, its row [0, kv_len) holds exactly its tokens' KV;
     - after the walk every slot of the step is either in the request's row (kept up to kv_len, the rest given back
-      by ReqMemory.truncate, or all of it by the release) or freed here; every temporary row is released here,
+      by ReqMemory.truncate, or all of it by the release) or freed here; every branch row is released here,
       faults included.
 A proposer with on_tree_forward(fb, rows) is told, per request-table row of a request that committed, (first position,
 tokens, first row) of its committed path's home branch in the forward fb (an EAGLE head's catch-up reads those rows'
@@ -82,7 +84,7 @@ class TreeStep:
     # ------------------------------------------------------------------ slots
     def _temp_branch(self, r: Req, p: int, depth: int) -> Optional[Branch]:
         pool, alloc = self.memory.req_to_token_pool, self.memory.allocator
-        row = pool.alloc()
+        row = pool.alloc_branch()  # a branch row: never a request slot (ReqToTokenPool)
         if row is None:
             return None
         slots = alloc.alloc(0, 0, depth + 1)
@@ -112,7 +114,7 @@ class TreeStep:
         return out
 
     def _settle(self, reqs: List[Req], branches: List[List[Branch]], placed: List[List[int]]) -> None:
-        """Free every slot of the step that the request's row does not hold, release the temporary rows."""
+        """Free every slot of the step that the request's row does not hold, release the branch rows."""
         alloc, pool = self.memory.allocator, self.memory.req_to_token_pool
         for r, bs, pl in zip(reqs, branches, placed):
             if not bs:
