@@ -12,6 +12,9 @@ prices mem_plan/spec_sizes.verify_rows_per_request rows a request; the runtime's
   3-branch tree, the forward holds the plan's verify_tokens rows. On a CPU the runtime's CPU_VERIFY_TOKEN_BUDGET
   (16 tokens a forward, the plan prices the same) leaves one request its whole tree (the plan's 2 branch rows), the
   next a chain of what is left and the rest x0 alone.
+- A sampling fault after every request of that batch committed a token ends the step there (each keeps its token,
+  every other slot and branch row comes back) and is logged and counted (SpecDecoder._recover_as_decode; it was
+  dropped without a word when no request was left to recover).
 - plan == a real start within 3% of the KV tokens for a STANDALONE top-k 3 server (fp32, 1 GB, CPU), the start's
   plan showing the same verify rows (sglang.test.spec_fixtures.assert_plan_matches_start).
 """
@@ -94,6 +97,13 @@ class TestFullBatch(unittest.TestCase):
         return result["plan"]
 
     def step(self, plan, device_kind):
+        sd, h, reqs = self.decoder(plan, device_kind)
+        lens, forward = [], h.model.forward
+        h.model.forward = lambda fb: lens.append(list(fb.extend_seq_lens_cpu)) or forward(fb)
+        self.assertTrue(sd.try_verify(reqs))
+        return sd, lens[0]
+
+    def decoder(self, plan, device_kind):
         from sglang.srt.managers.spec_decode import SpecDecoder
         from sglang.srt.server_args import ServerArgs
 
@@ -110,10 +120,7 @@ class TestFullBatch(unittest.TestCase):
         runner.queues = SimpleNamespace(reqs={r.rid: r for r in reqs})
         sd = SpecDecoder(cfg, runner, num_reqs, plan["chunked_prefill_size"], device_kind)
         sd.proposer = SimpleNamespace(propose_tree=h.propose, on_verified=lambda reqs, committed: None)
-        lens, forward = [], h.model.forward
-        h.model.forward = lambda fb: lens.append(list(fb.extend_seq_lens_cpu)) or forward(fb)
-        self.assertTrue(sd.try_verify(reqs))
-        return sd, lens[0]
+        return sd, h, reqs
 
     def test_a_full_batch_verifies_whole_trees_within_the_plan(self):
         plan = self.plan(["--gpu", "h100-80gb"])
@@ -135,6 +142,39 @@ class TestFullBatch(unittest.TestCase):
         _, lens = self.step(plan, "cpu")
         self.assertEqual(sum(lens), 16)
         self.assertEqual(lens, [4, 4, 4, 2, 1, 1])  # one whole tree; 16 - 12 - 1 - 1 rows: a chain of 1, x0 alone
+
+
+    def test_a_fault_after_every_request_committed_is_counted(self):
+        """The walk fails after each request committed its first token: the step ends there, each keeping that
+        token, every other slot and branch row given back -- and the fault is logged and counted (it was dropped)."""
+        from sglang.srt.managers import spec_tree
+        from sglang.srt.managers.fault_confinement import StepFault
+
+        sd, h, reqs = self.decoder(self.plan(["--gpu", "h100-80gb"]), "cuda")
+        faults = []
+        sd.runner.fault_policy = SimpleNamespace(inject=lambda *a: None, on_fault=lambda what, cause: faults.append(
+            (what, cause)))
+        sd.runner._recover = lambda units, decode, f: self.fail(f"nothing left to recover, got {units}")
+        free_rows = len(h.pool.free_branch_rows)
+
+        def walk_then_fail(logits, rs, chains, offsets, commit, bitmask):
+            out = SimpleNamespace(next_token_ids=logits.argmax(-1))
+            for i in range(len(rs)):
+                commit(i, out, offsets[i], 0)
+            raise StepFault("sample", RuntimeError("boom"))
+
+        real = spec_tree.walk_trees
+        spec_tree.walk_trees = walk_then_fail
+        try:
+            self.assertTrue(sd.try_verify(reqs))
+        finally:
+            spec_tree.walk_trees = real
+        self.assertEqual(len(faults), 1, faults)
+        self.assertIn("sample", faults[0][0])
+        self.assertEqual(str(faults[0][1]), "boom")
+        self.assertEqual([len(r.output_ids) for r in reqs], [2] * len(reqs))  # x0 + the committed token
+        self.assertEqual([r.alloc_len - r.kv_len for r in reqs], [0] * len(reqs))
+        self.assertEqual(len(h.pool.free_branch_rows), free_rows)
 
 
 class TestPlanEqualsStart(unittest.TestCase):

@@ -153,7 +153,13 @@ class SpecDecoder:
         )
 
     def _recover_as_decode(self, reqs: List[Req], f: StepFault) -> None:
-        """Give the proposals' slots back (keeping each request's decode slot) and recover as a decode batch."""
+        """Give the proposals' slots back (keeping each request's decode slot) and recover as a decode batch. With
+        none to recover (a sampling fault after every live request had committed a token: the step just ends there,
+        each keeping what it committed) the fault is still counted and logged."""
+        if not reqs:
+            self.runner.fault_policy.on_fault(f"Verify step failed in the {f.step} step after every request had "
+                                              "committed a token; the step ends there", f.cause)
+            return
         for r in reqs:
             self.memory.truncate(r, r.kv_len + 1)
         self.runner._recover([(r, 1) for r in reqs], True, f)
