@@ -273,10 +273,7 @@ class Scheduler:
     def _spec_stats(self) -> dict:
         if self.runner.spec is None:
             return {}
-        c = self.runner.spec.counters
-        return {"spec_verify_steps": c.verify_steps, "spec_proposed_tokens": c.proposed_tokens,
-                "spec_accepted_tokens": c.accepted_tokens, "spec_req_steps": c.req_steps,
-                "spec_committed_tokens": c.committed_tokens}
+        return {f"spec_{name}": n for name, n in self.runner.spec.counters.totals().items()}
 
     def get_server_info(self) -> dict:
         plan = getattr(self.model_runner, "memory_plan", None)

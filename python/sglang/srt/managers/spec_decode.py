@@ -60,6 +60,8 @@ class SpecCounters:
     """Server totals: verify forwards, proposed / accepted proposal tokens, request-steps with proposals and the
     tokens those committed (accept_length = committed / request-steps: tokens a request gains per verify)."""
 
+    TOTALS = ("verify_steps", "proposed_tokens", "accepted_tokens", "req_steps", "committed_tokens")
+
     def __init__(self):
         self.verify_steps = self.proposed_tokens = self.accepted_tokens = 0
         self.req_steps = self.committed_tokens = 0
@@ -67,7 +69,12 @@ class SpecCounters:
     def accept_length(self) -> float:
         return self.committed_tokens / self.req_steps if self.req_steps else 0.0
 
+    def totals(self) -> dict:
+        """Every counter by name (the scheduler's stats push sends them prefixed spec_)."""
+        return {name: getattr(self, name) for name in self.TOTALS}
+
     def to_dict(self) -> dict:
+        """/server_info's "speculative" counters."""
         return {"verify_steps": self.verify_steps, "proposed_tokens": self.proposed_tokens,
                 "accepted_tokens": self.accepted_tokens, "accept_length": self.accept_length()}
 
