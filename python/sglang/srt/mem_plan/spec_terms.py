@@ -195,8 +195,7 @@ def build_spec_inputs(sa, shape, dtype: str, kv_cache_dtype: str, device_kind: s
         ws = draft_workspace(model_shape_from_config(draft_config(spec.draft_model_path))
                              if spec.draft_model_path else shape)
         common.update(draft_workspace_fixed_bytes=ws.fixed_bytes, draft_workspace_per_row_bytes=ws.per_req_bytes,
-                      draft_workspace_detail=f"{ws.name}: {ws.fixed_bytes:,} + {ws.per_req_bytes:,} x request-table "
-                      f"row (slots + branch rows)")
+                      draft_workspace_detail=ws.name)
     hidden_states = {"EAGLE3": 3, "EAGLE": 1, "NEXTN": 1}.get(spec.algorithm, 0)  # target layers a draft reads
     cell = d["cell"]
     # a draft the served runner decodes eagerly gets no graphs (a plan prices what the runtime allocates); a draft
@@ -239,5 +238,9 @@ def spec_terms(x, num_tokens: int, num_reqs: int) -> tuple[MemoryTerm, ...]:
                    if s.hidden_row_bytes else "the draft reads no hidden states"),
         MemoryTerm("draft_cuda_graphs", s.draft_cuda_graph_bytes, src("draft_cuda_graphs"), s.graphs_detail),
         MemoryTerm("draft_attention_workspace", s.draft_workspace_bytes(num_reqs, x.chunked_prefill_size),
-                   src("draft_attention_workspace"), s.draft_workspace_detail or "no draft model: no draft backend"),
+                   src("draft_attention_workspace"),
+                   f"the draft's {s.draft_workspace_detail} backend: {s.draft_workspace_fixed_bytes:,} + "
+                   f"{s.draft_workspace_per_row_bytes:,} x {num_reqs + s.branch_rows(num_reqs, x.chunked_prefill_size):,}"
+                   f" request-table rows (slots + branch rows)" if s.draft_workspace_detail else
+                   "no draft model: no draft backend"),
     )
