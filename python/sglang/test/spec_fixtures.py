@@ -17,6 +17,23 @@ def spec_off(engine):
         s.runner.spec = saved
 
 
+@contextlib.contextmanager
+def uncapped_verify_budget():
+    """Plan and build an Engine without the CPU's cap on a verify forward's rows (spec_sizes.CPU_VERIFY_TOKEN_BUDGET),
+    as a GPU plans it: the policy's budget holds every slot's whole tree, and the plan gives the request table the
+    branch rows for that (spec_sizes.branch_rows). For tests whose requests all propose every step (always_propose):
+    under the CPU cap the table has rows for one or two trees a step. Wraps the construction only (the plan and the
+    SpecDecoder's budget are fixed there)."""
+    from sglang.srt.mem_plan import spec_sizes
+
+    saved = spec_sizes.CPU_VERIFY_TOKEN_BUDGET
+    spec_sizes.CPU_VERIFY_TOKEN_BUDGET = 0
+    try:
+        yield
+    finally:
+        spec_sizes.CPU_VERIFY_TOKEN_BUDGET = saved
+
+
 def assert_plan_matches_start(test, flags, tolerance: float = 0.03):
     """`sglang plan --device cpu --json` with `flags` (serve flags, --model-path included) against a real
     sglang.Engine started with the same flags: the draft's pool == the start plan's draft_kv_cache term, its weights

@@ -25,7 +25,7 @@ import torch
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
-from sglang.test.spec_fixtures import spec_off
+from sglang.test.spec_fixtures import spec_off, uncapped_verify_budget
 
 from test_spec_eagle_engine import AUX_LAYERS, always_propose, unique_prompts
 
@@ -121,9 +121,10 @@ class Base(unittest.TestCase):
         tok = AutoTokenizer.from_pretrained(default_model_dir())
         cls.vocab = (len(tok) + 63) // 64 * 64
         cls.target, cls.head = cls.make(cls.tmp.name, tok)
-        cls.engine = Engine(model_path=cls.target, dtype="float32", speculative_algorithm=cls.algorithm,
-                            speculative_draft_model_path=cls.head, speculative_eagle_topk=3, speculative_num_steps=3,
-                            log_level="warning", **cls.engine_kw)
+        with uncapped_verify_budget():  # every request's whole tree each step (always_propose), rows planned for it
+            cls.engine = Engine(model_path=cls.target, dtype="float32", speculative_algorithm=cls.algorithm,
+                                speculative_draft_model_path=cls.head, speculative_eagle_topk=3,
+                                speculative_num_steps=3, log_level="warning", **cls.engine_kw)
         always_propose(cls.engine)
 
     @classmethod

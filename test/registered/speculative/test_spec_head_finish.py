@@ -25,6 +25,9 @@ output -- reads them: lower acceptance, never a wrong token.
   position short), and so does on_finish reading a tree's branch 0 instead of the committed path's home branch (the
   tree class requires a finishing step that committed through a side branch).
 - NEXTN top-k 2 (a random DeepSeek-V3 MTP layer, MLA latent draft pool): a second turn's beams == the MTP reference.
+- A shared prefix (every prompt starts with the first one's sink token, which the first request cached): the head's
+  KV at a cached prefix's last position was computed from the writer's next token, so with a head a prefix hit stops
+  a page short (ReqMemory.trim_prefix_page) and the others still accept >= 80%.
 """
 
 import contextlib
@@ -37,7 +40,7 @@ import torch
 from sglang import Engine
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
-from sglang.test.spec_fixtures import spec_off
+from sglang.test.spec_fixtures import spec_off, uncapped_verify_budget
 
 from test_spec_eagle_engine import AUX_LAYERS, always_propose, unique_prompts
 
@@ -180,6 +183,16 @@ class CopyingHeadAcceptance(unittest.TestCase):
 class TestCopyingChain(CopyingHeadAcceptance):
     topk = 1
 
+    def test_a_shared_prefix_is_recomputed_for_the_head(self):
+        """Every prompt starts with the same sink token: the first request caches it with head KV computed from its
+        own next token, which the others do not share. The head's prefix hit stops a page short
+        (ReqMemory.trim_prefix_page), so each recomputes that position with its own next token: >= 80% accepted
+        (0.32 when the others read the first request's head KV there, helper H's measurement)."""
+        self.engine.flush_cache()
+        shared = [[SINKS[0]] + self.tok(p)["input_ids"] for p in PROMPTS]
+        self.engine.generate(input_ids=shared[:1], sampling_params=[dict(GREEDY)])
+        self.run_turn(shared[1:], "prompts sharing the cached first token")
+
 
 class TestCopyingTree(CopyingHeadAcceptance):
     topk = 3
@@ -205,10 +218,11 @@ class HeadExactness(unittest.TestCase):
         cls.tok = AutoTokenizer.from_pretrained(default_model_dir())
         cls.vocab = (len(cls.tok) + 63) // 64 * 64
         cls.target, cls.head = cls.make(cls.tmp.name, cls.tok)
-        cls.engine = Engine(model_path=cls.target, dtype="float32", speculative_algorithm=cls.algorithm,
-                            speculative_draft_model_path=cls.head, speculative_eagle_topk=cls.topk,
-                            speculative_num_steps=3, chunked_prefill_size=4, max_total_tokens=1024,
-                            log_level="warning")
+        with uncapped_verify_budget():  # every request's whole tree each step (always_propose), rows planned for it
+            cls.engine = Engine(model_path=cls.target, dtype="float32", speculative_algorithm=cls.algorithm,
+                                speculative_draft_model_path=cls.head, speculative_eagle_topk=cls.topk,
+                                speculative_num_steps=3, chunked_prefill_size=4, max_total_tokens=1024,
+                                log_level="warning")
         always_propose(cls.engine)
 
     @classmethod
@@ -299,8 +313,9 @@ class TestNextnTreeSecondTurn(unittest.TestCase):
         vocab = (len(tok) + 63) // 64 * 64
         with tempfile.TemporaryDirectory() as tmp:
             path = save_v3_with_mtp(tmp, NUM_LAYERS, vocab=vocab, tokenizer=tok)
-            engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3,
-                            **dict(FLAGS, max_total_tokens=1024))
+            with uncapped_verify_budget():  # every request's whole tree each step, rows planned for it
+                engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3,
+                                **dict(FLAGS, max_total_tokens=1024))
             try:
                 always_propose(engine)
                 params = dict(GREEDY, max_new_tokens=12)
@@ -311,8 +326,9 @@ class TestNextnTreeSecondTurn(unittest.TestCase):
                 with record_trees(engine, log):
                     got = engine.generate(input_ids=second, sampling_params=params)
                 assert_idle_and_intact(engine)
-                # the first turn cached all but its last output token: the second turn reads its head's latent rows
-                self.assertEqual([o["meta_info"]["cached_tokens"] for o in got], [len(p) - 2 for p in second])
+                # the first turn cached all but its last output token, and a head's prefix hit stops a token short
+                # (ReqMemory.trim_prefix_page): the second turn reads the first turn's head latent rows before it
+                self.assertEqual([o["meta_info"]["cached_tokens"] for o in got], [len(p) - 3 for p in second])
                 with spec_off(engine):
                     want = engine.generate(input_ids=second, sampling_params=params)
                 self.assertEqual([o["output_ids"] for o in got], [o["output_ids"] for o in want])

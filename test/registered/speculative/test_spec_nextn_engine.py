@@ -24,7 +24,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.deepseek_mtp import MTPReference, save_v3_with_mtp
 from sglang.test.engine_fixtures import PROMPTS, assert_idle_and_intact, shutdown
 from sglang.test.retraction_checks import retraction_prompts, run_retraction
-from sglang.test.spec_fixtures import spec_off
+from sglang.test.spec_fixtures import spec_off, uncapped_verify_budget
 
 register_cpu_ci(est_time=360, suite="cpu")
 
@@ -314,7 +314,8 @@ def test_tree_side_branch_commits_with_a_copying_head(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(default_model_dir())
     path = copying_checkpoint(str(tmp_path / "copy"), tok)
-    engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3, **FLAGS)
+    with uncapped_verify_budget():  # every request's whole tree each step (always_propose), rows planned for it
+        engine = Engine(model_path=path, speculative_eagle_topk=2, speculative_num_steps=3, **FLAGS)
     try:
         always_propose(engine)
         spec = engine.scheduler.runner.spec

@@ -37,6 +37,10 @@ class ReqMemory:
             # the plain radix cache knows token pages only: the windowed one also tracks each node's windowed pages
             self.tree_cache = SWARadixCache(page_size, allocator, self.window_tokens)
         self.windowed_cache = isinstance(self.tree_cache, SWARadixCache)
+        # a hidden-state draft head (EAGLE / EAGLE3 / NEXTN) computed its KV at position i from token i + 1, so the
+        # last position of a cached prefix holds head KV made for the continuation of whoever wrote it: with one, a
+        # prefix hit stops a page short and the request recomputes that page (SpecDecoder sets it)
+        self.trim_prefix_page = False
 
     # ------------------------------------------------------------------ sizes
     def evictable_tokens(self) -> int:
@@ -55,7 +59,10 @@ class ReqMemory:
         end = req.fill_len - 1
         if req.prompt_logprobs is not None and req.prompt_logprobs.prefix_limit() is not None:
             end = min(end, req.prompt_logprobs.prefix_limit())
-        return self.tree_cache.match_prefix(req.fill_ids[:end], req.cache_salt)
+        slots, node = self.tree_cache.match_prefix(req.fill_ids[:end], req.cache_salt)
+        if self.trim_prefix_page and slots:
+            slots, node = self.tree_cache.match_prefix(req.fill_ids[:len(slots) - self.page_size], req.cache_salt)
+        return slots, node
 
     def admit(self, req: Req, prefix_slots: List[int], node) -> None:
         """Give the request a row, borrowing (and locking) the cached prefix."""

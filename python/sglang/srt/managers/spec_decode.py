@@ -84,6 +84,8 @@ class SpecDecoder:
         self.cfg, self.runner = cfg, runner
         self.memory, self.queues, self.sink = runner.memory, runner.queues, runner.sink
         self.proposer = build_proposer(cfg, runner.model_runner)
+        # a head's KV at a cached prefix's last position belongs to another continuation: prefix hits stop short
+        self.memory.trim_prefix_page = bool(getattr(self.proposer, "next_token_kv", False))
         # a request's verify rows (a chain's num_draft_tokens, a tree's branches expanded) and the batch budget: the
         # rows the plan prices (mem_plan/spec_sizes.py), so a full batch of whole trees runs within them
         rows = verify_rows_per_request(cfg.topk, cfg.num_steps, cfg.num_draft_tokens)

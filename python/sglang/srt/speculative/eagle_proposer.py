@@ -70,6 +70,7 @@ class EagleProposer:
     """A speculative/proposer.Proposer (by its methods)."""
 
     writes_kv = True  # propose() writes the head's KV into the proposals' slots: they must be allocated first
+    next_token_kv = True  # the head's KV at position i is computed from token i + 1 (ReqMemory.trim_prefix_page)
 
     def __init__(self, runner: Any, target: Any, num_steps: int, topk: int = 1):
         """runner: a DraftRunner holding a head; target: the ModelRunner whose captured_batch the catch-up reads;
