@@ -19,6 +19,8 @@ and mem_plan/spec_sizes.branch_rows says how many one verify forward can hold. C
   for every table row (slots + branch rows: a head's beam decodes them in one batch): FlashInfer's two workspaces plus
   its CSR arrays and page ids, Triton's qo_start and split-KV decode buffers over the draft's heads, computed here
   from the buffers' shapes; torch_native's is 0.
+- TreeStep takes branch rows, never a request slot: with both slots held and branch rows for one whole tree, the
+  first request verifies its 3 branches, the second a chain, every branch row comes back.
 - ReqToTokenPool keeps the two kinds apart: requests never take a branch row, branches never a request slot, a
   repair frees both, check_integrity names a branch row held between steps.
 """
@@ -34,6 +36,7 @@ from sglang.srt.mem_plan.spec_sizes import (CPU_VERIFY_TOKEN_BUDGET, branch_rows
                                             verify_rows_per_request)
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from test_spec_tree import TreeStepHarness
 from test_spec_tree_plan import LLAMA, tree_flags
 
 register_cpu_ci(est_time=30, suite="cpu")
@@ -166,6 +169,26 @@ class TestPageTableFits(unittest.TestCase):
         self.assertEqual(t.qo_indptr.tolist(), list(range(0, 4 * len(seqs) + 1, 4)))
         with self.assertRaisesRegex(ValueError, "exceeds the planned"):
             build(0)
+
+
+class TestTreeStepRows(unittest.TestCase):
+    def test_side_branches_take_branch_rows_never_request_slots(self):
+        h = TreeStepHarness(rows=2, branch_rows=2)  # both request slots held; branch rows for one whole tree
+        a, b = h.decoding_req("a", [5, 6, 7], 9), h.decoding_req("b", [1, 2], 4)
+        h.branches = {r.rid: [[1, 2, 3], [2, 3, 4], [3, 4, 5]] for r in (a, b)}
+        seen = []
+
+        def propose(reqs, rows, depth):
+            seen.append(([list(x) for x in rows], depth))
+            self.assertEqual((h.pool.available_size(), h.pool.free_branch_rows), (0, []))
+            return h.propose(reqs, rows, depth)
+
+        h.decoder.proposer.propose_tree = propose
+        self.assertTrue(h.step.try_verify([a, b], [11, 11]))
+        # a: its own row and both branch rows (a whole tree); b: what is left, its own row (a chain)
+        self.assertEqual(seen, [([[a.req_pool_idx, 4, 3], [b.req_pool_idx]], [3, 3])])
+        self.assertEqual(sorted(h.pool.free_branch_rows), [3, 4])
+        h.pool.check_integrity(2)
 
 
 class TestTableRows(unittest.TestCase):

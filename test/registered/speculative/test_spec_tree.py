@@ -184,24 +184,6 @@ class TestTreeStep(unittest.TestCase):
         self.assertEqual(seen, [([2], [3])])
         self.assertEqual(h.alloc.available_size(), 12 - r.alloc_len)
 
-    def test_side_branches_take_branch_rows_never_request_slots(self):
-        h = TreeStepHarness(rows=2, branch_rows=2)  # both request slots held; branch rows for one whole tree
-        a, b = h.decoding_req("a", [5, 6, 7], 9), h.decoding_req("b", [1, 2], 4)
-        h.branches = {r.rid: [[1, 2, 3], [2, 3, 4], [3, 4, 5]] for r in (a, b)}
-        seen = []
-
-        def propose(reqs, rows, depth):
-            seen.append(([list(x) for x in rows], depth))
-            self.assertEqual((h.pool.available_size(), h.pool.free_branch_rows), (0, []))
-            return h.propose(reqs, rows, depth)
-
-        h.decoder.proposer.propose_tree = propose
-        self.assertTrue(h.step.try_verify([a, b], [11, 11]))
-        # a: its own row and both branch rows (a whole tree); b: what is left, its own row (a chain)
-        self.assertEqual(seen, [([[a.req_pool_idx, 4, 3], [b.req_pool_idx]], [3, 3])])
-        self.assertEqual(sorted(h.pool.free_branch_rows), [3, 4])
-        h.pool.check_integrity(2)
-
     @staticmethod
     def alloc_state(h):
         return h.alloc.available_size(), h.pool.available_size(), len(h.pool.free_branch_rows)

@@ -14,6 +14,7 @@ from sglang.srt.mem_plan.kv_window import (KV_WINDOW_BUDGET_SHARE, KV_WINDOW_MAP
                                            WindowedSlotCost, planned_window_rows, window_rows_for, window_term_bytes)
 from sglang.srt.mem_plan.plan import MemoryPlan, MemoryTerm
 from sglang.srt.mem_plan.rounding import align_up
+from sglang.srt.mem_plan.shortfall import raise_nothing_fits, runtime_breakdown
 from sglang.srt.mem_plan.slots import SlotRule
 from sglang.srt.mem_plan.solver import SlotCost, solve_max_tokens
 from sglang.srt.mem_plan.sizes import kv_pool_rows, req_to_token_bytes, req_to_token_row_len
@@ -288,7 +289,7 @@ def _plan_auto(r: _Resolved) -> MemoryPlan:
                                       r.pools)
         num_tokens = r.snap(num_tokens)
     if num_tokens < r.min_kv_tokens:
-        _raise_nothing_fits(r)
+        raise_nothing_fits(r)
     y = B.effective_mem_fraction(x.static_weight_bytes, kv_pool_rows(num_tokens, x.page_size) * x.token_cell_bytes
                                  + x.kv_fixed_bytes + r.pool_bytes(num_tokens)
                                  + (x.speculative.draft_kv_fixed_bytes if x.speculative else 0), r.budget)
@@ -304,7 +305,7 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
         return _build(r, num_tokens, y, "user", limited)
     working = r.working_fractions()
     if not working:
-        _raise_nothing_fits(r, prefix=f"--mem-fraction-static={y} cannot work, and no other value can either. ")
+        raise_nothing_fits(r, prefix=f"--mem-fraction-static={y} cannot work, and no other value can either. ")
     static = B.static_region_bytes(r.budget, y)
     if status == "startup":
         suggested = working[0]
@@ -324,33 +325,9 @@ def _plan_explicit(r: _Resolved, y: float) -> MemoryPlan:
         f"Runtime OOM risk: --mem-fraction-static={y} leaves a runtime region of {gib(r.budget - static):.2f} GiB "
         f"(= (1 - {y}) x budget {gib(r.budget):.2f} GiB), but with a KV pool of {num_tokens:,} tokens and "
         f"{r.rule.slots(num_tokens):,} request slots the runtime terms need {gib(need):.2f} GiB "
-        f"({_runtime_breakdown(r, num_tokens)}). Lower --mem-fraction-static to {suggested:.3f} (any value in "
+        f"({runtime_breakdown(r, num_tokens)}). Lower --mem-fraction-static to {suggested:.3f} (any value in "
         f"[{working[0]:.3f}, {working[-1]:.3f}] works), or leave it unset for the auto plan.",
         knob="--mem-fraction-static", direction="lower", suggested_value=suggested)
-
-
-def _runtime_breakdown(r: _Resolved, num_tokens: int) -> str:
-    skip = ("weights", "kv_cache", "kv_windowed", "kv_windowed_map", "linear_state",  # static: the pools beside the
-            "draft_weights", "draft_kv_cache")  # KV pool, a draft's weights and KV
-    parts = [f"{t.name} {gib(t.num_bytes):.2f}" for t in r.terms(num_tokens) if t.name not in skip and t.num_bytes]
-    return ", ".join(parts) + " GiB"
-
-
-def _raise_nothing_fits(r: _Resolved, prefix: str = "") -> None:
-    x = r.inputs
-    need = (x.static_weight_bytes + kv_pool_rows(r.min_kv_tokens, x.page_size) * x.token_cell_bytes
-            + r.pool_bytes(r.min_kv_tokens) + r.runtime_bytes(r.min_kv_tokens))
-    shortfall = max(need - r.budget, 0)
-    raise MemoryPlanError(
-        f"{prefix}Does not fit: weights {gib(x.static_weight_bytes):.2f} GiB + the minimum KV pool of {r.min_kv_tokens:,} "
-        f"tokens ({gib(r.min_kv_tokens * x.token_cell_bytes):.2f} GiB)"
-        + (f" + its windowed / linear-state pools ({gib(r.pool_bytes(r.min_kv_tokens)):.2f} GiB)"
-           if x.layer_pools.per_slot_layers else "") + " + runtime terms "
-        f"({_runtime_breakdown(r, r.min_kv_tokens)}) need {gib(need):.2f} GiB, but the budget is "
-        f"{gib(r.budget):.2f} GiB (short by {gib(shortfall):.2f} GiB). Options: more tensor parallelism, "
-        f"--kv-cache-dtype fp8_e4m3, a smaller --context-length, fewer --max-running-requests, a smaller "
-        f"--chunked-prefill-size or --encoder-mem-reserve, or free memory held by other processes.",
-        shortfall_bytes=shortfall)
 
 
 def _limited_by(r: _Resolved, num_tokens: int) -> str:
