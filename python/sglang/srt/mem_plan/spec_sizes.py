@@ -55,8 +55,7 @@ def verify_rows_per_request(topk: int, num_steps: int, num_draft_tokens: int) ->
     A tree's side branches also take request-table rows of their own: branch_rows."""
     if topk <= 1:
         return num_draft_tokens
-    # max_k: the full beam's expanded rows - 1, which no rows budget of a smaller tree binds
-    branches, depth = tree_shape(topk * (num_steps + 1), topk, num_steps, num_draft_tokens - 1)
+    branches, depth = largest_tree(topk, num_steps, num_draft_tokens)
     return branches * (depth + 1)
 
 
@@ -66,6 +65,7 @@ def largest_tree(topk: int, num_steps: int, num_draft_tokens: int) -> tuple:
     depth (max_k < D) its rows budget holds a single branch."""
     if topk <= 1:
         return 1, 0
+    # max_k: the full beam's expanded rows - 1, which no rows budget of a smaller tree binds
     return tree_shape(topk * (num_steps + 1), topk, num_steps, num_draft_tokens - 1)
 
 
