@@ -25,6 +25,7 @@
 #include "quant_attention_op.h"
 #include "qk_norm_rope.h"
 #include "quant_linear.h"
+#include "quant_linear_argmax.h"
 #include "rope.h"
 
 namespace {
@@ -313,7 +314,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "amx_bf16_dense (quant_gemm_amx_dense.h), amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: bits "
-        "+ 16 * header); activations int8 per 32 values");
+        "+ 16 * header); activations int8 per 32 values; the result in x's dtype, or fp32 with out_fp32",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false);
+  m.def("quant_linear_argmax", &quant_linear_argmax,
+        "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True) without the logits (a greedy "
+        "decode's token from a quantized lm_head)");
   m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C], gate_up (w13) -> each expert packed as moe.h reads it");
   m.def("moe_workspace_bytes", &moe_workspace_bytes, "bytes of fused_experts' workspace for (M, k, E, N, K)");
   m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",

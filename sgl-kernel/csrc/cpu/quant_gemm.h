@@ -239,15 +239,18 @@ SGL_AVX512_VNNI inline void quant_tile_rows(const uint8_t* tile, int64_t nb, con
 }
 
 // Output columns of tiles [t0, t1) of y [M, N] for activations already quantized (qa [M, nb * 32], da/sa [M, nb],
-// sh [M, 2 * nb] for kQHeadHalves, else null).
+// sh [M, 2 * nb] for kQHeadHalves, else null). ldy: y's row stride (0: N); tile t's columns start at (t - ty) * 16 of
+// y, so a caller may hand a buffer of a few tiles' columns (ty = its first tile).
 template <int FMT, typename T, bool HW_BF16>
 SGL_AVX512_VNNI inline void quant_gemm(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
                                        const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
-                                       int64_t t1) {
+                                       int64_t t1, int64_t ldy = 0,
+                                        int64_t ty = 0) {
+  if (ldy == 0) ldy = N;
   const int64_t tile_bytes = nb * quant_record_bytes(FMT);
   for (int64_t t = t0; t < t1; ++t) {
     const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
-    quant_tile_rows<FMT, T, HW_BF16>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + t * kQTileRows, N, n);
+    quant_tile_rows<FMT, T, HW_BF16>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + (t - ty) * kQTileRows, ldy, n);
   }
 }
 

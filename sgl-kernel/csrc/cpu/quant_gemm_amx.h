@@ -204,10 +204,13 @@ SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const i
 }
 
 // Output columns of tiles [t0, t1) of y [M, N]; qa / da / sa / sh hold ceil(M / 16) * 16 rows (the padding zero).
+// ldy, ty: as quant_gemm's.
 template <int FMT, typename T>
 SGL_AMX_INT8 inline void quant_gemm_amx(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
                                         const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
-                                        int64_t t1) {
+                                        int64_t t1, int64_t ldy = 0,
+                                        int64_t ty = 0) {
+  if (ldy == 0) ldy = N;
   constexpr bool HALVES = quant_format_halves(FMT);
   const int64_t tile_bytes = nb * quant_record_bytes(FMT);
   const int64_t lda = quant_act_row_bytes(quant_format_bits(FMT), nb);
@@ -219,7 +222,7 @@ SGL_AMX_INT8 inline void quant_gemm_amx(const uint8_t* packed, int64_t nb, const
     for (int64_t m0 = 0; m0 < M; m0 += kQAmxRows) {
       const int rows = (int)std::min<int64_t>(kQAmxRows, M - m0);
       quant_tile_amx<FMT, T, true>(packed + t * tile_bytes, nb, qa + m0 * lda, lda, da + m0 * nb, sa + m0 * nb,
-                                   HALVES ? sh + m0 * ldh : nullptr, y + m0 * N + t * kQTileRows, N, rows, n);
+                                   HALVES ? sh + m0 * ldh : nullptr, y + m0 * ldy + (t - ty) * kQTileRows, ldy, rows, n);
     }
   }
   _tile_release();

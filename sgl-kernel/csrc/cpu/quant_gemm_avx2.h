@@ -293,15 +293,17 @@ SGL_AVX2 inline void quant_tile_rows_avx2(const uint8_t* tile, int64_t nb, const
   }
 }
 
-// Output columns of tiles [t0, t1) of y [M, N] (quant_gemm.h's quant_gemm at this level).
+// Output columns of tiles [t0, t1) of y [M, N] (quant_gemm.h's quant_gemm at this level, ldy and ty as there).
 template <int FMT, typename T>
 SGL_AVX2 inline void quant_gemm_avx2(const uint8_t* packed, int64_t nb, const int8_t* qa, const float* da,
                                      const float* sa, const float* sh, int64_t M, T* y, int64_t N, int64_t t0,
-                                     int64_t t1) {
+                                     int64_t t1, int64_t ldy = 0,
+                                        int64_t ty = 0) {
+  if (ldy == 0) ldy = N;
   const int64_t tile_bytes = nb * quant_record_bytes(FMT);
   for (int64_t t = t0; t < t1; ++t) {
     const int n = (int)std::min<int64_t>(kQTileRows, N - t * kQTileRows);
-    quant_tile_rows_avx2<FMT, T>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + t * kQTileRows, N, n);
+    quant_tile_rows_avx2<FMT, T>(packed + t * tile_bytes, nb, qa, da, sa, sh, M, y + (t - ty) * kQTileRows, ldy, n);
   }
 }
 

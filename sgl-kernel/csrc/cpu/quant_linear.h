@@ -58,57 +58,111 @@ inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
   return nullptr;
 }
 
-// Tiles [t0, t1) of y at `level` (M rows; with AMX the activations are padded to a multiple of 16 rows).
+// Tiles [t0, t1) of y at `level` (M rows; with AMX the activations are padded to a multiple of 16 rows); y rows ldy
+// apart, tile t's columns at (t - ty) * 16 (quant_gemm.h).
 template <int FMT, typename T>
 void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp, const float* dap,
-                   const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1) {
+                   const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1,
+                   int64_t ldy, int64_t ty) {
   if (quant_uses_amx(level, M))
-    sgl_cpu::quant_gemm_amx<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+    sgl_cpu::quant_gemm_amx<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
   else if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
-    sgl_cpu::quant_gemm<FMT, T, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+    sgl_cpu::quant_gemm<FMT, T, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
   else if (level == sgl_cpu::CpuIsa::kAvx512Vnni)
-    sgl_cpu::quant_gemm<FMT, T, false>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+    sgl_cpu::quant_gemm<FMT, T, false>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
   else
-    sgl_cpu::quant_gemm_avx2<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1);
+    sgl_cpu::quant_gemm_avx2<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
 }
 
 // The format code as a template argument (quant_layout.h's seven).
 template <typename T>
 void quant_gemm_format(int format, sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp,
                        const float* dap, const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0,
-                       int64_t t1) {
+                       int64_t t1, int64_t ldy = 0, int64_t ty = 0) {
   switch (format) {
-    case 4: quant_gemm_at<4>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 8: quant_gemm_at<8>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 20: quant_gemm_at<20>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
-    case 56: quant_gemm_at<56>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1); break;
+    case 4: quant_gemm_at<4>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 8: quant_gemm_at<8>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 20: quant_gemm_at<20>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 56: quant_gemm_at<56>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
     default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
   }
 }
 
-// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N].
-// format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header).
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format) {
+// The activations of the int8 paths, quantized once per call (quant_layout.h): int8 per 32 values (for 8-bit weights
+// with the residual pass), the scales da, sums sa and for the halves formats the half-block sums sh; with AMX the
+// rows are padded with zeros to a multiple of 16 (their outputs are never stored).
+struct QuantActs {
+  at::Tensor qa, ds;  // the storage
+  int8_t* qp;
+  float *dap, *sap, *shp;
+};
+
+inline QuantActs quant_activations(const at::Tensor& xc, sgl_cpu::CpuIsa level, int format, int64_t nb) {
+  const int bits = sgl_cpu::quant_format_bits(format);
+  const int64_t M = xc.size(0), K = xc.size(1);
+  const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
+  const bool halves = sgl_cpu::quant_format_halves(format);
+  const int64_t Mp = quant_uses_amx(level, M) ? (M + sgl_cpu::kQAmxRows - 1) / sgl_cpu::kQAmxRows * sgl_cpu::kQAmxRows
+                                              : M;
+  QuantActs a;
+  a.qa = at::empty({Mp, lda}, xc.options().dtype(at::kChar));
+  if (Mp > M) a.qa.narrow(0, M, Mp - M).zero_();
+  a.ds = Mp > M ? at::zeros({halves ? 4 : 2, Mp, nb}, xc.options().dtype(at::kFloat))
+                : at::empty({halves ? 4 : 2, M, nb}, xc.options().dtype(at::kFloat));  // da, sa (, sh [Mp, nb, 2])
+  a.qp = a.qa.data_ptr<int8_t>();
+  a.dap = a.ds.data_ptr<float>();
+  a.sap = a.dap + Mp * nb;
+  a.shp = halves ? a.sap + Mp * nb : nullptr;
+  const bool is_bf16 = xc.scalar_type() == at::kBFloat16;
+  int8_t* qp = a.qp;
+  float *dap = a.dap, *sap = a.sap, *shp = a.shp;
+  sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      float* sh = halves ? shp + 2 * m * nb : nullptr;
+      if (is_bf16)
+        quantize_row_at(level, reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
+                        qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
+      else
+        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
+    }
+  });
+  return a;
+}
+
+// quant_linear's argument checks (fn: the caller's name in the messages); returns the packed weight's blocks per row.
+inline int64_t quant_check_args(const char* fn, const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                int64_t format) {
   const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
-  TORCH_CHECK(level >= sgl_cpu::CpuIsa::kAvx2, "quant_linear: no kernel at the ISA level '", sgl_cpu::cpu_isa_name(level),
+  TORCH_CHECK(level >= sgl_cpu::CpuIsa::kAvx2, fn, ": no kernel at the ISA level '", sgl_cpu::cpu_isa_name(level),
               "' (needs avx2 or above; this CPU's native level is '", sgl_cpu::cpu_isa_name(sgl_cpu::native_isa()), "')");
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "quant_linear: x must be a 2-D CPU tensor");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "quant_linear: x must be bf16 or fp32");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, fn, ": x must be a 2-D CPU tensor");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, fn, ": x must be bf16 or fp32");
   TORCH_CHECK(format >= 0 && format < 64 && sgl_cpu::quant_format_valid((int)format),
-              "quant_linear: format must be bits (4 or 8) + 16 * header (0: fp16, 1: fp32, 2: fp32 halves; 3: Q6_K's, "
+              fn, ": format must be bits (4 or 8) + 16 * header (0: fp16, 1: fp32, 2: fp32 halves; 3: Q6_K's, "
               "8 bits only), got ", format);
-  const int bits = sgl_cpu::quant_format_bits((int)format);
   const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
-                  packed.size(2) == rec_bytes, "quant_linear: packed must be uint8 [tiles, blocks, ", rec_bytes, "]");
+                  packed.size(2) == rec_bytes, fn, ": packed must be uint8 [tiles, blocks, ", rec_bytes, "]");
   const int64_t tiles = packed.size(0), nb = packed.size(1);
-  TORCH_CHECK(tiles == (N + sgl_cpu::kQTileRows - 1) / sgl_cpu::kQTileRows, "quant_linear: ", tiles, " tiles for N = ", N);
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K <= nb * sgl_cpu::kQBlock && K > (nb - 1) * sgl_cpu::kQBlock, "quant_linear: K = ", K, " does not match ",
+  TORCH_CHECK(tiles == (N + sgl_cpu::kQTileRows - 1) / sgl_cpu::kQTileRows, fn, ": ", tiles, " tiles for N = ", N);
+  const int64_t K = x.size(1);
+  TORCH_CHECK(K <= nb * sgl_cpu::kQBlock && K > (nb - 1) * sgl_cpu::kQBlock, fn, ": K = ", K, " does not match ",
               nb, " blocks");
+  return nb;
+}
+
+// x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N]
+// in x's dtype, or fp32 with out_fp32 (a bf16 lm_head's logits: the kernels' fp32 sums as they are, neither rounded to
+// bf16 nor widened again by a second pass; the dense path's bf16 tiles are widened).
+// format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format, bool out_fp32) {
+  const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
+  const int64_t nb = quant_check_args("quant_linear", x, packed, N, format);
+  const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
+  const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   at::Tensor xc = x.contiguous();
   if (quant_uses_amx_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
     // the A tiles read 16 rows at a time: a copy padded with zero rows when M is not a multiple of 16
@@ -123,41 +177,19 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
     sgl_cpu::parallel_for(0, (tiles + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
       sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M, yq, N, 2 * p0, std::min(2 * p1, tiles));
     });
-    return y;
+    return out_fp32 ? y.to(at::kFloat) : y;
   }
-  const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
-  const bool halves = sgl_cpu::quant_format_halves((int)format);
-  // the AMX tiles read 16 input rows at a time: Mp rows, those past M zero (their outputs are never stored)
-  const int64_t Mp = quant_uses_amx(level, M) ? (M + sgl_cpu::kQAmxRows - 1) / sgl_cpu::kQAmxRows * sgl_cpu::kQAmxRows
-                                              : M;
-  at::Tensor qa = at::empty({Mp, lda}, x.options().dtype(at::kChar));
-  if (Mp > M) qa.narrow(0, M, Mp - M).zero_();
-  at::Tensor ds = Mp > M ? at::zeros({halves ? 4 : 2, Mp, nb}, x.options().dtype(at::kFloat))
-                         : at::empty({halves ? 4 : 2, M, nb}, x.options().dtype(at::kFloat));  // da, sa (, sh [Mp, nb, 2])
-  int8_t* qp = qa.data_ptr<int8_t>();
-  float* dap = ds.data_ptr<float>();
-  float* sap = dap + Mp * nb;
-  float* shp = halves ? sap + Mp * nb : nullptr;
+  const QuantActs a = quant_activations(xc, level, (int)format, nb);
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  // one row of activations: int8 per 32 values (and for 8-bit weights the residual pass), its scales and sums
-  sgl_cpu::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      float* sh = halves ? shp + 2 * m * nb : nullptr;
-      if (is_bf16)
-        quantize_row_at(level, reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
-                        qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
-      else
-        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
-    }
-  });
-  at::Tensor y = at::empty({M, N}, x.options());
+  const bool y_bf16 = is_bf16 && !out_fp32;
+  at::Tensor y = at::empty({M, N}, x.options().dtype(y_bf16 ? at::kBFloat16 : at::kFloat));
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   sgl_cpu::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    if (is_bf16)
-      quant_gemm_format((int)format, level, wp, nb, qp, dap, sap, shp, M,
+    if (y_bf16)
+      quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M,
                         reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, t0, t1);
     else
-      quant_gemm_format((int)format, level, wp, nb, qp, dap, sap, shp, M, y.data_ptr<float>(), N, t0, t1);
+      quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, y.data_ptr<float>(), N, t0, t1);
   });
   return y;
 }

@@ -90,18 +90,62 @@ def test_logits_within_the_kernels_error(kind):
     head.weight.weight_loader(head.weight, staging)
     x = torch.randn(33, cols, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     exact = x.double() @ ref.double().t()
-    with cpu_kernels_disabled():  # the torch path: the dequantized table's product
+    with cpu_kernels_disabled():  # the torch path: the dequantized table's product, in fp32 (logits are fp32)
         torch.testing.assert_close(head.logits(x.float()), F.linear(x.float(), ref), rtol=1e-5, atol=1e-5)
         torch_path = head.logits(x)
-    assert torch_path.dtype == torch.bfloat16
-    assert torch.equal(torch_path, F.linear(x, ref.to(torch.bfloat16)))
+        assert head.greedy_tokens(x) is None  # no fused argmax without the kernels: the sampler takes the logits
+    assert torch_path.dtype == torch.float32
+    torch.testing.assert_close(torch_path, F.linear(x.float(), ref), rtol=1e-5, atol=1e-5)
     if quant_kernels() is None:
         pytest.skip("no quant_linear here: the torch path serves the lm_head")
     got = head.logits(x)
-    assert got.shape == (33, rows) and got.dtype == torch.bfloat16
+    # fp32: the kernel's sums, not rounded to the activations' bf16 (rounding them would add up to 2^-9 of a logit)
+    assert got.shape == (33, rows) and got.dtype == torch.float32
     err = (got.double() - exact).abs().max().item() / exact.abs().max().item()
     assert err < BOUND[bits], (kind, err)
     assert torch.equal(head.logits(x[:1]), got[:1])  # a row's logits do not depend on its batch mates
+    assert not torch.equal(got, got.bfloat16().float())  # not bf16 values widened
+
+
+@pytest.mark.parametrize("kind", list(GGUF_TYPES))
+def test_greedy_tokens_are_the_argmax_of_the_logits(kind):
+    """The fused lm_head argmax (quant_linear_argmax.h) == torch's argmax of head.logits for every row, at the row
+    counts of each kernel path (VNNI below 8 rows, AMX int8 tiles, the dense bf16 path from 256 rows on an AMX CPU),
+    a vocabulary of 1,100 rows (17 slices of 64 and a partial tile), and rows whose maximum sits in a late slice,
+    repeats in two slices (the first wins), or is a NaN (the first NaN wins, as torch.argmax's rule)."""
+    if quant_kernels() is None:
+        pytest.skip("no quant_linear here: the sampler takes the torch path's logits")
+    rows, cols = 1100, 576
+    _, _, ref, staging = gguf_table(kind, rows, cols, seed=2)
+    with quantization_config("gguf", "lm_head"):
+        head = ParallelLMHead(rows, cols)
+    head.weight.weight_loader(head.weight, staging)
+    gen = torch.Generator().manual_seed(3)
+    for m in (1, 7, 8, 33, 300):
+        x = torch.randn(m, cols, generator=gen).to(torch.bfloat16)
+        logits = head.logits(x)
+        got = head.greedy_tokens(x)
+        assert got.dtype == torch.int64 and got.shape == (m,)
+        assert torch.equal(got, logits.max(dim=-1).indices), m  # max().indices: torch's first-maximum rule
+    # a row whose best logit is in the last slice: x aligned with table row 1090 (past 17 x 64 tiles x 16 = 1088)
+    x = ref[1090:1091].to(torch.bfloat16) * 8
+    assert head.greedy_tokens(x).item() == head.logits(x).max(dim=-1).indices.item()
+    # ties across slices: a table whose rows 5 and 1095 are equal, x aligned with them -> 5
+    tied = ref.clone()
+    tied[1095] = tied[5]
+    _, _, _, staging2 = gguf_table(kind, rows, cols, seed=2)
+    with quantization_config("gguf", "lm_head"):
+        head2 = ParallelLMHead(rows, cols)
+    staging2[1095] = staging2[5]
+    head2.weight.weight_loader(head2.weight, staging2)
+    x = tied[5:6].to(torch.bfloat16) * 8
+    logits = head2.logits(x)
+    assert logits[0, 5] == logits[0, 1095] == logits.max()
+    assert head2.greedy_tokens(x).item() == 5
+    # NaN activations: every logit of the row is NaN -> index 0, as torch's argmax
+    x = torch.randn(2, cols, generator=gen).to(torch.bfloat16)
+    x[1, 3] = float("nan")
+    assert head.greedy_tokens(x).tolist() == head.logits(x).max(dim=-1).indices.tolist()
 
 
 def test_which_table_is_packed_and_when(tmp_path):

@@ -7,7 +7,8 @@ tensor bytes (+ the load's residual); the tied embedding / lm_head is one packed
 vocab_method.py): the embedding returns exactly the rows the gguf package dequantizes (what the dense bf16 table
 held), and the logits agree with that dense table's (the previous start's lm_head, the rest of the model the same)
 on >= 95% of positions, teacher-forced; greedy text from the Engine equals the HTTP server's (same kernels, one
-request at a time), and chat through the `openai` client answers; the flag rules at startup. Output quality against
+request at a time), and chat through the `openai` client answers; a greedy decode batch's tokens come from the
+packed lm_head's fused argmax and equal the sampler's choice from the logits; the flag rules at startup. Output quality against
 the dense model is test_quant_quality.py's.
 """
 
@@ -165,6 +166,34 @@ def test_engine_and_http_server_give_the_same_greedy_text(engine):
         assert chat.choices[0].message.content.strip() and chat.usage.completion_tokens > 0
     finally:
         srv.kill()
+
+
+def test_greedy_decode_takes_the_fused_lm_head_argmax(engine, monkeypatch):
+    """A greedy decode batch gets its tokens from the packed lm_head's fused argmax (quant_linear_argmax.h: the
+    logits are never written), and they are the tokens the sampler picks from the logits: a batch of the 3 prompts
+    (and a 4th asking for logprobs, so its batches take the logits) gives the same text as with the fused path off.
+    The fused path is counted: it ran for the decode steps of the greedy-only batches and never for the batch with the
+    logprob request."""
+    from sglang.srt.layers.vocab_embedding import ParallelLMHead
+
+    fused_rows = []
+    real = ParallelLMHead.greedy_tokens
+
+    def counting(self, hidden):
+        out = real(self, hidden)
+        if out is not None:
+            fused_rows.append(hidden.shape[0])
+        return out
+
+    monkeypatch.setattr(ParallelLMHead, "greedy_tokens", counting)
+    fused = [o["text"] for o in engine.generate(PROMPTS, dict(SAMPLING))]
+    assert len(fused_rows) >= SAMPLING["max_new_tokens"] - 2 and max(fused_rows) == len(PROMPTS), fused_rows
+    fused_rows.clear()
+    with_lp = engine.generate(PROMPTS[0], dict(SAMPLING), return_logprob=True)
+    assert fused_rows == [] and with_lp["text"] == fused[0]
+    monkeypatch.setattr(ParallelLMHead, "greedy_tokens", lambda self, hidden: None)  # the sampler's argmax instead
+    assert [o["text"] for o in engine.generate(PROMPTS, dict(SAMPLING))] == fused
+    assert_idle_and_intact(engine)
 
 
 def test_flag_rules():

@@ -1,7 +1,10 @@
 """LogitsProcessor: pick the rows that need logits and project them onto the vocabulary (with tp ranks: each rank's
 vocabulary slice, all-gathered in rank order before the sampler sees them). bf16 logits on a CPU with the kernels
 loaded are widened to fp32 by sgl-kernel/csrc/cpu/logits.h (exact, as .float(); torch's copy is an OpenMP region that
-costs a thread wake-up per decode step in the server)."""
+costs a thread wake-up per decode step in the server). A packed GGUF lm_head (quantization/vocab_method.py) gives fp32
+logits directly: nothing to widen. For a decode batch the sampler answers with the argmax of the raw logits
+(ForwardBatch.greedy_only) such an lm_head gives the token ids themselves (int64 [B], ForwardBatch.greedy_fused): the
+logits are never written."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from torch import nn
 
 from sglang.jit_kernel.cpu_ops import get_cpu_ops
 from sglang.srt.distributed.communication_op import tp_all_gather
+from sglang.srt.distributed.parallel_state import get_tp_size
 from sglang.srt.layers.prompt_logprobs import compute_prompt_logprobs
 
 if TYPE_CHECKING:
@@ -53,9 +57,16 @@ class LogitsProcessor(nn.Module):
             forward_batch.captured_hidden = hidden_states
         if indices is not None:
             hidden_states = hidden_states[indices]
+        if forward_batch.greedy_only and indices is None and get_tp_size() == 1:
+            token_ids = lm_head.greedy_tokens(hidden_states)  # int64 [B], or None where the lm_head has no such path
+            if token_ids is not None:
+                forward_batch.greedy_fused = True
+                return token_ids
         logits = tp_all_gather(lm_head.logits(hidden_states), dim=-1)  # [B, V / tp] per rank -> [B, V_pad]
         if logits.dtype == torch.bfloat16 and logits.is_cpu and logits.stride(-1) == 1:
             ops = get_cpu_ops()
             if ops is not None:
                 return ops.logits_to_float(logits, self.vocab_size)
+        if logits.dtype == torch.float32:  # a packed GGUF table's lm_head gives fp32 (quantization/vocab_method.py)
+            return logits if logits.shape[-1] == self.vocab_size else logits[:, : self.vocab_size].contiguous()
         return logits[:, : self.vocab_size].float()

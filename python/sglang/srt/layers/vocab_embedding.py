@@ -13,6 +13,8 @@ set, `weight` None once loaded and the packed `qweight` buffer (tp == 1 only: qu
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,6 +97,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         if table.quant_method is not None:
             return table.quant_method.apply(table, hidden_states)
         return linear(hidden_states, self.weight)
+
+    def greedy_tokens(self, hidden_states: torch.Tensor) -> Optional[torch.Tensor]:
+        """[B, hidden] -> int64 [B], each row's argmax of logits(hidden_states) computed without them, where the
+        table's quantization method can (a packed GGUF table with the CPU kernels); else None."""
+        table = self._tied_table[0] if self._tied_table else self
+        fused = getattr(table.quant_method, "argmax", None)
+        return fused(table, hidden_states) if fused is not None else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied by LogitsProcessor, not called directly.")

@@ -33,7 +33,7 @@ from sglang.srt.managers.prefill_scheduler import PrefillPlan
 from sglang.srt.managers.prompt_logprob_state import build_spec, record_results
 from sglang.srt.mem_plan.sizes import prompt_logprob_block_rows
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.sampling.sampler import SampleOutput, sample
+from sglang.srt.sampling.sampler import SampleOutput, argmax_only, greedy_output, sample
 
 Unit = Tuple[Req, int]  # a request and how many of its tokens this forward computes from kv_len on (decode: 1)
 
@@ -79,6 +79,8 @@ class BatchRunner:
                 return None
             with step_phase("sample"):
                 inject("sample", done_reqs, self.forward_ct)
+                if fb.greedy_fused:  # the lm_head chose the greedy tokens (logits_processor.py): `logits` is their ids
+                    return greedy_output(logits, done_reqs)
                 return sample(logits if decode else logits[done], done_reqs, bitmask)
 
         try:
@@ -215,6 +217,7 @@ class BatchRunner:
             ForwardMode.DECODE, len(reqs), input_ids=_int64([r.output_ids[-1] for r in reqs]), positions=positions,
             req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, cols],
             seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(), mm_inputs=None,
+            greedy_only=self.spec is None and argmax_only(reqs),
         )
 
     def run_decode(self) -> bool:

@@ -83,6 +83,11 @@ class ForwardBatch:
     # order, [N, len(ids) x H]. The model writes them to captured_hidden (ModelRunner sets the mode per server)
     capture_hidden: Optional[str] = None
     captured_hidden: Optional[torch.Tensor] = None
+    # a decode batch the sampler would answer with the argmax of the raw logits (sampling/sampler.argmax_only): the
+    # LogitsProcessor may return each row's greedy token id (int64 [B]) instead of the logits, and then sets
+    # greedy_fused (a packed GGUF lm_head at tp 1: quantization/vocab_method.py)
+    greedy_only: bool = False
+    greedy_fused: bool = False
 
 
 def move_to_device(batch: ForwardBatch, device) -> ForwardBatch:

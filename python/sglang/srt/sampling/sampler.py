@@ -158,10 +158,25 @@ def _mask_stops_before_min_tokens(logits: torch.Tensor, reqs: List[Req]) -> None
         logits[index[0], index[1]] = float("-inf")
 
 
+def argmax_only(reqs: List[Req]) -> bool:
+    """True when sample() is the argmax of the raw logits for every row: all greedy, and nothing that reads or edits
+    the logits first (logprobs, penalties, a min_new_tokens mask, logit_bias, a grammar, a custom processor)."""
+    return (all(r.sampling_params.is_greedy for r in reqs) and not has_custom_processor(reqs)
+            and not any(r.return_logprob or r.sampling_params.has_penalties or r.sampling_params.logit_bias
+                        or r.sampling_params.min_new_tokens > len(r.output_ids) or has_grammar(r) for r in reqs))
+
+
+def greedy_output(token_ids: torch.Tensor, reqs: List[Req]) -> SampleOutput:
+    """sample()'s result for an argmax_only batch whose token ids the forward already chose (ForwardBatch.greedy_fused)."""
+    return _to_host(token_ids, None, reqs)
+
+
 @torch.inference_mode()
 def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torch.Tensor] = None) -> SampleOutput:
     """logits: float32 [B, V] (modified in place). grammar_bitmask: the preallocated int32 [>= B, ceil(V / 32)]
     buffer, needed when a request has a grammar."""
+    if argmax_only(reqs):
+        return _to_host(greedy_argmax(logits), None, reqs)
     greedy = [r.sampling_params.is_greedy for r in reqs]
     want_lp = any(r.return_logprob for r in reqs)
     penalise = any(r.sampling_params.has_penalties for r in reqs)
