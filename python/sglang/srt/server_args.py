@@ -108,8 +108,9 @@ class ServerArgs:
     kv_cache_dtype: str = _f("auto", KV_CACHE_DTYPE_HELP, choices=KV_CACHE_DTYPE_CHOICES)
     quantization: Optional[str] = _f(
         None,
-        "Weight format of the linear layers (layers/quantization/). 'gguf': a .gguf model's Q4_0/Q4_1/Q8_0 "
-        "blocks are served as they are (other GGUF types are requantized to 8-bit blocks); 'w8a8_int8': 8-bit "
+        "Weight format of the linear layers (layers/quantization/). 'gguf': a .gguf model's Q4_0/Q4_1/Q5_0/Q5_1/"
+        "Q8_0/Q4_K/Q5_K/Q6_K blocks are served as they are (F16/F32/Q2_K/Q3_K linears, and K-quant MoE experts, are "
+        "requantized to 8-bit blocks); 'w8a8_int8': 8-bit "
         "weights with a fitted fp16 step and offset per 32 weights, activations quantized to int8 per 32 values "
         "at run time; 'none': "
         "dense weights of --dtype. Unset: 'gguf' for a .gguf model on a CPU with the AVX-512 VNNI kernels (the "
