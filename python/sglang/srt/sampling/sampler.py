@@ -176,7 +176,7 @@ def sample(logits: torch.Tensor, reqs: List[Req], grammar_bitmask: Optional[torc
     """logits: float32 [B, V] (modified in place). grammar_bitmask: the preallocated int32 [>= B, ceil(V / 32)]
     buffer, needed when a request has a grammar."""
     if argmax_only(reqs):
-        return _to_host(greedy_argmax(logits), None, reqs)
+        return greedy_output(greedy_argmax(logits), reqs)
     greedy = [r.sampling_params.is_greedy for r in reqs]
     want_lp = any(r.return_logprob for r in reqs)
     penalise = any(r.sampling_params.has_penalties for r in reqs)

@@ -68,6 +68,11 @@ def dequantize_rows(packed: torch.Tensor, bits: int, ids: torch.Tensor, cols: in
     return w.reshape(ids.shape[0], blocks * packing.BLOCK)[:, :cols].to(dtype)
 
 
+def _kernels_for(x: torch.Tensor):
+    """The quant_linear kernels where they serve x (bf16 or fp32 on a CPU with them), else None."""
+    return quant_kernels() if x.is_cpu and x.dtype in (torch.bfloat16, torch.float32) else None
+
+
 class QuantVocabMethod(QuantLinearMethod):
     def __init__(self):
         super().__init__("gguf")
@@ -105,7 +110,7 @@ class QuantVocabMethod(QuantLinearMethod):
         to a bf16 x's dtype and widened again (for a decode batch of 32 on the Gemma 3 262k vocabulary that second pass
         over the logits cost ~7 ms a step); the torch path multiplies the fp32 table with x in fp32."""
         packed = self._packed(layer)
-        ops = quant_kernels() if x.is_cpu and x.dtype in (torch.bfloat16, torch.float32) else None
+        ops = _kernels_for(x)
         if ops is not None:
             return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format, out_fp32=True)
         rows, tiles_per_pass = layer.output_size, TORCH_PATH_ROWS // packing.TILE_ROWS
@@ -122,7 +127,7 @@ class QuantVocabMethod(QuantLinearMethod):
     def argmax(self, layer: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         """x [M, hidden] -> int64 [M]: each row's first maximum of apply(layer, x) (a NaN counting as the maximum),
         by the kernel that never writes the logits (quant_linear_argmax.h); None without the kernels."""
-        ops = quant_kernels() if x.is_cpu and x.dtype in (torch.bfloat16, torch.float32) else None
+        ops = _kernels_for(x)
         if ops is None:
             return None
         return ops.quant_linear_argmax(x.contiguous(), self._packed(layer), layer.output_size, layer.quant_format)
