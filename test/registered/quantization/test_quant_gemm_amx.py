@@ -1,7 +1,9 @@
 """quant_linear on AMX-INT8 tiles (sgl-kernel/csrc/cpu/quant_gemm_amx.h: level amx, from 8 input rows) gives the same
 bits as the VNNI kernel (quant_gemm.h, level avx512_bf16) for every packed format (the fp16, fp32, halves and Q6_K
 headers; 4- and 8-bit records, the 8-bit residual pass), bf16 and fp32 activations, row counts that fill 16-row tiles
-and leave tails, and output columns that end inside a 16-row tile. The two compute the same exact int32 block sums
+and leave tails (from 17 rows the groups go in pairs sharing each B tile: 17, 32, 33, 45, 64 rows take a pair with one
+row, a full pair, a pair and a one-row group, a pair and a tail, two pairs), and output columns that end inside a
+16-row tile. The two compute the same exact int32 block sums
 and the same fp32 operations in the same order; the VNNI kernel is itself checked against an fp64 formula
 (test_kquant_kernels.py, test_quant_kernels_isa.py). Below 8 rows, and below level amx, the VNNI path runs.
 The decode rows of a GGUF Q8_0 lm_head (1 to 255, across each switch point) are held to the fp64 GGUF formula times
@@ -73,7 +75,7 @@ class TestQuantGemmAmx(unittest.TestCase):
         for fmt in RECORD_BYTES:
             for n, k in ((40, 640), (48, 96)):
                 w = random_packed(fmt, n, k, gen)
-                for m in (8, 9, 16, 17, 45):
+                for m in (8, 9, 16, 17, 32, 33, 45, 64):
                     for dtype in (torch.bfloat16, torch.float32):
                         x = torch.randn(m, k, generator=gen).to(dtype)
                         self.ops.set_cpu_isa("avx512_bf16")
