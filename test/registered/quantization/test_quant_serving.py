@@ -8,7 +8,8 @@ vocab_method.py): the embedding returns exactly the rows the gguf package dequan
 held), and the logits agree with that dense table's (the previous start's lm_head, the rest of the model the same)
 on >= 95% of positions, teacher-forced; greedy text from the Engine equals the HTTP server's (same kernels, one
 request at a time), and chat through the `openai` client answers; a greedy decode batch's tokens come from the
-packed lm_head's fused argmax and equal the sampler's choice from the logits; the flag rules at startup. Output quality against
+packed lm_head's fused argmax and equal the sampler's choice from the logits (prefill batches:
+test_quant_greedy_prefill.py); the flag rules at startup. Output quality against
 the dense model is test_quant_quality.py's.
 """
 
@@ -168,12 +169,13 @@ def test_engine_and_http_server_give_the_same_greedy_text(engine):
         srv.kill()
 
 
+@needs_kernels
 def test_greedy_decode_takes_the_fused_lm_head_argmax(engine, monkeypatch):
     """A greedy decode batch gets its tokens from the packed lm_head's fused argmax (quant_linear_argmax.h: the
     logits are never written), and they are the tokens the sampler picks from the logits: a batch of the 3 prompts
     (and a 4th asking for logprobs, so its batches take the logits) gives the same text as with the fused path off.
-    The fused path is counted: it ran for the decode steps of the greedy-only batches and never for the batch with the
-    logprob request."""
+    The fused path is counted: it ran for the steps (prefill and decode) of the greedy-only batches and never for the
+    batch with the logprob request."""
     from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
     fused_rows = []

@@ -2,9 +2,9 @@
 vocabulary slice, all-gathered in rank order before the sampler sees them). bf16 logits on a CPU with the kernels
 loaded are widened to fp32 by sgl-kernel/csrc/cpu/logits.h (exact, as .float(); torch's copy is an OpenMP region that
 costs a thread wake-up per decode step in the server). A packed GGUF lm_head (quantization/vocab_method.py) gives fp32
-logits directly: nothing to widen. For a decode batch the sampler answers with the argmax of the raw logits
-(ForwardBatch.greedy_only) such an lm_head gives the token ids themselves (int64 [B], ForwardBatch.greedy_fused): the
-logits are never written."""
+logits directly: nothing to widen. For a batch (decode or extend) whose rows only the sampler's argmax of the raw
+logits reads (ForwardBatch.greedy_only) such an lm_head gives the rows' token ids themselves (int64 [B],
+ForwardBatch.greedy_fused): the logits are never written."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class LogitsProcessor(nn.Module):
             forward_batch.captured_hidden = hidden_states
         if indices is not None:
             hidden_states = hidden_states[indices]
-        if forward_batch.greedy_only and indices is None and get_tp_size() == 1:
+        if forward_batch.greedy_only and get_tp_size() == 1:
             token_ids = lm_head.greedy_tokens(hidden_states)  # int64 [B], or None where the lm_head has no such path
             if token_ids is not None:
                 forward_batch.greedy_fused = True

@@ -79,13 +79,15 @@ class BatchRunner:
                 return None
             with step_phase("sample"):
                 inject("sample", done_reqs, self.forward_ct)
-                if fb.greedy_fused:  # the lm_head chose the greedy tokens (logits_processor.py): `logits` is their ids
-                    return greedy_output(logits, done_reqs)
-                return sample(logits if decode else logits[done], done_reqs, bitmask)
+                rows = logits if decode else logits[done]  # an extend's rows of requests sampled now (not a chunk's)
+                if fb.greedy_fused:  # the lm_head chose the greedy tokens (logits_processor.py): `rows` are their ids
+                    return greedy_output(rows, done_reqs)
+                return sample(rows, done_reqs, bitmask)
 
         try:
             with step_phase(phase):
                 fb = self._build_decode(reqs) if decode else self._build_extend(units)
+                fb.greedy_only = self._greedy_only(done_reqs, reqs)
                 if decode:
                     self.grammar.fill_ahead(reqs)  # grammar bitmask rows fill on a worker thread during the forward
             # with the overlap schedule, the text halves the sink deferred are decoded while this runs
@@ -108,6 +110,16 @@ class BatchRunner:
             if _alive(r):
                 r.finished_reason = {"type": "length", "length": 0}
                 self.sink.finish(r)
+
+    def _greedy_only(self, sampled: List[Req], reqs: List[Req]) -> bool:
+        """ForwardBatch.greedy_only: the forward may return the greedy token ids of the batch's logits rows instead of
+        the logits. Decode and extend alike: sample() is the argmax of the raw logits for the requests sampled now
+        (argmax_only; an extend's chunk is not sampled, its row's id is dropped as its logits were), no speculative
+        server (its steps read the target's logits and features), and no request of the batch asks for logprobs, one
+        not sampled now included (a chunk or a prefill-only request scoring its prompt: those rows are scored before
+        the logits rows are picked, but a batch returning logprobs keeps the one path they are checked on). An
+        embedding server's forward pools before this is read (logits_processor.py)."""
+        return self.spec is None and argmax_only(sampled) and not any(r.return_logprob for r in reqs)
 
     def _commit_token(self, req: Req, out: SampleOutput, row: int) -> None:
         """Append the sampled token; a fault while detokenizing fails this request only."""
@@ -217,7 +229,6 @@ class BatchRunner:
             ForwardMode.DECODE, len(reqs), input_ids=_int64([r.output_ids[-1] for r in reqs]), positions=positions,
             req_pool_indices=rows, seq_lens=_int64(seq_lens), out_cache_loc=r2t[rows, cols],
             seq_lens_cpu=seq_lens, req_pool_indices_cpu=rows.tolist(), mm_inputs=None,
-            greedy_only=self.spec is None and argmax_only(reqs),
         )
 
     def run_decode(self) -> bool:

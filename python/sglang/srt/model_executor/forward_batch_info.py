@@ -83,9 +83,9 @@ class ForwardBatch:
     # order, [N, len(ids) x H]. The model writes them to captured_hidden (ModelRunner sets the mode per server)
     capture_hidden: Optional[str] = None
     captured_hidden: Optional[torch.Tensor] = None
-    # a decode batch the sampler would answer with the argmax of the raw logits (sampling/sampler.argmax_only): the
-    # LogitsProcessor may return each row's greedy token id (int64 [B]) instead of the logits, and then sets
-    # greedy_fused (a packed GGUF lm_head at tp 1: quantization/vocab_method.py)
+    # a batch whose logits rows only the sampler's argmax of the raw logits would read (BatchRunner._greedy_only):
+    # the LogitsProcessor may return each logits row's greedy token id (int64 [B], extend: a chunk's row too) instead
+    # of the logits, and then sets greedy_fused (a packed GGUF lm_head at tp 1: quantization/vocab_method.py)
     greedy_only: bool = False
     greedy_fused: bool = False
 

@@ -206,7 +206,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        """Logits (float32 [B, V]) of the last token of each request in the batch. With tp ranks, rank 0 first
+        """Logits (float32 [B, V]) of the last token of each request in the batch, or their greedy token ids (int64
+        [B]) where the LogitsProcessor set forward_batch.greedy_fused. With tp ranks, rank 0 first
         broadcasts the batch so every rank runs the same forward (distributed/batch_sync.py); a failure then leaves
         the ranks out of step, so it is fatal (TpRankFailure) instead of confined to the batch's requests."""
         if self.tp_size == 1:
