@@ -134,23 +134,24 @@ class ReqMemory:
                 self.tree_cache.evict_windowed(short)
 
     def alloc_decode(self, reqs: List[Req]) -> bool:
-        """A slot for the next token of each request (a decode step), recorded with one table write; False if one
-        did not fit (the requests before it have theirs, the rest none)."""
+        """A slot for the next token of each request (a decode step), recorded with one table write (and one page
+        map write); False if one did not fit (the requests before it have theirs, the rest none)."""
         pool, ps = self.req_to_token_pool, self.page_size
         cur = [r.alloc_len for r in reqs]
         rows = [r.req_pool_idx for r in reqs]
         # the slot of a request's last token matters only when its last page may have room (page_size > 1)
         last = pool.read_cells(rows, [c - 1 for c in cur]) if ps > 1 else [0] * len(reqs)
         slots: List[int] = []
-        for r, c, lst in zip(reqs, cur, last):
-            got = self.allocator.alloc(c, lst, 1)
-            if got is None and self.tree_cache is not None:
-                self.evict_for(self.allocator.pages_needed(c, 1) * ps)
+        with self.allocator.deferred_maps():  # the step's windowed page maps written once (swa_allocator.py)
+            for r, c, lst in zip(reqs, cur, last):
                 got = self.allocator.alloc(c, lst, 1)
-            if got is None:
-                break
-            slots.append(got[0])
-            r.alloc_len = c + 1
+                if got is None and self.tree_cache is not None:
+                    self.evict_for(self.allocator.pages_needed(c, 1) * ps)
+                    got = self.allocator.alloc(c, lst, 1)
+                if got is None:
+                    break
+                slots.append(got[0])
+                r.alloc_len = c + 1
         n = len(slots)
         if n:
             pool.write_cells(rows[:n], cur[:n], slots)

@@ -9,7 +9,8 @@ Freeing takes whole pages: the caller passes slots whose pages it owns outright.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from contextlib import nullcontext
+from typing import ContextManager, List, Optional, Sequence
 
 import torch
 
@@ -78,6 +79,10 @@ class TokenToKVPoolAllocator:
             remaining -= n
         assert remaining == 0
         return slots
+
+    def deferred_maps(self) -> ContextManager[None]:
+        """Allocations inside may batch their bookkeeping (swa_allocator.py's page maps); one pool has none."""
+        return nullcontext()
 
     def free(self, slots: Sequence[int] | torch.Tensor) -> None:
         """Return the pages holding `slots` to the free list (each page once)."""
