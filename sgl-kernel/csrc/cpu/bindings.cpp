@@ -24,6 +24,7 @@
 #include "norm.h"
 #include "quant_attention_op.h"
 #include "qk_norm_rope.h"
+#include "quant_embedding.h"
 #include "quant_linear.h"
 #include "quant_linear_argmax.h"
 #include "rope.h"
@@ -319,6 +320,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear_argmax", &quant_linear_argmax,
         "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True) without the logits (a greedy "
         "decode's token from a quantized lm_head)");
+  m.def("quant_embedding", &quant_embedding,
+        "[len(ids), cols]: rows ids of a packed [rows, cols] vocabulary table (format 4 or 8), each d * u + c in fp32 "
+        "as packing.unpack_dequantize computes it, then bf16 (or fp32 with out_fp32)",
+        py::arg("ids"), py::arg("packed"), py::arg("rows"), py::arg("cols"), py::arg("format"),
+        py::arg("out_fp32") = false);
   m.def("pack_moe_weight", &pack_moe_weight, "expert weights [E, R, C], gate_up (w13) -> each expert packed as moe.h reads it");
   m.def("moe_workspace_bytes", &moe_workspace_bytes, "bytes of fused_experts' workspace for (M, k, E, N, K)");
   m.def("fused_experts", &fused_experts, "fused MoE experts on packed bf16 weights: [M, K] -> [M, K]",

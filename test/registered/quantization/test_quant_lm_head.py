@@ -2,7 +2,9 @@
 
 Against references computed here from the `gguf` package's own quantize / dequantize (independent of the packing):
     - the embedding lookup of a packed table (the tied embedding / lm_head) returns exactly the dequantized rows, for
-      Q4_0 / Q4_1 / Q8_0, rows across 16-row records, the last row, repeats, row tails;
+      Q4_0 / Q4_1 / Q8_0, rows across 16-row records, the last row, repeats, row tails; the kernel's rows
+      (quant_embedding.h) are the torch form's (dequantize_rows) bit for bit, bf16 and fp32, and it refuses ids out
+      of range and tables of other formats;
     - logits from the packed table are the dequantized table's product within the kernel's activation-quantization
       error (test_quant_kernels.py's bounds: 3e-2 of the largest logit for 4-bit weights, 5e-3 for 8-bit); without
       the kernels the torch path gives the dense product;
@@ -79,6 +81,34 @@ def test_embedding_rows_are_the_dequantized_rows(kind):
     assert torch.equal(emb(ids), ref[ids])  # float32: the default dtype the layer was built in
     many = torch.randint(0, rows, (1000,), generator=torch.Generator().manual_seed(0))  # several passes
     assert torch.equal(emb(many), ref[many])
+    with cpu_kernels_disabled():  # the torch form where the kernels do not run
+        assert torch.equal(emb(many), ref[many])
+
+
+@pytest.mark.parametrize("kind", list(GGUF_TYPES))
+def test_embedding_kernel_is_dequantize_rows(kind):
+    ops = quant_kernels()
+    if ops is None:
+        pytest.skip("no kernels here: the lookup is dequantize_rows itself")
+    rows, cols = 37, 96
+    packed, bits, _, _ = gguf_table(kind, rows, cols, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    cases = [torch.tensor([15, 16, 36, 0, 31, 32, 36, 36, 15]),  # record edges, the last row, repeats
+             torch.tensor([], dtype=torch.int64),
+             torch.randint(0, rows, (700,), generator=gen),  # chunks on several threads
+             torch.tensor([16, 36, 1], dtype=torch.int32)]
+    for ids in cases:
+        for n_cols in (cols, cols - 13):  # and a row tail short of its last block
+            for dtype, bits_view in ((torch.bfloat16, torch.int16), (torch.float32, torch.int32)):
+                got = ops.quant_embedding(ids, packed, rows, n_cols, bits, out_fp32=dtype == torch.float32)
+                want = dequantize_rows(packed, bits, ids, n_cols, dtype)
+                assert got.dtype == dtype and got.shape == (len(ids), n_cols)
+                assert torch.equal(got.view(bits_view), want.view(bits_view)), (kind, len(ids), n_cols, dtype)
+    for bad in (37, -1):
+        with pytest.raises(RuntimeError, match=f"id {bad} \\(at 1\\) out of range \\[0, 37\\)"):
+            ops.quant_embedding(torch.tensor([3, bad, 5]), packed, rows, cols, bits)
+    with pytest.raises(RuntimeError, match="got format 20"):  # 4-bit, fp32 header: a K-quant's
+        ops.quant_embedding(torch.tensor([3]), packed, rows, cols, 20)
 
 
 @pytest.mark.parametrize("kind", list(GGUF_TYPES))

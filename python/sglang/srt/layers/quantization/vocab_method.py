@@ -4,9 +4,10 @@ A batch-1 decode step reads the whole lm_head, so its bytes count as much as a l
 of it (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0: the fp16 header's formats; mem_plan/quantization_sizes.gguf_packed_vocab
 names the table) are loaded into the packed layout of the quantized linear layers (packing.py) and the logits are
 the quant_linear kernel's, as for those layers. Where the embedding is tied to the lm_head (SmolLM2) the one packed
-table serves both: the embedding lookup dequantizes only the looked-up rows from their blocks (gathered from the
-packed records), each value d * u + c computed in fp32 exactly as packing.unpack_dequantize does, then cast to the
-model dtype; no dense copy is kept.
+table serves both: the embedding lookup dequantizes only the looked-up rows from their blocks, each value d * u + c
+computed in fp32 exactly as packing.unpack_dequantize does, then cast to the model dtype; no dense copy is kept. The
+kernels do it in one call (quant_embedding, sgl-kernel/csrc/cpu/quant_embedding.h: bf16 or fp32); dequantize_rows is
+the torch form (other dtypes, no kernels), which gathers the rows' bytes from the packed records.
 
 Loading, the packed-weights cache and the unpacked check are QuantLinearMethod's (the table is one [vocab, hidden]
 weight whose rows come in one tensor); the layer carries output_size = vocab rows and input_size = hidden.
@@ -25,7 +26,7 @@ from torch import nn
 from sglang.srt.layers.quantization import packing
 from sglang.srt.layers.quantization.linear_method import QuantLinearMethod, quant_kernels
 
-# The embedding lookup dequantizes a few tokens at a time, each pass's tensors under torch's parallel grain
+# The torch path's embedding lookup dequantizes a few tokens at a time, each pass's tensors under torch's parallel grain
 # (at::internal::GRAIN_SIZE elements), so its ~10 small operators run on the calling thread: on a busy 2-core
 # machine an OpenMP hand-off waits for a descheduled thread (measured: 128 tokens in one pass 46-56 ms with 2
 # threads there, 0.4 ms with 1).
@@ -68,9 +69,10 @@ def dequantize_rows(packed: torch.Tensor, bits: int, ids: torch.Tensor, cols: in
     return w.reshape(ids.shape[0], blocks * packing.BLOCK)[:, :cols].to(dtype)
 
 
-def _kernels_for(x: torch.Tensor):
-    """The quant_linear kernels where they serve x (bf16 or fp32 on a CPU with them), else None."""
-    return quant_kernels() if x.is_cpu and x.dtype in (torch.bfloat16, torch.float32) else None
+def _kernels_for(device: torch.device, dtype: torch.dtype):
+    """The quant_linear kernels where they serve tensors of dtype on device (bf16 or fp32 on a CPU with them), else
+    None."""
+    return quant_kernels() if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) else None
 
 
 class QuantVocabMethod(QuantLinearMethod):
@@ -98,6 +100,10 @@ class QuantVocabMethod(QuantLinearMethod):
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> [N, hidden] of the model dtype: the looked-up rows dequantized from the packed table."""
         packed = self._packed(layer)
+        ops = _kernels_for(packed.device, layer.dtype)
+        if ops is not None:
+            return ops.quant_embedding(input_ids, packed, layer.output_size, layer.input_size, layer.quant_format,
+                                       out_fp32=layer.dtype == torch.float32)
         out = torch.empty(input_ids.shape[0], layer.input_size, dtype=layer.dtype, device=packed.device)
         step = max(1, TORCH_GRAIN_ELEMENTS // (packed.shape[1] * (packing.STAGING_BLOCK_BYTES)))
         for i in range(0, input_ids.shape[0], step):
@@ -110,7 +116,7 @@ class QuantVocabMethod(QuantLinearMethod):
         to a bf16 x's dtype and widened again (for a decode batch of 32 on the Gemma 3 262k vocabulary that second pass
         over the logits cost ~7 ms a step); the torch path multiplies the fp32 table with x in fp32."""
         packed = self._packed(layer)
-        ops = _kernels_for(x)
+        ops = _kernels_for(x.device, x.dtype)
         if ops is not None:
             return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format, out_fp32=True)
         rows, tiles_per_pass = layer.output_size, TORCH_PATH_ROWS // packing.TILE_ROWS
@@ -127,7 +133,7 @@ class QuantVocabMethod(QuantLinearMethod):
     def argmax(self, layer: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         """x [M, hidden] -> int64 [M]: each row's first maximum of apply(layer, x) (a NaN counting as the maximum),
         by the kernel that never writes the logits (quant_linear_argmax.h); None without the kernels."""
-        ops = _kernels_for(x)
+        ops = _kernels_for(x.device, x.dtype)
         if ops is None:
             return None
         return ops.quant_linear_argmax(x.contiguous(), self._packed(layer), layer.output_size, layer.quant_format)
