@@ -51,6 +51,24 @@ SGL_AVX512_VNNI_BF16 __attribute__((noinline)) inline void q_store_bf16_hw(uint1
     _mm256_mask_storeu_epi16(y + i * ldy, m, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(buf + 16 * i)));
 }
 
+// The first `rows` of R accumulators (R: the bf16 staging buffer's rows), columns [0, n), into y (rows ldy apart):
+// fp32 as they are, bf16 by q_store_bf16_hw (HW_BF16) or rounded in software. Every quantized tile (VNNI, AMX) ends so.
+template <int R, typename T, bool HW_BF16>
+SGL_AVX512_VNNI __attribute__((always_inline)) inline void q_store_rows(const __m512* acc, T* y, int64_t ldy, int rows,
+                                                                       int n) {
+  const __mmask16 m = (__mmask16)((1u << n) - 1u);
+  if constexpr (sizeof(T) == 4) {
+    for (int i = 0; i < rows; ++i) _mm512_mask_storeu_ps((float*)(y + i * ldy), m, acc[i]);
+  } else if constexpr (HW_BF16) {
+    alignas(64) float buf[R * 16];
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) _mm512_store_ps(buf + 16 * i, acc[i]);
+    q_store_bf16_hw((uint16_t*)y, ldy, buf, rows, n);
+  } else {
+    for (int i = 0; i < rows; ++i) _mm256_mask_storeu_epi16((uint16_t*)(y + i * ldy), m, bf16_round_soft(acc[i]));
+  }
+}
+
 // One activation row -> int8 blocks (quant_layout.h); the AVX2 level's quantize_row_q8_avx2 gives the same bytes.
 template <typename T>
 SGL_AVX512_VNNI inline void quantize_row_q8(const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
@@ -196,19 +214,7 @@ SGL_AVX512_VNNI inline void quant_tile(const uint8_t* tile, int64_t nb, const in
       }
     }
   }
-  const __mmask16 m = (__mmask16)((1u << n) - 1u);
-  if constexpr (sizeof(T) == 4) {
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) _mm512_mask_storeu_ps((float*)(y + i * ldy), m, acc[i]);
-  } else if constexpr (HW_BF16) {
-    alignas(64) float buf[MB * 16];
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) _mm512_store_ps(buf + 16 * i, acc[i]);
-    q_store_bf16_hw((uint16_t*)y, ldy, buf, MB, n);
-  } else {
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) _mm256_mask_storeu_epi16((uint16_t*)(y + i * ldy), m, bf16_round_soft(acc[i]));
-  }
+  q_store_rows<MB, T, HW_BF16>(acc, y, ldy, MB, n);
 }
 
 template <int FMT, typename T, bool HW_BF16>

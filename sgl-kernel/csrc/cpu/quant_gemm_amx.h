@@ -167,22 +167,6 @@ SGL_AMX_INT8 __attribute__((always_inline)) inline void quant_block_epilogue_amx
   }
 }
 
-// The first `rows` (<= 16) accumulators, columns [0, n), into y (rows ldy apart): fp32 as they are, bf16 rounded.
-template <typename T, bool HW_BF16>
-SGL_AMX_INT8 inline void quant_store_amx(const __m512* acc, T* y, int64_t ldy, int rows, int n) {
-  const __mmask16 m = (__mmask16)((1u << n) - 1u);
-  if constexpr (sizeof(T) == 4) {
-    for (int i = 0; i < rows; ++i) _mm512_mask_storeu_ps((float*)(y + i * ldy), m, acc[i]);
-  } else if constexpr (HW_BF16) {
-    alignas(64) float buf[kQAmxRows * 16];
-#pragma GCC unroll 16
-    for (int i = 0; i < kQAmxRows; ++i) _mm512_store_ps(buf + 16 * i, acc[i]);
-    q_store_bf16_hw((uint16_t*)y, ldy, buf, rows, n);
-  } else {
-    for (int i = 0; i < rows; ++i) _mm256_mask_storeu_epi16((uint16_t*)(y + i * ldy), m, bf16_round_soft(acc[i]));
-  }
-}
-
 // 16 input rows (qa rows lda apart, already offset to the first) x one tile of 16 output rows, all nb blocks.
 template <int FMT, typename T, bool HW_BF16>
 SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const int8_t* qa, int64_t lda, const float* da,
@@ -218,7 +202,7 @@ SGL_AMX_INT8 inline void quant_tile_amx(const uint8_t* tile, int64_t nb, const i
       quant_block_epilogue_amx<FMT>(rec, b, nb, da, sa, sh, c, acc);
     }
   }
-  quant_store_amx<T, HW_BF16>(acc, y, ldy, rows, n);
+  q_store_rows<kQAmxRows, T, HW_BF16>(acc, y, ldy, rows, n);
 }
 
 // Two 16-row groups of inputs against one block's B tile of a 4-bit record, unpacked once for both: group 0's sums
@@ -291,8 +275,8 @@ SGL_AMX_INT8 inline void quant_tile_amx_pair(const uint8_t* tile, int64_t nb, co
     quant_block_epilogue_amx<FMT>(rec, b, nb, da, sa, sh, c, acc0);
     quant_block_epilogue_amx<FMT>(rec, b, nb, da1, sa1, sh1, c + 2, acc1);
   }
-  quant_store_amx<T, HW_BF16>(acc0, y, ldy, std::min(rows, kQAmxRows), n);
-  quant_store_amx<T, HW_BF16>(acc1, y + kQAmxRows * ldy, ldy, rows - kQAmxRows, n);
+  q_store_rows<kQAmxRows, T, HW_BF16>(acc0, y, ldy, std::min(rows, kQAmxRows), n);
+  q_store_rows<kQAmxRows, T, HW_BF16>(acc1, y + kQAmxRows * ldy, ldy, rows - kQAmxRows, n);
 }
 
 // Output columns of tiles [t0, t1) of y [M, N]; qa / da / sa / sh hold ceil(M / 16) * 16 rows (the padding zero).
