@@ -33,6 +33,11 @@ def quant_kernels():
     return get_quant_ops()
 
 
+def quant_kernels_for(device: torch.device, dtype: torch.dtype):
+    """quant_kernels() where they serve tensors of dtype on device (bf16 or fp32 on a CPU), else None (torch path)."""
+    return quant_kernels() if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) else None
+
+
 class QuantLinearMethod:
     def __init__(self, method: str):
         self.method = method  # "gguf" | "w8a8_int8"
@@ -128,7 +133,7 @@ class QuantLinearMethod:
             raise RuntimeError(f"{type(layer).__name__} was never packed: its checkpoint tensors did not all load")
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        ops = quant_kernels() if x2.is_cpu and x2.dtype in (torch.bfloat16, torch.float32) else None
+        ops = quant_kernels_for(x2.device, x2.dtype)
         if ops is not None:
             out = ops.quant_linear(x2, packed, layer.output_size, layer.quant_format)
             if bias is not None:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers.quantization import packing
-from sglang.srt.layers.quantization.linear_method import QuantLinearMethod, quant_kernels
+from sglang.srt.layers.quantization.linear_method import QuantLinearMethod, quant_kernels_for
 
 # The torch path's embedding lookup dequantizes a few tokens at a time, each pass's tensors under torch's parallel grain
 # (at::internal::GRAIN_SIZE elements), so its ~10 small operators run on the calling thread: on a busy 2-core
@@ -69,12 +69,6 @@ def dequantize_rows(packed: torch.Tensor, bits: int, ids: torch.Tensor, cols: in
     return w.reshape(ids.shape[0], blocks * packing.BLOCK)[:, :cols].to(dtype)
 
 
-def _kernels_for(device: torch.device, dtype: torch.dtype):
-    """The quant_linear kernels where they serve tensors of dtype on device (bf16 or fp32 on a CPU with them), else
-    None."""
-    return quant_kernels() if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) else None
-
-
 class QuantVocabMethod(QuantLinearMethod):
     def __init__(self):
         super().__init__("gguf")
@@ -100,7 +94,7 @@ class QuantVocabMethod(QuantLinearMethod):
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N] -> [N, hidden] of the model dtype: the looked-up rows dequantized from the packed table."""
         packed = self._packed(layer)
-        ops = _kernels_for(packed.device, layer.dtype)
+        ops = quant_kernels_for(packed.device, layer.dtype)
         if ops is not None:
             return ops.quant_embedding(input_ids, packed, layer.output_size, layer.input_size, layer.quant_format,
                                        out_fp32=layer.dtype == torch.float32)
@@ -116,7 +110,7 @@ class QuantVocabMethod(QuantLinearMethod):
         to a bf16 x's dtype and widened again (for a decode batch of 32 on the Gemma 3 262k vocabulary that second pass
         over the logits cost ~7 ms a step); the torch path multiplies the fp32 table with x in fp32."""
         packed = self._packed(layer)
-        ops = _kernels_for(x.device, x.dtype)
+        ops = quant_kernels_for(x.device, x.dtype)
         if ops is not None:
             return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format, out_fp32=True)
         rows, tiles_per_pass = layer.output_size, TORCH_PATH_ROWS // packing.TILE_ROWS
@@ -133,7 +127,7 @@ class QuantVocabMethod(QuantLinearMethod):
     def argmax(self, layer: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         """x [M, hidden] -> int64 [M]: each row's first maximum of apply(layer, x) (a NaN counting as the maximum),
         by the kernel that never writes the logits (quant_linear_argmax.h); None without the kernels."""
-        ops = _kernels_for(x.device, x.dtype)
+        ops = quant_kernels_for(x.device, x.dtype)
         if ops is None:
             return None
         return ops.quant_linear_argmax(x.contiguous(), self._packed(layer), layer.output_size, layer.quant_format)
