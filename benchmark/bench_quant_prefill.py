@@ -1,5 +1,5 @@
-"""Prefill-sized quant_linear on a real GGUF's layers: the AMX-BF16 dense path (quant_gemm_amx_dense.h, from 256
-rows of bf16 activations) against the AMX-INT8 path on the same rows (the same call cut into pieces of 255 rows, each
+"""Batch-sized quant_linear on a real GGUF's layers: the AMX-BF16 dense path (quant_gemm_amx_dense.h, from 32
+rows of bf16 activations) against the AMX-INT8 path on the same rows (the same call cut into pieces of 31 rows, each
 below the dense path's threshold), and torch's bf16 F.linear over the dequantized weight as a ceiling, in one run.
 
     python benchmark/bench_quant_prefill.py [--gguf FILE] [--rows 512 2048] [--layer 0] [--threads 1]
@@ -23,7 +23,7 @@ from sglang.srt.layers.quantization import packing
 from sglang.srt.model_loader import load_model, resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
-INT8_PIECE_ROWS = 255  # below the dense path's 256
+INT8_PIECE_ROWS = 31  # below the dense path's 32
 
 
 def layer_linears(model, index: int) -> dict:

@@ -315,7 +315,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "amx_bf16_dense (quant_gemm_amx_dense.h), amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: bits "
-        "+ 16 * header); activations int8 per 32 values; the result in x's dtype, or fp32 with out_fp32",
+        "+ 16 * header); activations int8 per 32 values (at level amx, from 32 bf16 rows: as they are, times the weights "
+        "rounded to bf16); the result in x's dtype, or fp32 with out_fp32",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false);
   m.def("quant_linear_argmax", &quant_linear_argmax,
         "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True) without the logits (a greedy "

@@ -43,6 +43,16 @@ inline bool quant_uses_amx_dense(sgl_cpu::CpuIsa level, int64_t M, bool bf16, in
   return level >= sgl_cpu::CpuIsa::kAmx && bf16 && M >= sgl_cpu::kQDenseMinRows && K % sgl_cpu::kQBlock == 0;
 }
 
+// The dense AMX path's activations: the A tiles read 16 rows at a time, so a copy padded with zero rows when M is not
+// a multiple of 16.
+inline at::Tensor quant_dense_rows(const at::Tensor& xc) {
+  const int64_t M = xc.size(0), Mp = (M + 15) / 16 * 16;
+  if (Mp == M) return xc;
+  at::Tensor xp = at::zeros({Mp, xc.size(1)}, xc.options());
+  xp.narrow(0, 0, M).copy_(xc);
+  return xp;
+}
+
 // The dense AMX path's dequantization of one tile for a format code.
 inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
   switch (format) {
@@ -156,7 +166,7 @@ inline int64_t quant_check_args(const char* fn, const at::Tensor& x, const at::T
 
 // x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N]
 // in x's dtype, or fp32 with out_fp32 (a bf16 lm_head's logits: the kernels' fp32 sums as they are, neither rounded to
-// bf16 nor widened again by a second pass; the dense path's bf16 tiles are widened).
+// bf16 nor widened again by a second pass; the dense path's C tiles as they are).
 // format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format, bool out_fp32) {
   const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
@@ -165,19 +175,20 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   at::Tensor xc = x.contiguous();
   if (quant_uses_amx_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
-    // the A tiles read 16 rows at a time: a copy padded with zero rows when M is not a multiple of 16
-    const int64_t Mp = (M + 15) / 16 * 16;
-    at::Tensor xp = Mp == M ? xc : at::zeros({Mp, K}, xc.options());
-    if (Mp != M) xp.narrow(0, 0, M).copy_(xc);
-    at::Tensor y = at::empty({M, N}, x.options());
+    const at::Tensor xp = quant_dense_rows(xc);
+    at::Tensor y = at::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
     const uint8_t* wp = packed.data_ptr<uint8_t>();
     const uint16_t* xq = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
-    uint16_t* yq = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
     const sgl_cpu::QDenseDequant dequant = quant_dense_dequant((int)format);
     sgl_cpu::parallel_for(0, (tiles + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
-      sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M, yq, N, 2 * p0, std::min(2 * p1, tiles));
+      const int64_t u0 = 2 * p0, u1 = std::min(2 * p1, tiles);
+      if (out_fp32)
+        sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M, y.data_ptr<float>(), N, u0, u1);
+      else
+        sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M,
+                                      reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, u0, u1);
     });
-    return out_fp32 ? y.to(at::kFloat) : y;
+    return y;
   }
   const QuantActs a = quant_activations(xc, level, (int)format, nb);
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;

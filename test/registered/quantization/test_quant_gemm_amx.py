@@ -10,10 +10,11 @@ The decode rows of a GGUF Q8_0 lm_head (1 to 255, across each switch point) are 
 the int8 activations the kernels quantize (reproduced here) within fp32 rounding: a change both paths share (a block's
 residual-pass sum, quant_block_sum) cannot hide behind their agreement.
 
-From 256 rows of bf16 activations quant_linear dequantizes each weight tile into three bf16 terms on AMX-BF16 tiles
-(quant_gemm_amx_dense.h): hi + mid + lo is the fp32 weight d * u + c exactly, so a one-hot power-of-two activation
-row gives bf16(x_k * w[:, k]) bit for bit (the torch path's fp32 dequantization, packing.unpack_dequantize); random
-rows are within half a bf16 ulp of the fp64 product plus fp32 summation, far inside the int8 paths' bound.
+From 32 rows of bf16 activations quant_linear dequantizes each weight tile to bf16 on AMX-BF16 tiles
+(quant_gemm_amx_dense.h): each weight is the fp32 d * u + c rounded to bf16 (torch's round to nearest even of the
+torch path's fp32 dequantization, packing.unpack_dequantize), so a one-hot power-of-two activation row gives
+bf16(x_k * bf16(w[:, k])) bit for bit; random rows are within half a bf16 ulp of the fp64 product of those weights
+plus fp32 summation (fp32 outputs: within the summation alone), across one and several passes over the output tiles.
 """
 
 import unittest
@@ -63,9 +64,9 @@ class TestQuantGemmAmx(unittest.TestCase):
 
     def test_amx_path_is_taken_from_8_rows(self):
         self.ops.set_cpu_isa("amx")
-        self.assertEqual([self.ops.quant_path(m) for m in (1, 7, 8, 64)],
+        self.assertEqual([self.ops.quant_path(m) for m in (1, 7, 8, 31)],
                          ["avx512_vnni", "avx512_vnni", "amx_int8", "amx_int8"])
-        self.assertEqual([self.ops.quant_path(m) for m in (255, 256, 4096)], ["amx_int8", "amx_bf16_dense", "amx_bf16_dense"])
+        self.assertEqual([self.ops.quant_path(m) for m in (32, 256, 4096)], ["amx_bf16_dense"] * 3)
         self.ops.set_cpu_isa("avx512_bf16")
         self.assertEqual(self.ops.quant_path(64), "avx512_vnni")
         self.assertEqual(self.ops.quant_path(4096), "avx512_vnni")
@@ -75,8 +76,9 @@ class TestQuantGemmAmx(unittest.TestCase):
         for fmt in RECORD_BYTES:
             for n, k in ((40, 640), (48, 96)):
                 w = random_packed(fmt, n, k, gen)
-                for m in (8, 9, 16, 17, 32, 33, 45, 64):
-                    for dtype in (torch.bfloat16, torch.float32):
+                for m in (8, 9, 16, 17, 31, 32, 33, 45, 64):
+                    # bf16 from 32 rows takes the dense path (below); fp32 keeps the int8 tiles at every row count
+                    for dtype in (torch.bfloat16, torch.float32) if m < 32 else (torch.float32,):
                         x = torch.randn(m, k, generator=gen).to(dtype)
                         self.ops.set_cpu_isa("avx512_bf16")
                         want = self.ops.quant_linear(x, w, n, fmt)
@@ -100,16 +102,19 @@ class TestQuantGemmAmx(unittest.TestCase):
             w[:, :, :hb] = f.half().float().contiguous().view(torch.uint8)
         return w, packing.unpack_dequantize(w, fmt, n, k, torch.float32)
 
-    def test_dense_path_is_the_fp32_weights_exactly(self):
-        """One-hot rows of +-2^e: every product and partial sum is exact, so each output is bf16(x_k w[n, k]) bit for
-        bit; a lost term (mid or lo), a wrong scale or a misplaced k pair changes bits. 260 / 300 rows: the padded last
-        input tile; n 40 (a partial output tile, an odd count) and 48; K 640 and 96."""
+    def test_dense_path_is_the_bf16_rounded_weights(self):
+        """One-hot rows of +-2^e: every product and partial sum is exact, so each output is bf16(x_k bf16(w[n, k])) bit
+        for bit; a wrong scale, an unrounded or misplaced k pair changes bits. 44 rows: a padded last input tile; 300:
+        several; 500: two passes over the output tiles (kQDensePassBytes at K 640); n 40 (a partial output tile, an odd
+        count) and 48; K 640 and 96."""
         self.ops.set_cpu_isa("amx")
         gen = torch.Generator().manual_seed(1)
         for fmt in RECORD_BYTES:
             for n, k in ((40, 640), (48, 96)):
                 packed, w32 = self._dense_weights(fmt, n, k, gen)
-                for m in (260, 300):
+                wb = w32.bfloat16().double()
+                self.assertFalse(torch.equal(wb, w32.double()))  # the rounding is seen
+                for m in (44, 300, 500):
                     cols = torch.arange(m) % k
                     x = torch.zeros(m, k)
                     signs = torch.randint(0, 2, (m,), generator=gen) * 2 - 1
@@ -117,29 +122,34 @@ class TestQuantGemmAmx(unittest.TestCase):
                     x = x.bfloat16()
                     self.assertEqual(self.ops.quant_path(m), "amx_bf16_dense")
                     got = self.ops.quant_linear(x, packed, n, fmt)
-                    want = (x.double() @ w32.double().T).bfloat16()
+                    want = x.double() @ wb.T
                     with self.subTest(fmt=fmt, n=n, k=k, m=m):
-                        self.assertTrue(torch.isfinite(want.float()).all())
-                        self.assertTrue(torch.equal(got, want), (got != want).sum().item())
+                        self.assertTrue(torch.isfinite(want).all())
+                        self.assertTrue(torch.equal(got, want.bfloat16()), (got != want.bfloat16()).sum().item())
+                        self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, n, fmt, True), want.float()))
 
     def test_dense_path_random_rows_within_fp32_summation(self):
-        """Random bf16 rows (1,000: three passes over the output tiles at K 640) against the fp64 product: within half
-        a bf16 ulp of it plus fp32 summation's bound (3K terms: 3K * 2^-24 * sum |x w|), and bf16(fp64) on >= 99.9% of outputs
-        (the int8 paths miss it on 2% (8-bit weights) to 70% (4-bit) of these)."""
+        """Random bf16 rows (32: the first dense row count; 1,000: three passes over the output tiles at K 640) against
+        the fp64 product of the bf16-rounded weights: fp32 outputs within fp32 summation's bound (K terms:
+        K * 2^-24 * sum |x w|), bf16 outputs those rounded, bf16(fp64) on >= 99.9% of them. Against the unrounded
+        weights the error is larger than that bound (the weights' rounding is what the dense path adds)."""
         self.ops.set_cpu_isa("amx")
         gen = torch.Generator().manual_seed(2)
         for fmt in RECORD_BYTES:
-            n, k, m = 40, 640, 1000
-            packed, w32 = self._dense_weights(fmt, n, k, gen)
-            x = torch.randn(m, k, generator=gen).bfloat16()
-            got = self.ops.quant_linear(x, packed, n, fmt).double()
-            ref = x.double() @ w32.double().T
-            mag = x.double().abs() @ w32.double().abs().T
-            ulp = torch.pow(2.0, torch.floor(torch.log2(ref.abs().clamp_min(1e-30))) - 7)
-            bound = ulp / 2 + 3 * k * 2.0**-24 * mag
-            with self.subTest(fmt=fmt):
-                self.assertTrue(((got - ref).abs() <= bound).all(), ((got - ref).abs() - bound).max())
-                self.assertGreaterEqual((got == ref.bfloat16().double()).double().mean().item(), 0.999)
+            for m in (32, 1000):
+                n, k = 40, 640
+                packed, w32 = self._dense_weights(fmt, n, k, gen)
+                wb = w32.bfloat16().double()
+                x = torch.randn(m, k, generator=gen).bfloat16()
+                got32 = self.ops.quant_linear(x, packed, n, fmt, True).double()
+                got = self.ops.quant_linear(x, packed, n, fmt)
+                ref = x.double() @ wb.T
+                bound = k * 2.0**-24 * (x.double().abs() @ wb.abs().T)
+                with self.subTest(fmt=fmt, m=m):
+                    self.assertTrue(((got32 - ref).abs() <= bound).all(), ((got32 - ref).abs() - bound).max())
+                    self.assertTrue(torch.equal(got, got32.bfloat16()))
+                    self.assertGreaterEqual((got.double() == ref.bfloat16().double()).double().mean().item(), 0.999)
+                    self.assertGreater(((got32 - x.double() @ w32.double().T).abs() - bound).max().item(), 0)
 
     def test_dense_path_not_for_fp32_activations(self):
         """fp32 activations keep the int8 path at any row count (the bf16 tiles would round them): the same bits as the
@@ -154,8 +164,8 @@ class TestQuantGemmAmx(unittest.TestCase):
 
     def test_q8_0_decode_rows_against_the_int8_formula(self):
         """The lm_head's decode path (a GGUF Q8_0 table, K 640, outputs past whole 16-row tiles) at the row counts
-        decode serves, on both sides of each switch point (7 | 8: VNNI | AMX-INT8 tiles; 16 | 17 | 32: one, one and
-        a partial, two 16-row groups; 255: the last int8 row count): against the fp64 GGUF formula (d q per block of
+        decode serves, on both sides of each switch point (7 | 8: VNNI | AMX-INT8 tiles; 16 | 17 | 31: one, one and
+        a partial, two 16-row groups; 32 and 255: fp32 on the int8 tiles, bf16 on the dense path): against the fp64 GGUF formula (d q per block of
         32, read from the gguf package's bytes) times the activations the kernel quantizes (int8 + the residual
         pass, reproduced here), within 2^-21 of the u-form magnitudes: what fp32 rounding alone can leave. A wrong
         block scale, a dropped or mis-scaled residual pass, or a lost c * sa term misses by orders more."""
@@ -171,7 +181,7 @@ class TestQuantGemmAmx(unittest.TestCase):
         q = torch.from_numpy(blocks[:, :, 2:].copy().view(np.int8).astype(np.float64))
         wq = (d * q).reshape(n, k)  # the GGUF formula
         mag = (d.abs() * (q + 128) + 128 * d.abs()).reshape(n, k)  # the kernel's u-form |d| u + |c|
-        for m in (1, 7, 8, 16, 17, 32, 255):
+        for m in (1, 7, 8, 16, 17, 31, 32, 255):
             x = torch.randn(m, k, generator=gen)
             a = int8_activations(x)
             self.ops.set_cpu_isa("amx")
@@ -180,13 +190,19 @@ class TestQuantGemmAmx(unittest.TestCase):
             bound = 2.0**-21 * (a.abs() @ mag.T) + 1e-30
             with self.subTest(m=m, path=self.ops.quant_path(m)):
                 self.assertLessEqual(((got - want).abs() / bound).max().item(), 1.0)
-            # bf16 activations (the served dtype) take the same path: within the fp32 bound plus the output's rounding
+            # bf16 activations (the served dtype): below 32 rows the same path, within the fp32 bound plus the output's
+            # rounding; from 32 rows the dense one: the bf16 rows times bf16(d q), within fp32 summation and rounding
             xb = x.bfloat16()
             got16 = self.ops.quant_linear(xb, packed, n, 8).double()
-            want16 = int8_activations(xb.float()) @ wq.T
             ulp = torch.pow(2.0, torch.floor(torch.log2(got16.abs().clamp_min(1e-30))) - 7)  # got16 rounds to nearest
-            with self.subTest(m=m, dtype="bf16"):
-                self.assertTrue(((got16 - want16).abs() <= ulp / 2 + 2.0**-21 * (int8_activations(xb.float()).abs() @ mag.T)).all())
+            if self.ops.quant_path(m) == "amx_bf16_dense":
+                wqb = wq.float().bfloat16().double()  # d q is exact in fp32 (11 + 8 bits)
+                want16, slack = xb.double() @ wqb.T, k * 2.0**-24 * (xb.double().abs() @ wqb.abs().T)
+            else:
+                a16 = int8_activations(xb.float())
+                want16, slack = a16 @ wq.T, 2.0**-21 * (a16.abs() @ mag.T)
+            with self.subTest(m=m, dtype="bf16", path=self.ops.quant_path(m)):
+                self.assertTrue(((got16 - want16).abs() <= ulp / 2 + slack).all())
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ The reference weights come from the `gguf` package's own quantize/dequantize (wr
 independent of our packing code); int8 weight-only from a per-row formula computed here. The kernel quantizes
 activations to int8 per 32 values (as llama.cpp does), so it is compared twice: with that quantization emulated in
 float64 (tight: only fp32 summation and the bf16 output rounding differ) and with the exact float product (loose).
+On an AMX CPU a bf16 batch of 32 rows or more (K whole blocks) takes the dense path instead (quant_gemm_amx_dense.h:
+the weights rounded to bf16, the activations as they are), emulated here as the fp64 product of bf16(weights).
 """
 
 import unittest
@@ -63,6 +65,12 @@ def int8_weight(n: int, k: int, rng):
     return staging, staging_values(staging, k)
 
 
+def takes_dense(ops, m: int, k: int, dtype) -> bool:
+    """Whether quant_linear serves m rows of K k in dtype on the dense AMX-BF16 path (bf16, K whole blocks, the level
+    and row count quant_path names)."""
+    return dtype == torch.bfloat16 and k % 32 == 0 and ops.quant_path(m) == "amx_bf16_dense"
+
+
 def emulated(x: torch.Tensor, w_ref: torch.Tensor, bits: int) -> torch.Tensor:
     """x @ w_ref^T with x quantized to int8 per block of 32 (scale max|x| / 127, round to nearest), in float64;
     with 8-bit weights the rounding residual is quantized once more (scale d / 254) and added."""
@@ -97,13 +105,20 @@ class TestQuantKernels(unittest.TestCase):
         self.assertEqual((out.shape, out.dtype), ((max(ROWS), n), dtype))
         exact = x.double() @ ref.double().t()
         scale = exact.abs().max().item()
-        err_emulated = (out.double() - emulated(x, ref, bits)).abs().max().item() / scale
-        err_exact = (out.double() - exact).abs().max().item() / scale
-        self.assertLess(err_emulated, 4e-3 if dtype == torch.bfloat16 else 1e-4, (n, k, bits))
-        self.assertLess(err_exact, 3e-2 if bits == 4 else 5e-3, (n, k, bits))
-        for rows in ROWS:  # a row's result does not depend on its batch mates
-            self.assertTrue(torch.equal(self.ops.quant_linear(x[:rows], packed, n, bits), out[:rows]), rows)
-            self.assertTrue(torch.equal(self.ops.quant_linear(x[rows - 1 : rows], packed, n, bits), out[rows - 1 : rows]))
+        few = self.ops.quant_linear(x[:31], packed, n, bits)  # the int8 paths at any level
+        dense = takes_dense(self.ops, max(ROWS), k, dtype)
+        for got, rows, want in ((out, max(ROWS), x.double() @ ref.bfloat16().double().t() if dense else
+                                 emulated(x, ref, bits)), (few, 31, emulated(x[:31], ref, bits))):
+            err_emulated = (got.double() - want).abs().max().item() / scale
+            err_exact = (got.double() - exact[:rows]).abs().max().item() / scale
+            self.assertLess(err_emulated, 4e-3 if dtype == torch.bfloat16 else 1e-4, (n, k, bits, rows))
+            self.assertLess(err_exact, 3e-2 if bits == 4 else 5e-3, (n, k, bits, rows))
+        for rows in ROWS:  # a row's result does not depend on its batch mates (within a path)
+            batch = out if not dense or takes_dense(self.ops, rows, k, dtype) else few
+            self.assertTrue(torch.equal(self.ops.quant_linear(x[:rows], packed, n, bits), batch[:rows]), rows)
+            one = self.ops.quant_linear(x[rows - 1 : rows], packed, n, bits)  # the int8 paths
+            mates = out if not dense else self.ops.quant_linear(x[max(0, rows - 8) : rows], packed, n, bits)
+            self.assertTrue(torch.equal(one, mates[rows - 1 : rows] if not dense else mates[-1:]), rows)
         return bits
 
     def test_gguf_types_with_row_and_column_tails(self):

@@ -7,6 +7,9 @@ from the kernel's int8 activations: |x - da qa| <= da / 2 per value (da = max|x|
 with the residual pass of 8-bit weights, plus fp32 summation and, for bf16 outputs, the final rounding. Levels are
 also checked against each other: Q4 is the same integer sum and the same FMAs on every level (bit-identical), 8-bit
 weights differ by fp32 rounding only. bf16 outputs are torch's `.to(torch.bfloat16)` of the fp32 result, bit for bit.
+At level amx a bf16 batch of 32 rows or more (K whole blocks) takes the dense path (quant_gemm_amx_dense.h): no
+activation rounding, each weight rounded to bf16 (2^-9 of it at most); its bound says so, and it is held to the
+bound alone (not to the int8 levels' bits).
 """
 
 import re
@@ -22,7 +25,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=10, suite="cpu")
 
 LEVELS = ("scalar", "avx2", "avx512_vnni", "avx512_bf16", "amx")
-ROWS = (1, 2, 7, 8, 9, 17)
+ROWS = (1, 2, 7, 8, 9, 17, 32)
 SHAPES = ((100, 59), (64, 40), (576, 27))  # (K, N): K tails, N past 16-row tiles and 8-row halves
 KINDS = ("Q4_0", "Q4_1", "Q8_0", "int8")
 GGUF = {"Q4_0": packing.GGUF_Q4_0, "Q4_1": packing.GGUF_Q4_1, "Q8_0": packing.GGUF_Q8_0}
@@ -81,9 +84,12 @@ def make_weight(kind: str, n: int, k: int, rng) -> tuple:
     return packing.pack(staging, bits), bits, torch.from_numpy(ref[:, :k]), torch.from_numpy(mag[:, :k])
 
 
-def error_bound(x: torch.Tensor, w: torch.Tensor, mag: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per output element: what the int8 activations (and fp32 arithmetic) may move x @ w^T by."""
+def error_bound(x: torch.Tensor, w: torch.Tensor, mag: torch.Tensor, bits: int, dense: bool = False) -> torch.Tensor:
+    """Per output element: what the int8 activations (and fp32 arithmetic) may move x @ w^T by; dense: what the bf16
+    weights (and fp32 arithmetic) may."""
     m, k = x.shape
+    if dense:
+        return x.double().abs() @ (w.abs() * 2.0**-9 + mag * 2.0**-20).t()
     xb = torch.nn.functional.pad(x.double(), (0, -(-k // 32) * 32 - k)).reshape(m, -1, 32)
     da = (xb.abs().amax(-1, keepdim=True) / 127).expand_as(xb).reshape(m, -1)[:, :k]
     act = da / (2 if bits == 4 else 2 * 254) + x.double().abs() * 2.0**-22
@@ -143,19 +149,27 @@ class TestQuantLinearLevels(unittest.TestCase):
                     x[3] *= 100  # rows of other scales: each row has its own da
                     x[5, : min(k, 40)] = 0  # an all-zero block (da = 0)
                     exact = x.double() @ w.t()
-                    bound = error_bound(x, w, mag, bits)
-                    if dtype == torch.bfloat16:
-                        bound = bound + (exact.abs() + bound) * 2.0**-8
-                    # the bound is the int8 activations' size, not a blanket tolerance
-                    self.assertLess((bound / exact.abs().amax(1, keepdim=True)).max().item(), 0.15 if bits == 4 else 1e-2)
                     outs = {}
                     for level in self.levels:
                         out = self.run_at(level, x, packed, n, bits)
+                        dense = dtype == torch.bfloat16 and k % 32 == 0 and self.ops.quant_path(max(ROWS)) == "amx_bf16_dense"
+                        bound = error_bound(x, w, mag, bits, dense)
+                        if dtype == torch.bfloat16:
+                            bound = bound + (exact.abs() + bound) * 2.0**-8
+                        # the bound is the int8 activations' (or bf16 weights') size, not a blanket tolerance
+                        self.assertLess((bound / exact.abs().amax(1, keepdim=True)).max().item(),
+                                        0.2 if bits == 4 else 4e-2 if dense else 1e-2)
                         self.assertEqual((out.shape, out.dtype), ((max(ROWS), n), dtype))
                         excess = ((out.double() - exact).abs() - bound).max().item()
-                        self.assertLessEqual(excess, 0, (level, kind, k, n, dtype))
-                        for m in ROWS:  # a row's result does not depend on its batch mates
-                            self.assertTrue(torch.equal(self.run_at(level, x[:m], packed, n, bits), out[:m]), (level, m))
+                        self.assertLessEqual(excess, 0, (level, kind, k, n, dtype, dense))
+                        few = self.run_at(level, x[:31], packed, n, bits)  # the int8 paths at every level
+                        for m in ROWS:  # a row's result does not depend on its batch mates (within a path)
+                            same = out if not dense or m >= 32 else few
+                            self.assertTrue(torch.equal(self.run_at(level, x[:m], packed, n, bits), same[:m]), (level, m))
+                        if dense:  # the int8 paths' rows, for the level comparison below
+                            out = torch.cat([few, self.run_at(level, x[31:], packed, n, bits)])
+                            self.ops.set_cpu_isa(level)
+                            self.assertNotEqual(self.ops.quant_path(2), "amx_bf16_dense")
                         outs[level] = out
                     self.compare_levels(outs, x, mag, bits, dtype, (kind, k, n, dtype))
 
