@@ -34,10 +34,13 @@
 
 namespace sgl_cpu {
 
-// Fewer input rows: the int8 paths (from 8 rows AMX-INT8 tiles): below 32 rows the dense path gains little on the
-// layers and loses on a large vocabulary's lm_head, and short prefills (a few prompts of a few tokens) keep the int8
-// paths' bits, which do not depend on the batch's size.
+// Fewer input rows: the int8 paths (from 8 rows AMX-INT8 tiles). kQDenseMinRows is the default (a decode batch:
+// below 32 rows the dense path gains little on the layers and loses on a large vocabulary's lm_head);
+// kQDenseMinRowsPrefill is the model runner's for every other forward (set_quant_dense_prefill): a prompt's
+// prefill keeps the int8 paths' bits below it whether its prefix was cached or not, as it did before decode batches
+// took this path (the int8 paths' rows do not depend on how many rows their call has).
 constexpr int kQDenseMinRows = 32;
+constexpr int kQDenseMinRowsPrefill = 256;
 constexpr int64_t kQDenseBlockElems = 512;  // bf16 per dequantized block (16 k-pairs x 16 rows x 2)
 
 SGL_AMX_QDENSE inline void quant_dense_configure() {

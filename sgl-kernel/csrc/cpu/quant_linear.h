@@ -8,6 +8,7 @@
 #include "parallel.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "isa.h"
 #include "quant_gemm.h"
@@ -37,10 +38,15 @@ inline bool quant_uses_amx(sgl_cpu::CpuIsa level, int64_t M) {
   return level >= sgl_cpu::CpuIsa::kAmx && M >= sgl_cpu::kQAmxMinRows;
 }
 
+// The fewest rows the dense path takes in this process: kQDenseMinRows, or kQDenseMinRowsPrefill while the model
+// runner runs a forward that is not a decode batch (set_quant_dense_prefill).
+inline std::atomic<int64_t> g_quant_dense_min_rows{sgl_cpu::kQDenseMinRows};
+
 // True when quant_linear takes the dequantized bf16 tiles (quant_gemm_amx_dense.h): level amx, bf16 activations whose
-// K is whole blocks, M >= kQDenseMinRows.
+// K is whole blocks, M >= the current minimum (g_quant_dense_min_rows).
 inline bool quant_uses_amx_dense(sgl_cpu::CpuIsa level, int64_t M, bool bf16, int64_t K) {
-  return level >= sgl_cpu::CpuIsa::kAmx && bf16 && M >= sgl_cpu::kQDenseMinRows && K % sgl_cpu::kQBlock == 0;
+  return level >= sgl_cpu::CpuIsa::kAmx && bf16 && M >= g_quant_dense_min_rows.load(std::memory_order_relaxed) &&
+         K % sgl_cpu::kQBlock == 0;
 }
 
 // The dense AMX path's activations: the A tiles read 16 rows at a time, so a copy padded with zero rows when M is not

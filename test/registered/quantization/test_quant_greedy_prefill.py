@@ -5,9 +5,12 @@ Checked, each with the forward batches recorded as BatchRunner built them (Forwa
 LogitsProcessor returned token ids): a greedy batch's prefill and decode steps all run fused and give the text the
 sampler's argmax of the logits gives (the fused path switched off); a batch holding requests that ask for logprobs
 (output top logprobs; prompt logprobs from logprob_start_len 0) beside greedy ones keeps the logits path in every
-step, and those requests return their logprobs; a prompt longer than the chunk (chunked_prefill_size 24) is
+step, and those requests return their logprobs; a prompt longer than the chunk (chunked_prefill_size 32) is
 prefilled in fused steps whose chunk row is not sampled, and the texts equal the unfused ones; the fault injector's
-sample step still fires in a fused prefill, failing only its request.
+sample step still fires in a fused prefill, failing only its request. On an AMX CPU the model runner's rule for the
+quantized GEMMs (linear_method.quant_forward_rule): a decode batch of 32 requests takes the dense AMX path, a prefill
+batch of 32 rows the int8 one (the dense path from 256 rows there), and the kernels' default (32) is back after each
+forward.
 """
 
 import time
@@ -21,7 +24,9 @@ from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 from sglang.srt.managers.batch_runner import BatchRunner
 from sglang.srt.managers.fault_injection import FaultInjector, parse_rules
+from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
 from sglang.srt.managers.generate_output import GenerateAccumulator
+from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.engine_fixtures import assert_idle_and_intact, shutdown
@@ -30,9 +35,7 @@ register_cpu_ci(est_time=25, suite="cpu")
 
 PROMPTS = ["The three primary colors are", "Write a haiku about the ocean.\n", "def fibonacci(n):"]
 SAMPLING = {"temperature": 0.0, "max_new_tokens": 16}
-# below the dense AMX path's 32 rows (quant_gemm_amx_dense.h): every batch here takes the int8 kernels, whose rows do
-# not depend on their batch mates, so texts can be compared across the batch compositions below
-CHUNK = 24
+CHUNK = 32
 LONG_PROMPT = "Here is a long story about a cat who sails to the moon. " * 8  # > 3 chunks of CHUNK tokens
 
 
@@ -173,3 +176,31 @@ def test_a_sample_fault_in_a_fused_prefill_fails_only_its_request(engine, monkey
     assert reason["type"] == "abort" and reason["status_code"] == 500 and "The sample step failed" in reason["message"]
     assert summary(out[1:]) == greedy[1:]
     assert_idle_and_intact(engine)
+
+
+def test_decode_batches_take_the_dense_path_and_prefills_the_int8_one(engine, monkeypatch):
+    ops = quant_kernels()
+    if not hasattr(ops, "quant_path") or ops.cpu_isa_native() != "amx" or ops.get_cpu_isa() != "amx":
+        pytest.skip("the dense AMX path needs an AMX CPU")
+    seen, mode = [], {}
+    forward_local, apply = ModelRunner.forward_local, QuantLinearMethod.apply
+
+    def forward(self, fb):
+        mode["decode"] = fb.forward_mode.is_decode()
+        return forward_local(self, fb)
+
+    def recording_apply(self, layer, x, *args, **kwargs):
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        seen.append((mode["decode"], rows, ops.quant_path(rows)))
+        return apply(self, layer, x, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "forward_local", forward)
+    monkeypatch.setattr(QuantLinearMethod, "apply", recording_apply)
+    engine.flush_cache()
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]  # 32 requests decoding together
+    engine.generate(prompts, {"temperature": 0.0, "max_new_tokens": 3})
+    paths = {(decode, rows >= 32): {p for d, r, p in seen if d == decode and (r >= 32) == (rows >= 32)}
+             for decode, rows, _ in seen}
+    assert paths[(True, True)] == {"amx_bf16_dense"}, paths  # decode steps of 32 rows
+    assert paths[(False, True)] == {"amx_int8"}, paths  # prefill chunks of 32 rows (chunked_prefill_size)
+    assert ops.quant_path(32) == "amx_bf16_dense"  # the default, back after the forwards

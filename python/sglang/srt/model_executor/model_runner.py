@@ -21,6 +21,7 @@ import time
 import torch
 
 from sglang.srt.configs.resolved import resolve_backend, resolve_device, served_quantization, use_fp32_kernels
+from sglang.srt.layers.quantization.linear_method import quant_forward_rule
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, move_to_device
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.server_args import ServerArgs
@@ -262,4 +263,5 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         elif self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)  # decode of <= cuda_graph_max_bs requests
         self.attn_backend.init_forward_metadata(forward_batch)
-        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        with quant_forward_rule(forward_batch.forward_mode.is_decode()):
+            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)

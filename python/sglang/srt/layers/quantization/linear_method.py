@@ -15,6 +15,7 @@ path: dequantize the packed weight to the input's dtype for this call and F.line
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional
 
 import torch
@@ -31,6 +32,22 @@ def quant_kernels():
     """The compiled kernels when quant_linear runs here (CPU level avx2 and up: jit_kernel/cpu_isa.py), else None
     (torch path)."""
     return get_quant_ops()
+
+
+@contextlib.contextmanager
+def quant_forward_rule(decode: bool):
+    """The quantized GEMMs' kernel rule for one forward of the model runner: a decode batch takes the dense AMX path
+    (quant_gemm_amx_dense.h) from 32 rows, any other forward (a prefill, a verify) from 256, so a prompt's prefill
+    gives the same bits whether its prefix was cached or not below that; the default (32) is back afterwards."""
+    ops = quant_kernels()
+    if ops is None or decode:
+        yield
+        return
+    ops.set_quant_dense_prefill(True)
+    try:
+        yield
+    finally:
+        ops.set_quant_dense_prefill(False)
 
 
 def quant_kernels_for(device: torch.device, dtype: torch.dtype):
