@@ -1,5 +1,6 @@
 """20 JSON schemas for the structured-output tests: nested objects, arrays, enums, numbers with ranges, required
-fields. Strings and arrays are bounded (maxLength / maxItems) so every completion fits the token budget."""
+fields. Strings and arrays are bounded (maxLength / maxItems) so every completion fits a token budget (characters,
+not tokens: a budget must allow the bytes of the widest ones; test_structured_output_engine.MAX_NEW)."""
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 16}
 

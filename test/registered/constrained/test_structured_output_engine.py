@@ -21,7 +21,10 @@ from schemas import PROMPTS, SCHEMAS  # noqa: E402  (test/registered/constrained
 
 register_cpu_ci(est_time=200, suite="cpu")
 
-MAX_NEW = 80
+# schemas.py bounds every string at 16 characters, but a character is up to 4 UTF-8 bytes, each up to a token of the
+# default model's byte-level BPE: its longest schema (two items of a 16-character sku) then needs up to 2 x 16 x 4
+# tokens of strings and ~30 of JSON around them. At 80, a sampled run of 2-byte characters ran out (finish 'length').
+MAX_NEW = 160
 
 
 @pytest.fixture(scope="module")
