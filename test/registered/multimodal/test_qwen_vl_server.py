@@ -29,8 +29,10 @@ from sglang.test.qwen_vl_fixtures import (  # noqa: E402
 from sglang.test.test_utils import openai_client, popen_launch_server  # noqa: E402
 
 MAX_NEW = 6
-# /health while a video decodes: well under the decode itself (~1 s here); the loop answers in ~10 ms
-MAX_HEALTH_S = 0.15
+# /health while a video decodes: well under the decode itself (~1 s here); the loop answers in ~10 ms, and in up to
+# ~160 ms when another test group keeps both cores busy (fresh-clone CI, 2026-11-30). A loop blocked by the decode
+# would answer after most of the request's time: the bound is a third of that, at most MAX_HEALTH_S.
+MAX_HEALTH_S = 0.4
 
 
 def video(seed, **kw):
@@ -154,7 +156,7 @@ class TestQwenVlServer(unittest.TestCase):
         self.assertEqual(done["reply"].usage.completion_tokens, MAX_NEW)
         self.assertGreater(len(lags), 3, f"the request took {done['s']:.2f} s")
         lags.sort()
-        self.assertLess(lags[-1], MAX_HEALTH_S, lags)  # every /health while the video decodes
+        self.assertLess(lags[-1], min(MAX_HEALTH_S, done["s"] / 3), (done["s"], lags))  # every /health meanwhile
 
 
 if __name__ == "__main__":
