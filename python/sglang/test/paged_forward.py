@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sglang.srt.layers.attention.attention_registry import create_attention_backend
+from sglang.srt.layers.quantization.linear_method import quant_forward_rule
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.quantized_kv_pool import create_kv_pool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -87,7 +88,9 @@ class PagedForwardDriver:
             attn_backend=self.attn_backend,
         )
         self.attn_backend.init_forward_metadata(fb)
-        with torch.inference_mode():
+        # an extend forward, under the model runner's kernel rule for it (the quantized GEMMs' dense AMX path from 256
+        # rows), so these runs match what an Engine computes for the same prompt
+        with torch.inference_mode(), quant_forward_rule(decode=False):
             return self.model(fb.input_ids, fb.positions, fb)
 
     def greedy(self, prompt: List[int], max_new_tokens: int) -> List[int]:
