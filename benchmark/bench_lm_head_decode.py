@@ -2,7 +2,7 @@
 640, packed as the served model packs it) at the decode batch sizes, beside torch's bf16 F.linear over the
 dequantized table (a yardstick: the same product, 2 bytes a weight instead of 1.125).
 
-    python benchmark/bench_lm_head_decode.py [--gguf FILE] [--rows 1 8 32] [--reps 5] [--prebuilt] [--no-torch]
+    python benchmark/bench_lm_head_decode.py [--gguf FILE] [--rows 1 8 32] [--reps 5] [--prebuilt] [--no-torch] [--argmax]
 
 One thread; the times are this process's CPU time (time.process_time), which the other processes of a shared machine
 disturb least, the median of --reps calls. GB/s: bytes of weight read per call (the packed table, or the bf16 one)
@@ -55,6 +55,10 @@ def main():
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--no-torch", action="store_true", help="skip the bf16 F.linear yardstick")
+    p.add_argument("--argmax", action="store_true",
+                   help="time the fused greedy head (quant_linear_argmax: the token of each row, as greedy decoding "
+                        "calls it) instead of the logits; the error column then counts rows whose token differs from "
+                        "the fp64 product's argmax")
     p.add_argument("--prebuilt", action="store_true",
                    help="also time the installed sgl_kernel package's kernels even when built from other sources than "
                         "the checkout's (before / after: the calls alternate, so both see the same machine load)")
@@ -88,12 +92,19 @@ def main():
     for m in args.rows:
         x = torch.randn(m, k, generator=gen).bfloat16()
         ref = x.double() @ w32.double().T
-        fs = {key: (lambda k=k: k.quant_linear(x, packed, n, fmt)) for key, k in kernels.items()}
+        if args.argmax:
+            fs = {key: (lambda k=k: k.quant_linear_argmax(x, packed, n, fmt)) for key, k in kernels.items()}
+        else:
+            fs = {key: (lambda k=k: k.quant_linear(x, packed, n, fmt)) for key, k in kernels.items()}
         if not args.no_torch:
             fs["bf16 F.linear"] = lambda: F.linear(x, wb)
         sec = median_cpu_seconds(fs, args.reps)
         line = f"rows {m:3d} {ops.quant_path(m):12s}"
         for key, f in fs.items():
+            if args.argmax and key != "bf16 F.linear":
+                line += f" | {key} {sec[key] * 1e3:7.2f} ms {packed.numel() / sec[key] / 1e9:5.1f} GB/s " \
+                        f"tokens off {(f() != ref.argmax(-1)).sum().item()}/{m}"
+                continue
             err = ((f().double() - ref).abs().max() / ref.abs().max()).item()
             read = wb.numel() * 2 if key == "bf16 F.linear" else packed.numel()
             line += f" | {key} {sec[key] * 1e3:7.2f} ms {read / sec[key] / 1e9:5.1f} GB/s rel err {err:.1e}"

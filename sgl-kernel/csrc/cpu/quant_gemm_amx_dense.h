@@ -83,28 +83,40 @@ SGL_AMX_QDENSE inline void quant_record_to_bf16(const uint8_t* rec, uint16_t* ou
   }
 }
 
-// One packed tile (16 output rows, nb records) -> its nb B tiles at out (block b at out + b * kQDenseBlockElems).
+// One record of a packed tile -> its bf16 B tile at out, the weight stream prefetched kQPrefetchRecords ahead.
 template <int FMT>
-SGL_AMX_QDENSE inline void quant_dequant_tile(const uint8_t* tile, int64_t nb, uint16_t* out) {
-  constexpr int64_t rec_bytes = quant_record_bytes(FMT);
-  for (int64_t b = 0; b < nb; ++b) {
-    quant_prefetch_record<rec_bytes>(tile + b * rec_bytes);  // the weights stream from memory, a record at a time
-    quant_record_to_bf16<FMT>(tile + b * rec_bytes, out + b * kQDenseBlockElems);
-  }
+SGL_AMX_QDENSE inline void quant_dequant_record(const uint8_t* rec, uint16_t* out) {
+  quant_prefetch_record<quant_record_bytes(FMT)>(rec);
+  quant_record_to_bf16<FMT>(rec, out);
 }
 
-using QDenseDequant = void (*)(const uint8_t* tile, int64_t nb, uint16_t* out);
+using QDenseDequant = void (*)(const uint8_t* rec, uint16_t* out);
 
-// MT input tiles (16 rows each, x rows K apart) x NT output tiles (dequantized at w0, w1), all nb blocks, into
-// c[2i + j] (fp32 16 x 16).
+// What quant_dense_block dequantizes as it multiplies: dequant, one record's bytes, and the packed tiles of its
+// output tiles (p1 unused with one).
+struct QDenseFresh {
+  QDenseDequant dequant;
+  int64_t rec_bytes;
+  const uint8_t* p0;
+  const uint8_t* p1;
+};
+
+// MT input tiles (16 rows each, x rows K apart) x NT output tiles (their B tiles at w0, w1), all nb blocks, into
+// c[2i + j] (fp32 16 x 16). With fresh, the B tiles are dequantized here, block b + 1's records right after block b's
+// tile products are issued: the dequantization's vector work runs while the AMX unit multiplies, and the weights
+// stream from memory through both, where dequantizing a whole tile first left the unit and the stream idle in turn.
 template <int MT, int NT>
-SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, const uint16_t* w0, const uint16_t* w1,
-                                             int64_t nb, float (*c)[16][16]) {
+SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, uint16_t* w0, uint16_t* w1, int64_t nb,
+                                             float (*c)[16][16], const QDenseFresh* fresh) {
   const int64_t lda = K * 2;
   _tile_zero(0);
   if (NT > 1) _tile_zero(1);
   if (MT > 1) _tile_zero(2);
   if (MT > 1 && NT > 1) _tile_zero(3);
+  if (fresh != nullptr) {
+    fresh->dequant(fresh->p0, w0);
+    if (NT > 1) fresh->dequant(fresh->p1, w1);
+  }
   for (int64_t b = 0; b < nb; ++b) {
     _tile_loadd(4, x + b * 32, lda);
     if (MT > 1) _tile_loadd(5, x + 16 * K + b * 32, lda);
@@ -114,6 +126,11 @@ SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, const
     if (NT > 1) _tile_dpbf16ps(1, 4, 7);
     if (MT > 1) _tile_dpbf16ps(2, 5, 6);
     if (MT > 1 && NT > 1) _tile_dpbf16ps(3, 5, 7);
+    if (fresh != nullptr && b + 1 < nb) {
+      const int64_t off = (b + 1) * fresh->rec_bytes;
+      fresh->dequant(fresh->p0 + off, w0 + (b + 1) * kQDenseBlockElems);
+      if (NT > 1) fresh->dequant(fresh->p1 + off, w1 + (b + 1) * kQDenseBlockElems);
+    }
   }
   _tile_stored(0, c[0], 64);
   if (NT > 1) _tile_stored(1, c[1], 64);
@@ -140,10 +157,10 @@ SGL_AMX_QDENSE inline void quant_dense_store(float (*c)[16][16], T* y, int64_t l
 }
 
 template <int MT, int NT, typename T>
-SGL_AMX_QDENSE inline void quant_dense_tiles(const uint16_t* x, int64_t K, const uint16_t* w0, const uint16_t* w1,
-                                             int64_t nb, float (*c)[16][16], T* y, int64_t ldy, int64_t rows,
-                                             int64_t n) {
-  quant_dense_block<MT, NT>(x, K, w0, w1, nb, c);
+SGL_AMX_QDENSE inline void quant_dense_tiles(const uint16_t* x, int64_t K, uint16_t* w0, uint16_t* w1, int64_t nb,
+                                             float (*c)[16][16], const QDenseFresh* fresh, T* y, int64_t ldy,
+                                             int64_t rows, int64_t n) {
+  quant_dense_block<MT, NT>(x, K, w0, w1, nb, c, fresh);
   quant_dense_store<MT, NT, T>(c, y, ldy, rows, n);
 }
 
@@ -172,18 +189,20 @@ SGL_AMX_QDENSE inline void quant_gemm_amx_dense(QDenseDequant dequant, const uin
     for (int64_t t = t0; t < t1; t += 2) {
       const int nt = (int)std::min<int64_t>(2, t1 - t);
       uint16_t* w0 = one_pass ? buf : buf + (t - t0) * tile_elems;
-      if (m0 == 0)
-        for (int j = 0; j < nt; ++j) dequant(packed + (t + j) * tile_bytes, nb, w0 + j * tile_elems);
+      uint16_t* w1 = nt == 2 ? w0 + tile_elems : w0;
+      // the first pass's first input tiles dequantize the output tiles' records as they multiply them
+      const QDenseFresh fresh{dequant, tile_bytes / nb, packed + t * tile_bytes, packed + (t + nt - 1) * tile_bytes};
+      const QDenseFresh* f = m0 == 0 ? &fresh : nullptr;
       const int64_t n = std::min<int64_t>(nt * kQTileRows, N - t * kQTileRows);
       T* yt = y + (t - ty) * kQTileRows;
       int64_t m = m0;
-      for (; m + 16 < m1; m += 32) {  // two input tiles (the second may be partly padding)
-        if (nt == 2) quant_dense_tiles<2, 2, T>(x + m * K, K, w0, w0 + tile_elems, nb, c, yt + m * ldy, ldy, M - m, n);
-        else quant_dense_tiles<2, 1, T>(x + m * K, K, w0, w0, nb, c, yt + m * ldy, ldy, M - m, n);
+      for (; m + 16 < m1; m += 32, f = nullptr) {  // two input tiles (the second may be partly padding)
+        if (nt == 2) quant_dense_tiles<2, 2, T>(x + m * K, K, w0, w1, nb, c, f, yt + m * ldy, ldy, M - m, n);
+        else quant_dense_tiles<2, 1, T>(x + m * K, K, w0, w1, nb, c, f, yt + m * ldy, ldy, M - m, n);
       }
       if (m < m1) {  // one input tile left
-        if (nt == 2) quant_dense_tiles<1, 2, T>(x + m * K, K, w0, w0 + tile_elems, nb, c, yt + m * ldy, ldy, M - m, n);
-        else quant_dense_tiles<1, 1, T>(x + m * K, K, w0, w0, nb, c, yt + m * ldy, ldy, M - m, n);
+        if (nt == 2) quant_dense_tiles<1, 2, T>(x + m * K, K, w0, w1, nb, c, f, yt + m * ldy, ldy, M - m, n);
+        else quant_dense_tiles<1, 1, T>(x + m * K, K, w0, w1, nb, c, f, yt + m * ldy, ldy, M - m, n);
       }
     }
   }

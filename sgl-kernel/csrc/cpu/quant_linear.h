@@ -62,13 +62,13 @@ inline at::Tensor quant_dense_rows(const at::Tensor& xc) {
 // The dense AMX path's dequantization of one tile for a format code.
 inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
   switch (format) {
-    case 4: return &sgl_cpu::quant_dequant_tile<4>;
-    case 8: return &sgl_cpu::quant_dequant_tile<8>;
-    case 20: return &sgl_cpu::quant_dequant_tile<20>;
-    case 24: return &sgl_cpu::quant_dequant_tile<24>;
-    case 36: return &sgl_cpu::quant_dequant_tile<36>;
-    case 40: return &sgl_cpu::quant_dequant_tile<40>;
-    case 56: return &sgl_cpu::quant_dequant_tile<56>;
+    case 4: return &sgl_cpu::quant_dequant_record<4>;
+    case 8: return &sgl_cpu::quant_dequant_record<8>;
+    case 20: return &sgl_cpu::quant_dequant_record<20>;
+    case 24: return &sgl_cpu::quant_dequant_record<24>;
+    case 36: return &sgl_cpu::quant_dequant_record<36>;
+    case 40: return &sgl_cpu::quant_dequant_record<40>;
+    case 56: return &sgl_cpu::quant_dequant_record<56>;
     default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
   }
   return nullptr;
