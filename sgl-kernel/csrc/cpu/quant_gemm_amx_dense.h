@@ -65,6 +65,11 @@ SGL_AMX_QDENSE inline void quant_record_to_bf16(const uint8_t* rec, uint16_t* ou
   __m512 dw, cw, dw1, cw1;
   load_record_scales<HEAD>(rec, dw, cw, dw1, cw1);
   const __m512i ff = _mm512_set1_epi32(0xFF);
+  // byte j of each 32-bit lane, zero-extended: j = 0 a mask, j = 3 a shift, j = 1, 2 one byte shuffle each (index
+  // 0x80: zero), one instruction a vector where a shift and a mask took two
+  const __m512i byte1 = _mm512_set1_epi32((int)0x80808001u), byte2 = _mm512_set1_epi32((int)0x80808002u);
+  const __m512i lane4 = _mm512_set_epi32(12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0);
+  const __m512i sh1 = _mm512_add_epi32(byte1, lane4), sh2 = _mm512_add_epi32(byte2, lane4);
   // 16-bit lanes 2n, 2n + 1 <- lanes n, 16 + n: output row n's pair (k, k + 1) from the two converted vectors
   const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -73,8 +78,13 @@ SGL_AMX_QDENSE inline void quant_record_to_bf16(const uint8_t* rec, uint16_t* ou
     const __m512 d = HALVES && g >= 4 ? dw1 : dw, c = HALVES && g >= 4 ? cw1 : cw;
     __m512 w[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j)
-      w[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wv[g], 8 * j), ff)), d, c);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i u = j == 0   ? _mm512_and_si512(wv[g], ff)
+                        : j == 1 ? _mm512_shuffle_epi8(wv[g], sh1)
+                        : j == 2 ? _mm512_shuffle_epi8(wv[g], sh2)
+                                 : _mm512_srli_epi32(wv[g], 24);
+      w[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), d, c);
+    }
 #pragma GCC unroll 2
     for (int p = 0; p < 2; ++p) {  // k-pair row 2g + p: (w[2p], w[2p + 1]); low half bf16(w[2p]), high half the other
       const __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(w[2 * p + 1], w[2 * p]);
@@ -92,45 +102,51 @@ SGL_AMX_QDENSE inline void quant_dequant_record(const uint8_t* rec, uint16_t* ou
 
 using QDenseDequant = void (*)(const uint8_t* rec, uint16_t* out);
 
-// What quant_dense_block dequantizes as it multiplies: dequant, one record's bytes, and the packed tiles of its
-// output tiles (p1 unused with one).
+// What quant_dense_block dequantizes as it multiplies: dequant, one record's bytes, the packed tiles of its output
+// tiles (p1 unused with one), and ring: 0 to write block b's B tile at b (later input tiles read them again), else
+// the B tiles cycle through `ring` slots (a call of one input tile pair: the slots stay in L1 beside the activations).
 struct QDenseFresh {
   QDenseDequant dequant;
   int64_t rec_bytes;
   const uint8_t* p0;
   const uint8_t* p1;
+  int64_t ring;
 };
+
+// Slots of the ring of B tiles (kQDenseRing x 1 KiB per output tile) and how many blocks ahead of the tile products
+// the dequantization runs.
+constexpr int64_t kQDenseRing = 4, kQDenseLag = 1;
 
 // MT input tiles (16 rows each, x rows K apart) x NT output tiles (their B tiles at w0, w1), all nb blocks, into
 // c[2i + j] (fp32 16 x 16). With fresh, the B tiles are dequantized here, block b + 1's records right after block b's
-// tile products are issued: the dequantization's vector work runs while the AMX unit multiplies, and the weights
-// stream from memory through both, where dequantizing a whole tile first left the unit and the stream idle in turn.
+// tile products are issued: the dequantization's vector work runs while the AMX unit multiplies, where dequantizing a
+// whole tile first left the unit idle meanwhile.
 template <int MT, int NT>
 SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, uint16_t* w0, uint16_t* w1, int64_t nb,
                                              float (*c)[16][16], const QDenseFresh* fresh) {
   const int64_t lda = K * 2;
+  const int64_t ring = fresh != nullptr ? fresh->ring : 0;
+  auto slot = [ring](int64_t b) { return (ring > 0 ? b % ring : b) * kQDenseBlockElems; };
+  auto dequant = [&](int64_t b) {
+    fresh->dequant(fresh->p0 + b * fresh->rec_bytes, w0 + slot(b));
+    if (NT > 1) fresh->dequant(fresh->p1 + b * fresh->rec_bytes, w1 + slot(b));
+  };
   _tile_zero(0);
   if (NT > 1) _tile_zero(1);
   if (MT > 1) _tile_zero(2);
   if (MT > 1 && NT > 1) _tile_zero(3);
-  if (fresh != nullptr) {
-    fresh->dequant(fresh->p0, w0);
-    if (NT > 1) fresh->dequant(fresh->p1, w1);
-  }
+  if (fresh != nullptr)
+    for (int64_t b = 0; b < std::min(kQDenseLag, nb); ++b) dequant(b);
   for (int64_t b = 0; b < nb; ++b) {
     _tile_loadd(4, x + b * 32, lda);
     if (MT > 1) _tile_loadd(5, x + 16 * K + b * 32, lda);
-    _tile_loadd(6, w0 + b * kQDenseBlockElems, 64);
-    if (NT > 1) _tile_loadd(7, w1 + b * kQDenseBlockElems, 64);
+    _tile_loadd(6, w0 + slot(b), 64);
+    if (NT > 1) _tile_loadd(7, w1 + slot(b), 64);
     _tile_dpbf16ps(0, 4, 6);
     if (NT > 1) _tile_dpbf16ps(1, 4, 7);
     if (MT > 1) _tile_dpbf16ps(2, 5, 6);
     if (MT > 1 && NT > 1) _tile_dpbf16ps(3, 5, 7);
-    if (fresh != nullptr && b + 1 < nb) {
-      const int64_t off = (b + 1) * fresh->rec_bytes;
-      fresh->dequant(fresh->p0 + off, w0 + (b + 1) * kQDenseBlockElems);
-      if (NT > 1) fresh->dequant(fresh->p1 + off, w1 + (b + 1) * kQDenseBlockElems);
-    }
+    if (fresh != nullptr && b + kQDenseLag < nb) dequant(b + kQDenseLag);
   }
   _tile_stored(0, c[0], 64);
   if (NT > 1) _tile_stored(1, c[1], 64);
@@ -179,9 +195,10 @@ SGL_AMX_QDENSE inline void quant_gemm_amx_dense(QDenseDequant dequant, const uin
   if (ldy == 0) ldy = N;
   const int64_t K = nb * kQBlock, tile_elems = nb * kQDenseBlockElems;
   const int64_t pass = std::max<int64_t>(32, kQDensePassBytes / (K * 2) / 32 * 32);
-  const bool one_pass = M <= pass;
+  const bool one_pass = M <= pass, ring = M <= 32;  // one input tile pair: each B tile is read once
+  const int64_t slot_elems = ring ? kQDenseRing * kQDenseBlockElems : tile_elems;
   uint16_t* buf = static_cast<uint16_t*>(
-      std::aligned_alloc(64, (size_t)(one_pass ? 2 : t1 - t0) * tile_elems * sizeof(uint16_t)));
+      std::aligned_alloc(64, (size_t)(one_pass ? 2 : t1 - t0) * slot_elems * sizeof(uint16_t)));
   alignas(64) float c[4][16][16];
   quant_dense_configure();
   for (int64_t m0 = 0; m0 < M; m0 += pass) {
@@ -189,9 +206,10 @@ SGL_AMX_QDENSE inline void quant_gemm_amx_dense(QDenseDequant dequant, const uin
     for (int64_t t = t0; t < t1; t += 2) {
       const int nt = (int)std::min<int64_t>(2, t1 - t);
       uint16_t* w0 = one_pass ? buf : buf + (t - t0) * tile_elems;
-      uint16_t* w1 = nt == 2 ? w0 + tile_elems : w0;
+      uint16_t* w1 = nt == 2 ? w0 + slot_elems : w0;
       // the first pass's first input tiles dequantize the output tiles' records as they multiply them
-      const QDenseFresh fresh{dequant, tile_bytes / nb, packed + t * tile_bytes, packed + (t + nt - 1) * tile_bytes};
+      const QDenseFresh fresh{dequant, tile_bytes / nb, packed + t * tile_bytes, packed + (t + nt - 1) * tile_bytes,
+                               ring ? kQDenseRing : 0};
       const QDenseFresh* f = m0 == 0 ? &fresh : nullptr;
       const int64_t n = std::min<int64_t>(nt * kQTileRows, N - t * kQTileRows);
       T* yt = y + (t - ty) * kQTileRows;
