@@ -7,7 +7,9 @@
 // 8-bit formats' residual pass); from a decode batch of 16 rows that epilogue, not the dot products, is the GEMM's
 // time. Here the scales are applied once per weight, at dequantization, and the per-row cost is the tile products.
 // On the Gemma 3 270M layers at 2 threads (bench_quant_prefill.py): 16 rows about even, 32 rows 1.6x, 128 rows 3x;
-// its Q8_0 lm_head (bench_lm_head_decode.py, one thread): 16 rows 35 ms against 27-30, 32 rows 44 against 50.
+// its Q8_0 lm_head (bench_lm_head_decode.py, one thread): 16 rows 35 ms against 27-30, 32 rows 44 against 50. Those
+// were measured before the dequantization ran beside the tile products (quant_dense_block's fresh records); since,
+// the fused argmax at 32 rows takes 25 ms against the int8 path's 50, and the minimum has not been measured again.
 //
 // Values: each weight is the GGUF formula's d * u + c rounded once to fp32 (one FMA), then to bf16 (round to nearest
 // even): the weights as a bf16 checkpoint of the file holds them (2^-9 of each weight at most, against a 4-6 bit
