@@ -115,9 +115,8 @@ struct QDenseFresh {
   int64_t ring;
 };
 
-// Slots of the ring of B tiles (kQDenseRing x 1 KiB per output tile) and how many blocks ahead of the tile products
-// the dequantization runs.
-constexpr int64_t kQDenseRing = 4, kQDenseLag = 1;
+// Slots of the ring of B tiles (kQDenseRing x 1 KiB per output tile).
+constexpr int64_t kQDenseRing = 4;
 
 // MT input tiles (16 rows each, x rows K apart) x NT output tiles (their B tiles at w0, w1), all nb blocks, into
 // c[2i + j] (fp32 16 x 16). With fresh, the B tiles are dequantized here, block b + 1's records right after block b's
@@ -137,8 +136,7 @@ SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, uint1
   if (NT > 1) _tile_zero(1);
   if (MT > 1) _tile_zero(2);
   if (MT > 1 && NT > 1) _tile_zero(3);
-  if (fresh != nullptr)
-    for (int64_t b = 0; b < std::min(kQDenseLag, nb); ++b) dequant(b);
+  if (fresh != nullptr) dequant(0);
   for (int64_t b = 0; b < nb; ++b) {
     _tile_loadd(4, x + b * 32, lda);
     if (MT > 1) _tile_loadd(5, x + 16 * K + b * 32, lda);
@@ -148,7 +146,7 @@ SGL_AMX_QDENSE inline void quant_dense_block(const uint16_t* x, int64_t K, uint1
     if (NT > 1) _tile_dpbf16ps(1, 4, 7);
     if (MT > 1) _tile_dpbf16ps(2, 5, 6);
     if (MT > 1 && NT > 1) _tile_dpbf16ps(3, 5, 7);
-    if (fresh != nullptr && b + kQDenseLag < nb) dequant(b + kQDenseLag);
+    if (fresh != nullptr && b + 1 < nb) dequant(b + 1);
   }
   _tile_stored(0, c[0], 64);
   if (NT > 1) _tile_stored(1, c[1], 64);

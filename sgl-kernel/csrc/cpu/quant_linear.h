@@ -59,7 +59,7 @@ inline at::Tensor quant_dense_rows(const at::Tensor& xc) {
   return xp;
 }
 
-// The dense AMX path's dequantization of one tile for a format code.
+// The dense AMX path's dequantization of one record (16 rows x 32 k) for a format code.
 inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
   switch (format) {
     case 4: return &sgl_cpu::quant_dequant_record<4>;

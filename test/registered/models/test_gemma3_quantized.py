@@ -8,8 +8,9 @@ Q5_0 / Q6_K / Q8_0 blocks by the CPU kernels), over HTTP through the real openai
 - `sglang plan` on the same flags predicts the start: max_total_num_tokens and the windowed pool within 3%, the KV
   terms (full pool, windowed pool, slot map) each within 3%, and the allocation is what the start's own plan says.
 Measured (2 shared cores, 2026-11): agreement 96.2% over 345 positions (98.0% since decode batches of 32
-requests and prefills of 256 rows take the dense AMX path, quant_gemm_amx_dense.h); max_total_num_tokens start 340,616 / plan
-338,644, windowed tokens 2,304 / 2,304 (4 slots x (512 + 64)), kv_cache 1,046,375,424 / 1,040,317,440 B."""
+requests and prefills of 256 rows take the dense AMX path, quant_gemm_amx_dense.h); max_total_num_tokens start
+340,616 / plan 338,644, windowed tokens 2,304 / 2,304 (4 slots x (512 + 64)), kv_cache 1,046,375,424 /
+1,040,317,440 B."""
 
 import contextlib
 import io

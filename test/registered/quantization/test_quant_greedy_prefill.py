@@ -20,11 +20,10 @@ from typing import List
 import pytest
 
 from sglang import Engine
-from sglang.srt.layers.quantization.linear_method import quant_kernels
+from sglang.srt.layers.quantization.linear_method import QuantLinearMethod, quant_kernels
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 from sglang.srt.managers.batch_runner import BatchRunner
 from sglang.srt.managers.fault_injection import FaultInjector, parse_rules
-from sglang.srt.layers.quantization.linear_method import QuantLinearMethod
 from sglang.srt.managers.generate_output import GenerateAccumulator
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -199,8 +198,9 @@ def test_decode_batches_take_the_dense_path_and_prefills_the_int8_one(engine, mo
     engine.flush_cache()
     prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]  # 32 requests decoding together
     engine.generate(prompts, {"temperature": 0.0, "max_new_tokens": 3})
-    paths = {(decode, rows >= 32): {p for d, r, p in seen if d == decode and (r >= 32) == (rows >= 32)}
-             for decode, rows, _ in seen}
+    paths = {}  # (decode forward, at least 32 rows) -> the kernels those calls took
+    for decode, rows, path in seen:
+        paths.setdefault((decode, rows >= 32), set()).add(path)
     assert paths[(True, True)] == {"amx_bf16_dense"}, paths  # decode steps of 32 rows
     assert paths[(False, True)] == {"amx_int8"}, paths  # prefill chunks of 32 rows (chunked_prefill_size)
     assert ops.quant_path(32) == "amx_bf16_dense"  # the default, back after the forwards
