@@ -6,8 +6,10 @@
    gets an error event, no child process is left, and the server's IPC directory is removed.
 """
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -25,14 +27,19 @@ from sglang.srt.managers.port_args import IPC_DIR_PREFIX, OWNER_FILE  # noqa: E4
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, popen_launch_server  # noqa: E402
 
 FATAL_EXIT_LIMIT_S = 5.0
+# This module's servers keep their IPC directories in a temp dir of their own (TMPDIR): any server's start removes the
+# dead servers' directories under its temp dir, so a test group starting one side by side could remove the killed
+# server's directory before the fixture looks for it (fresh-clone CI, 2026-11-30).
+IPC_ROOT = tempfile.mkdtemp(prefix="lifecycle-")
+atexit.register(shutil.rmtree, IPC_ROOT, ignore_errors=True)
+SERVER_ENV = {"TMPDIR": IPC_ROOT}
 
 
 def ipc_dirs_of(pid: int) -> list:
-    """The IPC directories whose owner record names `pid`."""
-    root = tempfile.gettempdir()
+    """The IPC directories under IPC_ROOT whose owner record names `pid`."""
     found = []
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
+    for name in os.listdir(IPC_ROOT):
+        path = os.path.join(IPC_ROOT, name)
         if not name.startswith(IPC_DIR_PREFIX):
             continue
         try:
@@ -55,7 +62,7 @@ def scheduler_of(server) -> psutil.Process:
 @pytest.fixture(scope="module")
 def stale_ipc_dir():
     """Launch a server, SIGKILL it, check its scheduler dies too; return the IPC directory it left behind."""
-    srv = popen_launch_server(other_args=DEFAULT_SMALL_SERVER_ARGS)
+    srv = popen_launch_server(other_args=DEFAULT_SMALL_SERVER_ARGS, env=SERVER_ENV)
     try:
         children = [psutil.Process(pid) for pid in srv.child_pids()]
         dirs = ipc_dirs_of(srv.pid)
@@ -71,7 +78,7 @@ def stale_ipc_dir():
 
 
 def test_server_sigkill_leaves_no_orphan_and_next_start_cleans_up(stale_ipc_dir):
-    srv = popen_launch_server(other_args=DEFAULT_SMALL_SERVER_ARGS)
+    srv = popen_launch_server(other_args=DEFAULT_SMALL_SERVER_ARGS, env=SERVER_ENV)
     try:
         assert not os.path.exists(stale_ipc_dir), "the next start removes the dead server's IPC directory"
         assert len(ipc_dirs_of(srv.pid)) == 1
