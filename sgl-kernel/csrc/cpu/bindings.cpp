@@ -25,8 +25,7 @@
 #include "quant_attention_op.h"
 #include "qk_norm_rope.h"
 #include "quant_embedding.h"
-#include "quant_linear.h"
-#include "quant_linear_argmax.h"
+#include "quant_linear_gated.h"  // and quant_linear.h, quant_linear_argmax.h
 #include "rope.h"
 
 namespace {
@@ -305,30 +304,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The ISA level the kernels dispatch on (default: cpu_isa_native())");
   m.def("f32_supported", &sgl_cpu::f32_supported,
         "True when the fp32 rmsnorm / silu_and_mul / rotary_embedding_ / decode_attention run at the current level (>= avx2)");
-  m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
-  m.def("quant_path", [](int64_t M) {
-          const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
-          return std::string(quant_uses_amx_dense(level, M, true, sgl_cpu::kQBlock) ? "amx_bf16_dense"
-                             : quant_uses_amx(level, M) ? "amx_int8"
-                             : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Vnni) ? "avx512_vnni" : "avx2"); },
-        "The kernel quant_linear runs for M input rows of bf16 activations (K whole blocks) at the current level: "
-        "amx_bf16_dense (quant_gemm_amx_dense.h), amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
-  m.def("set_quant_dense_prefill", [](bool prefill) {
-          const int64_t before = g_quant_dense_min_rows.exchange(prefill ? sgl_cpu::kQDenseMinRowsPrefill
-                                                                         : sgl_cpu::kQDenseMinRows);
-          return before == sgl_cpu::kQDenseMinRowsPrefill; },
-        "The dense AMX path's row minimum for this process: 256 rows with prefill=True (the model runner's forwards "
-        "other than decode batches), else 32 (the default); returns whether it was the prefill one",
-        py::arg("prefill"));
-  m.def("quant_linear", &quant_linear,
-        "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: bits "
-        "+ 16 * header); activations int8 per 32 values (at level amx, from 32 bf16 rows, 256 under "
-        "set_quant_dense_prefill: as they are, times the weights rounded to bf16); the result in x's dtype, or fp32 "
-        "with out_fp32",
-        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false);
-  m.def("quant_linear_argmax", &quant_linear_argmax,
-        "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True) without the logits (a greedy "
-        "decode's token from a quantized lm_head)");
+  register_quant_linear_ops(m);  // quant_supported, quant_path, set_quant_dense_prefill, quant_linear*
   m.def("quant_embedding", &quant_embedding,
         "[len(ids), cols]: rows ids of a packed [rows, cols] vocabulary table (format 4 or 8), each d * u + c in fp32 "
         "as packing.unpack_dequantize computes it, then bf16 (or fp32 with out_fp32)",

@@ -14,7 +14,7 @@ From 32 rows of bf16 activations quant_linear dequantizes each weight tile to bf
 (quant_gemm_amx_dense.h): each weight is the fp32 d * u + c rounded to bf16 (torch's round to nearest even of the
 torch path's fp32 dequantization, packing.unpack_dequantize), so a one-hot power-of-two activation row gives
 bf16(x_k * bf16(w[:, k])) bit for bit; random rows are within half a bf16 ulp of the fp64 product of those weights
-plus fp32 summation (fp32 outputs: within the summation alone), across one and several passes over the output tiles.
+plus fp32 summation (fp32 outputs: within the summation alone), in the pair walk and the blocked walk over output tiles.
 """
 
 import unittest
@@ -105,8 +105,8 @@ class TestQuantGemmAmx(unittest.TestCase):
     def test_dense_path_is_the_bf16_rounded_weights(self):
         """One-hot rows of +-2^e: every product and partial sum is exact, so each output is bf16(x_k bf16(w[n, k])) bit
         for bit; a wrong scale, an unrounded or misplaced k pair changes bits. 44 rows: a padded last input tile; 300:
-        several; 500: two passes over the output tiles (kQDensePassBytes at K 640); n 40 (a partial output tile, an odd
-        count) and 48; K 640 and 96."""
+        several; 500: the blocked walk (more than kQDensePassBytes of rows at K 640); n 40 (a partial output tile, an
+        odd count) and 48; K 640 and 96."""
         self.ops.set_cpu_isa("amx")
         gen = torch.Generator().manual_seed(1)
         for fmt in RECORD_BYTES:
@@ -129,7 +129,7 @@ class TestQuantGemmAmx(unittest.TestCase):
                         self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, n, fmt, True), want.float()))
 
     def test_dense_path_random_rows_within_fp32_summation(self):
-        """Random bf16 rows (32: the first dense row count; 1,000: three passes over the output tiles at K 640) against
+        """Random bf16 rows (32: the first dense row count; 1,000: the blocked walk at K 640) against
         the fp64 product of the bf16-rounded weights: fp32 outputs within fp32 summation's bound (K terms:
         K * 2^-24 * sum |x w|), bf16 outputs those rounded, bf16(fp64) on >= 99.9% of them. Against the unrounded
         weights the error is larger than that bound (the weights' rounding is what the dense path adds)."""

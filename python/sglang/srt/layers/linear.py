@@ -164,6 +164,15 @@ class MergedColumnParallelLinear(LinearBase):
         self.output_sizes = [divide(n, tp, "output size") for n in output_sizes]  # per rank
         super().__init__(input_size, sum(self.output_sizes), bias)
 
+    def forward_gated(self, x: torch.Tensor, act: str) -> Optional[torch.Tensor]:
+        """A [gate | up] pair without bias: act(gate) * up [M, I] in one call where the weight format has one
+        (QuantLinearMethod.apply_gated; act 'silu' or 'gelu_tanh'), else None: forward, then the activation."""
+        apply_gated = getattr(self.quant_method, "apply_gated", None)
+        if apply_gated is None or self.bias is not None or len(self.output_sizes) != 2 \
+                or self.output_sizes[0] != self.output_sizes[1]:
+            return None
+        return apply_gated(self, x, act)
+
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Optional[int] = None) -> None:
         if shard_id is None:
             if self.tp_size != 1:

@@ -87,6 +87,9 @@ class Gemma3MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = self.gate_up_proj.forward_gated(x, "gelu_tanh")  # a quantized gate_up: [N, I / tp] in one call
+        if act is not None:
+            return self.down_proj(act)
         gate_up = self.gate_up_proj(x)  # [N, 2I / tp]
         if gate_up.dtype == torch.bfloat16 and gate_up.is_cpu and gate_up.dim() == 2 and gate_up.is_contiguous():
             ops = get_cpu_ops()

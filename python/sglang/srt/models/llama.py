@@ -36,8 +36,9 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # [N, hidden] -> [N, 2I] -> [N, I] -> [N, hidden]
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        # [N, hidden] -> [N, 2I] -> [N, I] -> [N, hidden]; a quantized gate_up: [N, I] in one call, the same bits
+        act = self.gate_up_proj.forward_gated(x, "silu")
+        return self.down_proj(act if act is not None else self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.jit_kernel.cpu_ops import get_quant_ops
+from sglang.jit_kernel.cpu_ops import get_ops_for_dtype, get_quant_ops
 from sglang.srt.layers.quantization import packing
 from sglang.srt.mem_plan.quantization_sizes import cpu_record_bytes, format_bits
 
@@ -50,9 +50,12 @@ def quant_forward_rule(decode: bool):
         ops.set_quant_dense_prefill(False)
 
 
+_KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # what quant_kernels() serves, on a CPU
+
+
 def quant_kernels_for(device: torch.device, dtype: torch.dtype):
     """quant_kernels() where they serve tensors of dtype on device (bf16 or fp32 on a CPU), else None (torch path)."""
-    return quant_kernels() if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32) else None
+    return quant_kernels() if device.type == "cpu" and dtype in _KERNEL_DTYPES else None
 
 
 class QuantLinearMethod:
@@ -148,9 +151,9 @@ class QuantLinearMethod:
         packed = layer.qweight
         if packed is None:
             raise RuntimeError(f"{type(layer).__name__} was never packed: its checkpoint tensors did not all load")
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        ops = quant_kernels_for(x2.device, x2.dtype)
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # a decode step calls this ~4x a layer: no reshape
+        # x.is_cpu, not quant_kernels_for's x.device.type: the same test, without building a device object per call
+        ops = quant_kernels() if x2.is_cpu and x2.dtype in _KERNEL_DTYPES else None
         if ops is not None:
             out = ops.quant_linear(x2, packed, layer.output_size, layer.quant_format)
             if bias is not None:
@@ -158,7 +161,18 @@ class QuantLinearMethod:
         else:
             w = packing.unpack_dequantize(packed, layer.quant_format, layer.output_size, layer.input_size, x2.dtype)
             out = F.linear(x2, w.to(x2.device), bias)
-        return out.reshape(*shape[:-1], layer.output_size)
+        return out if x2 is x else out.reshape(*x.shape[:-1], layer.output_size)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: str) -> Optional[torch.Tensor]:
+        """act(gate) * up of a merged [gate | up] layer in one kernel call (quant_linear_gated: the bits of apply, then
+        silu_and_mul / gelu_tanh_and_mul), for bf16 rows [M, K] on a CPU with the bf16 kernels; else None (the caller
+        runs the two steps)."""
+        if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2) or layer.qweight is None:
+            return None
+        ops = get_ops_for_dtype(torch.bfloat16)  # the activation's kernels (level avx512_bf16 and up)
+        if ops is None or quant_kernels() is None:
+            return None
+        return ops.quant_linear_gated(x, layer.qweight, layer.output_size, layer.quant_format, act)
 
 
 def finalize_quantized_layers(model: nn.Module) -> int:
