@@ -34,6 +34,18 @@ def layer_linears(model, index: int) -> dict:
             "down": layer.mlp.down_proj}
 
 
+def median_times(paths: dict, reps: int, clock) -> dict:
+    """Seconds per call of each path: the median of three rounds of `reps` calls, the paths interleaved."""
+    times = {key: [] for key in paths}
+    for _ in range(3):
+        for key, f in paths.items():
+            start = clock()
+            for _ in range(reps):
+                f()
+            times[key].append((clock() - start) / reps)
+    return {key: sorted(t)[1] for key, t in times.items()}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--gguf", default=None)
@@ -73,18 +85,11 @@ def main():
             }
             ref = x.double() @ w32.double().T
             err = {key: (f().double() - ref).abs().max().item() for key, f in paths.items()}
-            reps = max(2, int(3e8 / (2 * m * n * k)))
-            times = {key: [] for key in paths}
-            for _ in range(3):
-                for key, f in paths.items():
-                    start = clock()
-                    for _ in range(reps):
-                        f()
-                    times[key].append((clock() - start) / reps)
+            times = median_times(paths, max(2, int(3e8 / (2 * m * n * k))), clock)
             flop = 2 * m * n * k
             line = f"rows {m:5d} {name:8s} format {fmt:2d} [{n} x {k}]"
             for key in paths:
-                sec = sorted(times[key])[1]
+                sec = times[key]
                 totals[key] += sec
                 line += f" | {key} {sec * 1e3:7.2f} ms {flop / sec / 1e9:5.0f} GFLOP/s err {err[key]:.1e}"
             print(line, flush=True)
@@ -102,17 +107,10 @@ def gated(ops, model, args, clock, gen) -> None:
         paths = {"two calls": lambda: act_op(ops.quant_linear(x, packed, n, fmt)),
                  "gated": lambda: ops.quant_linear_gated(x, packed, n, fmt, act)}
         same = torch.equal(paths["two calls"](), paths["gated"]())
-        reps = max(2, int(3e8 / (2 * m * n * k)))
-        times = {key: [] for key in paths}
-        for _ in range(3):
-            for key, f in paths.items():
-                start = clock()
-                for _ in range(reps):
-                    f()
-                times[key].append((clock() - start) / reps)
+        times = median_times(paths, max(2, int(3e8 / (2 * m * n * k))), clock)
         line = f"rows {m:5d} gate_up + {act} format {fmt:2d} [{n} x {k}]"
         for key in paths:
-            line += f" | {key} {sorted(times[key])[1] * 1e3:7.3f} ms"
+            line += f" | {key} {times[key] * 1e3:7.3f} ms"
         print(line + f" | same bits: {same}", flush=True)
 
 

@@ -25,30 +25,9 @@ import torch
 from sglang.jit_kernel.cpu_ops import cpu_ops_status, get_cpu_ops
 from sglang.srt.layers.quantization import packing
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.quant_fixtures import RECORD_BYTES, random_packed
 
 register_cpu_ci(est_time=15, suite="cpu")
-
-RECORD_BYTES = {4: 64 + 256, 8: 64 + 512, 20: 128 + 256, 24: 128 + 512, 36: 256 + 256, 40: 256 + 512, 56: 64 + 512}
-
-
-def random_packed(fmt: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """uint8 [tiles, blocks, record bytes]: random level bytes under headers of sane magnitudes for the format."""
-    nb, tiles = (k + 31) // 32, (n + 15) // 16
-    p = torch.randint(0, 256, (tiles, nb, RECORD_BYTES[fmt]), dtype=torch.uint8, generator=gen)
-    head = fmt >> 4
-
-    def put(lo: int, values: torch.Tensor) -> None:
-        raw = values.contiguous().view(torch.uint8).view(tiles, nb, -1)
-        p[:, :, lo: lo + raw.shape[-1]] = raw
-
-    if head == 0:  # 16 fp16 d, 16 fp16 c
-        put(0, (torch.randn(tiles, nb, 32, generator=gen) * 1e-2).half())
-    elif head in (1, 2):  # fp32 d, c (halves: two of each)
-        put(0, torch.randn(tiles, nb, 32 * head, generator=gen) * 1e-2)
-    else:  # Q6_K: 16 fp16 d, then 2 x 16 int8 scales
-        put(0, (torch.randn(tiles, nb, 16, generator=gen) * 1e-3).half())
-        put(32, torch.randint(-32, 32, (tiles, nb, 32), dtype=torch.int8, generator=gen))
-    return p
 
 
 class TestQuantGemmAmx(unittest.TestCase):
