@@ -215,6 +215,30 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm(const at::Tensor& x, const c10::optio
   return {out, res_out};
 }
 
+// Gemma's post- and next pre-norm in one region: (norm2(norm1(x) + residual), norm1(x) + residual), bf16, fp32 scales;
+// each row runs rmsnorm's two row calls via a row buffer: the bits of rmsnorm(x, None, s1), rmsnorm(., residual, s2)
+std::tuple<at::Tensor, at::Tensor> rmsnorm_pair(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& s1,
+                                                const at::Tensor& s2, double eps1, double eps2) {
+  check_kernel_dtype("rmsnorm_pair", {&x, &residual});
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && s1.scalar_type() == at::kFloat && s2.scalar_type() == at::kFloat,
+              "rmsnorm_pair: bfloat16 rows and float32 scales");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.sizes() == x.sizes() && residual.is_contiguous(),
+              "rmsnorm_pair: x and residual must be contiguous [rows, hidden] tensors of one shape");
+  const int64_t hidden = x.size(1);
+  TORCH_CHECK(s1.numel() == hidden && s2.numel() == hidden && s1.is_contiguous() && s2.is_contiguous(),
+              "rmsnorm_pair: scales must have ", hidden, " elements");
+  at::Tensor out = at::empty_like(x), res_out = at::empty_like(x);
+  sgl_cpu::parallel_for(0, x.size(0), 8, [&](int64_t r0, int64_t r1) {
+    std::vector<uint16_t> mid((size_t)hidden);
+    for (int64_t o = r0 * hidden; o < r1 * hidden; o += hidden) {
+      sgl_cpu::rmsnorm_row_f32_scale(bf16_ptr(x) + o, nullptr, f32_ptr(s1), mid.data(), nullptr, hidden, (float)eps1);
+      sgl_cpu::rmsnorm_row_f32_scale(mid.data(), bf16_ptr(residual) + o, f32_ptr(s2), bf16_ptr(out) + o,
+                                     bf16_ptr(res_out) + o, hidden, (float)eps2);
+    }
+  });
+  return {out, res_out};
+}
+
 // [rows, 2I] -> [rows, I]
 at::Tensor silu_and_mul(const at::Tensor& x) {
   const bool f32 = check_kernel_dtype("silu_and_mul", {&x});
@@ -292,6 +316,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &packed_linear, "x [M, K] @ W^T from a packed weight (AVX-512 BF16, no AMX), any M");
   m.def("rmsnorm", &rmsnorm, "RMSNorm, optionally fused with the preceding residual add; a float32 weight on bfloat16 "
         "rows is applied in fp32 before the one rounding (Gemma's 1 + w)");
+  m.def("rmsnorm_pair", &rmsnorm_pair, "norm2(norm1(x) + residual), residual_out: Gemma's post- and pre-norms in one");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up on a merged [gate | up] tensor");
   m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu_tanh(gate) * up on a merged [gate | up] bf16 tensor");
   m.def("rotary_embedding_", &rotary_embedding_, "In-place neox rotary embedding of the first heads of each row");

@@ -11,6 +11,9 @@ rounded to bf16 then times up, rounded. The kernel's tanh is not torch's (Sleef'
 1 + tanh(u) cancels to a few fp32 ulps: only for |gelu| < 1e-3, by at most 2 fp32 ulps of 1 (2.4e-7). Everywhere else
 the bf16 values are equal, and the product is exactly the rounded product of that gelu and up.
 
+rmsnorm_pair (Gemma's post-norm, then the next pre-norm with its residual add, in one call; the model's norm_pair)
+equals HF's formula applied twice, and the two rmsnorm calls, bit for bit.
+
 The attention prologue (qk_norm_rope_ with the fp32 scales, in place on the fused qkv rows) gives the q and k of the
 module path (two GemmaRMSNorm calls, two rotations) bit for bit, local and global layers (their own rope tables).
 """
@@ -140,6 +143,63 @@ class TestGemmaNormKernel(unittest.TestCase):
         self.assertEqual(calls, [torch.float32])
         ref, ref_res = hf_gemma_norm(x, norm.weight, 1e-6, r)
         self.assertTrue(torch.equal(out, ref) and torch.equal(res, ref_res))
+
+    def test_norm_pair_equals_two_norms_bit_for_bit(self):
+        """rmsnorm_pair (a post-norm, then the next pre-norm with the residual add) against the two rmsnorm calls, and
+        HF's formula applied twice; row counts below, at and above a chunk of the region (8 rows); tiny rows, where
+        the two eps differ, and unit ones."""
+        torch.manual_seed(4)
+        for hidden in (640, 256, 100):
+            w1, w2 = torch.randn(2, hidden) * 0.5
+            for rows, scale in ((1, 3.0), (8, 0.003), (33, 3.0), (33, 0.003)):  # small rows: the eps counts
+                x, r = (torch.randn(2, rows, hidden) * scale).to(torch.bfloat16)
+                with self.subTest(hidden=hidden, rows=rows, scale=scale):
+                    out, res = self.ops.rmsnorm_pair(x, r, 1.0 + w1, 1.0 + w2, 1e-6, 1e-5)
+                    mid, _ = hf_gemma_norm(x, w1, 1e-6)
+                    ref, ref_res = hf_gemma_norm(mid, w2, 1e-5, r)
+                    if scale > 1:  # tiny rows: torch's fp32 mean sums in another order (an ulp here and there)
+                        self.assertTrue(torch.equal(out, ref), (out.float() - ref.float()).abs().max())
+                        self.assertTrue(torch.equal(res, ref_res))
+                    two = self.ops.rmsnorm(self.ops.rmsnorm(x, None, 1.0 + w1, 1e-6)[0], r, 1.0 + w2, 1e-5)
+                    self.assertTrue(torch.equal(out, two[0]) and torch.equal(res, two[1]))
+        x = torch.randn(3, 64).to(torch.bfloat16)
+        with self.assertRaisesRegex(RuntimeError, "rmsnorm_pair: bfloat16 rows and float32 scales"):
+            self.ops.rmsnorm_pair(x, x, torch.ones(64).to(torch.bfloat16), torch.ones(64), 1e-6, 1e-6)
+        with self.assertRaisesRegex(RuntimeError, "rmsnorm_pair: x and residual"):
+            self.ops.rmsnorm_pair(x, x[:2], torch.ones(64), torch.ones(64), 1e-6, 1e-6)
+
+    def test_model_norm_pair_takes_one_call(self):
+        """The model's norm_pair: one rmsnorm_pair call for bf16 rows, the modules' two norms otherwise (fp32 rows),
+        the same values either way."""
+        import sglang.srt.models.gemma3 as gemma3
+
+        a, b = GemmaRMSNorm(640), GemmaRMSNorm(640, eps=1e-5)
+        for norm in (a, b):
+            norm.weight.data = torch.randn(640) * 0.5
+            norm.refresh()
+        x, r = torch.randn(2, 7, 640).to(torch.bfloat16)
+        calls, self_ops = [], self.ops
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(self_ops, name)
+
+            def rmsnorm_pair(self, *args):
+                calls.append(args[4:])
+                return self_ops.rmsnorm_pair(*args)
+
+        orig = gemma3.get_cpu_ops
+        gemma3.get_cpu_ops = lambda: Spy()
+        try:
+            out, res = gemma3.norm_pair(a, b, x, r)
+            out32, res32 = gemma3.norm_pair(a, b, x.float(), r.float())
+        finally:
+            gemma3.get_cpu_ops = orig
+        self.assertEqual(calls, [(1e-6, 1e-5)])
+        ref, ref_res = b(a(x), r)
+        self.assertTrue(torch.equal(out, ref) and torch.equal(res, ref_res))
+        ref32, ref_res32 = b(a(x.float()), r.float())
+        self.assertTrue(torch.equal(out32, ref32) and torch.equal(res32, ref_res32))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,18 @@ class GemmaRMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
+def norm_pair(first: GemmaRMSNorm, second: GemmaRMSNorm, x: torch.Tensor,
+              residual: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """second(first(x), residual): a sub-block's post-norm, then the next pre-norm with the residual add. bf16 rows on
+    a CPU with the kernels: one call (rmsnorm_pair, the bits of the two), where a decode step made two per pair."""
+    if x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
+        ops = get_cpu_ops()
+        if ops is not None and hasattr(ops, "rmsnorm_pair"):
+            return ops.rmsnorm_pair(x, residual, first.scale, second.scale, first.variance_epsilon,
+                                    second.variance_epsilon)
+    return second(first(x), residual)
+
+
 def layer_rope_parameters(config, kind: str) -> dict:
     """The rope settings of a layer of this kind: transformers-5 rope_parameters keyed by layer type, else the older
     rope_local_base_freq (local layers) beside rope_theta + rope_scaling (global layers)."""
@@ -160,16 +172,20 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch,
-                residual: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        # residual carries the stream; hidden_states the last sub-block's normed output, added at the next norm
+                residual: Optional[torch.Tensor], post_norm: Optional[GemmaRMSNorm] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """-> (the MLP's output, residual). The MLP's post_feedforward_layernorm is the caller's to run, with the next
+        norm as one norm_pair: post_norm is the previous layer's, run here with input_layernorm (none for layer 0,
+        whose hidden_states are the embeddings and residual None)."""
+        # residual carries the stream; hidden_states the last sub-block's output, normed and added at the next norm
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states, forward_batch))
-        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
-        return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual
+            hidden_states, residual = norm_pair(post_norm, self.input_layernorm, hidden_states, residual)
+        attn = self.self_attn(positions, hidden_states, forward_batch)
+        hidden_states, residual = norm_pair(self.post_attention_layernorm, self.pre_feedforward_layernorm, attn, residual)
+        return self.mlp(hidden_states), residual
 
 
 class Gemma3Model(LlamaModel):
@@ -190,7 +206,11 @@ class Gemma3Model(LlamaModel):
             input_embeds = self.embed_tokens(input_ids)
             # HF rounds sqrt(hidden) to the model dtype before multiplying (25.25 in bf16 for 640 where sqrt is 25.30)
             input_embeds = input_embeds * torch.tensor(self.config.hidden_size ** 0.5, dtype=input_embeds.dtype)
-        return super().forward(input_ids, positions, forward_batch, input_embeds)
+        hidden_states, residual, post_norm = input_embeds, None, None
+        for layer in self.layers:  # each layer's post-feedforward norm runs with the next norm (norm_pair)
+            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual, post_norm)
+            post_norm = layer.post_feedforward_layernorm
+        return norm_pair(post_norm, self.norm, hidden_states, residual)[0]
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
