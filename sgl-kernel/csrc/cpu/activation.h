@@ -2,6 +2,7 @@
 // activation to bf16, then the product to bf16).
 #pragma once
 
+#include "parallel.h"
 #include "vec_math.h"
 
 namespace sgl_cpu {
@@ -53,6 +54,19 @@ SGL_AVX512_BF16 inline void gelu_tanh_and_mul_row(const uint16_t* gate_up, uint1
     __m512 s = round_bf16(gelu_tanh_ps(load_bf16x16_tail(gate_up + i, n)));
     store_bf16x16_tail(out + i, _mm512_mul_ps(s, load_bf16x16_tail(up + i, n)), n);
   }
+}
+
+// rows x [gate | up] bf16 (2 * inter apart) -> out [rows, inter]: the row function of the activation (gelu_tanh when
+// GELU, else silu) over the rows, split over the kernels' threads. The silu_and_mul / gelu_tanh_and_mul bindings'
+// bf16 path and quant_linear_gated's outside the dense path.
+template <bool GELU>
+inline void act_and_mul_rows(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t inter) {
+  parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (GELU) gelu_tanh_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+      else silu_and_mul_row(gate_up + r * 2 * inter, out + r * inter, inter);
+    }
+  });
 }
 
 }  // namespace sgl_cpu

@@ -245,13 +245,13 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "silu_and_mul: x must be contiguous [rows, 2I]");
   const int64_t rows = x.size(0), inter = x.size(1) / 2;
   at::Tensor out = at::empty({rows, inter}, x.options());
+  if (!f32) {
+    sgl_cpu::act_and_mul_rows<false>(bf16_ptr(x), bf16_ptr(out), rows, inter);
+    return out;
+  }
   sgl_cpu::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (f32)
-        SGL_F32_CALL(silu_and_mul_row, f32_ptr(x) + r * 2 * inter, f32_ptr(out) + r * inter, inter);
-      else
-        sgl_cpu::silu_and_mul_row(bf16_ptr(x) + r * 2 * inter, bf16_ptr(out) + r * inter, inter);
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      SGL_F32_CALL(silu_and_mul_row, f32_ptr(x) + r * 2 * inter, f32_ptr(out) + r * inter, inter);
   });
   return out;
 }
@@ -264,10 +264,7 @@ at::Tensor gelu_tanh_and_mul(const at::Tensor& x) {
               "gelu_tanh_and_mul: x must be contiguous [rows, 2I]");
   const int64_t rows = x.size(0), inter = x.size(1) / 2;
   at::Tensor out = at::empty({rows, inter}, x.options());
-  sgl_cpu::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      sgl_cpu::gelu_tanh_and_mul_row(bf16_ptr(x) + r * 2 * inter, bf16_ptr(out) + r * inter, inter);
-  });
+  sgl_cpu::act_and_mul_rows<true>(bf16_ptr(x), bf16_ptr(out), rows, inter);
   return out;
 }
 

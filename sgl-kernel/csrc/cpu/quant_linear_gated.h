@@ -41,12 +41,8 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
     at::Tensor out = at::empty({M, inter}, x.options());
     const uint16_t* yp = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
     uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    sgl_cpu::parallel_for(0, M, 4, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        if (kind == sgl_cpu::QDenseAct::kSilu) sgl_cpu::silu_and_mul_row(yp + r * N, op + r * inter, inter);
-        else sgl_cpu::gelu_tanh_and_mul_row(yp + r * N, op + r * inter, inter);
-      }
-    });
+    if (kind == sgl_cpu::QDenseAct::kSilu) sgl_cpu::act_and_mul_rows<false>(yp, op, M, inter);
+    else sgl_cpu::act_and_mul_rows<true>(yp, op, M, inter);
     return out;
   }
   const at::Tensor xp = quant_dense_rows(xc);
