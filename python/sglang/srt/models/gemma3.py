@@ -70,7 +70,7 @@ def norm_pair(first: GemmaRMSNorm, second: GemmaRMSNorm, x: torch.Tensor,
     a CPU with the kernels: one call (rmsnorm_pair, the bits of the two), where a decode step made two per pair."""
     if x.is_cpu and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
         ops = get_cpu_ops()
-        if ops is not None and hasattr(ops, "rmsnorm_pair"):
+        if ops is not None:
             return ops.rmsnorm_pair(x, residual, first.scale, second.scale, first.variance_epsilon,
                                     second.variance_epsilon)
     return second(first(x), residual)
@@ -172,8 +172,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch,
-                residual: Optional[torch.Tensor], post_norm: Optional[GemmaRMSNorm] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+                residual: Optional[torch.Tensor],
+                post_norm: Optional[GemmaRMSNorm]) -> Tuple[torch.Tensor, torch.Tensor]:
         """-> (the MLP's output, residual). The MLP's post_feedforward_layernorm is the caller's to run, with the next
         norm as one norm_pair: post_norm is the previous layer's, run here with input_layernorm (none for layer 0,
         whose hidden_states are the embeddings and residual None)."""
@@ -184,7 +184,8 @@ class Gemma3DecoderLayer(nn.Module):
         else:
             hidden_states, residual = norm_pair(post_norm, self.input_layernorm, hidden_states, residual)
         attn = self.self_attn(positions, hidden_states, forward_batch)
-        hidden_states, residual = norm_pair(self.post_attention_layernorm, self.pre_feedforward_layernorm, attn, residual)
+        pre_ff = self.pre_feedforward_layernorm
+        hidden_states, residual = norm_pair(self.post_attention_layernorm, pre_ff, attn, residual)
         return self.mlp(hidden_states), residual
 
 
