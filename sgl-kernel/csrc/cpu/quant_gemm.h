@@ -29,11 +29,11 @@ constexpr int kQMaxRowGroup = 8;   // input rows whose accumulators stay in regi
 // per record, and waited on those loads (bench_lm_head_decode.py).
 constexpr int kQPrefetchRecords = 6;
 
+// Every line of the record `ahead` bytes on (by default kQPrefetchRecords records on in the same stream).
 template <int64_t REC_BYTES>
-inline void quant_prefetch_record(const uint8_t* rec) {
+inline void quant_prefetch_record(const uint8_t* rec, int64_t ahead = kQPrefetchRecords * REC_BYTES) {
 #pragma GCC unroll 16
-  for (int64_t l = 0; l < REC_BYTES; l += 64)
-    _mm_prefetch((const char*)(rec + kQPrefetchRecords * REC_BYTES + l), _MM_HINT_T0);
+  for (int64_t l = 0; l < REC_BYTES; l += 64) _mm_prefetch((const char*)(rec + ahead + l), _MM_HINT_T0);
 }
 
 // n (<= 16) bf16 -> fp32 (exact: bf16 is the top half of an fp32); lanes from n on read as 0.

@@ -104,8 +104,7 @@ SGL_AMX_QDENSE inline void quant_record_to_bf16(const uint8_t* rec, uint16_t* ou
 // int8 paths read theirs) half-covered it.
 template <int FMT>
 SGL_AMX_QDENSE inline void quant_dequant_record(const uint8_t* rec, uint16_t* out, int64_t ahead) {
-#pragma GCC unroll 16
-  for (int64_t l = 0; l < quant_record_bytes(FMT); l += 64) _mm_prefetch((const char*)(rec + ahead + l), _MM_HINT_T0);
+  quant_prefetch_record<quant_record_bytes(FMT)>(rec, ahead);
   quant_record_to_bf16<FMT>(rec, out);
 }
 
