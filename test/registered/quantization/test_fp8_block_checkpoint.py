@@ -40,6 +40,7 @@ from sglang import Engine  # noqa: E402
 from sglang.cli.plan import main as plan_main  # noqa: E402
 from sglang.srt.layers.quantization import resolve_quantization  # noqa: E402
 from sglang.srt.layers.quantization.fp8_block import Fp8BlockSlice, dequantized_fp8_weights  # noqa: E402
+from sglang.srt.layers.packed_linear import unpack_weight  # noqa: E402
 from sglang.srt.layers.quantization.fp8_block_config import Fp8BlockFormat, fp8_block_format  # noqa: E402
 from sglang.srt.mem_plan.model_shapes import CPU_LOAD_RESIDUAL_BYTES  # noqa: E402
 from sglang.srt.model_loader.weight_utils import CheckpointSlice  # noqa: E402
@@ -75,6 +76,12 @@ def bf16_tokens(checkpoints):
         shutdown(engine)
 
 
+def held_weights(model) -> dict:
+    """{name: tensor} of the model's parameters in the nn.Linear layout: on a CPU without AMX the loader packs dense
+    bf16 linear weights (an untied lm_head included) into the VNNI layout in place (layers/packed_linear.py)."""
+    return {n: unpack_weight(p) if getattr(p, "vnni_packed", False) else p for n, p in model.named_parameters()}
+
+
 def _runtime_name(hf_name: str) -> tuple:
     """(runtime parameter, row offset function) of an HF tensor: q/k/v and gate/up are merged (layers/linear.py)."""
     for part, merged in ((".q_proj.", ".qkv_proj."), (".k_proj.", ".qkv_proj."), (".v_proj.", ".qkv_proj."),
@@ -90,7 +97,7 @@ def test_engine_holds_the_dequantized_weights_and_the_plan_prices_them(checkpoin
     try:
         runner = engine.scheduler.model_runner
         model = runner.model
-        params = dict(model.named_parameters())
+        params = held_weights(model)
         cfg = model.config
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         offsets = {".q_proj.": 0, ".k_proj.": q, ".v_proj.": q + kv, ".gate_proj.": 0,
@@ -161,7 +168,7 @@ def test_deepseek_v3_fp8_blocks(tmp_path):
     engine = Engine(model_path=fp8, **FLAGS)
     try:
         runner = engine.scheduler.model_runner
-        params = dict(runner.model.named_parameters())
+        params = held_weights(runner.model)
         same_name = [n for n, v in values.items() if n in params and params[n].shape == v.shape]
         for name in same_name:
             want = values[name].to(torch.bfloat16)
