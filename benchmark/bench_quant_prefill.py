@@ -1,6 +1,7 @@
-"""Batch-sized quant_linear on a real GGUF's layers: the AMX-BF16 dense path (quant_gemm_amx_dense.h, from 32
-rows of bf16 activations) against the AMX-INT8 path on the same rows (the same call cut into pieces of 31 rows, each
-below the dense path's threshold), and torch's bf16 F.linear over the dequantized weight as a ceiling, in one run.
+"""Batch-sized quant_linear on a real GGUF's layers: the dense path (from 32 rows of bf16 activations:
+quant_gemm_amx_dense.h at level amx, quant_gemm_vec_dense.h at avx512_bf16) against the int8 path on the same rows
+(the same call cut into pieces of 31 rows, each below the dense path's threshold: AMX-INT8 tiles, or VNNI without
+AMX), and torch's bf16 F.linear over the dequantized weight as a ceiling, in one run.
 
     python benchmark/bench_quant_prefill.py [--gguf FILE] [--rows 512 2048] [--layer 0] [--threads 1] [--gated]
 
@@ -60,8 +61,8 @@ def main():
 
         path = assemble()
     ops = get_cpu_ops()
-    if ops is None or ops.cpu_isa_native() != "amx":
-        raise SystemExit("needs the CPU kernels on an AMX CPU")
+    if ops is None or not ops.quant_path(2048).endswith("_dense"):
+        raise SystemExit("needs the CPU kernels at level avx512_bf16 or amx (the dense path)")
     ops.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter

@@ -1,7 +1,8 @@
 // quant_linear: the binding of the quantized GEMM (argument checks, activation quantization, threading over 16-row
 // tiles), dispatched on the current ISA level (isa.h): avx512_vnni and above run quant_gemm.h (bf16 outputs rounded by
 // VCVTNEPS2BF16 from avx512_bf16 on, in software below), avx2 runs quant_gemm_avx2.h; at amx, quant_gemm_amx.h from 8
-// rows and, for bf16 activations from kQDenseMinRows rows, quant_gemm_amx_dense.h; included by bindings.cpp.
+// rows; bf16 activations from kQDenseMinRows rows take the dense path: quant_gemm_amx_dense.h at amx,
+// quant_gemm_vec_dense.h at avx512_bf16; included by bindings.cpp.
 #pragma once
 #include <torch/extension.h>
 
@@ -15,6 +16,7 @@
 #include "quant_gemm_avx2.h"
 #include "quant_gemm_amx.h"
 #include "quant_gemm_amx_dense.h"
+#include "quant_gemm_vec_dense.h"
 
 namespace {
 
@@ -42,24 +44,37 @@ inline bool quant_uses_amx(sgl_cpu::CpuIsa level, int64_t M) {
 // runner runs a forward that is not a decode batch (set_quant_dense_prefill).
 inline std::atomic<int64_t> g_quant_dense_min_rows{sgl_cpu::kQDenseMinRows};
 
-// True when quant_linear takes the dequantized bf16 tiles (quant_gemm_amx_dense.h): level amx, bf16 activations whose
-// K is whole blocks, M >= the current minimum (g_quant_dense_min_rows).
-inline bool quant_uses_amx_dense(sgl_cpu::CpuIsa level, int64_t M, bool bf16, int64_t K) {
-  return level >= sgl_cpu::CpuIsa::kAmx && bf16 && M >= g_quant_dense_min_rows.load(std::memory_order_relaxed) &&
-         K % sgl_cpu::kQBlock == 0;
+// True when quant_linear takes the dequantized bf16 weights (the dense path: quant_gemm_amx_dense.h at level amx,
+// quant_gemm_vec_dense.h at avx512_bf16): bf16 activations whose K is whole blocks, M >= the current minimum
+// (g_quant_dense_min_rows).
+inline bool quant_uses_dense(sgl_cpu::CpuIsa level, int64_t M, bool bf16, int64_t K) {
+  return level >= sgl_cpu::CpuIsa::kAvx512Bf16 && bf16 &&
+         M >= g_quant_dense_min_rows.load(std::memory_order_relaxed) && K % sgl_cpu::kQBlock == 0;
 }
 
-// The dense AMX path's activations: the A tiles read 16 rows at a time, so a copy padded with zero rows when M is not
-// a multiple of 16.
-inline at::Tensor quant_dense_rows(const at::Tensor& xc) {
+// The dense path at `level` for output tiles [t0, t1) (the arguments of quant_gemm_amx_dense; x padded by
+// quant_dense_rows).
+template <typename T, sgl_cpu::QDenseAct ACT = sgl_cpu::QDenseAct::kNone>
+void quant_gemm_dense(sgl_cpu::CpuIsa level, sgl_cpu::QDenseDequant dequant, const uint8_t* wp, int64_t tile_bytes,
+                      int64_t nb, const uint16_t* x, int64_t M, T* y, int64_t N, int64_t t0, int64_t t1,
+                      int64_t ldy = 0, int64_t ty = 0) {
+  if (level >= sgl_cpu::CpuIsa::kAmx)
+    sgl_cpu::quant_gemm_amx_dense<T, ACT>(dequant, wp, tile_bytes, nb, x, M, y, N, t0, t1, ldy, ty);
+  else
+    sgl_cpu::quant_gemm_vec_dense<T, ACT>(dequant, wp, tile_bytes, nb, x, M, y, N, t0, t1, ldy, ty);
+}
+
+// The dense path's activations: the AMX A tiles read 16 rows at a time, so at level amx a copy padded with zero rows
+// when M is not a multiple of 16 (VDPBF16PS reads the rows there are).
+inline at::Tensor quant_dense_rows(const at::Tensor& xc, sgl_cpu::CpuIsa level) {
   const int64_t M = xc.size(0), Mp = (M + 15) / 16 * 16;
-  if (Mp == M) return xc;
+  if (Mp == M || level < sgl_cpu::CpuIsa::kAmx) return xc;
   at::Tensor xp = at::zeros({Mp, xc.size(1)}, xc.options());
   xp.narrow(0, 0, M).copy_(xc);
   return xp;
 }
 
-// The dense AMX path's dequantization of one record (16 rows x 32 k) for a format code.
+// The dense path's dequantization of one record (16 rows x 32 k) for a format code.
 inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
   switch (format) {
     case 4: return &sgl_cpu::quant_dequant_record<4>;
@@ -180,8 +195,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   at::Tensor xc = x.contiguous();
-  if (quant_uses_amx_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
-    const at::Tensor xp = quant_dense_rows(xc);
+  if (quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
+    const at::Tensor xp = quant_dense_rows(xc, level);
     at::Tensor y = at::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
     const uint8_t* wp = packed.data_ptr<uint8_t>();
     const uint16_t* xq = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
@@ -189,10 +204,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
     sgl_cpu::parallel_for(0, (tiles + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
       const int64_t u0 = 2 * p0, u1 = std::min(2 * p1, tiles);
       if (out_fp32)
-        sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M, y.data_ptr<float>(), N, u0, u1);
+        quant_gemm_dense(level, dequant, wp, nb * rec_bytes, nb, xq, M, y.data_ptr<float>(), N, u0, u1);
       else
-        sgl_cpu::quant_gemm_amx_dense(dequant, wp, nb * rec_bytes, nb, xq, M,
-                                      reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, u0, u1);
+        quant_gemm_dense(level, dequant, wp, nb * rec_bytes, nb, xq, M,
+                         reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, u0, u1);
     });
     return y;
   }

@@ -7,8 +7,8 @@
 // Why: at a decode batch of 32 on a 262k vocabulary the logits are 33 MB of fp32 written, then read again by the
 // greedy argmax; that traffic cost as much as the lm_head's own products on a 2-core machine (~10 of ~30 ms).
 // A batch the dense path takes (bf16 activations, from kQDenseMinRows rows) has its slices computed by that path
-// (quant_gemm_amx_dense.h) into the same buffer: each output's fp32 sum is the same whichever range of tiles a call
-// covers, so here too the token is argmax_rows of quant_linear(..., out_fp32)'s logits, bit for bit.
+// (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h) into the same buffer: each output's fp32 sum is the same whichever
+// range of tiles a call covers, so here too the token is argmax_rows of quant_linear(..., out_fp32)'s logits, bit for bit.
 #pragma once
 
 #include <vector>
@@ -45,8 +45,8 @@ at::Tensor quant_linear_argmax(const at::Tensor& x, const at::Tensor& packed, in
   const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   TORCH_CHECK(M > 0 && N > 0, "quant_linear_argmax: needs rows and a vocabulary, got [", M, ", ", K, "] x ", N);
   at::Tensor xc = x.contiguous();
-  const bool dense = quant_uses_amx_dense(level, M, x.scalar_type() == at::kBFloat16, K);
-  const at::Tensor xp = dense ? quant_dense_rows(xc) : at::Tensor();
+  const bool dense = quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K);
+  const at::Tensor xp = dense ? quant_dense_rows(xc, level) : at::Tensor();
   const QuantActs a = dense ? QuantActs{} : quant_activations(xc, level, (int)format, nb);
   const sgl_cpu::QDenseDequant dequant = dense ? quant_dense_dequant((int)format) : nullptr;
   const uint16_t* xq = dense ? reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>()) : nullptr;
@@ -61,7 +61,7 @@ at::Tensor quant_linear_argmax(const at::Tensor& x, const at::Tensor& packed, in
       const int64_t t0 = s * kArgmaxSliceTiles, t1 = std::min(tiles, t0 + kArgmaxSliceTiles);
       const int64_t c0 = t0 * sgl_cpu::kQTileRows, cols = std::min(N, t1 * sgl_cpu::kQTileRows) - c0;
       if (dense)
-        sgl_cpu::quant_gemm_amx_dense(dequant, wp, tile_bytes, nb, xq, M, buf.data(), N, t0, t1, ld, t0);
+        quant_gemm_dense(level, dequant, wp, tile_bytes, nb, xq, M, buf.data(), N, t0, t1, ld, t0);
       else
         quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, buf.data(), N, t0, t1, ld, t0);
       for (int64_t m = 0; m < M; ++m) {

@@ -1,8 +1,8 @@
 // quant_linear_gated: a merged [gate | up] quantized projection and the gated MLP's activation in one call,
 // act(x @ W_gate^T) * (x @ W_up^T), with act silu or gelu (tanh). Its bits are those of quant_linear (bf16 out)
-// followed by silu_and_mul / gelu_tanh_and_mul: where quant_linear takes the dense AMX path and each half of W is whole
-// 16-row tiles, the activation runs on each tile pair's sums in the GEMM's epilogue (quant_gemm_amx_dense.h, gated
-// walk); otherwise the two calls' code runs in sequence here.
+// followed by silu_and_mul / gelu_tanh_and_mul: where quant_linear takes the dense path and each half of W is whole
+// 16-row tiles, the activation runs on each gate tile and up tile's sums in the GEMM's epilogue (quant_gemm_amx_dense.h
+// and quant_gemm_vec_dense.h, gated walk); otherwise the two calls' code runs in sequence here.
 // Why: the [M, 2I] product is not written and read back, the activation's vector work runs beside the tile products
 // of the next output tile, and a decode step makes one call a layer where it made two. On the Gemma 3 270M's gate_up
 // (640 -> 2 x 2,048, `bench_quant_prefill.py --gated`, one thread): 2,048 rows 14.0 -> 10.8 ms, 32 rows 0.43 -> 0.36
@@ -36,7 +36,8 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
   const int64_t nb = quant_check_args("quant_linear_gated", x, packed, N, format);
   const int64_t M = x.size(0), K = x.size(1), inter = N / 2, tiles = packed.size(0);
   at::Tensor xc = x.contiguous();
-  if (!quant_uses_amx_dense(sgl_cpu::current_isa(), M, true, K) || inter % sgl_cpu::kQTileRows != 0) {
+  const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
+  if (!quant_uses_dense(level, M, true, K) || inter % sgl_cpu::kQTileRows != 0) {
     const at::Tensor y = quant_linear(xc, packed, N, format, false);  // [M, N]: then the activation, row by row
     at::Tensor out = at::empty({M, inter}, x.options());
     const uint16_t* yp = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
@@ -45,7 +46,7 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
     else sgl_cpu::act_and_mul_rows<true>(yp, op, M, inter);
     return out;
   }
-  const at::Tensor xp = quant_dense_rows(xc);
+  const at::Tensor xp = quant_dense_rows(xc, level);
   at::Tensor out = at::empty({M, inter}, x.options());
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const uint16_t* xq = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
@@ -53,12 +54,12 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
   const sgl_cpu::QDenseDequant dequant = quant_dense_dequant((int)format);
   const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   sgl_cpu::parallel_for(0, tiles / 2, 1, [&](int64_t g0, int64_t g1) {  // gate tiles, each beside its up tile
+    const int64_t tile_bytes = nb * rec_bytes;
     if (kind == sgl_cpu::QDenseAct::kSilu)
-      sgl_cpu::quant_gemm_amx_dense<uint16_t, sgl_cpu::QDenseAct::kSilu>(dequant, wp, nb * rec_bytes, nb, xq, M, op, N,
-                                                                        g0, g1);
+      quant_gemm_dense<uint16_t, sgl_cpu::QDenseAct::kSilu>(level, dequant, wp, tile_bytes, nb, xq, M, op, N, g0, g1);
     else
-      sgl_cpu::quant_gemm_amx_dense<uint16_t, sgl_cpu::QDenseAct::kGeluTanh>(dequant, wp, nb * rec_bytes, nb, xq, M,
-                                                                            op, N, g0, g1);
+      quant_gemm_dense<uint16_t, sgl_cpu::QDenseAct::kGeluTanh>(level, dequant, wp, tile_bytes, nb, xq, M, op, N, g0,
+                                                               g1);
   });
   return out;
 }
@@ -67,21 +68,24 @@ inline void register_quant_linear_ops(py::module_& m) {
   m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
   m.def("quant_path", [](int64_t M) {
           const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
-          return std::string(quant_uses_amx_dense(level, M, true, sgl_cpu::kQBlock) ? "amx_bf16_dense"
+          const bool dense = quant_uses_dense(level, M, true, sgl_cpu::kQBlock);
+          return std::string(dense && level >= sgl_cpu::CpuIsa::kAmx ? "amx_bf16_dense"
+                             : dense ? "avx512_bf16_dense"
                              : quant_uses_amx(level, M) ? "amx_int8"
                              : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Vnni) ? "avx512_vnni" : "avx2"); },
         "The kernel quant_linear runs for M input rows of bf16 activations (K whole blocks) at the current level: "
-        "amx_bf16_dense (quant_gemm_amx_dense.h), amx_int8 (quant_gemm_amx.h), avx512_vnni or avx2");
+        "amx_bf16_dense (quant_gemm_amx_dense.h), avx512_bf16_dense (quant_gemm_vec_dense.h), amx_int8 "
+        "(quant_gemm_amx.h), avx512_vnni or avx2");
   m.def("set_quant_dense_prefill", [](bool prefill) {
           const int64_t before = g_quant_dense_min_rows.exchange(prefill ? sgl_cpu::kQDenseMinRowsPrefill
                                                                          : sgl_cpu::kQDenseMinRows);
           return before == sgl_cpu::kQDenseMinRowsPrefill; },
-        "The dense AMX path's row minimum for this process: 256 rows with prefill=True (the model runner's forwards "
+        "The dense path's row minimum for this process: 256 rows with prefill=True (the model runner's forwards "
         "other than decode batches), else 32 (the default); returns whether it was the prefill one",
         py::arg("prefill"));
   m.def("quant_linear", &quant_linear,
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: "
-        "bits + 16 * header); activations int8 per 32 values (at level amx, from 32 bf16 rows, 256 under "
+        "bits + 16 * header); activations int8 per 32 values (from level avx512_bf16, from 32 bf16 rows, 256 under "
         "set_quant_dense_prefill: as they are, times the weights rounded to bf16); the result in x's dtype, or fp32 "
         "with out_fp32",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false);

@@ -10,11 +10,13 @@ The decode rows of a GGUF Q8_0 lm_head (1 to 255, across each switch point) are 
 the int8 activations the kernels quantize (reproduced here) within fp32 rounding: a change both paths share (a block's
 residual-pass sum, quant_block_sum) cannot hide behind their agreement.
 
-From 32 rows of bf16 activations quant_linear dequantizes each weight tile to bf16 on AMX-BF16 tiles
-(quant_gemm_amx_dense.h): each weight is the fp32 d * u + c rounded to bf16 (torch's round to nearest even of the
-torch path's fp32 dequantization, packing.unpack_dequantize), so a one-hot power-of-two activation row gives
-bf16(x_k * bf16(w[:, k])) bit for bit; random rows are within half a bf16 ulp of the fp64 product of those weights
-plus fp32 summation (fp32 outputs: within the summation alone), in the pair walk and the blocked walk over output tiles.
+From 32 rows of bf16 activations quant_linear dequantizes each weight tile to bf16, the dense path: on AMX-BF16 tiles
+at level amx (quant_gemm_amx_dense.h), by VDPBF16PS at avx512_bf16 (quant_gemm_vec_dense.h; AMD EPYC, Xeons without
+AMX; on an AMX CPU at the forced level). At each level there is here: each weight is the fp32 d * u + c rounded to
+bf16 (torch's round to nearest even of the torch path's fp32 dequantization, packing.unpack_dequantize), so a one-hot
+power-of-two activation row gives bf16(x_k * bf16(w[:, k])) bit for bit; random rows are within half a bf16 ulp of the
+fp64 product of those weights plus fp32 summation (fp32 outputs: within the summation alone), in the unit walk and
+the blocked walks over output tiles (one block and several).
 """
 
 import unittest
@@ -47,7 +49,9 @@ class TestQuantGemmAmx(unittest.TestCase):
                          ["avx512_vnni", "avx512_vnni", "amx_int8", "amx_int8"])
         self.assertEqual([self.ops.quant_path(m) for m in (32, 256, 4096)], ["amx_bf16_dense"] * 3)
         self.ops.set_cpu_isa("avx512_bf16")
-        self.assertEqual(self.ops.quant_path(64), "avx512_vnni")
+        self.assertEqual([self.ops.quant_path(m) for m in (1, 31, 32, 4096)],
+                         ["avx512_vnni", "avx512_vnni", "avx512_bf16_dense", "avx512_bf16_dense"])
+        self.ops.set_cpu_isa("avx512_vnni")
         self.assertEqual(self.ops.quant_path(4096), "avx512_vnni")
 
     def test_same_bits_as_the_vnni_kernel(self):
@@ -67,79 +71,6 @@ class TestQuantGemmAmx(unittest.TestCase):
                             self.assertTrue(torch.isfinite(want).all())
                             self.assertTrue(torch.equal(got, want), (got.float() - want.float()).abs().max())
 
-
-    def _dense_weights(self, fmt: int, n: int, k: int, gen: torch.Generator):
-        """Packed weights whose fp32 scales have at most 11 significant bits (as GGUF's fp16 ones, and d_super * sc),
-        so d * u is exact in fp32 and d * u + c rounds once whether fused or not; and their fp32 dequantization."""
-        w = random_packed(fmt, n, k, gen)
-        head = fmt >> 4
-        if head == 3:  # Q6_K's levels are 6-bit (d * sc * u: 11 + 6 + 6 bits)
-            w[:, :, 64:] &= 63
-        if head in (1, 2):
-            hb = 64 * head * 2
-            f = w[:, :, :hb].contiguous().view(torch.float32)
-            w[:, :, :hb] = f.half().float().contiguous().view(torch.uint8)
-        return w, packing.unpack_dequantize(w, fmt, n, k, torch.float32)
-
-    def test_dense_path_is_the_bf16_rounded_weights(self):
-        """One-hot rows of +-2^e: every product and partial sum is exact, so each output is bf16(x_k bf16(w[n, k])) bit
-        for bit; a wrong scale, an unrounded or misplaced k pair changes bits. 44 rows: a padded last input tile; 300:
-        several; 500: the blocked walk (more than kQDensePassBytes of rows at K 640); n 40 (a partial output tile, an
-        odd count) and 48; K 640 and 96."""
-        self.ops.set_cpu_isa("amx")
-        gen = torch.Generator().manual_seed(1)
-        for fmt in RECORD_BYTES:
-            for n, k in ((40, 640), (48, 96)):
-                packed, w32 = self._dense_weights(fmt, n, k, gen)
-                wb = w32.bfloat16().double()
-                self.assertFalse(torch.equal(wb, w32.double()))  # the rounding is seen
-                for m in (44, 300, 500):
-                    cols = torch.arange(m) % k
-                    x = torch.zeros(m, k)
-                    signs = torch.randint(0, 2, (m,), generator=gen) * 2 - 1
-                    x[torch.arange(m), cols] = signs * torch.pow(2.0, torch.randint(-3, 4, (m,), generator=gen)).float()
-                    x = x.bfloat16()
-                    self.assertEqual(self.ops.quant_path(m), "amx_bf16_dense")
-                    got = self.ops.quant_linear(x, packed, n, fmt)
-                    want = x.double() @ wb.T
-                    with self.subTest(fmt=fmt, n=n, k=k, m=m):
-                        self.assertTrue(torch.isfinite(want).all())
-                        self.assertTrue(torch.equal(got, want.bfloat16()), (got != want.bfloat16()).sum().item())
-                        self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, n, fmt, True), want.float()))
-
-    def test_dense_path_random_rows_within_fp32_summation(self):
-        """Random bf16 rows (32: the first dense row count; 1,000: the blocked walk at K 640) against
-        the fp64 product of the bf16-rounded weights: fp32 outputs within fp32 summation's bound (K terms:
-        K * 2^-24 * sum |x w|), bf16 outputs those rounded, bf16(fp64) on >= 99.9% of them. Against the unrounded
-        weights the error is larger than that bound (the weights' rounding is what the dense path adds)."""
-        self.ops.set_cpu_isa("amx")
-        gen = torch.Generator().manual_seed(2)
-        for fmt in RECORD_BYTES:
-            for m in (32, 1000):
-                n, k = 40, 640
-                packed, w32 = self._dense_weights(fmt, n, k, gen)
-                wb = w32.bfloat16().double()
-                x = torch.randn(m, k, generator=gen).bfloat16()
-                got32 = self.ops.quant_linear(x, packed, n, fmt, True).double()
-                got = self.ops.quant_linear(x, packed, n, fmt)
-                ref = x.double() @ wb.T
-                bound = k * 2.0**-24 * (x.double().abs() @ wb.abs().T)
-                with self.subTest(fmt=fmt, m=m):
-                    self.assertTrue(((got32 - ref).abs() <= bound).all(), ((got32 - ref).abs() - bound).max())
-                    self.assertTrue(torch.equal(got, got32.bfloat16()))
-                    self.assertGreaterEqual((got.double() == ref.bfloat16().double()).double().mean().item(), 0.999)
-                    self.assertGreater(((got32 - x.double() @ w32.double().T).abs() - bound).max().item(), 0)
-
-    def test_dense_path_not_for_fp32_activations(self):
-        """fp32 activations keep the int8 path at any row count (the bf16 tiles would round them): the same bits as the
-        VNNI kernel."""
-        gen = torch.Generator().manual_seed(3)
-        packed = random_packed(20, 40, 640, gen)
-        x = torch.randn(300, 640, generator=gen)
-        self.ops.set_cpu_isa("avx512_bf16")
-        want = self.ops.quant_linear(x, packed, 40, 20)
-        self.ops.set_cpu_isa("amx")
-        self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, 40, 20), want))
 
     def test_q8_0_decode_rows_against_the_int8_formula(self):
         """The lm_head's decode path (a GGUF Q8_0 table, K 640, outputs past whole 16-row tiles) at the row counts
@@ -174,7 +105,7 @@ class TestQuantGemmAmx(unittest.TestCase):
             xb = x.bfloat16()
             got16 = self.ops.quant_linear(xb, packed, n, 8).double()
             ulp = torch.pow(2.0, torch.floor(torch.log2(got16.abs().clamp_min(1e-30))) - 7)  # got16 rounds to nearest
-            if self.ops.quant_path(m) == "amx_bf16_dense":
+            if self.ops.quant_path(m).endswith("_dense"):
                 wqb = wq.float().bfloat16().double()  # d q is exact in fp32 (11 + 8 bits)
                 want16, slack = xb.double() @ wqb.T, k * 2.0**-24 * (xb.double().abs() @ wqb.abs().T)
             else:
@@ -182,6 +113,102 @@ class TestQuantGemmAmx(unittest.TestCase):
                 want16, slack = a16 @ wq.T, 2.0**-21 * (a16.abs() @ mag.T)
             with self.subTest(m=m, dtype="bf16", path=self.ops.quant_path(m)):
                 self.assertTrue(((got16 - want16).abs() <= ulp / 2 + slack).all())
+
+
+DENSE_PATHS = {"amx": "amx_bf16_dense", "avx512_bf16": "avx512_bf16_dense"}
+
+
+class TestQuantDensePaths(unittest.TestCase):
+    """The dense path at each level this CPU has: amx and avx512_bf16 on an AMX CPU, avx512_bf16 alone without."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.ops = get_cpu_ops()
+        if cls.ops is None or not hasattr(cls.ops, "quant_path"):
+            raise unittest.SkipTest(f"no CPU kernels here ({cpu_ops_status()})")
+        native = cls.ops.cpu_isa_native()
+        cls.levels = {"amx": ["amx", "avx512_bf16"], "avx512_bf16": ["avx512_bf16"]}.get(native, [])
+        if not cls.levels:
+            raise unittest.SkipTest(f"no dense path at the native level {native} (it needs avx512_bf16)")
+        cls.level0 = cls.ops.get_cpu_isa()
+
+    def tearDown(self):
+        self.ops.set_cpu_isa(self.level0)
+
+    def _dense_weights(self, fmt: int, n: int, k: int, gen: torch.Generator):
+        """Packed weights whose fp32 scales have at most 11 significant bits (as GGUF's fp16 ones, and d_super * sc),
+        so d * u is exact in fp32 and d * u + c rounds once whether fused or not; and their fp32 dequantization."""
+        w = random_packed(fmt, n, k, gen)
+        head = fmt >> 4
+        if head == 3:  # Q6_K's levels are 6-bit (d * sc * u: 11 + 6 + 6 bits)
+            w[:, :, 64:] &= 63
+        if head in (1, 2):
+            hb = 64 * head * 2
+            f = w[:, :, :hb].contiguous().view(torch.float32)
+            w[:, :, :hb] = f.half().float().contiguous().view(torch.uint8)
+        return w, packing.unpack_dequantize(w, fmt, n, k, torch.float32)
+
+    def test_dense_path_is_the_bf16_rounded_weights(self):
+        """One-hot rows of +-2^e: every product and partial sum is exact, so each output is bf16(x_k bf16(w[n, k])) bit
+        for bit; a wrong scale, an unrounded or misplaced k pair changes bits. 44 rows: a padded last input tile; 300:
+        several; 500: the blocked walk (more than kQDensePassBytes of rows at K 640); n 40 (a partial output tile, an
+        odd count) and 48; K 640 and 96; n 432 at 300 rows: at avx512_bf16 a blocked walk over two blocks of units
+        (kQVecBlockBytes holds 12 units of K 640, n 432 has 14)."""
+        gen = torch.Generator().manual_seed(1)
+        for level, fmt in ((level, fmt) for level in self.levels for fmt in RECORD_BYTES):
+            self.ops.set_cpu_isa(level)
+            for n, k in ((40, 640), (48, 96), (432, 640)):
+                packed, w32 = self._dense_weights(fmt, n, k, gen)
+                wb = w32.bfloat16().double()
+                self.assertFalse(torch.equal(wb, w32.double()))  # the rounding is seen
+                for m in (44, 300, 500) if n != 432 else (300,):
+                    cols = torch.arange(m) % k
+                    x = torch.zeros(m, k)
+                    signs = torch.randint(0, 2, (m,), generator=gen) * 2 - 1
+                    x[torch.arange(m), cols] = signs * torch.pow(2.0, torch.randint(-3, 4, (m,), generator=gen)).float()
+                    x = x.bfloat16()
+                    self.assertEqual(self.ops.quant_path(m), DENSE_PATHS[level])
+                    got = self.ops.quant_linear(x, packed, n, fmt)
+                    want = x.double() @ wb.T
+                    with self.subTest(level=level, fmt=fmt, n=n, k=k, m=m):
+                        self.assertTrue(torch.isfinite(want).all())
+                        self.assertTrue(torch.equal(got, want.bfloat16()), (got != want.bfloat16()).sum().item())
+                        self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, n, fmt, True), want.float()))
+
+    def test_dense_path_random_rows_within_fp32_summation(self):
+        """Random bf16 rows (32: the first dense row count; 1,000: the blocked walk at K 640) against
+        the fp64 product of the bf16-rounded weights: fp32 outputs within fp32 summation's bound (K terms:
+        K * 2^-24 * sum |x w|), bf16 outputs those rounded, bf16(fp64) on >= 99.9% of them. Against the unrounded
+        weights the error is larger than that bound (the weights' rounding is what the dense path adds)."""
+        gen = torch.Generator().manual_seed(2)
+        for level, fmt in ((level, fmt) for level in self.levels for fmt in RECORD_BYTES):
+            self.ops.set_cpu_isa(level)
+            for m in (32, 1000):
+                n, k = 40, 640
+                packed, w32 = self._dense_weights(fmt, n, k, gen)
+                wb = w32.bfloat16().double()
+                x = torch.randn(m, k, generator=gen).bfloat16()
+                got32 = self.ops.quant_linear(x, packed, n, fmt, True).double()
+                got = self.ops.quant_linear(x, packed, n, fmt)
+                ref = x.double() @ wb.T
+                bound = k * 2.0**-24 * (x.double().abs() @ wb.abs().T)
+                with self.subTest(level=level, fmt=fmt, m=m):
+                    self.assertTrue(((got32 - ref).abs() <= bound).all(), ((got32 - ref).abs() - bound).max())
+                    self.assertTrue(torch.equal(got, got32.bfloat16()))
+                    self.assertGreaterEqual((got.double() == ref.bfloat16().double()).double().mean().item(), 0.999)
+                    self.assertGreater(((got32 - x.double() @ w32.double().T).abs() - bound).max().item(), 0)
+
+    def test_dense_path_not_for_fp32_activations(self):
+        """fp32 activations keep the int8 paths at any row count (the bf16 weights would round them): the same bits as
+        the VNNI kernel."""
+        gen = torch.Generator().manual_seed(3)
+        packed = random_packed(20, 40, 640, gen)
+        x = torch.randn(300, 640, generator=gen)
+        self.ops.set_cpu_isa("avx512_vnni")
+        want = self.ops.quant_linear(x, packed, 40, 20)
+        for level in self.levels:
+            self.ops.set_cpu_isa(level)
+            self.assertTrue(torch.equal(self.ops.quant_linear(x, packed, 40, 20), want), level)
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ def int8_weight(n: int, k: int, rng):
 def takes_dense(ops, m: int, k: int, dtype) -> bool:
     """Whether quant_linear serves m rows of K k in dtype on the dense AMX-BF16 path (bf16, K whole blocks, the level
     and row count quant_path names)."""
-    return dtype == torch.bfloat16 and k % 32 == 0 and ops.quant_path(m) == "amx_bf16_dense"
+    return dtype == torch.bfloat16 and k % 32 == 0 and ops.quant_path(m).endswith("_dense")
 
 
 def emulated(x: torch.Tensor, w_ref: torch.Tensor, bits: int) -> torch.Tensor:

@@ -1,12 +1,12 @@
 """quant_linear_gated (sgl-kernel/csrc/cpu/quant_linear_gated.h): a merged [gate | up] quantized projection and the
 gated MLP's activation in one call gives the bits of quant_linear followed by silu_and_mul / gelu_tanh_and_mul, for
-every packed format, both activations, at level amx (the dense path's gated epilogue from 32 rows, the int8 paths
-below) and avx512_bf16, with the prefill row minimum on and off, halves of whole 16-row tiles and halves that end
-inside a tile (the unfused sequence), one and two input tiles per unit, padded rows, and calls whose activations take
+every packed format, both activations, at levels amx and avx512_bf16 (each level's dense path's gated epilogue
+from 32 rows, the int8 paths below), with the prefill row minimum on and off, halves of whole 16-row tiles and halves
+that end inside a tile (the unfused sequence), one and two input tiles per unit, padded rows, and calls whose activations take
 the blocked walk (more than kQDensePassBytes of rows) over one and several blocks of output tiles.
 
-The walks (quant_gemm_amx_dense.h): a call of many rows gives each row the bits of the same rows in calls of 32
-(whose B tiles are read once each, from the ring), plain and gated. The models call it through
+The walks (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h): a call of many rows gives each row the bits of the same
+rows in calls of 32 (at amx their B tiles read once each, from the ring), plain and gated. The models call it through
 MergedColumnParallelLinear.forward_gated: LlamaMLP and Gemma3MLP give the same output with and without it.
 """
 
@@ -54,7 +54,7 @@ class TestQuantLinearGated(unittest.TestCase):
                         self.ops.set_cpu_isa(level)
                         for prefill in (False, True):
                             self.ops.set_quant_dense_prefill(prefill)
-                            dense_seen += self.ops.quant_path(m) == "amx_bf16_dense" and (n // 2) % 16 == 0
+                            dense_seen += self.ops.quant_path(m).endswith("_dense") and (n // 2) % 16 == 0
                             for act in ("silu", "gelu_tanh"):
                                 got = self.ops.quant_linear_gated(x, w, n, fmt, act)
                                 want = self.unfused(x, w, n, fmt, act)
@@ -63,18 +63,19 @@ class TestQuantLinearGated(unittest.TestCase):
                                     self.assertTrue(torch.isfinite(want).all())
                                     self.assertGreater((want != 0).float().mean().item(), 0.3)
                                     self.assertTrue(torch.equal(got, want), (got != want).sum().item())
-        if self.amx:
+        if self.ops.cpu_isa_native() in ("amx", "avx512_bf16"):
             self.assertGreater(dense_seen, 50)  # the gated epilogue ran, not only the unfused sequence
 
     def test_walks_give_each_row_the_bits_of_32_row_calls(self):
         """A call of M rows against the same rows in calls of 32 (each B tile read once, from the ring): one thread,
         so that a thread's range holds several blocks of output tiles (K 4,096: 4 tile pairs a block, 16 a range)."""
-        if not self.amx:
-            self.skipTest("the dense path needs AMX")
-        self.ops.set_cpu_isa("amx")
+        levels = {"amx": ["amx", "avx512_bf16"], "avx512_bf16": ["avx512_bf16"]}.get(self.ops.cpu_isa_native(), [])
+        if not levels:
+            self.skipTest("the dense path needs avx512_bf16 or amx")
         self.ops.set_num_threads(1)
         gen = torch.Generator().manual_seed(1)
-        for fmt in (8, 36, 56):
+        for level, fmt in ((level, fmt) for level in levels for fmt in (8, 36, 56)):
+            self.ops.set_cpu_isa(level)
             for n, k, m in ((256, 4096, 96), (2048, 640, 860), (96, 640, 1000)):
                 w = random_packed(fmt, n, k, gen)
                 x = torch.randn(m, k, generator=gen).bfloat16()
@@ -85,7 +86,7 @@ class TestQuantLinearGated(unittest.TestCase):
                     parts = torch.cat([call(x[i: i + 32]) for i in range(0, m - m % 32, 32)] +
                                       ([call(torch.cat([x[m - m % 32:], x[:32 - m % 32]]))[: m % 32]]
                                        if m % 32 else []))
-                    with self.subTest(fmt=fmt, n=n, k=k, m=m, gated=gated):
+                    with self.subTest(level=level, fmt=fmt, n=n, k=k, m=m, gated=gated):
                         self.assertTrue(torch.equal(whole, parts), (whole != parts).sum().item())
 
     def test_refuses_what_it_cannot_pair(self):
