@@ -1,4 +1,5 @@
-"""Random packed weights for the quantized GEMM kernels' tests (quant_layout.h's record formats)."""
+"""Random packed weights for the quantized GEMM kernels' tests (quant_layout.h's record formats), and the levels whose
+dense path those tests run."""
 
 import torch
 
@@ -24,3 +25,14 @@ def random_packed(fmt: int, n: int, k: int, gen: torch.Generator) -> torch.Tenso
         put(0, (torch.randn(tiles, nb, 16, generator=gen) * 1e-3).half())
         put(32, torch.randint(-32, 32, (tiles, nb, 32), dtype=torch.int8, generator=gen))
     return p
+
+
+# quant_path's name of the dense path at each level that has one
+DENSE_PATHS = {"amx": "amx_bf16_dense", "avx512_bf16": "avx512_bf16_dense"}
+
+
+def dense_levels(ops) -> list:
+    """The levels at which this CPU runs a dense path (set_cpu_isa can force each): amx and avx512_bf16 on an AMX
+    CPU, avx512_bf16 alone on one with AVX-512 BF16 only, none below."""
+    native = ops.cpu_isa_native()
+    return [level for level in DENSE_PATHS if level == native or native == "amx"]

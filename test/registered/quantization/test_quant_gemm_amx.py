@@ -27,7 +27,7 @@ import torch
 from sglang.jit_kernel.cpu_ops import cpu_ops_status, get_cpu_ops
 from sglang.srt.layers.quantization import packing
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.quant_fixtures import RECORD_BYTES, random_packed
+from sglang.test.quant_fixtures import DENSE_PATHS, RECORD_BYTES, dense_levels, random_packed
 
 register_cpu_ci(est_time=15, suite="cpu")
 
@@ -115,8 +115,6 @@ class TestQuantGemmAmx(unittest.TestCase):
                 self.assertTrue(((got16 - want16).abs() <= ulp / 2 + slack).all())
 
 
-DENSE_PATHS = {"amx": "amx_bf16_dense", "avx512_bf16": "avx512_bf16_dense"}
-
 
 class TestQuantDensePaths(unittest.TestCase):
     """The dense path at each level this CPU has: amx and avx512_bf16 on an AMX CPU, avx512_bf16 alone without."""
@@ -126,10 +124,9 @@ class TestQuantDensePaths(unittest.TestCase):
         cls.ops = get_cpu_ops()
         if cls.ops is None or not hasattr(cls.ops, "quant_path"):
             raise unittest.SkipTest(f"no CPU kernels here ({cpu_ops_status()})")
-        native = cls.ops.cpu_isa_native()
-        cls.levels = {"amx": ["amx", "avx512_bf16"], "avx512_bf16": ["avx512_bf16"]}.get(native, [])
+        cls.levels = dense_levels(cls.ops)
         if not cls.levels:
-            raise unittest.SkipTest(f"no dense path at the native level {native} (it needs avx512_bf16)")
+            raise unittest.SkipTest(f"no dense path at the native level {cls.ops.cpu_isa_native()} (needs avx512_bf16)")
         cls.level0 = cls.ops.get_cpu_isa()
 
     def tearDown(self):

@@ -2,8 +2,8 @@
 gated MLP's activation in one call gives the bits of quant_linear followed by silu_and_mul / gelu_tanh_and_mul, for
 every packed format, both activations, at levels amx and avx512_bf16 (each level's dense path's gated epilogue
 from 32 rows, the int8 paths below), with the prefill row minimum on and off, halves of whole 16-row tiles and halves
-that end inside a tile (the unfused sequence), one and two input tiles per unit, padded rows, and calls whose activations take
-the blocked walk (more than kQDensePassBytes of rows) over one and several blocks of output tiles.
+that end inside a tile (the unfused sequence), one and two input tiles per unit, padded rows, and calls whose
+activations take the blocked walk (more than kQDensePassBytes of rows) over one and several blocks of output tiles.
 
 The walks (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h): a call of many rows gives each row the bits of the same
 rows in calls of 32 (at amx their B tiles read once each, from the ring), plain and gated. The models call it through
@@ -17,7 +17,7 @@ import torch
 
 from sglang.jit_kernel.cpu_ops import cpu_ops_status, get_cpu_ops
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.quant_fixtures import RECORD_BYTES, random_packed
+from sglang.test.quant_fixtures import RECORD_BYTES, dense_levels, random_packed
 
 register_cpu_ci(est_time=20, suite="cpu")
 
@@ -63,13 +63,13 @@ class TestQuantLinearGated(unittest.TestCase):
                                     self.assertTrue(torch.isfinite(want).all())
                                     self.assertGreater((want != 0).float().mean().item(), 0.3)
                                     self.assertTrue(torch.equal(got, want), (got != want).sum().item())
-        if self.ops.cpu_isa_native() in ("amx", "avx512_bf16"):
+        if dense_levels(self.ops):
             self.assertGreater(dense_seen, 50)  # the gated epilogue ran, not only the unfused sequence
 
     def test_walks_give_each_row_the_bits_of_32_row_calls(self):
         """A call of M rows against the same rows in calls of 32 (each B tile read once, from the ring): one thread,
         so that a thread's range holds several blocks of output tiles (K 4,096: 4 tile pairs a block, 16 a range)."""
-        levels = {"amx": ["amx", "avx512_bf16"], "avx512_bf16": ["avx512_bf16"]}.get(self.ops.cpu_isa_native(), [])
+        levels = dense_levels(self.ops)
         if not levels:
             self.skipTest("the dense path needs avx512_bf16 or amx")
         self.ops.set_num_threads(1)
