@@ -8,7 +8,8 @@
 // greedy argmax; that traffic cost as much as the lm_head's own products on a 2-core machine (~10 of ~30 ms).
 // A batch the dense path takes (bf16 activations, from kQDenseMinRows rows) has its slices computed by that path
 // (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h) into the same buffer: each output's fp32 sum is the same whichever
-// range of tiles a call covers, so here too the token is argmax_rows of quant_linear(..., out_fp32)'s logits, bit for bit.
+// range of tiles a call covers, so here too the token is argmax_rows of quant_linear(..., out_fp32)'s logits, bit for
+// bit.
 #pragma once
 
 #include <vector>

@@ -52,9 +52,8 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
   const uint16_t* xq = reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const sgl_cpu::QDenseDequant dequant = quant_dense_dequant((int)format);
-  const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
+  const int64_t tile_bytes = nb * sgl_cpu::quant_record_bytes((int)format);
   sgl_cpu::parallel_for(0, tiles / 2, 1, [&](int64_t g0, int64_t g1) {  // gate tiles, each beside its up tile
-    const int64_t tile_bytes = nb * rec_bytes;
     if (kind == sgl_cpu::QDenseAct::kSilu)
       quant_gemm_dense<uint16_t, sgl_cpu::QDenseAct::kSilu>(level, dequant, wp, tile_bytes, nb, xq, M, op, N, g0, g1);
     else
