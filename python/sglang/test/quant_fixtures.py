@@ -1,5 +1,6 @@
-"""Random packed weights for the quantized GEMM kernels' tests (quant_layout.h's record formats), and the levels whose
-dense path those tests run."""
+"""Random packed weights for the quantized GEMM kernels' tests (quant_layout.h's record formats), the levels whose
+dense path those tests run, and the error bound of one int8 pass of activations (a quantized lm_head's path without
+AMX)."""
 
 import torch
 
@@ -36,3 +37,17 @@ def dense_levels(ops) -> list:
     CPU, avx512_bf16 alone on one with AVX-512 BF16 only, none below."""
     native = ops.cpu_isa_native()
     return [level for level in DENSE_PATHS if level == native or native == "amx"]
+
+
+# quant_path(M, head=True)'s name of the lm_head path with one int8 pass of activations (quant_head_one_pass)
+ONE_PASS_PATH = "avx512_vnni_one_pass"
+
+
+def one_pass_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[M, N]: the most one int8 pass of activations can move each output of x [M, K] @ w [N, K]^T (K whole blocks of
+    32): each activation is within half a step (its block's max|x| / 127, halved) of its int8 value, so an output is
+    within the sum over blocks of that half step times the block's sum of |w|; plus 1e-5 of the sum of |x| |w| for
+    the fp32 arithmetic."""
+    xb, wb = x.double().reshape(x.shape[0], -1, 32), w.double().reshape(w.shape[0], -1, 32)
+    half_step = xb.abs().amax(-1) / 254
+    return half_step @ wb.abs().sum(-1).T + 1e-5 * (x.double().abs() @ w.double().abs().T)

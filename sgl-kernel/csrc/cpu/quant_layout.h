@@ -56,8 +56,11 @@ constexpr int64_t quant_header_bytes(int head) {
 constexpr int64_t quant_record_bytes(int format) {
   return quant_header_bytes(quant_format_head(format)) + quant_format_bits(format) * 64;
 }
-// bytes of one quantized activation row: the int8 values, then for 8-bit weights their residual pass
-inline int64_t quant_act_row_bytes(int bits, int64_t nb) { return (bits == 8 ? 2 : 1) * nb * kQBlock; }
+// bytes of one quantized activation row: the int8 values, then for 8-bit weights their residual pass (not with
+// one_pass: the lm_head's calls without AMX, quant_head_one_pass in quant_linear.h)
+inline int64_t quant_act_row_bytes(int bits, int64_t nb, bool one_pass = false) {
+  return (bits == 8 && !one_pass ? 2 : 1) * nb * kQBlock;
+}
 
 // Activation quantization (quantize_row_q8 at each level; both levels give the same bytes and scales): one row of
 // K values (float or bf16) -> int8 per block of 32 (K padded with zeros to nb * 32), round to nearest even with scale

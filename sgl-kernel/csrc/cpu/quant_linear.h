@@ -23,14 +23,14 @@ namespace {
 // True when the current level has a quant_linear kernel (avx2 and above).
 bool quant_supported() { return sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx2); }
 
-// One row of activations at `level` into its quant_act_row_bytes(bits, nb) bytes at q: int8 per 32 values and for
-// 8-bit weights the residual pass (AVX-512: a second int8 row; AVX2: both passes as one int16 row), scales, sums, and
-// the half-block sums sh where not null.
+// One row of activations at `level` into its quant_act_row_bytes(bits, nb, one_pass) bytes at q: int8 per 32 values
+// and for 8-bit weights the residual pass (AVX-512: a second int8 row; AVX2: both passes as one int16 row) unless
+// one_pass (AVX-512 only), scales, sums, and the half-block sums sh where not null.
 template <typename T>
 void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, int8_t* q, float* da, float* sa,
-                     float* sh, int bits) {
+                     float* sh, int bits, bool one_pass) {
   if (level >= sgl_cpu::CpuIsa::kAvx512Vnni)
-    sgl_cpu::quantize_row_q8(x, K, nb, q, da, sa, bits == 8 ? q + nb * sgl_cpu::kQBlock : nullptr, sh);
+    sgl_cpu::quantize_row_q8(x, K, nb, q, da, sa, bits == 8 && !one_pass ? q + nb * sgl_cpu::kQBlock : nullptr, sh);
   else
     sgl_cpu::quantize_row_q8_avx2(x, K, nb, q, da, sa, bits == 8, sh);
 }
@@ -38,6 +38,18 @@ void quantize_row_at(sgl_cpu::CpuIsa level, const T* x, int64_t K, int64_t nb, i
 // True when quant_linear takes the AMX-INT8 tiles (quant_gemm_amx.h) for M input rows at `level`.
 inline bool quant_uses_amx(sgl_cpu::CpuIsa level, int64_t M) {
   return level >= sgl_cpu::CpuIsa::kAmx && M >= sgl_cpu::kQAmxMinRows;
+}
+
+// True when a quantized lm_head's calls (quant_linear with head, quant_linear_argmax) take the VNNI kernel with one
+// int8 pass of activations (quant_gemm.h's ONE_PASS) at every row count: an 8-bit table (the Q8_0 token_embd / output
+// of a GGUF file) at the AVX-512 levels without AMX. Its block products are llama.cpp's Q8_0 x Q8_0 ones: half the
+// byte dot products of the two passes, and no per-call dequantization as on the dense path; on the Gemma 3 270M's
+// 262,144 x 640 table at 32 rows the fused argmax takes ~19 ms against the dense path's ~28 on one AMD EPYC core
+// (bench_lm_head_decode.py). A row's logits are then the same at every batch size. At level amx the head keeps the
+// layers' paths (AMX int8 tiles, the dense path from 32 rows).
+inline bool quant_head_one_pass(sgl_cpu::CpuIsa level, int format) {
+  return sgl_cpu::quant_format_bits(format) == 8 && level >= sgl_cpu::CpuIsa::kAvx512Vnni &&
+         level < sgl_cpu::CpuIsa::kAmx;
 }
 
 // The fewest rows the dense path takes in this process: kQDenseMinRows, or kQDenseMinRowsPrefill while the model
@@ -90,12 +102,20 @@ inline sgl_cpu::QDenseDequant quant_dense_dequant(int format) {
 }
 
 // Tiles [t0, t1) of y at `level` (M rows; with AMX the activations are padded to a multiple of 16 rows); y rows ldy
-// apart, tile t's columns at (t - ty) * 16 (quant_gemm.h).
+// apart, tile t's columns at (t - ty) * 16 (quant_gemm.h). one_pass (activations quantized so): the VNNI kernel's
+// ONE_PASS, where quant_head_one_pass holds.
 template <int FMT, typename T>
 void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp, const float* dap,
                    const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0, int64_t t1,
-                   int64_t ldy, int64_t ty) {
-  if (quant_uses_amx(level, M))
+                   int64_t ldy, int64_t ty, bool one_pass) {
+  if (one_pass) {
+    TORCH_CHECK(quant_head_one_pass(level, FMT), "quant_linear: no one-pass kernel for format ", FMT, " at level ",
+                sgl_cpu::cpu_isa_name(level));
+    if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
+      sgl_cpu::quant_gemm<FMT, T, true, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
+    else
+      sgl_cpu::quant_gemm<FMT, T, false, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
+  } else if (quant_uses_amx(level, M))
     sgl_cpu::quant_gemm_amx<FMT, T>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
   else if (level >= sgl_cpu::CpuIsa::kAvx512Bf16)
     sgl_cpu::quant_gemm<FMT, T, true>(wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty);
@@ -109,32 +129,33 @@ void quant_gemm_at(sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const i
 template <typename T>
 void quant_gemm_format(int format, sgl_cpu::CpuIsa level, const uint8_t* wp, int64_t nb, const int8_t* qp,
                        const float* dap, const float* sap, const float* shp, int64_t M, T* yp, int64_t N, int64_t t0,
-                       int64_t t1, int64_t ldy = 0, int64_t ty = 0) {
+                       int64_t t1, int64_t ldy = 0, int64_t ty = 0, bool one_pass = false) {
   switch (format) {
-    case 4: quant_gemm_at<4>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 8: quant_gemm_at<8>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 20: quant_gemm_at<20>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
-    case 56: quant_gemm_at<56>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty); break;
+    case 4: quant_gemm_at<4>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 8: quant_gemm_at<8>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 20: quant_gemm_at<20>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 24: quant_gemm_at<24>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 36: quant_gemm_at<36>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 40: quant_gemm_at<40>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
+    case 56: quant_gemm_at<56>(level, wp, nb, qp, dap, sap, shp, M, yp, N, t0, t1, ldy, ty, one_pass); break;
     default: TORCH_CHECK(false, "quant_linear: unknown format ", format);
   }
 }
 
 // The activations of the int8 paths, quantized once per call (quant_layout.h): int8 per 32 values (for 8-bit weights
-// with the residual pass), the scales da, sums sa and for the halves formats the half-block sums sh; with AMX the
-// rows are padded with zeros to a multiple of 16 (their outputs are never stored).
+// with the residual pass unless one_pass), the scales da, sums sa and for the halves formats the half-block sums sh;
+// with AMX the rows are padded with zeros to a multiple of 16 (their outputs are never stored).
 struct QuantActs {
   at::Tensor qa, ds;  // the storage
   int8_t* qp;
   float *dap, *sap, *shp;
 };
 
-inline QuantActs quant_activations(const at::Tensor& xc, sgl_cpu::CpuIsa level, int format, int64_t nb) {
+inline QuantActs quant_activations(const at::Tensor& xc, sgl_cpu::CpuIsa level, int format, int64_t nb,
+                                   bool one_pass = false) {
   const int bits = sgl_cpu::quant_format_bits(format);
   const int64_t M = xc.size(0), K = xc.size(1);
-  const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb);
+  const int64_t lda = sgl_cpu::quant_act_row_bytes(bits, nb, one_pass);
   const bool halves = sgl_cpu::quant_format_halves(format);
   const int64_t Mp = quant_uses_amx(level, M) ? (M + sgl_cpu::kQAmxRows - 1) / sgl_cpu::kQAmxRows * sgl_cpu::kQAmxRows
                                               : M;
@@ -155,9 +176,10 @@ inline QuantActs quant_activations(const at::Tensor& xc, sgl_cpu::CpuIsa level, 
       float* sh = halves ? shp + 2 * m * nb : nullptr;
       if (is_bf16)
         quantize_row_at(level, reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + m * K, K, nb,
-                        qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
+                        qp + m * lda, dap + m * nb, sap + m * nb, sh, bits, one_pass);
       else
-        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, sh, bits);
+        quantize_row_at(level, xc.data_ptr<float>() + m * K, K, nb, qp + m * lda, dap + m * nb, sap + m * nb, sh, bits,
+                        one_pass);
     }
   });
   return a;
@@ -188,14 +210,17 @@ inline int64_t quant_check_args(const char* fn, const at::Tensor& x, const at::T
 // x [M, K] (bf16 or fp32) @ W^T with W packed (uint8 [tiles, nb, record bytes]) as quant_layout.h lays out -> [M, N]
 // in x's dtype, or fp32 with out_fp32 (a bf16 lm_head's logits: the kernels' fp32 sums as they are, neither rounded to
 // bf16 nor widened again by a second pass; the dense path's C tiles as they are).
-// format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header).
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format, bool out_fp32) {
+// format: quant_layout.h's code, bits + 16 * header (4 and 8: the fp16 header). head: W is a quantized lm_head's
+// table, whose paths follow quant_head_one_pass (quant_linear_argmax's, so its tokens are these logits' argmax).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t format, bool out_fp32,
+                        bool head) {
   const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
   const int64_t nb = quant_check_args("quant_linear", x, packed, N, format);
   const int64_t rec_bytes = sgl_cpu::quant_record_bytes((int)format);
   const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   at::Tensor xc = x.contiguous();
-  if (quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
+  const bool one_pass = head && quant_head_one_pass(level, (int)format);
+  if (!one_pass && quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K)) {
     const at::Tensor xp = quant_dense_rows(xc, level);
     at::Tensor y = at::empty({M, N}, x.options().dtype(out_fp32 ? at::kFloat : at::kBFloat16));
     const uint8_t* wp = packed.data_ptr<uint8_t>();
@@ -211,7 +236,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
     });
     return y;
   }
-  const QuantActs a = quant_activations(xc, level, (int)format, nb);
+  const QuantActs a = quant_activations(xc, level, (int)format, nb, one_pass);
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   const bool y_bf16 = is_bf16 && !out_fp32;
   at::Tensor y = at::empty({M, N}, x.options().dtype(y_bf16 ? at::kBFloat16 : at::kFloat));
@@ -219,9 +244,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   sgl_cpu::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     if (y_bf16)
       quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M,
-                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, t0, t1);
+                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), N, t0, t1, 0, 0, one_pass);
     else
-      quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, y.data_ptr<float>(), N, t0, t1);
+      quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, y.data_ptr<float>(), N, t0, t1, 0, 0,
+                        one_pass);
   });
   return y;
 }

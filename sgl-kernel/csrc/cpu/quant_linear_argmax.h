@@ -7,8 +7,9 @@
 // Why: at a decode batch of 32 on a 262k vocabulary the logits are 33 MB of fp32 written, then read again by the
 // greedy argmax; that traffic cost as much as the lm_head's own products on a 2-core machine (~10 of ~30 ms).
 // A batch the dense path takes (bf16 activations, from kQDenseMinRows rows) has its slices computed by that path
-// (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h) into the same buffer: each output's fp32 sum is the same whichever
-// range of tiles a call covers, so here too the token is argmax_rows of quant_linear(..., out_fp32)'s logits, bit for
+// (quant_gemm_amx_dense.h, quant_gemm_vec_dense.h) into the same buffer, and an 8-bit table without AMX takes the
+// one-pass VNNI kernel at every row count (quant_head_one_pass): each output's fp32 sum is the same whichever range of
+// tiles a call covers, so here too the token is argmax_rows of quant_linear(..., out_fp32, head)'s logits, bit for
 // bit.
 #pragma once
 
@@ -46,9 +47,10 @@ at::Tensor quant_linear_argmax(const at::Tensor& x, const at::Tensor& packed, in
   const int64_t tiles = packed.size(0), M = x.size(0), K = x.size(1);
   TORCH_CHECK(M > 0 && N > 0, "quant_linear_argmax: needs rows and a vocabulary, got [", M, ", ", K, "] x ", N);
   at::Tensor xc = x.contiguous();
-  const bool dense = quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K);
+  const bool one_pass = quant_head_one_pass(level, (int)format);
+  const bool dense = !one_pass && quant_uses_dense(level, M, x.scalar_type() == at::kBFloat16, K);
   const at::Tensor xp = dense ? quant_dense_rows(xc, level) : at::Tensor();
-  const QuantActs a = dense ? QuantActs{} : quant_activations(xc, level, (int)format, nb);
+  const QuantActs a = dense ? QuantActs{} : quant_activations(xc, level, (int)format, nb, one_pass);
   const sgl_cpu::QDenseDequant dequant = dense ? quant_dense_dequant((int)format) : nullptr;
   const uint16_t* xq = dense ? reinterpret_cast<const uint16_t*>(xp.data_ptr<at::BFloat16>()) : nullptr;
   const int64_t tile_bytes = nb * sgl_cpu::quant_record_bytes((int)format);
@@ -64,7 +66,8 @@ at::Tensor quant_linear_argmax(const at::Tensor& x, const at::Tensor& packed, in
       if (dense)
         quant_gemm_dense(level, dequant, wp, tile_bytes, nb, xq, M, buf.data(), N, t0, t1, ld, t0);
       else
-        quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, buf.data(), N, t0, t1, ld, t0);
+        quant_gemm_format((int)format, level, wp, nb, a.qp, a.dap, a.sap, a.shp, M, buf.data(), N, t0, t1, ld, t0,
+                          one_pass);
       for (int64_t m = 0; m < M; ++m) {
         const float* row = buf.data() + m * ld;
         const int64_t j = level >= sgl_cpu::CpuIsa::kAvx512Bf16 ? sgl_cpu::argmax_row(row, cols) : argmax_row_scalar(row, cols);

@@ -38,7 +38,7 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
   at::Tensor xc = x.contiguous();
   const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
   if (!quant_uses_dense(level, M, true, K) || inter % sgl_cpu::kQTileRows != 0) {
-    const at::Tensor y = quant_linear(xc, packed, N, format, false);  // [M, N]: then the activation, row by row
+    const at::Tensor y = quant_linear(xc, packed, N, format, false, false);  // [M, N]: then the activation by rows
     at::Tensor out = at::empty({M, inter}, x.options());
     const uint16_t* yp = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
     uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
@@ -65,8 +65,9 @@ at::Tensor quant_linear_gated(const at::Tensor& x, const at::Tensor& packed, int
 
 inline void register_quant_linear_ops(py::module_& m) {
   m.def("quant_supported", &quant_supported, "True when quant_linear has a kernel at the current ISA level (>= avx2)");
-  m.def("quant_path", [](int64_t M) {
+  m.def("quant_path", [](int64_t M, bool head) {
           const sgl_cpu::CpuIsa level = sgl_cpu::current_isa();
+          if (head && quant_head_one_pass(level, 8)) return std::string("avx512_vnni_one_pass");
           const bool dense = quant_uses_dense(level, M, true, sgl_cpu::kQBlock);
           return std::string(dense && level >= sgl_cpu::CpuIsa::kAmx ? "amx_bf16_dense"
                              : dense ? "avx512_bf16_dense"
@@ -74,7 +75,9 @@ inline void register_quant_linear_ops(py::module_& m) {
                              : sgl_cpu::isa_at_least(sgl_cpu::CpuIsa::kAvx512Vnni) ? "avx512_vnni" : "avx2"); },
         "The kernel quant_linear runs for M input rows of bf16 activations (K whole blocks) at the current level: "
         "amx_bf16_dense (quant_gemm_amx_dense.h), avx512_bf16_dense (quant_gemm_vec_dense.h), amx_int8 "
-        "(quant_gemm_amx.h), avx512_vnni or avx2");
+        "(quant_gemm_amx.h), avx512_vnni or avx2; with head, for an 8-bit lm_head table (quant_linear's head, "
+        "quant_linear_argmax): avx512_vnni_one_pass where quant_head_one_pass holds, else the same",
+        py::arg("M"), py::arg("head") = false);
   m.def("set_quant_dense_prefill", [](bool prefill) {
           const int64_t before = g_quant_dense_min_rows.exchange(prefill ? sgl_cpu::kQDenseMinRowsPrefill
                                                                          : sgl_cpu::kQDenseMinRows);
@@ -86,11 +89,12 @@ inline void register_quant_linear_ops(py::module_& m) {
         "x [M, K] (bf16/fp32) @ W^T, W block-quantized and packed (quant_gemm.h) in a format code (quant_layout.h: "
         "bits + 16 * header); activations int8 per 32 values (from level avx512_bf16, from 32 bf16 rows, 256 under "
         "set_quant_dense_prefill: as they are, times the weights rounded to bf16); the result in x's dtype, or fp32 "
-        "with out_fp32",
-        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false);
+        "with out_fp32; head: an lm_head's table (8-bit without AMX: one int8 pass of activations at every row count)",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("format"), py::arg("out_fp32") = false,
+        py::arg("head") = false);
   m.def("quant_linear_argmax", &quant_linear_argmax,
-        "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True) without the logits (a greedy "
-        "decode's token from a quantized lm_head)");
+        "int64 [M]: argmax_rows of quant_linear(x, packed, N, format, out_fp32=True, head=True) without the logits (a "
+        "greedy decode's token from a quantized lm_head)");
   m.def("quant_linear_gated", &quant_linear_gated,
         "x [M, K] bf16, W a packed [gate | up] projection of N rows -> [M, N / 2] bf16: act(gate) * up with act 'silu' "
         "or 'gelu_tanh', the bits of quant_linear then silu_and_mul / gelu_tanh_and_mul",

@@ -27,11 +27,13 @@ from sglang.cli.plan import main as plan_main
 from sglang.jit_kernel.cpu_ops import cpu_kernels_expected
 from sglang.srt.layers.linear import linear
 from sglang.srt.layers.quantization import resolve_quantization
+from sglang.srt.layers.quantization.linear_method import quant_kernels
 from sglang.srt.mem_plan.model_shapes import CPU_PACKED_LOAD_RESIDUAL_BYTES
 from sglang.srt.utils.hf_transformers_utils import apply_chat_template, get_tokenizer
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.tensor_bytes import tensor_bytes
 from sglang.test.engine_fixtures import assert_idle_and_intact, default_model_dir, shutdown
+from sglang.test.quant_fixtures import ONE_PASS_PATH, one_pass_bound
 from sglang.test.test_utils import DEFAULT_SMALL_SERVER_ARGS, openai_client, popen_launch_server
 from sglang.test.top1_agreement import greedy_runs, teacher_forced_agreement
 
@@ -119,7 +121,9 @@ def test_packed_lm_head_agrees_with_the_dense_table(engine, file_table):
     prefill the packed table is held to the dense bf16 table's fp32 product: the int8 paths differ from it by the
     activations' rounding (measured 99.5% top-1 agreement, max |error| 0.64% of the largest logit), the dense AMX
     path (bf16 activations times the table's weights rounded to bf16, as the dense table holds them) by fp32
-    summation order alone (measured 100%, 0.00%)."""
+    summation order alone (measured 100%, 0.00%). Without AMX the packed table takes one int8 pass of activations
+    (quant_head_one_pass; measured 98.2% teacher-forced, 99.0% on the same hidden states, max error 1.5%): each logit
+    is held to its own bound there, one_pass_bound from the file's table plus the dense table's bf16 rounding."""
     runner = engine.scheduler.model_runner
     model, config = runner.model, runner.model_config
     tok = get_tokenizer(default_model_dir())
@@ -150,7 +154,14 @@ def test_packed_lm_head_agrees_with_the_dense_table(engine, file_table):
     print(f"packed Q8_0 lm_head vs the dense bf16 table: top-1 agreement {rate:.3f}, on the same hidden states "
           f"{same:.3f}, max error {err:.4f} of the largest logit ({len(prompts) * AGREEMENT_TOKENS} positions)")
     assert rate >= 0.95
-    assert same >= 0.99 and err < 1e-2
+    ops = quant_kernels()
+    if ops is not None and ops.quant_path(len(hidden[0]), head=True) == ONE_PASS_PATH:
+        h, table = hidden[0].double(), file_table.double()
+        bound = one_pass_bound(h, table) + h.abs() @ (table - dense.double()).abs().T
+        assert ((got - want).abs().double() <= bound).all(), ((got - want).abs().double() / bound).max()
+        assert same >= 0.98
+    else:
+        assert same >= 0.99 and err < 1e-2
 
 
 @needs_kernels

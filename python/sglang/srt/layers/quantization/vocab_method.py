@@ -112,7 +112,8 @@ class QuantVocabMethod(QuantLinearMethod):
         packed = self._packed(layer)
         ops = quant_kernels_for(x.device, x.dtype)
         if ops is not None:
-            return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format, out_fp32=True)
+            return ops.quant_linear(x.contiguous(), packed, layer.output_size, layer.quant_format, out_fp32=True,
+                                     head=True)
         rows, tiles_per_pass = layer.output_size, TORCH_PATH_ROWS // packing.TILE_ROWS
         out = torch.empty(x.shape[0], rows, dtype=torch.float32, device=x.device)
         xf = x.float()
